@@ -1,0 +1,32 @@
+# kvllm — top-level wrapper around CMake/CTest.
+#   make          build the release binary (no network)
+#   make test     bootstrap (packages + test venv), build, run the whole suite
+#   make demo     bootstrap, build, generate text from the default model
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+SHARED     ?= $(abspath ../shared)
+
+.PHONY: all build asan bootstrap test demo clean
+
+all: build
+
+build:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DKVLLM_ASAN_BIN=$(abspath $(ASAN_BUILD))/kvllm >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+asan:
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVLLM_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target kvllm
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+test: bootstrap asan build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: bootstrap build
+	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine: system packages (as root)
+# and the tests' Python virtual environment (.venv, from tests/requirements.txt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential cmake python3 python3-venv python3-pip)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: missing packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The venv is rebuilt only when the pinned requirements change.
+REQ=tests/requirements.txt
+STAMP=.venv/.requirements.sha256
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: creating .venv from $REQ"
+  PY=/usr/bin/python3
+  [ -x "$PY" ] || PY=python3
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r "$REQ"
+  echo "$want" > "$STAMP"
+fi

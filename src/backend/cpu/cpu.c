@@ -1,0 +1,196 @@
+/* cpu.c — the portable scalar CPU backend: f32 arithmetic on dequantized
+ * weights.  It is the reference every faster kernel is checked against.
+ *
+ * Threading splits output rows (matmul), tokens (norms), or (token, head)
+ * pairs (attention) into contiguous ranges; no reduction is ever split
+ * across threads, so results do not depend on the thread count either. */
+#include "backend/backend.h"
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Fixed-order dot product: 8 lanes, combined pairwise, then the tail. */
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float s[8] = { 0 };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float t = 0;
+    for (; i < n; i++) t += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+}
+
+/* ---- matmul ---- */
+
+struct matmul_job {
+    struct backend *be;
+    float *y;
+    const struct tensor *w;
+    const float *x;
+    int n;
+};
+
+/* Rows processed together so that a block of dequantized rows is reused
+ * across all tokens while it is hot in cache. */
+#define MM_ROWS 4
+
+static void matmul_worker(void *arg, int ith, int nth) {
+    struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    const int64_t K = w->ne0, M = w->ne1;
+    long r0, r1;
+    threadpool_split((M + MM_ROWS - 1) / MM_ROWS, ith, nth, &r0, &r1);
+    r0 *= MM_ROWS;
+    r1 = r1 * MM_ROWS > M ? M : r1 * MM_ROWS;
+    float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols;
+    for (long r = r0; r < r1; r += MM_ROWS) {
+        int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
+        const float *rows[MM_ROWS];
+        for (int k = 0; k < nr; k++) {
+            if (w->type == DTYPE_F32) {
+                rows[k] = tensor_row(w, r + k);
+            } else {
+                dtype_to_f32(w->type, tensor_row(w, r + k), buf + (size_t)k * K, K);
+                rows[k] = buf + (size_t)k * K;
+            }
+        }
+        for (int t = 0; t < j->n; t++) {
+            const float *xt = j->x + (size_t)t * K;
+            float *yt = j->y + (size_t)t * M;
+            for (int k = 0; k < nr; k++) yt[r + k] = dot_f32(rows[k], xt, K);
+        }
+    }
+}
+
+static void cpu_matmul(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+    KV_ASSERT(w->ne0 * MM_ROWS <= be->scratch_cols);
+    struct matmul_job j = { be, y, w, x, n };
+    threadpool_run(be->pool, matmul_worker, &j);
+}
+
+static void cpu_get_rows(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++)
+        dtype_to_f32(w->type, tensor_row(w, ids[i]), y + (size_t)i * w->ne0, w->ne0);
+}
+
+static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int dim, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *yt = y + (size_t)t * dim;
+        float ss = dot_f32(xt, xt, dim);
+        float s = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) yt[i] = xt[i] * s * w[i];
+    }
+}
+
+static void cpu_rope(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
+                     const int32_t *pos, float theta) {
+    for (int t = 0; t < n; t++) {
+        float *xt = x + (size_t)t * n_head * head_dim;
+        for (int i = 0; i < n_rot / 2; i++) {
+            /* angle in double: positions reach 10^5 and f32 would lose the phase */
+            double ang = (double)pos[t] * pow((double)theta, -2.0 * i / (double)n_rot);
+            float c = (float)cos(ang), s = (float)sin(ang);
+            for (int h = 0; h < n_head; h++) {
+                float *p = xt + (size_t)h * head_dim + 2 * i;
+                float a = p[0], b = p[1];
+                p[0] = a * c - b * s;
+                p[1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+/* ---- attention: online softmax over blocks of positions ---- */
+
+#define ATT_BLOCK 64
+
+static void attend_one(const struct attn_args *a, int t, int h) {
+    const int hd = a->head_dim, kvd = a->n_head_kv * hd;
+    const int hk = h / (a->n_head / a->n_head_kv);
+    const float *q = a->q + (size_t)t * a->n_head * hd + (size_t)h * hd;
+    float *out = a->out + (size_t)t * a->n_head * hd + (size_t)h * hd;
+    const int n_pos = a->pos[t] + 1;
+    float m = -INFINITY, l = 0;
+    float s[ATT_BLOCK];
+    memset(out, 0, (size_t)hd * sizeof *out);
+    for (int p0 = 0; p0 < n_pos; p0 += ATT_BLOCK) {
+        int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
+        float bm = -INFINITY;
+        for (int j = 0; j < nb; j++) {
+            s[j] = dot_f32(q, a->k + (size_t)(p0 + j) * kvd + (size_t)hk * hd, hd) * a->scale;
+            bm = s[j] > bm ? s[j] : bm;
+        }
+        float m_new = bm > m ? bm : m;
+        float corr = expf(m - m_new);    /* 0 on the first block (m = -inf) */
+        l *= corr;
+        for (int i = 0; i < hd; i++) out[i] *= corr;
+        for (int j = 0; j < nb; j++) {
+            float e = expf(s[j] - m_new);
+            l += e;
+            const float *v = a->v + (size_t)(p0 + j) * kvd + (size_t)hk * hd;
+            for (int i = 0; i < hd; i++) out[i] += e * v[i];
+        }
+        m = m_new;
+    }
+    float inv = 1.0f / l;
+    for (int i = 0; i < hd; i++) out[i] *= inv;
+}
+
+static void attention_worker(void *arg, int ith, int nth) {
+    const struct attn_args *a = arg;
+    long b, e;
+    threadpool_split((long)a->n_tokens * a->n_head, ith, nth, &b, &e);
+    for (long i = b; i < e; i++) attend_one(a, (int)(i / a->n_head), (int)(i % a->n_head));
+}
+
+static void cpu_attention(struct backend *be, const struct attn_args *a) {
+    threadpool_run(be->pool, attention_worker, (void *)a);
+}
+
+static void cpu_swiglu(struct backend *be, float *g, const float *u, long n) {
+    for (long i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_add(struct backend *be, float *y, const float *x, long n) {
+    for (long i = 0; i < n; i++) y[i] += x[i];
+}
+
+static const struct backend_ops k_scalar_ops = {
+    .name = "scalar",
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+};
+
+int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out) {
+    *out = NULL;
+    if (kind && *kind && strcmp(kind, "scalar") != 0) {
+        LOG_ERR("KVLLM_CPU=%s: this kernel set is not available in this build (available: scalar)", kind);
+        return KVLLM_ECPU;
+    }
+    struct backend *be = xcalloc(1, sizeof *be);
+    if (!be) return KVLLM_ENOMEM;
+    be->ops = &k_scalar_ops;
+    be->pool = threadpool_new(n_threads);
+    be->scratch_cols = max_cols;
+    int nth = threadpool_size(be->pool);
+    be->scratch = be->pool ? xmalloc((size_t)nth * MM_ROWS * (size_t)max_cols * sizeof(float)) : NULL;
+    if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
+    be->scratch_cols = (int64_t)MM_ROWS * max_cols;
+    *out = be;
+    return 0;
+}
+
+void backend_free(struct backend *be) {
+    if (!be) return;
+    threadpool_free(be->pool);
+    free(be->scratch);
+    free(be);
+}

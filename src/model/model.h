@@ -1,0 +1,70 @@
+/* model.h — a loaded model: hyper-parameters from metadata, weight views
+ * into the file mapping, and the backend that computes with them.
+ *
+ * The forward pass takes a batch of tokens at consecutive positions of one
+ * sequence, appends their K/V to the cache and returns logits; prefill is a
+ * batch of many tokens, decode a batch of one, computed identically per row. */
+#ifndef KVLLM_MODEL_H
+#define KVLLM_MODEL_H
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "load/gguf.h"
+#include "tensor/tensor.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+struct model_hparams {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot, n_ctx_train;
+    float rope_theta, norm_eps;
+};
+
+struct llama_layer {
+    struct tensor attn_norm;  /* (n_embd) f32 */
+    struct tensor wq;         /* (n_head * head_dim, n_embd) */
+    struct tensor wk, wv;     /* (n_head_kv * head_dim, n_embd) */
+    struct tensor wo;         /* (n_embd, n_head * head_dim) */
+    struct tensor ffn_norm;   /* (n_embd) f32 */
+    struct tensor ffn_gate;   /* (n_ff, n_embd) */
+    struct tensor ffn_up;     /* (n_ff, n_embd) */
+    struct tensor ffn_down;   /* (n_embd, n_ff) */
+};
+
+struct model {
+    struct gguf *file;            /* owned: metadata + the mapping the weights live in */
+    char arch[32];
+    struct model_hparams hp;
+    struct tensor tok_embd;       /* (n_vocab, n_embd) */
+    struct tensor output_norm;    /* (n_embd) f32 */
+    struct tensor output;         /* (n_vocab, n_embd); tok_embd when tied */
+    bool tied_output;
+    struct llama_layer *layers;   /* (n_layer) */
+    struct backend *be;           /* owned */
+    uint64_t n_params, weight_bytes;
+    uint32_t main_type;           /* dtype holding most weight bytes */
+};
+
+/* Open a GGUF file or llama2.c checkpoint and validate every key and
+ * tensor the architecture needs.  cpu_kind: KVLLM_CPU value (NULL: best).
+ * Errors are logged with the path and the offending key/tensor. */
+int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
+void model_free(struct model *m);
+
+/* Per-sequence activation buffers for batches of up to n_max tokens. */
+struct forward_buf {
+    int n_max;
+    float *x, *xn, *q, *k, *v, *att, *gate, *up;  /* (n_max, width) each */
+    int32_t *pos;                                 /* (n_max) */
+};
+int forward_buf_init(struct forward_buf *b, const struct model_hparams *hp, int n_max);
+void forward_buf_deinit(struct forward_buf *b);
+/* Bytes forward_buf_init allocates. */
+uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max);
+
+/* Evaluate tokens[0..n) at positions pos0.. (n <= b->n_max), writing their
+ * K/V into kv.  logits: NULL, or n_vocab floats for the last token, or
+ * n * n_vocab with all_logits.  Caller guarantees pos0 + n <= kv->n_ctx. */
+void model_forward(struct model *m, struct kv_cache *kv, struct forward_buf *b, const int32_t *tokens, int n,
+                   int pos0, bool all_logits, float *logits);
+
+#endif

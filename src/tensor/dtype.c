@@ -1,0 +1,199 @@
+/* dtype.c — reference (scalar, obviously-correct) conversions. */
+#include "dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+static const struct { const char *name; int blk; size_t bytes; bool ok; } k_types[DTYPE_COUNT_] = {
+    [0]  = { "F32",  1, 4, true },
+    [1]  = { "F16",  1, 2, true },
+    [2]  = { "Q4_0", QK4_0, sizeof(struct block_q4_0), true },
+    [3]  = { "Q4_1", QK4_1, sizeof(struct block_q4_1), true },
+    [6]  = { "Q5_0", 32, 22, false },
+    [7]  = { "Q5_1", 32, 24, false },
+    [8]  = { "Q8_0", QK8_0, sizeof(struct block_q8_0), true },
+    [9]  = { "Q8_1", 32, 36, false },
+    [10] = { "Q2_K", 256, 84, false },
+    [11] = { "Q3_K", 256, 110, false },
+    [12] = { "Q4_K", 256, 144, false },
+    [13] = { "Q5_K", 256, 176, false },
+    [14] = { "Q6_K", 256, 210, false },
+    [15] = { "Q8_K", 256, 292, false },
+    [24] = { "I8",   1, 1, false },
+    [25] = { "I16",  1, 2, false },
+    [26] = { "I32",  1, 4, false },
+    [27] = { "I64",  1, 8, false },
+    [28] = { "F64",  1, 8, false },
+    [30] = { "BF16", 1, 2, true },
+};
+
+_Static_assert(sizeof(struct block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(struct block_q4_1) == 20, "q4_1 layout");
+_Static_assert(sizeof(struct block_q8_0) == 34, "q8_0 layout");
+
+bool dtype_supported(uint32_t t) { return t < DTYPE_COUNT_ && k_types[t].ok; }
+const char *dtype_name(uint32_t t) { return t < DTYPE_COUNT_ && k_types[t].name ? k_types[t].name : "?"; }
+int dtype_block_elems(uint32_t t) { return t < DTYPE_COUNT_ ? k_types[t].blk : 0; }
+size_t dtype_block_bytes(uint32_t t) { return t < DTYPE_COUNT_ ? k_types[t].bytes : 0; }
+
+bool dtype_row_bytes(uint32_t t, uint64_t n, uint64_t *bytes) {
+    int blk = dtype_block_elems(t);
+    if (blk <= 0 || n % (uint64_t)blk) return false;
+    return !__builtin_mul_overflow(n / (uint64_t)blk, (uint64_t)dtype_block_bytes(t), bytes);
+}
+
+/* ---- half precision ---- */
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));   /* inf / nan */
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);
+        /* subnormal: value = man * 2^-24 */
+        float v = (float)man * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);           /* rounds to inf */
+    if (ax < 0x38800000u) {                                             /* subnormal or zero */
+        float v = bits_f32(ax) * 16777216.0f;                           /* * 2^24 */
+        uint32_t m = (uint32_t)lrintf(v);                               /* nearest even */
+        return (uint16_t)(sign | m);
+    }
+    uint32_t e = (ax >> 23) - 112, m = ax & 0x7fffffu;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;           /* may carry into exp: fine */
+    return (uint16_t)(sign | h);
+}
+
+float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+/* ---- blocks ---- */
+
+static void dequant_q4_0(const struct block_q4_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j]             = (float)((b[i].qs[j] & 0xf) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void dequant_q4_1(const struct block_q4_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_1) {
+        float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j]             = (float)(b[i].qs[j] & 0xf) * d + m;
+            y[j + QK4_1 / 2] = (float)(b[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static void dequant_q8_0(const struct block_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
+        float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+void dtype_to_f32(uint32_t t, const void *src, float *dst, int64_t n) {
+    switch (t) {
+    case DTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case DTYPE_F16: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = f16_to_f32(h); }
+        break;
+    }
+    case DTYPE_BF16: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, s + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        break;
+    }
+    case DTYPE_Q4_0: dequant_q4_0(src, dst, n / QK4_0); break;
+    case DTYPE_Q4_1: dequant_q4_1(src, dst, n / QK4_1); break;
+    case DTYPE_Q8_0: dequant_q8_0(src, dst, n / QK8_0); break;
+    default: break;
+    }
+}
+
+static void quant_q4_0(const float *x, struct block_q4_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK4_0) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -8, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + QK4_0 / 2] * id + 8.5f);
+            q0 = q0 > 15 ? 15 : q0;
+            q1 = q1 > 15 ? 15 : q1;
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static void quant_q4_1(const float *x, struct block_q4_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK4_1) {
+        float mn = x[0], mx = x[0];
+        for (int j = 1; j < QK4_1; j++) { mn = x[j] < mn ? x[j] : mn; mx = x[j] > mx ? x[j] : mx; }
+        float d = (mx - mn) / 15, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        b[i].m = f32_to_f16(mn);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            int q0 = (int)((x[j] - mn) * id + 0.5f), q1 = (int)((x[j + QK4_1 / 2] - mn) * id + 0.5f);
+            q0 = q0 > 15 ? 15 : q0;
+            q1 = q1 > 15 ? 15 : q1;
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static void quant_q8_0(const float *x, struct block_q8_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        float amax = 0;
+        for (int j = 0; j < QK8_0; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < QK8_0; j++) b[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+void dtype_from_f32(uint32_t t, const float *src, void *dst, int64_t n) {
+    switch (t) {
+    case DTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case DTYPE_F16: {
+        uint8_t *d = dst;
+        for (int64_t i = 0; i < n; i++) { uint16_t h = f32_to_f16(src[i]); memcpy(d + 2 * i, &h, 2); }
+        break;
+    }
+    case DTYPE_BF16: {
+        uint8_t *d = dst;
+        for (int64_t i = 0; i < n; i++) { uint16_t h = f32_to_bf16(src[i]); memcpy(d + 2 * i, &h, 2); }
+        break;
+    }
+    case DTYPE_Q4_0: quant_q4_0(src, dst, n / QK4_0); break;
+    case DTYPE_Q4_1: quant_q4_1(src, dst, n / QK4_1); break;
+    case DTYPE_Q8_0: quant_q8_0(src, dst, n / QK8_0); break;
+    default: break;
+    }
+}

@@ -1,0 +1,68 @@
+/* tokenizer.h — text <-> token ids for the vocabularies kvllm reads.
+ *
+ * A tokenizer is built from GGUF metadata (tokenizer.ggml.*); other vocab
+ * sources (llama2.c tokenizer.bin) are first turned into those keys by the
+ * load module.  It copies what it needs: the gguf may be freed afterwards. */
+#ifndef KVLLM_TOKENIZER_H
+#define KVLLM_TOKENIZER_H
+
+#include "load/gguf.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Token types as GGUF tokenizer.ggml.token_type stores them. */
+enum tok_type {
+    TOK_UNDEFINED = 0, TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3,
+    TOK_USER_DEFINED = 4, TOK_UNUSED = 5, TOK_BYTE = 6,
+};
+
+struct tokenizer;
+
+/* From tokenizer.ggml.model ("llama" = SentencePiece BPE), .tokens, .scores,
+ * .token_type, .bos/.eos/.unknown_token_id, .add_bos_token, .add_space_prefix.
+ * Errors (logged with the gguf path): KVLLM_ENOTFOUND when there is no
+ * vocabulary, KVLLM_EUNSUPPORTED for an unknown tokenizer model,
+ * KVLLM_EFORMAT for inconsistent arrays or ids out of range. */
+int tokenizer_new(const struct gguf *g, struct tokenizer **out);
+void tokenizer_free(struct tokenizer *t);
+
+int tokenizer_n_vocab(const struct tokenizer *t);
+int tokenizer_bos(const struct tokenizer *t);        /* -1 if none */
+int tokenizer_eos(const struct tokenizer *t);        /* -1 if none */
+bool tokenizer_add_bos(const struct tokenizer *t);   /* does the vocab ask for BOS? */
+enum tok_type tokenizer_type(const struct tokenizer *t, int id);
+/* The vocabulary entry as stored ("▁the", "<0x0A>"), NUL-terminated. */
+const char *tokenizer_piece(const struct tokenizer *t, int id);
+
+/* Encode len bytes. add_bos: prepend BOS if the vocab asks for it (and has
+ * one).  parse_special: text of CONTROL tokens becomes those tokens.
+ * Writes up to n_max ids; returns the full count or a negative error. */
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
+                     bool add_bos, bool parse_special, int32_t *ids, int n_max);
+
+/* Bytes of one token: '▁' -> ' ', <0xNN> -> byte, CONTROL/UNKNOWN -> "".
+ * If prev is BOS (or -1 with at_start) and the vocab adds a space prefix,
+ * the leading space is dropped, as SentencePiece decoders do.  Returns the
+ * byte count (may exceed cap: nothing past cap is written) or < 0. */
+int tokenizer_token_bytes(const struct tokenizer *t, int prev, int id, char *buf, size_t cap);
+
+/* Decode a whole id sequence (inverse of encode: decode(encode(x)) == x). */
+int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char *buf, size_t cap);
+
+/* Streaming decoder: holds back bytes of an unfinished UTF-8 character. */
+struct detok {
+    const struct tokenizer *t;
+    char pending[8];  /* bytes of an incomplete UTF-8 sequence */
+    int n_pending;
+    char *out;        /* output buffer, grown as needed */
+    size_t cap;
+};
+void detok_init(struct detok *d, const struct tokenizer *t);
+void detok_deinit(struct detok *d);
+/* Returns NUL-terminated complete text (owned by d, valid until next call). */
+const char *detok_push(struct detok *d, int prev, int id);
+/* Remaining bytes; an incomplete sequence becomes U+FFFD. */
+const char *detok_flush(struct detok *d);
+
+#endif

@@ -1,0 +1,284 @@
+"""gen_model.py — write random-weight Llama models as GGUF files.
+
+The files follow what llama.cpp's converters write for the "llama" architecture:
+the llama.* hyper-parameter keys, the GGUF tensor names, a SentencePiece-style
+vocabulary in tokenizer.ggml.*.  Weights are random but scaled so that the
+activations of a forward pass stay O(1): matrices are N(0, 1/fan_in), the
+embedding N(0, 1/n_embd), norm weights uniform in [0.9, 1.1].
+
+Shapes: numpy arrays are (rows, cols); GGUF stores them as ne = [cols, rows]
+(the writer reverses the order), e.g. attn_q is numpy (n_head*head_dim, n_embd).
+
+The tensors are generated one at a time while the file is written, so even a
+1.1B-parameter model never holds more than one tensor in memory.
+
+Library use (tests):   write_model(path, ModelConfig(n_embd=64, ...), seed=0)
+Command line (bench):  python gen_model.py --shape 110M --type f16 -o m.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import gguf
+
+N_SPECIAL = 3      # <unk> <s> </s>
+N_BYTE = 256       # <0x00> .. <0xFF>
+TOKEN_UNK, TOKEN_BOS, TOKEN_EOS = 0, 1, 2
+
+
+@dataclass
+class ModelConfig:
+    n_vocab: int = 512
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 4
+    n_ff: int = 192
+    n_ctx: int = 512
+    n_rot: int | None = None        # None: head_dim (rope over the whole head)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tied: bool = False              # True: no output.weight (the head reuses token_embd)
+    dtype: str = "f32"              # matrices: "f32" or "f16"; norms are always F32
+    name: str = "kvllm-random-llama"
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def rot(self) -> int:
+        return self.head_dim if self.n_rot is None else self.n_rot
+
+    def check(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} not divisible by n_head {self.n_head}")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head {self.n_head} not divisible by n_head_kv {self.n_head_kv}")
+        if self.rot % 2 or self.rot > self.head_dim:
+            raise ValueError(f"n_rot {self.rot} must be even and <= head_dim {self.head_dim}")
+        if self.dtype not in ("f32", "f16"):
+            raise ValueError(f"dtype {self.dtype!r}: expected f32 or f16")
+        if self.n_vocab < 1:
+            raise ValueError("n_vocab must be positive")
+
+
+SHAPES: dict[str, ModelConfig] = {
+    # small enough for the tests, big enough that every code path runs
+    "tiny": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=192, n_ctx=512),
+    # the llama2.c "stories110M" shape
+    "110M": ModelConfig(n_vocab=32000, n_embd=768, n_layer=12, n_head=12, n_head_kv=12, n_ff=2048,
+                        n_ctx=2048, name="random-llama-110M"),
+    # TinyLlama-1.1B-Chat-v1.0
+    "tinyllama-1.1B": ModelConfig(n_vocab=32000, n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632,
+                                  n_ctx=2048, rope_theta=10000.0, norm_eps=1e-5, name="random-tinyllama-1.1B"),
+}
+
+
+# ---- vocabulary ---------------------------------------------------------
+
+def _normal_pieces() -> Iterator[str]:
+    """Unique SentencePiece-like pieces: ▁a, a, ▁b, b, ..., then two-letter ones, ..."""
+    alphabet = string.ascii_lowercase + string.ascii_uppercase + string.digits
+    length = 1
+    while True:
+        for idx in np.ndindex(*([len(alphabet)] * length)):
+            s = "".join(alphabet[i] for i in idx)
+            yield "\u2581" + s
+            yield s
+        length += 1
+
+
+def make_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """tokens, scores, token types (gguf.TokenType values) of a SentencePiece-style vocabulary:
+    0 <unk> (UNKNOWN), 1 <s>, 2 </s> (CONTROL), 3..258 <0x00>..<0xFF> (BYTE), then NORMAL pieces."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(N_BYTE)]
+    types = [int(gguf.TokenType.UNKNOWN), int(gguf.TokenType.CONTROL), int(gguf.TokenType.CONTROL)]
+    types += [int(gguf.TokenType.BYTE)] * N_BYTE
+    scores = [0.0] * len(tokens)
+    tokens, types, scores = tokens[:n_vocab], types[:n_vocab], scores[:n_vocab]
+    pieces = _normal_pieces()
+    while len(tokens) < n_vocab:
+        tokens.append(next(pieces))
+        types.append(int(gguf.TokenType.NORMAL))
+        scores.append(-float(len(tokens)))      # earlier pieces merge first
+    return tokens, scores, types
+
+
+# ---- tensors ------------------------------------------------------------
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]   # numpy order (rows, cols)
+    kind: str                # "norm" | "matrix" | "embd"
+    fan_in: int
+
+    def dtype(self, cfg: ModelConfig) -> type:
+        if self.kind == "norm" or cfg.dtype == "f32":
+            return np.float32
+        return np.float16
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    """Tensors in file order, with numpy shapes."""
+    d, hd = cfg.n_embd, cfg.head_dim
+    q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
+    specs = [TensorSpec("token_embd.weight", (cfg.n_vocab, d), "embd", d)]
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        specs += [
+            TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
+            TensorSpec(p + "attn_q.weight", (q_dim, d), "matrix", d),
+            TensorSpec(p + "attn_k.weight", (kv_dim, d), "matrix", d),
+            TensorSpec(p + "attn_v.weight", (kv_dim, d), "matrix", d),
+            TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
+            TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
+            TensorSpec(p + "ffn_gate.weight", (cfg.n_ff, d), "matrix", d),
+            TensorSpec(p + "ffn_up.weight", (cfg.n_ff, d), "matrix", d),
+            TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
+        ]
+    specs.append(TensorSpec("output_norm.weight", (d,), "norm", d))
+    if not cfg.tied:
+        specs.append(TensorSpec("output.weight", (cfg.n_vocab, d), "matrix", d))
+    return specs
+
+
+def _random_tensor(rng: np.random.Generator, spec: TensorSpec, cfg: ModelConfig) -> np.ndarray:
+    if spec.kind == "norm":
+        t = rng.uniform(0.9, 1.1, size=spec.shape).astype(np.float32)
+    else:
+        t = rng.standard_normal(size=spec.shape, dtype=np.float32)
+        t *= np.float32(1.0 / np.sqrt(spec.fan_in))
+    return np.ascontiguousarray(t.astype(spec.dtype(cfg)))
+
+
+def random_tensors(cfg: ModelConfig, seed: int = 0) -> Iterator[tuple[TensorSpec, np.ndarray]]:
+    """(spec, array) for every tensor in file order; deterministic for a given seed."""
+    rng = np.random.default_rng(seed)
+    for spec in tensor_specs(cfg):
+        yield spec, _random_tensor(rng, spec, cfg)
+
+
+# ---- writing ------------------------------------------------------------
+
+def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
+                omit_keys: Sequence[str] = (), omit_tensors: Sequence[str] = (),
+                vocab: tuple[list[str], list[float], list[int]] | None = None,
+                tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """Write a random Llama GGUF to path and return it.
+
+    omit_keys / omit_tensors: leave these metadata keys / tensors out (for bad-input tests).
+    vocab: (tokens, scores, types) to use instead of make_vocab(cfg.n_vocab).
+    tensors: arrays to use instead of random ones for these names (numpy shapes, any float dtype;
+             converted to the tensor's dtype)."""
+    cfg.check()
+    path = Path(path)
+    arch = "llama"
+    w = gguf.GGUFWriter(path, arch)
+    omit = set(omit_keys)
+
+    def kv(key: str, add, value) -> None:
+        if key not in omit:
+            add(key, value)
+
+    # GGUFWriter adds general.architecture itself; drop it again if asked.
+    if "general.architecture" in omit:
+        w.kv_data[0].pop("general.architecture", None)
+    kv("general.name", w.add_string, cfg.name)
+    kv(f"{arch}.context_length", w.add_uint32, cfg.n_ctx)
+    kv(f"{arch}.embedding_length", w.add_uint32, cfg.n_embd)
+    kv(f"{arch}.block_count", w.add_uint32, cfg.n_layer)
+    kv(f"{arch}.feed_forward_length", w.add_uint32, cfg.n_ff)
+    kv(f"{arch}.attention.head_count", w.add_uint32, cfg.n_head)
+    kv(f"{arch}.attention.head_count_kv", w.add_uint32, cfg.n_head_kv)
+    kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
+    kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
+    kv(f"{arch}.attention.layer_norm_rms_epsilon", w.add_float32, cfg.norm_eps)
+    kv("general.file_type", w.add_uint32, 0 if cfg.dtype == "f32" else 1)
+
+    tokens, scores, types = vocab if vocab is not None else make_vocab(cfg.n_vocab)
+    kv("tokenizer.ggml.model", w.add_string, "llama")
+    kv("tokenizer.ggml.tokens", w.add_array, tokens)
+    kv("tokenizer.ggml.scores", w.add_array, [float(s) for s in scores])
+    kv("tokenizer.ggml.token_type", w.add_array, [int(t) for t in types])
+    kv("tokenizer.ggml.bos_token_id", w.add_uint32, TOKEN_BOS)
+    kv("tokenizer.ggml.eos_token_id", w.add_uint32, TOKEN_EOS)
+    kv("tokenizer.ggml.unknown_token_id", w.add_uint32, TOKEN_UNK)
+    kv("tokenizer.ggml.add_bos_token", w.add_bool, True)
+    kv("tokenizer.ggml.add_eos_token", w.add_bool, False)
+
+    specs = [s for s in tensor_specs(cfg) if s.name not in set(omit_tensors)]
+    for s in specs:
+        dt = np.dtype(s.dtype(cfg))
+        w.add_tensor_info(s.name, s.shape, dt, int(np.prod(s.shape)) * dt.itemsize)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for s in tensor_specs(cfg):                 # all specs, so the rng stream does not depend on omissions
+        t = _random_tensor(rng, s, cfg)
+        if tensors is not None and s.name in tensors:
+            t = np.ascontiguousarray(np.asarray(tensors[s.name]).astype(s.dtype(cfg)))
+            assert t.shape == s.shape, (s.name, t.shape, s.shape)
+        if s.name in set(omit_tensors):
+            continue
+        w.write_tensor_data(t)
+        del t
+    w.close()
+    return path
+
+
+# ---- command line -------------------------------------------------------
+
+def build_config(args: argparse.Namespace) -> ModelConfig:
+    cfg = dataclasses.replace(SHAPES[args.shape])
+    cfg.dtype = args.type
+    for f in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx", "n_rot",
+              "rope_theta", "norm_eps"):
+        v = getattr(args, f)
+        if v is not None:
+            setattr(cfg, f, v)
+    if args.tied:
+        cfg.tied = True
+    if args.name:
+        cfg.name = args.name
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gen-model",
+                                 description="Write a random-weight Llama model as GGUF (llama arch, SentencePiece-style vocab).")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="base shape (default tiny)")
+    ap.add_argument("--type", choices=("f32", "f16"), default="f32", help="matrix dtype (norms stay F32)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-o", "--output", required=True, help="output .gguf path")
+    ap.add_argument("--tied", action="store_true", help="no output.weight: the head reuses token_embd")
+    ap.add_argument("--name", default=None, help="general.name")
+    for f, t in (("n_vocab", int), ("n_embd", int), ("n_layer", int), ("n_head", int), ("n_head_kv", int),
+                 ("n_ff", int), ("n_ctx", int), ("n_rot", int), ("rope_theta", float), ("norm_eps", float)):
+        ap.add_argument("--" + f.replace("_", "-"), dest=f, type=t, default=None, help=f"override {f}")
+    args = ap.parse_args(argv)
+    cfg = build_config(args)
+    try:
+        cfg.check()
+    except ValueError as e:
+        ap.error(str(e))
+    out = write_model(args.output, cfg, seed=args.seed)
+    n_params = sum(int(np.prod(s.shape)) for s in tensor_specs(cfg))
+    print(f"gen-model: wrote {out} ({n_params / 1e6:.1f}M params, {cfg.dtype}, "
+          f"n_embd {cfg.n_embd}, n_layer {cfg.n_layer}, n_head {cfg.n_head}/{cfg.n_head_kv}, "
+          f"n_ff {cfg.n_ff}, n_vocab {cfg.n_vocab}, {out.stat().st_size} bytes)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""kvtest.py — helpers shared by kvllm's Python tests: run the CLI, read eval logits, sanitizer checks.
+
+No fixtures here (see conftest.py), so test files may import these directly.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT = 300
+SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "runtime error", "UndefinedBehaviorSanitizer")
+
+
+@dataclass
+class Result:
+    args: list[str]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", errors="replace")
+
+    def describe(self) -> str:
+        so = self.out if len(self.out) < 2000 else self.out[:2000] + "...[truncated]"
+        se = self.err if len(self.err) < 4000 else self.err[:4000] + "...[truncated]"
+        return f"$ {' '.join(self.args)}\n-> rc {self.returncode}\n--- stdout ---\n{so}\n--- stderr ---\n{se}"
+
+    def check_ok(self) -> "Result":
+        assert self.returncode == 0, self.describe()
+        return self
+
+
+def run_cli(binary: str | Path, *args, timeout: float = DEFAULT_TIMEOUT, stdin: bytes | None = None,
+            env: dict[str, str] | None = None) -> Result:
+    """Run `binary args...`, capturing stdout and stderr as bytes (no shell)."""
+    argv = [str(binary)] + [str(a) for a in args]
+    e = dict(os.environ)
+    # ASan/UBSan: use exit codes that cannot be confused with kvllm's own 1 / 2.
+    e["ASAN_OPTIONS"] = "exitcode=86:abort_on_error=0:" + e.get("ASAN_OPTIONS", "")
+    e["UBSAN_OPTIONS"] = "print_stacktrace=1:exitcode=87:" + e.get("UBSAN_OPTIONS", "")
+    if env:
+        e.update(env)
+    try:
+        p = subprocess.run(argv, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout, env=e, stdin=None if stdin is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as ex:
+        pytest.fail(f"timed out after {timeout}s: {' '.join(argv)}\nstderr so far: {ex.stderr!r}"[:4000])
+    return Result(argv, p.returncode, p.stdout, p.stderr)
+
+
+def assert_no_sanitizer(res: Result) -> None:
+    for m in SANITIZER_MARKERS:
+        assert m not in res.err, f"sanitizer report ({m}):\n{res.describe()}"
+    assert res.returncode >= 0, f"killed by signal {-res.returncode}:\n{res.describe()}"
+    assert res.returncode not in (86, 87), f"sanitizer exit code:\n{res.describe()}"
+
+
+def read_logits(path: str | Path, n_tokens: int) -> np.ndarray:
+    """kvllm eval output: n_tokens x n_vocab float32 little-endian."""
+    raw = np.fromfile(path, dtype="<f4")
+    assert raw.size > 0 and raw.size % n_tokens == 0, \
+        f"{path}: {raw.size} floats is not a multiple of {n_tokens} tokens"
+    return raw.reshape(n_tokens, raw.size // n_tokens)
+
+
+def eval_logits(binary: str | Path, model: str | Path, tokens: Sequence[int], out: str | Path, *,
+                prefill: int | None = None, no_kv_cache: bool = False, threads: int | None = None,
+                extra: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT) -> np.ndarray:
+    """Run `kvllm eval` and return its logits (n_tokens, n_vocab)."""
+    args = ["eval", "-m", model, "--tokens", " ".join(str(int(t)) for t in tokens)]
+    if prefill is not None:
+        args += ["--prefill", str(prefill)]
+    if no_kv_cache:
+        args.append("--no-kv-cache")
+    if threads is not None:
+        args += ["-t", str(threads)]
+    args += list(extra)
+    args += ["-o", out]
+    Path(out).unlink(missing_ok=True)
+    res = run_cli(binary, *args, timeout=timeout)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    return read_logits(out, len(tokens))
+
+
+def parse_ids(text: str) -> list[int]:
+    return [int(t) for t in text.split()]

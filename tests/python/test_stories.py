@@ -1,0 +1,186 @@
+"""End-to-end on the real trained stories260K model (llama2.c checkpoint + tok512.bin):
+greedy output byte-for-byte against llama2.c's published run, `kvllm convert` to GGUF checked
+field by field against the checkpoint and the SentencePiece model, and eval logits against
+the numpy reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import gguf
+
+from kvtest import assert_no_sanitizer, eval_logits, parse_ids, run_cli
+from llama2c import read_checkpoint, read_sentencepiece_model, read_tokenizer_bin
+from ref_llama import LlamaRef, rel_err
+
+TOL = 1e-4
+GREEDY = ["-n", "256", "--temp", "0", "-q"]
+
+
+@pytest.fixture(scope="module")
+def ref_ids(stories) -> list[int]:
+    ids = parse_ids(stories["ids"].read_text())
+    assert len(ids) == 256
+    return ids
+
+
+@pytest.fixture(scope="module")
+def ref_text(stories) -> bytes:
+    t = stories["text"].read_bytes()
+    assert t.endswith(b"\n") and not t.endswith(b"\n\n")
+    return t
+
+
+@pytest.fixture(scope="module")
+def ckpt(stories):
+    return read_checkpoint(stories["bin"])
+
+
+@pytest.fixture(scope="module")
+def converted(kvllm, stories, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stories") / "stories260K.gguf"
+    res = run_cli(kvllm, "convert", stories["bin"], "--tokenizer", stories["tok"], "-o", out)
+    assert res.returncode == 0, res.describe()
+    assert out.is_file() and out.stat().st_size > 1_000_000, res.describe()
+    return out
+
+
+@pytest.fixture(params=["bin", "gguf"])
+def model_args(request, stories):
+    if request.param == "bin":
+        return ["-m", stories["bin"], "--tokenizer", stories["tok"]]
+    return ["-m", request.getfixturevalue("converted")]
+
+
+# ---- greedy generation vs llama2.c ------------------------------------------
+
+def test_greedy_ids(run, model_args, ref_ids):
+    res = run("run", *model_args, *GREEDY, "--ids")
+    assert res.returncode == 0, res.describe()
+    got = parse_ids(res.out)
+    n_same = next((i for i, (a, b) in enumerate(zip(got, ref_ids)) if a != b), min(len(got), len(ref_ids)))
+    assert got == ref_ids, (f"{len(got)} ids, first difference at index {n_same} "
+                            f"(got {got[n_same:n_same + 5]}, want {ref_ids[n_same:n_same + 5]})")
+    assert res.out == " ".join(map(str, ref_ids)) + "\n", "format: ids separated by one space, one newline"
+
+
+def test_greedy_text(run, model_args, ref_text):
+    res = run("run", *model_args, *GREEDY)
+    assert res.returncode == 0, res.describe()
+    if res.stdout != ref_text:
+        i = next((k for k, (a, b) in enumerate(zip(res.stdout, ref_text)) if a != b),
+                 min(len(res.stdout), len(ref_text)))
+        pytest.fail(f"stdout differs from llama2.c at byte {i} (got {len(res.stdout)} bytes, want {len(ref_text)}): "
+                    f"got {res.stdout[max(0, i - 20):i + 20]!r}, want {ref_text[max(0, i - 20):i + 20]!r}")
+    assert res.stderr == b"", f"-q: stderr should be empty, got {res.err!r}"
+
+
+# ---- the converted GGUF ------------------------------------------------------
+
+def test_converted_metadata(converted, ckpt):
+    r = gguf.GGUFReader(converted)
+    f = lambda k: r.get_field(k).contents() if r.get_field(k) is not None else None
+    assert f("general.architecture") == "llama"
+    assert f("llama.embedding_length") == 64
+    assert f("llama.block_count") == 5
+    assert f("llama.attention.head_count") == 8
+    assert f("llama.attention.head_count_kv") == 4
+    assert f("llama.context_length") == 512
+    assert f("llama.feed_forward_length") == ckpt.hidden_dim == 172
+    # optional keys, when present, must carry llama2.c's values
+    if f("llama.rope.dimension_count") is not None:
+        assert f("llama.rope.dimension_count") == 8
+    if f("llama.rope.freq_base") is not None:
+        assert f("llama.rope.freq_base") == pytest.approx(10000.0)
+    eps = f("llama.attention.layer_norm_rms_epsilon")
+    assert eps is not None, "llama.attention.layer_norm_rms_epsilon missing"
+    assert eps == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_converted_tokenizer(converted, stories):
+    r = gguf.GGUFReader(converted)
+    f = lambda k: r.get_field(k).contents() if r.get_field(k) is not None else None
+    assert f("tokenizer.ggml.model") == "llama"
+    tokens, scores, types = f("tokenizer.ggml.tokens"), f("tokenizer.ggml.scores"), f("tokenizer.ggml.token_type")
+    assert tokens is not None and scores is not None and types is not None, "tokenizer arrays missing"
+    assert len(tokens) == len(scores) == len(types) == 512
+    assert f("tokenizer.ggml.bos_token_id") == 1
+    assert f("tokenizer.ggml.eos_token_id") == 2
+    if f("tokenizer.ggml.unknown_token_id") is not None:
+        assert f("tokenizer.ggml.unknown_token_id") == 0
+
+    assert tokens[0] == "<unk>" and types[0] == 2
+    assert tokens[1] == "<s>" and types[1] == 3
+    assert tokens[2] == "</s>" and types[2] == 3
+    assert tokens[13] == "<0x0A>" and types[13] == 6
+    # the SentencePiece model is the ground truth for pieces (spaces as U+2581) and types
+    sp = read_sentencepiece_model(stories["model"])
+    assert len(sp) == 512
+    bad = [(i, tokens[i], sp[i][0]) for i in range(512) if tokens[i] != sp[i][0]]
+    assert not bad, f"{len(bad)} pieces differ from tok512.model, e.g. {bad[:5]}"
+    bad = [(i, tokens[i], types[i], sp[i][2]) for i in range(512) if types[i] != sp[i][2]]
+    assert not bad, f"{len(bad)} token types differ from tok512.model, e.g. {bad[:5]}"
+    assert set(types[3:259]) == {6} and set(types[259:]) == {1}
+    # scores are tok512.bin's float32 values, exactly
+    _, _, bin_scores = read_tokenizer_bin(stories["tok"], 512)
+    assert np.array_equal(np.asarray(scores, dtype=np.float32), np.asarray(bin_scores, dtype=np.float32))
+
+
+def test_converted_tensors(converted, ckpt):
+    r = gguf.GGUFReader(converted)
+    want = ckpt.gguf_tensors()
+    names = [t.name for t in r.tensors]
+    assert len(names) == len(set(names)), "duplicate tensor names"
+    extra = set(names) - set(want) - {"output.weight"}
+    missing = set(want) - set(names)
+    assert not missing and not extra, f"missing {sorted(missing)}, unexpected {sorted(extra)}"
+    for t in r.tensors:
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32, f"{t.name}: {t.tensor_type.name}, expected F32"
+        ref = want.get(t.name, ckpt.w["token_embedding"])       # output.weight, if written, = the shared embedding
+        shape = tuple(reversed(t.shape.tolist()))
+        assert shape == ref.shape, f"{t.name}: numpy shape {shape} (ne {t.shape.tolist()}), expected {ref.shape}"
+        data = np.asarray(t.data, dtype=np.float32).reshape(ref.shape)
+        assert np.array_equal(data, ref), f"{t.name}: data differs from the checkpoint"
+
+
+# ---- logits ------------------------------------------------------------------
+
+def test_reference_on_converted_predicts_reference_ids(converted, ref_ids):
+    """The numpy reference, reading the converted GGUF, predicts BOS + 32 published ids."""
+    logits = LlamaRef.from_gguf(converted).forward([1] + ref_ids[:32])
+    pred = logits.argmax(axis=1).tolist()
+    assert pred == ref_ids[:33]
+
+
+@pytest.mark.parametrize("which", ["gguf", "bin"])
+def test_eval_matches_reference(kvllm, stories, converted, ckpt, ref_ids, tmp_path, which):
+    tokens = [1] + ref_ids[:32]
+    model = converted if which == "gguf" else stories["bin"]   # eval needs no tokenizer
+    ref = ckpt.ref().forward(tokens)
+    for mode in (dict(), dict(prefill=5), dict(no_kv_cache=True)):
+        got = eval_logits(kvllm, model, tokens, tmp_path / "l.bin", **mode)
+        err = rel_err(got, ref)
+        assert err.max() <= TOL, f"{which} {mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
+        assert got.argmax(axis=1).tolist() == ref_ids[:33], f"{which} {mode}: argmax differs"
+
+
+def test_eval_cache_vs_no_cache(kvllm, converted, ref_ids, tmp_path):
+    """Longer sequence (128 tokens): decode through the cache agrees with recomputation."""
+    tokens = [1] + ref_ids[:127]
+    a = eval_logits(kvllm, converted, tokens, tmp_path / "a.bin", prefill=3)
+    b = eval_logits(kvllm, converted, tokens, tmp_path / "b.bin", no_kv_cache=True)
+    err = rel_err(a, b)
+    assert err.max() <= TOL, f"cache vs no cache: rel err {err.max():.3g} at position {int(err.argmax())}"
+    assert a.argmax(axis=1).tolist() == ref_ids[:128]
+
+
+def test_asan_convert_and_run(asan_bin, stories, ref_ids, tmp_path):
+    out = tmp_path / "asan.gguf"
+    res = run_cli(asan_bin, "convert", stories["bin"], "--tokenizer", stories["tok"], "-o", out)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    for margs in (["-m", out], ["-m", stories["bin"], "--tokenizer", stories["tok"]]):
+        res = run_cli(asan_bin, "run", *margs, "-n", "40", "--temp", "0", "--ids", "-q")
+        assert_no_sanitizer(res)
+        assert res.returncode == 0, res.describe()
+        assert parse_ids(res.out) == ref_ids[:40]

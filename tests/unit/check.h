@@ -1,0 +1,25 @@
+/* check.h — the tiny assertion kit of the C unit tests.  Each failed CHECK
+ * prints where and why; main() returns check_report(). */
+#ifndef KVLLM_CHECK_H
+#define KVLLM_CHECK_H
+#include <stdio.h>
+#include <stdlib.h>
+
+static int check_failures_, check_count_;
+
+#define CHECK(cond) do { check_count_++; if (!(cond)) { check_failures_++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECK_MSG(cond, ...) do { check_count_++; if (!(cond)) { check_failures_++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+static inline const char *check_shared_dir(void) {
+    const char *s = getenv("KVLLM_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+static inline int check_report(const char *name) {
+    printf("%s: %d checks, %d failed\n", name, check_count_, check_failures_);
+    return check_failures_ ? 1 : 0;
+}
+#endif

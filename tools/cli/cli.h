@@ -1,0 +1,28 @@
+/* cli.h — the kvllm command-line tool's subcommands.  Each returns the
+ * process exit status (0 ok, 1 error, 2 usage). */
+#ifndef KVLLM_CLI_H
+#define KVLLM_CLI_H
+
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Shared option parsing helpers (cli_util.c). */
+#include <stdbool.h>
+#include <stdint.h>
+bool cli_is_help(const char *arg);
+/* Parse a number for option `opt`; on error prints "kvllm: error: ..." and returns false. */
+bool cli_int(const char *opt, const char *s, long lo, long hi, long *out);
+bool cli_float(const char *opt, const char *s, double lo, double hi, double *out);
+/* Fetch the argument of an option at argv[*i], advancing *i; prints usage error if missing. */
+const char *cli_arg(int argc, char **argv, int *i);
+/* Monotonic seconds. */
+double cli_time(void);
+/* Parse a comma-separated list of integers (at most max); returns the count or -1 (error printed). */
+int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, int max);
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,55 @@
+/* cmd_convert.c — `kvllm convert IN -o OUT.gguf [--tokenizer PATH]`: a
+ * llama2.c checkpoint (or a GGUF) written as GGUF, tensors in their source
+ * type, with the vocabulary's tokenizer.ggml.* keys when one is given. */
+#include "cli.h"
+#include "kvllm.h"
+#include "load/gguf.h"
+#include "load/llama2c.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *k_usage =
+    "usage: kvllm convert IN -o OUT.gguf [--tokenizer PATH]\n"
+    "  IN          llama2.c checkpoint (legacy version-0 .bin) or GGUF file\n"
+    "  --tokenizer llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
+
+/* Copy tokenizer.* keys of a GGUF vocab file into g. */
+static int copy_vocab(struct gguf *g, const char *path) {
+    struct gguf *v;
+    int rc = gguf_open(path, &v);
+    for (uint64_t i = 0; !rc && i < v->n_kv; i++)
+        if (v->kv[i].key.len > 10 && !memcmp(v->kv[i].key.ptr, "tokenizer.", 10)) rc = gguf_set_kv(g, &v->kv[i]);
+    if (!rc) gguf_free(v);
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *tok = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
+        if (!strcmp(argv[i], "-o")) { if (!(out = cli_arg(argc, argv, &i))) return 2; }
+        else if (!strcmp(argv[i], "--tokenizer")) { if (!(tok = cli_arg(argc, argv, &i))) return 2; }
+        else if (argv[i][0] != '-' && !in) in = argv[i];
+        else { cli_error("convert: unknown option '%s'", argv[i]); return 2; }
+    }
+    if (!in || !out) { cli_error("convert: IN and -o OUT are required (see kvllm convert --help)"); return 2; }
+    struct gguf *g = NULL;
+    int rc;
+    if (gguf_is_gguf(in)) rc = gguf_open(in, &g);
+    else if (llama2c_is_checkpoint(in)) rc = llama2c_open(in, &g);
+    else { cli_error("%s: not a GGUF file nor a llama2.c checkpoint", in); return 1; }
+    if (!rc && tok) {
+        if (gguf_is_gguf(tok)) {
+            rc = copy_vocab(g, tok);
+        } else {
+            const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+            rc = llama2c_vocab_to_gguf(tok, emb ? (int)emb->ne[1] : -1, g);
+        }
+    }
+    if (!rc) rc = gguf_write(g, out);
+    if (!rc) fprintf(stderr, "kvllm: wrote %s (%llu tensors, %llu metadata keys)\n", out,
+                     (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);
+    gguf_free(g);
+    return rc ? 1 : 0;
+}

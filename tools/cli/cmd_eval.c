@@ -1,0 +1,94 @@
+/* cmd_eval.c — `kvllm eval`: the logits of every position of a token
+ * sequence, as raw little-endian f32 (n_tokens rows of n_vocab), so tests
+ * can compare kvllm with an independent reference.  The first K tokens go
+ * in one batch (prefill), the rest one per call (decode over the cache);
+ * with --no-kv-cache every row is computed from an empty cache. */
+#include "cli.h"
+#include "kvllm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *k_usage =
+    "usage: kvllm eval -m MODEL --tokens \"ID ID ...\" -o OUT.bin [--prefill K] [--no-kv-cache] [-t N]\n"
+    "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n";
+
+static int parse_ids(const char *s, int32_t **out) {
+    int cap = 64, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    char *end;
+    while (ids) {
+        while (*s == ' ' || *s == ',') s++;
+        if (!*s) break;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) { cli_error("--tokens: bad id near '%.16s'", s); free(ids); return -1; }
+        if (n == cap) {
+            int32_t *g = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!g) { free(ids); ids = NULL; break; }
+            ids = g;
+        }
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    if (!ids) { cli_error("out of memory"); return -1; }
+    *out = ids;
+    return n;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *toks = NULL, *outp = NULL, *tokz = NULL;
+    long prefill = -1, threads = 0;
+    bool no_kv = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
+        if (!strcmp(a, "--no-kv-cache")) { no_kv = true; continue; }
+        if (!(v = cli_arg(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--tokens")) toks = v;
+        else if (!strcmp(a, "-o")) outp = v;
+        else if (!strcmp(a, "--tokenizer")) tokz = v;
+        else if (!strcmp(a, "--prefill")) { if (!cli_int(a, v, 1, 1 << 24, &prefill)) return 2; }
+        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else { cli_error("eval: unknown option '%s'", a); return 2; }
+    }
+    if (!model || !toks || !outp) { cli_error("eval: -m, --tokens and -o are required"); return 2; }
+    int32_t *ids;
+    int n = parse_ids(toks, &ids);
+    if (n < 0) return 2;
+    if (n == 0) { cli_error("eval: --tokens is empty"); free(ids); return 2; }
+    if (prefill < 0 || prefill > n) prefill = n;
+
+    kvllm_log_set_level(KVLLM_LOG_WARN);
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.n_threads = (int)threads;
+    mp.tokenizer_path = tokz;
+    struct kvllm_model *m = NULL;
+    struct kvllm_session *s = NULL;
+    float *logits = NULL;
+    FILE *f = NULL;
+    int rc = kvllm_model_load(model, &mp, &m);
+    if (!rc) {
+        struct kvllm_session_params sp = { .n_ctx = n, .no_kv_cache = no_kv };
+        rc = kvllm_session_new(m, &sp, &s);
+    }
+    const size_t V = m ? (size_t)kvllm_model_describe(m)->n_vocab : 0;
+    if (!rc && !(logits = malloc((size_t)n * V * sizeof *logits))) rc = KVLLM_ENOMEM;
+    if (!rc && no_kv) {
+        for (int i = 0; !rc && i < n; i++) rc = kvllm_session_eval(s, ids + i, 1, false, logits + (size_t)i * V);
+    } else if (!rc) {
+        rc = kvllm_session_eval(s, ids, (int)prefill, true, logits);
+        for (int i = (int)prefill; !rc && i < n; i++) rc = kvllm_session_eval(s, ids + i, 1, false, logits + (size_t)i * V);
+    }
+    if (!rc && (!(f = fopen(outp, "wb")) || fwrite(logits, sizeof *logits, (size_t)n * V, f) != (size_t)n * V)) {
+        cli_error("%s: cannot write", outp);
+        rc = KVLLM_EIO;
+    }
+    if (f && fclose(f) && !rc) { cli_error("%s: cannot write", outp); rc = KVLLM_EIO; }
+    free(logits);
+    free(ids);
+    kvllm_session_free(s);
+    kvllm_model_free(m);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,204 @@
+/* cmd_tokenize.c — `kvllm tokenize`: the token ids (and pieces) of a text.
+ *
+ * The vocabulary comes from a GGUF (a full model or a vocab-only file) or a
+ * llama2.c tokenizer.bin; a llama2.c checkpoint has none of its own, so it
+ * needs --tokenizer.  Library errors are logged by the library itself (one
+ * "kvllm: error: ..." line); this file only reports its own. */
+#include "cli.h"
+#include "load/gguf.h"
+#include "load/llama2c.h"
+#include "tok/tokenizer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *k_usage =
+    "usage: kvllm tokenize (-m MODEL | --tokenizer PATH) [-f FILE|-] [--no-bos] [--parse-special] [--ids] [TEXT]\n"
+    "  -m, --model MODEL   GGUF model or vocab-only GGUF (a llama2.c checkpoint needs --tokenizer)\n"
+    "  --tokenizer PATH    llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
+    "  -f, --file FILE     tokenize the bytes of FILE exactly ('-': standard input)\n"
+    "  --no-bos            do not prepend BOS even if the vocabulary asks for it\n"
+    "  --parse-special     text of control tokens (\"<s>\") becomes those tokens\n"
+    "  --ids               print only the ids, space-separated on one line\n"
+    "  output: one line per token, ID<TAB>PIECE, with \\n \\t \\\\ and \\xNN escapes in PIECE\n";
+
+struct opts {
+    const char *model, *tokenizer, *file, *text;
+    bool no_bos, parse_special, ids_only;
+};
+
+/* 0 ok, 1 help printed, 2 usage error (reported). */
+static int parse_args(int argc, char **argv, struct opts *o) {
+    bool only_text = false; /* after "--" */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!only_text && a[0] == '-' && a[1] != 0) {
+            if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
+            if (!strcmp(a, "--")) only_text = true;
+            else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(o->model = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--tokenizer")) { if (!(o->tokenizer = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!(o->file = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--no-bos")) o->no_bos = true;
+            else if (!strcmp(a, "--parse-special")) o->parse_special = true;
+            else if (!strcmp(a, "--ids")) o->ids_only = true;
+            else { cli_error("tokenize: unknown option '%s' (see kvllm tokenize --help)", a); return 2; }
+        } else if (!o->text) {
+            o->text = a;
+        } else {
+            cli_error("tokenize: more than one TEXT argument ('%s'); quote the text", a);
+            return 2;
+        }
+    }
+    if (!o->model && !o->tokenizer) { cli_error("tokenize: give -m MODEL or --tokenizer PATH"); return 2; }
+    if (o->file && o->text) { cli_error("tokenize: give either TEXT or -f FILE, not both"); return 2; }
+    if (!o->file && !o->text) { cli_error("tokenize: no text: give TEXT or -f FILE (- for stdin)"); return 2; }
+    return 0;
+}
+
+/* ---- input ---- */
+
+static char *read_stream(FILE *f, const char *name, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *bigger = realloc(buf, cap *= 2);
+        if (!bigger) free(buf);
+        buf = bigger;
+    }
+    if (!buf) { cli_error("%s: out of memory reading the text", name); return NULL; }
+    if (ferror(f)) { cli_error("%s: read error: %s", name, strerror(errno)); free(buf); return NULL; }
+    *len = n;
+    return buf;
+}
+
+static char *read_text(const struct opts *o, size_t *len) {
+    if (o->text) {
+        *len = strlen(o->text);
+        char *copy = malloc(*len + 1);
+        if (copy) memcpy(copy, o->text, *len + 1);
+        else cli_error("out of memory");
+        return copy;
+    }
+    if (!strcmp(o->file, "-")) return read_stream(stdin, "<stdin>", len);
+    FILE *f = fopen(o->file, "rb");
+    if (!f) { cli_error("%s: cannot open: %s", o->file, strerror(errno)); return NULL; }
+    char *buf = read_stream(f, o->file, len);
+    fclose(f);
+    return buf;
+}
+
+/* ---- vocabulary ---- */
+
+/* A GGUF's vocabulary, or a llama2.c tokenizer.bin turned into one. */
+static int open_vocab_file(const char *path, struct gguf **g) {
+    if (gguf_is_gguf(path)) return gguf_open(path, g);
+    *g = gguf_new(path);
+    if (!*g) return KVLLM_ENOMEM;
+    int rc = llama2c_vocab_to_gguf(path, -1, *g);
+    if (rc < 0) { gguf_free(*g); *g = NULL; }
+    return rc;
+}
+
+static bool readable(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { cli_error("%s: cannot open: %s", path, strerror(errno)); return false; }
+    fclose(f);
+    return true;
+}
+
+static int load_tokenizer(const struct opts *o, struct tokenizer **t) {
+    const char *path = o->tokenizer;
+    if (o->model && !readable(o->model)) return 1;
+    if (!path) {
+        if (!gguf_is_gguf(o->model)) {
+            if (llama2c_is_checkpoint(o->model))
+                cli_error("%s: llama2.c checkpoints carry no vocabulary; pass --tokenizer tokenizer.bin", o->model);
+            else
+                cli_error("%s: neither a GGUF file nor a llama2.c checkpoint", o->model);
+            return 1;
+        }
+        path = o->model;
+    } else if (!readable(path)) {
+        return 1;
+    }
+    struct gguf *g = NULL;
+    int rc = open_vocab_file(path, &g);
+    if (rc == 0) rc = tokenizer_new(g, t);
+    gguf_free(g);
+    return rc < 0 ? 1 : 0;
+}
+
+/* ---- output ---- */
+
+/* Length of the valid UTF-8 character at s (n bytes left), 0 if invalid. */
+static size_t utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < len; k++)
+        if (s[k] < 0x80 || s[k] > 0xbf) return 0;
+    return len;
+}
+
+/* The piece with control characters, backslashes and invalid UTF-8 escaped. */
+static void print_piece(const char *piece, FILE *out) {
+    const unsigned char *s = (const unsigned char *)piece;
+    size_t n = strlen(piece);
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t len = c >= 0x80 ? utf8_char(s + i, n - i) : 1;
+        if (c == '\n') fputs("\\n", out);
+        else if (c == '\t') fputs("\\t", out);
+        else if (c == '\\') fputs("\\\\", out);
+        else if (c < 0x20 || c == 0x7f || len == 0) fprintf(out, "\\x%02X", c);
+        else { fwrite(s + i, 1, len, out); i += len; continue; }
+        i++;
+    }
+}
+
+static void print_ids(const struct tokenizer *t, const int32_t *ids, int n, bool ids_only) {
+    for (int i = 0; i < n; i++) {
+        if (ids_only) {
+            printf(i ? " %d" : "%d", (int)ids[i]);
+        } else {
+            printf("%d\t", (int)ids[i]);
+            print_piece(tokenizer_piece(t, ids[i]), stdout);
+            putchar('\n');
+        }
+    }
+    if (ids_only) putchar('\n');
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    struct opts o = { 0 };
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+    size_t len;
+    char *text = read_text(&o, &len);
+    if (!text) return 1;
+    struct tokenizer *t = NULL;
+    if (load_tokenizer(&o, &t)) { free(text); return 1; }
+
+    bool bos = !o.no_bos;
+    int n = tokenizer_encode(t, text, len, bos, o.parse_special, NULL, 0);
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (n > 0 && !ids) cli_error("out of memory for %d token ids", n);
+    else if (n > 0) n = tokenizer_encode(t, text, len, bos, o.parse_special, ids, n);
+    int status = n < 0 || (n > 0 && !ids) ? 1 : 0;
+    if (status == 0) print_ids(t, ids, n, o.ids_only);
+    if (status == 0 && fflush(stdout) != 0) {
+        cli_error("writing the output: %s", strerror(errno));
+        status = 1;
+    }
+    free(ids);
+    free(text);
+    tokenizer_free(t);
+    return status;
+}

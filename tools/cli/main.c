@@ -1,0 +1,30 @@
+/* main.c — `kvllm COMMAND ...`: dispatch to the subcommands. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct { const char *name; int (*fn)(int, char **); const char *help; } k_cmds[] = {
+    { "run",      cmd_run,      "generate text from a prompt" },
+    { "info",     cmd_info,     "describe a model file: shapes, types, sizes, KV-cache bytes" },
+    { "convert",  cmd_convert,  "write a llama2.c checkpoint (or GGUF) as GGUF" },
+    { "tokenize", cmd_tokenize, "print the token ids of a text" },
+    { "eval",     cmd_eval,     "write the logits of a token sequence (for tests)" },
+    { "bench",    cmd_bench,    "measure prompt and generation speed" },
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvllm COMMAND [options]   (kvllm COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
+        fprintf(f, "  %-9s %s\n", k_cmds[i].name, k_cmds[i].help);
+    fprintf(f, "\nenvironment: KVLLM_CPU=scalar forces the portable reference kernels\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (cli_is_help(argv[1])) { usage(stdout); return 0; }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
+        if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (see kvllm --help)", argv[1]);
+    return 2;
+}

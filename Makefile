@@ -15,14 +15,17 @@ build:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DKVLLM_ASAN_BIN=$(abspath $(ASAN_BUILD))/kvllm >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# AddressSanitizer + UBSan build: the bad-input tests run its kvllm, and the
+# C unit tests run there too.
 asan:
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVLLM_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target kvllm
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 bootstrap:
 	@bash scripts/bootstrap.sh
 
 test: bootstrap asan build
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '^unit_'
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: bootstrap build

@@ -1,24 +1,40 @@
-/* threadpool.c — workers sleep on a condition variable between runs; a run
- * bumps a generation counter and waits until every worker has reported done. */
+/* threadpool.c — persistent workers that spin briefly on a generation
+ * counter between runs (decode issues dozens of runs per token, too many to
+ * pay a futex wake-up each) and fall back to a condition variable when idle.
+ *
+ * Protocol: run() publishes fn/ctx, sets n_pending, bumps `gen` (release),
+ * then broadcasts under the mutex; a worker that saw the old `gen` under the
+ * mutex is therefore always woken.  Workers decrement n_pending when done;
+ * run() spins until it reaches 0. */
 #include "threadpool.h"
 #include "core.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+
+#define SPIN_ITERS 200000
 
 struct threadpool {
     int n;                    /* threads including the caller */
     pthread_t *threads;       /* (n - 1) workers */
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    unsigned long gen;        /* incremented per run */
-    int n_pending;            /* workers still busy in this run */
-    bool stop;
-    threadpool_fn fn;
+    pthread_cond_t cv;
+    atomic_ulong gen;         /* incremented per run */
+    atomic_int n_pending;     /* workers still busy in this run */
+    atomic_bool stop;
+    threadpool_fn fn;         /* published before gen is bumped */
     void *ctx;
 };
 
 struct worker_arg { struct threadpool *p; int ith; };
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 static void *worker_main(void *arg) {
     struct worker_arg wa = *(struct worker_arg *)arg;
@@ -26,19 +42,18 @@ static void *worker_main(void *arg) {
     struct threadpool *p = wa.p;
     unsigned long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->cv_work, &p->mu);
-        if (p->stop) { pthread_mutex_unlock(&p->mu); return NULL; }
-        seen = p->gen;
-        threadpool_fn fn = p->fn;
-        void *ctx = p->ctx;
-        pthread_mutex_unlock(&p->mu);
-
-        fn(ctx, wa.ith, p->n);
-
-        pthread_mutex_lock(&p->mu);
-        if (--p->n_pending == 0) pthread_cond_signal(&p->cv_done);
-        pthread_mutex_unlock(&p->mu);
+        for (int i = 0; i < SPIN_ITERS && atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
+                        !atomic_load_explicit(&p->stop, memory_order_relaxed); i++)
+            cpu_relax();
+        if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        p->fn(p->ctx, wa.ith, p->n);
+        atomic_fetch_sub_explicit(&p->n_pending, 1, memory_order_release);
     }
 }
 
@@ -46,24 +61,23 @@ struct threadpool *threadpool_new(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     struct threadpool *p = xcalloc(1, sizeof *p);
     if (!p) return NULL;
-    p->n = n_threads;
+    p->n = 1;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv_work, NULL);
-    pthread_cond_init(&p->cv_done, NULL);
+    pthread_cond_init(&p->cv, NULL);
     p->threads = xcalloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) { threadpool_free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = xmalloc(sizeof *wa);
-        if (!wa) { p->n = i; threadpool_free(p); return NULL; }
+        if (!wa) { threadpool_free(p); return NULL; }
         wa->p = p;
         wa->ith = i;
         if (pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
             LOG_ERR("cannot start thread %d of %d", i, n_threads);
-            p->n = i;
             threadpool_free(p);
             return NULL;
         }
+        p->n = i + 1;
     }
     return p;
 }
@@ -71,13 +85,12 @@ struct threadpool *threadpool_new(int n_threads) {
 void threadpool_free(struct threadpool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->cv_work);
+    atomic_store(&p->stop, true);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i - 1], NULL);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv_work);
-    pthread_cond_destroy(&p->cv_done);
+    pthread_cond_destroy(&p->cv);
     free(p->threads);
     free(p);
 }
@@ -86,17 +99,18 @@ int threadpool_size(const struct threadpool *p) { return p ? p->n : 1; }
 
 void threadpool_run(struct threadpool *p, threadpool_fn fn, void *ctx) {
     if (!p || p->n == 1) { fn(ctx, 0, 1); return; }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
-    p->n_pending = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->cv_work);
+    atomic_store_explicit(&p->n_pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 
     fn(ctx, 0, p->n);
 
-    pthread_mutex_lock(&p->mu);
-    while (p->n_pending > 0) pthread_cond_wait(&p->cv_done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    /* yield early: with more threads than free cores the worker we wait for
+     * may need this very core */
+    for (unsigned long i = 0; atomic_load_explicit(&p->n_pending, memory_order_acquire) > 0; i++)
+        if (i > 2000) sched_yield(); else cpu_relax();
 }

@@ -32,12 +32,16 @@ int tokenizer_bos(const struct tokenizer *t);        /* -1 if none */
 int tokenizer_eos(const struct tokenizer *t);        /* -1 if none */
 bool tokenizer_add_bos(const struct tokenizer *t);   /* does the vocab ask for BOS? */
 enum tok_type tokenizer_type(const struct tokenizer *t, int id);
-/* The vocabulary entry as stored ("▁the", "<0x0A>"), NUL-terminated. */
+/* The vocabulary entry as stored ("▁the", "<0x0A>"), NUL-terminated;
+ * NULL when id is out of range. */
 const char *tokenizer_piece(const struct tokenizer *t, int id);
 
 /* Encode len bytes. add_bos: prepend BOS if the vocab asks for it (and has
- * one).  parse_special: text of CONTROL tokens becomes those tokens.
- * Writes up to n_max ids; returns the full count or a negative error. */
+ * one).  parse_special: text of CONTROL (and UNKNOWN) tokens becomes those
+ * tokens; USER_DEFINED token text always does, as in llama.cpp.  Like
+ * llama.cpp, the space prefix goes before the first text and before text
+ * that follows a special token.  Writes up to n_max ids (ids may be NULL
+ * when n_max is 0); returns the full count or a negative error. */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
                      bool add_bos, bool parse_special, int32_t *ids, int n_max);
 
@@ -47,7 +51,9 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
  * byte count (may exceed cap: nothing past cap is written) or < 0. */
 int tokenizer_token_bytes(const struct tokenizer *t, int prev, int id, char *buf, size_t cap);
 
-/* Decode a whole id sequence (inverse of encode: decode(encode(x)) == x). */
+/* Decode a whole id sequence (inverse of encode: decode(encode(x)) == x
+ * for valid UTF-8 x without '▁' or special-token text).  Returns the byte
+ * count like tokenizer_token_bytes; NUL-terminated when the count < cap. */
 int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char *buf, size_t cap);
 
 /* Streaming decoder: holds back bytes of an unfinished UTF-8 character. */
@@ -60,7 +66,8 @@ struct detok {
 };
 void detok_init(struct detok *d, const struct tokenizer *t);
 void detok_deinit(struct detok *d);
-/* Returns NUL-terminated complete text (owned by d, valid until next call). */
+/* Returns NUL-terminated complete text (owned by d, valid until next call);
+ * invalid bytes come out as U+FFFD.  NULL only when out of memory. */
 const char *detok_push(struct detok *d, int prev, int id);
 /* Remaining bytes; an incomplete sequence becomes U+FFFD. */
 const char *detok_flush(struct detok *d);

@@ -75,7 +75,7 @@ SHAPES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=192, n_ctx=512),
     # the llama2.c "stories110M" shape
     "110M": ModelConfig(n_vocab=32000, n_embd=768, n_layer=12, n_head=12, n_head_kv=12, n_ff=2048,
-                        n_ctx=2048, name="random-llama-110M"),
+                        n_ctx=2048, tied=True, name="random-llama-110M"),   # stories110M shares its classifier
     # TinyLlama-1.1B-Chat-v1.0
     "tinyllama-1.1B": ModelConfig(n_vocab=32000, n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632,
                                   n_ctx=2048, rope_theta=10000.0, norm_eps=1e-5, name="random-tinyllama-1.1B"),

@@ -160,3 +160,34 @@ def read_sentencepiece_model(path: str | Path) -> list[tuple[str, float, int]]:
                 typ = v2
         pieces.append((piece, score, typ))
     return pieces
+
+
+def write_checkpoint(path: str | Path, dim: int = 64, hidden_dim: int = 160, n_layers: int = 2, n_heads: int = 4,
+                     n_kv_heads: int = 2, vocab_size: int = 512, seq_len: int = 128, shared: bool = True,
+                     seed: int = 0) -> Path:
+    """Write a random-weight llama2.c checkpoint (matrices N(0, 1/fan_in), norms ~1, the rope table
+    llama2.c's export writes); vocab_size is stored negative when not shared."""
+    rng = np.random.default_rng(seed)
+    hs = dim // n_heads
+    kv_dim = hs * n_kv_heads
+
+    def mat(*shape):
+        return rng.standard_normal(shape).astype(np.float32) / np.float32(np.sqrt(shape[-1]))
+
+    def norm(*shape):
+        return rng.uniform(0.9, 1.1, shape).astype(np.float32)
+
+    L = n_layers
+    ang = np.arange(seq_len)[:, None] * 10000.0 ** (-np.arange(0, hs, 2) / hs)
+    parts = [mat(vocab_size, dim), norm(L, dim), mat(L, dim, dim), mat(L, kv_dim, dim), mat(L, kv_dim, dim),
+             mat(L, dim, dim), norm(L, dim), mat(L, hidden_dim, dim), mat(L, dim, hidden_dim),
+             mat(L, hidden_dim, dim), norm(dim), np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)]
+    if not shared:
+        parts.append(mat(vocab_size, dim))
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<7i", dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+                            vocab_size if shared else -vocab_size, seq_len))
+        for p in parts:
+            f.write(np.ascontiguousarray(p, dtype="<f4").tobytes())
+    return path

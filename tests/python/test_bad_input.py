@@ -187,7 +187,25 @@ def _ckpt_header_edit(**fields) -> Callable[[bytes], bytes]:
     return fn
 
 
+def _ckpt_sized(dim=64, hidden=172, n_layers=5, n_heads=8, n_kv_heads=4, vocab=512, seq_len=512):
+    """A checkpoint whose size matches its header (so it looks like llama2.c) but whose header is
+    inconsistent: the loader's own checks, not format detection, must refuse it."""
+    def fn(raw: bytes) -> bytes:
+        hs = dim // n_heads
+        kv_dim = hs * n_kv_heads
+        n = (abs(vocab) * dim + n_layers * (2 * dim + 2 * dim * dim + 2 * kv_dim * dim + 3 * hidden * dim)
+             + dim + seq_len * (hs // 2) * 2 + (0 if vocab > 0 else abs(vocab) * dim))
+        body = np.random.default_rng(0).standard_normal(n).astype("<f4").tobytes()
+        return struct.pack("<7i", dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len) + body
+    return fn
+
+
 BIN_CASES: dict[str, Callable[[bytes], bytes]] = {
+    "sized_heads_not_dividing_dim": _ckpt_sized(n_heads=7, n_kv_heads=7),
+    "sized_kv_heads_not_dividing": _ckpt_sized(n_kv_heads=3),
+    "sized_kv_heads_gt_heads": _ckpt_sized(n_heads=4, n_kv_heads=8),
+    "sized_odd_head_size": _ckpt_sized(dim=63, n_heads=7, n_kv_heads=7),
+    "sized_seq_len_0": _ckpt_sized(seq_len=0),
     "dim_2pow30": _ckpt_header_edit(dim=2**30),
     "dim_negative": _ckpt_header_edit(dim=-64),
     "dim_zero": _ckpt_header_edit(dim=0),
@@ -316,6 +334,20 @@ def test_base_model_is_valid(kvllm, base_gguf, tmp_path):
     res = run_cli(kvllm, "eval", "-m", base_gguf, "--tokens", " ".join(map(str, toks)), "-o", out, timeout=TIMEOUT)
     assert res.returncode == 0, res.describe()
     assert rel_err(read_logits(out, len(toks)), LlamaRef.from_gguf(base_gguf).forward(toks)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("vocab", [512, -512], ids=["shared", "unshared"])
+def test_sized_checkpoint_baseline_is_valid(kvllm, stories, tmp_path, vocab):
+    """_ckpt_sized with a consistent header is a loadable checkpoint: the "sized_*" cases fail
+    only because of their header values."""
+    p = tmp_path / "sized_ok.bin"
+    p.write_bytes(_ckpt_sized(vocab=vocab)(b""))
+    res = run_cli(kvllm, "info", p, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    res = run_cli(kvllm, "run", "-m", p, "--tokenizer", stories["tok"], "-n", "4", "--ids", "--ignore-eos", "-q",
+                  timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert len(parse_ids(res.out)) == 4
 
 
 @pytest.mark.parametrize("case", ALL_CASES)

@@ -184,3 +184,28 @@ def test_asan_convert_and_run(asan_bin, stories, ref_ids, tmp_path):
         assert_no_sanitizer(res)
         assert res.returncode == 0, res.describe()
         assert parse_ids(res.out) == ref_ids[:40]
+
+
+@pytest.mark.parametrize("shared_cls", [True, False], ids=["shared", "unshared"])
+def test_random_checkpoint(kvllm, stories, tmp_path, shared_cls):
+    """A random llama2.c checkpoint (GQA; shared or separate classifier wcls): eval of the .bin and of
+    its conversion match the reference; the conversion carries wcls as output.weight."""
+    from llama2c import write_checkpoint
+    src = write_checkpoint(tmp_path / "rand.bin", dim=64, hidden_dim=160, n_layers=2, n_heads=8, n_kv_heads=2,
+                           vocab_size=512, seq_len=64, shared=shared_cls, seed=5)
+    ck = read_checkpoint(src)
+    assert ck.shared == shared_cls
+    tokens = [1] + np.random.default_rng(3).integers(3, 512, size=19).tolist()
+    ref = ck.ref().forward(tokens)
+    out = tmp_path / "rand.gguf"
+    res = run_cli(kvllm, "convert", src, "--tokenizer", stories["tok"], "-o", out)
+    assert res.returncode == 0, res.describe()
+    names = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    if not shared_cls:
+        assert "output.weight" in names, "unshared classifier: output.weight missing from the conversion"
+        assert np.array_equal(np.asarray(names["output.weight"].data).reshape(512, 64), ck.w["wcls"])
+    for model in (src, out):
+        for mode in (dict(), dict(prefill=4), dict(no_kv_cache=True)):
+            got = eval_logits(kvllm, model, tokens, tmp_path / "l.bin", **mode)
+            err = rel_err(got, ref)
+            assert err.max() <= TOL, f"{model.name} {mode}: rel err {err.max():.3g} at position {int(err.argmax())}"

@@ -128,7 +128,7 @@ static int bench_model_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--pp")) { if (!cli_int(a, v, 0, 1 << 20, &o.pp)) return 2; }
         else if (!strcmp(a, "--tg")) { if (!cli_int(a, v, 0, 1 << 20, &o.tg)) return 2; }
         else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
-        else if (!strcmp(a, "--threads")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "-o")) {
             if (!strcmp(v, "json")) o.json = true;

@@ -39,18 +39,25 @@ static bool read_header(const uint8_t *p, size_t size, struct l2c_header *h, uin
     if (size < sizeof *h) return false;
     memcpy(h, p, sizeof *h);
     *n_floats = expected_floats(h, shared);
-    uint64_t bytes;
-    return *n_floats && ckd_mul_u64(&bytes, *n_floats, 4) && ckd_add_u64(&bytes, bytes, sizeof *h) && bytes == size;
+    return *n_floats != 0;
+}
+
+/* Bytes a checkpoint with this header must have; false on overflow. */
+static bool expected_bytes(uint64_t n_floats, uint64_t *bytes) {
+    return ckd_mul_u64(bytes, n_floats, 4) && ckd_add_u64(bytes, *bytes, sizeof(struct l2c_header));
 }
 
 bool llama2c_is_checkpoint(const char *path) {
-    struct file_map fm;
-    if (file_map_open(&fm, path) != 0) return false;
+    /* a silent probe: the caller reports unreadable files itself */
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    uint8_t buf[sizeof(struct l2c_header)];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
     struct l2c_header h;
-    uint64_t n;
-    bool shared, ok = read_header(fm.data, fm.size, &h, &n, &shared);
-    file_map_close(&fm);
-    return ok;
+    uint64_t n_floats;
+    bool shared;
+    return read_header(buf, n, &h, &n_floats, &shared);
 }
 
 int llama2c_open(const char *path, struct gguf **out) {
@@ -62,8 +69,16 @@ int llama2c_open(const char *path, struct gguf **out) {
     struct l2c_header h;
     uint64_t n_floats;
     bool shared;
-    if (!read_header(g->map.data, g->map.size, &h, &n_floats, &shared)) {
-        LOG_ERR("%s: not a valid llama2.c checkpoint (header does not match the file size %zu)", path, g->map.size);
+    uint64_t want;
+    if (!read_header(g->map.data, g->map.size, &h, &n_floats, &shared) || !expected_bytes(n_floats, &want)) {
+        LOG_ERR("%s: not a valid llama2.c checkpoint (implausible header)", path);
+        gguf_free(g);
+        return KVLLM_EFORMAT;
+    }
+    if (want != g->map.size) {
+        LOG_ERR("%s: llama2.c checkpoint (dim %d, %d layers, vocab %d) should be %llu bytes but the file has %zu%s",
+                path, h.dim, h.n_layers, h.vocab_size, (unsigned long long)want, g->map.size,
+                want > g->map.size ? " (truncated)" : "");
         gguf_free(g);
         return KVLLM_EFORMAT;
     }

@@ -6,7 +6,7 @@
 
 #include "load/gguf.h"
 
-/* Heuristic: not a GGUF and the 7-int header is plausible for the size. */
+/* Silent probe: the 7-int header is plausible (sizes checked by llama2c_open). */
 bool llama2c_is_checkpoint(const char *path);
 
 /* Map a checkpoint and describe it as a GGUF (tensors borrow the mapping,

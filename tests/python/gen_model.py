@@ -21,7 +21,7 @@ import argparse
 import dataclasses
 import string
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 

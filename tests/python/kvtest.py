@@ -98,3 +98,26 @@ def eval_logits(binary: str | Path, model: str | Path, tokens: Sequence[int], ou
 
 def parse_ids(text: str) -> list[int]:
     return [int(t) for t in text.split()]
+
+
+# label spellings accepted for each hyper-parameter in `kvllm info` output
+INFO_LABELS = {
+    "n_embd": ["n_embd", "embedding_length", "embd", "dim", "hidden"],
+    "n_layer": ["n_layer", "block_count", "layer", "blocks"],
+    "n_head": ["n_head", "head_count", "heads"],
+    "n_head_kv": ["n_head_kv", "head_count_kv", "kv_head", "kv heads"],
+    "n_vocab": ["n_vocab", "vocab"],
+    "n_ff": ["n_ff", "feed_forward", "ffn", "hidden_dim"],
+    "n_ctx_train": ["n_ctx", "context"],
+}
+
+
+def check_info(text: str, expect: dict[str, int]) -> None:
+    """Each expected hyper-parameter appears as a whole number on a line carrying one of its labels."""
+    import re
+    lines = text.splitlines()
+    for field, value in expect.items():
+        num = re.compile(rf"(?<![\w.]){value}(?![\w.])")
+        labels = INFO_LABELS[field]
+        hit = [ln for ln in lines if any(lb in ln.lower() for lb in labels) and num.search(ln)]
+        assert hit, f"`kvllm info` should report {field} = {value} on a labelled line:\n{text}"

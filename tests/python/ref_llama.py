@@ -97,8 +97,9 @@ class LlamaRef:
             raise ValueError(f"bad head layout {hp}")
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "LlamaRef":
-        r = gguf.GGUFReader(path)
+    def from_gguf(cls, path: "str | Path | gguf.GGUFReader") -> "LlamaRef":
+        """From a GGUF path, or an already-open gguf.GGUFReader."""
+        r = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
         if arch != "llama":
             raise ValueError(f"{path}: architecture {arch!r}, only llama supported")

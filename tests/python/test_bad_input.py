@@ -20,8 +20,7 @@ import pytest
 import gguf
 
 from gen_model import write_model
-from gguf_build import (ARRAY, BASE_CFG, FLOAT32, INT32, STRING, UINT32, UINT64, GGUF, array, base_model,
-                        gstr, value)
+from gguf_build import ARRAY, BASE_CFG, FLOAT32, INT32, STRING, UINT32, GGUF, base_model, gstr
 from kvtest import Result, assert_no_sanitizer, parse_ids, read_logits, run_cli
 from ref_llama import LlamaRef, rel_err
 
@@ -30,10 +29,6 @@ TIMEOUT = 120
 
 # ---- GGUF cases -----------------------------------------------------------------
 # each builder returns the file's bytes
-
-def _render(g: GGUF) -> bytes:
-    return g.render()
-
 
 def _base() -> GGUF:
     return base_model()

@@ -46,6 +46,36 @@ def test_context_overflow_refused(run, m):
     assert res.out == "", "refused before any work: nothing on stdout"
 
 
+def test_context_option_limits_generation(run, m):
+    res = run("run", *m, "-c", "32", "-p", PROMPT, "-n", "40")
+    assert res.returncode == 1, res.describe()
+    errs = [ln for ln in res.err.splitlines() if ln.startswith("kvllm: error:")]
+    assert len(errs) == 1 and "32" in errs[0], res.describe()
+    assert res.out == ""
+    ok = run("run", *m, "-c", "32", "-p", PROMPT, "-n", "20", "--ids", "--ignore-eos", "-q")
+    assert ok.returncode == 0 and len(parse_ids(ok.out)) == 20, ok.describe()
+
+
+@pytest.mark.parametrize("tokens", ["1 512", "1 -3", "1 abc", ""])
+def test_eval_bad_tokens(kvllm, kvllm_asan, stories, tmp_path, tokens):
+    """Token ids outside [0, n_vocab) or not numbers: an error, not a crash (release and ASan)."""
+    from kvtest import assert_no_sanitizer, run_cli
+    for b in filter(None, (kvllm, kvllm_asan)):
+        res = run_cli(b, "eval", "-m", stories["bin"], "--tokens", tokens, "-o", tmp_path / "l.bin")
+        assert_no_sanitizer(res)
+        assert res.returncode in (1, 2), res.describe()
+        assert len([ln for ln in res.err.splitlines() if ln.startswith("kvllm: error:")]) == 1, res.describe()
+
+
+def test_convert_errors(run, stories, tmp_path):
+    res = run("convert", tmp_path / "missing.bin", "--tokenizer", stories["tok"], "-o", tmp_path / "o.gguf")
+    assert res.returncode == 1 and "missing.bin" in res.err and "kvllm: error:" in res.err, res.describe()
+    bad_out = tmp_path / "no_such_dir" / "o.gguf"
+    res = run("convert", stories["bin"], "--tokenizer", stories["tok"], "-o", bad_out)
+    assert res.returncode == 1 and "no_such_dir" in res.err and "kvllm: error:" in res.err, res.describe()
+    assert not bad_out.exists()
+
+
 def test_context_beyond_training_warns(run, m):
     res = run("run", *m, "-c", "1024", "-n", "8", "--temp", "0", "--ids", "--ignore-eos")
     assert res.returncode == 0, res.describe()

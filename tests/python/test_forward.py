@@ -30,6 +30,11 @@ CONFIGS = {
                                        n_rot=8),
     "mqa_f16_tied_rot8": ModelConfig(n_vocab=400, n_embd=64, n_layer=2, n_head=4, n_head_kv=1, n_ff=200,
                                      n_rot=8, tied=True, dtype="f16", norm_eps=1e-6, rope_theta=1000.0),
+    # sizes that are multiples of nothing useful (SIMD tails): n_embd 60, head_dim 10, n_ff 100, odd vocab
+    "odd_dims_f16": ModelConfig(n_vocab=301, n_embd=60, n_layer=2, n_head=6, n_head_kv=2, n_ff=100,
+                                n_rot=6, dtype="f16"),
+    "odd_dims_f32_tied": ModelConfig(n_vocab=263, n_embd=36, n_layer=3, n_head=3, n_head_kv=3, n_ff=84,
+                                     tied=True),
 }
 
 MODES = {
@@ -90,6 +95,19 @@ def test_thread_counts_match_reference(kvllm, cases, tmp_path, threads):
         got = eval_logits(kvllm, c.path, c.tokens, tmp_path / "logits.bin", threads=threads, **MODES[mode])
         err = rel_err(got, c.ref)
         assert err.max() <= TOL, f"-t {threads} {mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
+
+
+@pytest.mark.parametrize("mode", ["prefill_all", "prefill_33", "prefill_1", "no_kv_cache"])
+def test_long_sequence(kvllm, cases, tmp_path, mode):
+    """100 positions: cache growth across any block / chunk boundary up to 100."""
+    c = cases["gqa_f16_untied"]
+    tokens = [1] + np.random.default_rng(99).integers(3, 512, size=99).tolist()
+    ref = LlamaRef.from_gguf(c.path).forward(tokens)
+    kw = {"prefill_all": {}, "prefill_33": dict(prefill=33), "prefill_1": dict(prefill=1),
+          "no_kv_cache": dict(no_kv_cache=True)}[mode]
+    got = eval_logits(kvllm, c.path, tokens, tmp_path / "logits.bin", **kw)
+    err = rel_err(got, ref)
+    assert err.max() <= TOL, f"{mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
 
 
 def test_single_token(kvllm, cases, tmp_path):

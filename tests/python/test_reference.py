@@ -180,3 +180,17 @@ def test_tied_head_uses_token_embd(tmp_path):
     w2 = dict(ref.w)
     w2["output.weight"] = ref.w["token_embd.weight"].copy()
     assert np.array_equal(LlamaRef(ref.hp, w2).forward(toks), lg)
+
+
+def test_bench_gen_model_wrapper(tmp_path):
+    """bench/gen-model (the executable wrapper) writes a readable model."""
+    import subprocess
+    import sys
+    from kvtest import REPO
+    out = tmp_path / "w.gguf"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "gen-model"), "--shape", "tiny", "--n-layer", "1",
+                        "--seed", "2", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = gguf.GGUFReader(out)
+    assert r.get_field("llama.block_count").contents() == 1
+    assert len(r.tensors) == 3 + 9          # token_embd, output_norm, output + one layer of 9

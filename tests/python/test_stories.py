@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import gguf
 
-from kvtest import assert_no_sanitizer, eval_logits, parse_ids, run_cli
+from kvtest import assert_no_sanitizer, check_info, eval_logits, parse_ids, run_cli
 from llama2c import read_checkpoint, read_sentencepiece_model, read_tokenizer_bin
 from ref_llama import LlamaRef, rel_err
 
@@ -73,6 +73,24 @@ def test_greedy_text(run, model_args, ref_text):
         pytest.fail(f"stdout differs from llama2.c at byte {i} (got {len(res.stdout)} bytes, want {len(ref_text)}): "
                     f"got {res.stdout[max(0, i - 20):i + 20]!r}, want {ref_text[max(0, i - 20):i + 20]!r}")
     assert res.stderr == b"", f"-q: stderr should be empty, got {res.err!r}"
+
+
+def test_info(run, stories, converted):
+    for path in (stories["bin"], converted):
+        res = run("info", path)
+        assert res.returncode == 0, res.describe()
+        check_info(res.out, {"n_embd": 64, "n_layer": 5, "n_head": 8, "n_head_kv": 4, "n_vocab": 512,
+                             "n_ff": 172, "n_ctx_train": 512})
+
+
+def test_long_generation_near_full_context(run, stories, ref_ids):
+    """511 tokens after BOS (positions up to 511 of 512): the first 256 are llama2.c's."""
+    res = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], "-n", "511", "--temp", "0",
+              "--ids", "--ignore-eos", "-q")
+    assert res.returncode == 0, res.describe()
+    ids = parse_ids(res.out)
+    assert len(ids) == 511 and all(0 <= i < 512 for i in ids)
+    assert ids[:256] == ref_ids
 
 
 # ---- the converted GGUF ------------------------------------------------------

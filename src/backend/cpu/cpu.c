@@ -175,6 +175,12 @@ int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct ba
         LOG_ERR("KVLLM_CPU=%s: this kernel set is not available in this build (available: scalar)", kind);
         return KVLLM_ECPU;
     }
+    if (n_threads > cpu_count()) {
+        /* workers spin between kernels: more of them than cores only makes
+         * them wait for each other's time slices */
+        LOG_WARN("%d threads requested but only %d CPUs are online: using %d", n_threads, cpu_count(), cpu_count());
+        n_threads = cpu_count();
+    }
     struct backend *be = xcalloc(1, sizeof *be);
     if (!be) return KVLLM_ENOMEM;
     be->ops = &k_scalar_ops;

@@ -23,6 +23,45 @@ struct attn_args {
     float *out;           /* (n_tokens, n_head * head_dim) */
 };
 
+/* Element types of KV storage (see docs: quantized on write, dequantized
+ * inside attention). */
+enum kv_type { KV_F32 = 0, KV_F16, KV_BF16, KV_INT8, KV_FP8, KV_TYPE_COUNT_ };
+
+/* One layer of the paged KV storage.  Block b, slot s, kv head h starts at
+ * element ((b * block_size + s) * n_head_kv + h) * head_dim of k / v; for
+ * KV_INT8 and KV_FP8 its scale is k_scale / v_scale[(b * block_size + s) *
+ * n_head_kv + h] (value = code * scale; int8 symmetric, fp8 e4m3). */
+struct kv_layer_view {
+    enum kv_type type;
+    int block_size, n_head_kv, head_dim;
+    void *k, *v;                /* (n_blocks, block_size, n_head_kv, head_dim) of type */
+    float *k_scale, *v_scale;   /* (n_blocks, block_size, n_head_kv) for INT8/FP8, else NULL */
+};
+
+/* Positions at which long contexts are split for parallel attention
+ * (flash-decoding); a multiple of every block size.  Split points depend
+ * only on the context length, never on the batch. */
+#define PAGED_ATTN_SPLIT 1024
+
+/* Causal attention of n tokens, each of its own sequence, over paged K/V. */
+struct paged_attn_args {
+    int n_tokens, n_head, n_head_kv, head_dim;
+    const float *q;               /* (n_tokens, n_head * head_dim), RoPE applied */
+    const int32_t *pos;           /* (n_tokens): token t attends positions 0 .. pos[t] of its sequence */
+    const int32_t *const *tables; /* (n_tokens): block table of t's sequence (position p is in block tables[t][p / block_size]) */
+    struct kv_layer_view kv;
+    float scale;                  /* usually 1 / sqrt(head_dim) */
+    float *out;                   /* (n_tokens, n_head * head_dim) */
+    float *partials;              /* scratch: paged_attn_scratch_floats() floats */
+};
+
+/* Scratch floats paged_attention needs for n_tokens tokens whose contexts
+ * are at most max_ctx positions long. */
+static inline uint64_t paged_attn_scratch_floats(int n_tokens, int n_head, int head_dim, int max_ctx) {
+    uint64_t splits = ((uint64_t)max_ctx + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT;
+    return (uint64_t)n_tokens * (uint64_t)n_head * splits * ((uint64_t)head_dim + 2);
+}
+
 struct backend;
 
 struct backend_ops {
@@ -37,6 +76,11 @@ struct backend_ops {
     void (*rope)(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
                  const int32_t *pos, float theta);
     void (*attention)(struct backend *be, const struct attn_args *a);
+    /* store n tokens' K and V rows (n, n_head_kv * head_dim) at slots
+     * (block * block_size + offset), converting to the storage type */
+    void (*kv_store)(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
+                     const float *k, const float *v, int n);
+    void (*paged_attention)(struct backend *be, const struct paged_attn_args *a);
     /* g (n) = silu(g) * u */
     void (*swiglu)(struct backend *be, float *g, const float *u, long n);
     /* y (n) += x */

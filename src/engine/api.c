@@ -29,14 +29,8 @@ static int load_tokenizer(struct kvllm_model *km, const char *tok_path) {
         if (!gguf_find(km->m->file, "tokenizer.ggml.tokens")) return 0;
         return tokenizer_new(km->m->file, &km->tok);
     }
-    struct gguf *g = NULL;
-    int rc;
-    if (gguf_is_gguf(tok_path)) {
-        rc = gguf_open(tok_path, &g);
-    } else {
-        g = gguf_new(tok_path);
-        rc = g ? llama2c_vocab_to_gguf(tok_path, km->m->hp.n_vocab, g) : KVLLM_ENOMEM;
-    }
+    struct gguf *g;
+    int rc = vocab_file_open(tok_path, km->m->hp.n_vocab, &g);
     if (!rc) rc = tokenizer_new(g, &km->tok);
     gguf_free(g);
     return rc;

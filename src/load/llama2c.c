@@ -141,3 +141,14 @@ int llama2c_open(const char *path, struct gguf **out) {
     *out = g;
     return 0;
 }
+
+int vocab_file_open(const char *path, int n_vocab, struct gguf **out) {
+    *out = NULL;
+    if (gguf_is_gguf(path)) return gguf_open(path, out);
+    struct gguf *g = gguf_new(path);
+    if (!g) return KVLLM_ENOMEM;
+    int rc = llama2c_vocab_to_gguf(path, n_vocab, g);
+    if (rc) { gguf_free(g); return rc; }
+    *out = g;
+    return 0;
+}

@@ -14,13 +14,14 @@ static const char *k_usage =
     "  IN          llama2.c checkpoint (legacy version-0 .bin) or GGUF file\n"
     "  --tokenizer llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
 
-/* Copy tokenizer.* keys of a GGUF vocab file into g. */
+/* Copy the tokenizer.* keys of a vocabulary file (GGUF or tokenizer.bin) into g. */
 static int copy_vocab(struct gguf *g, const char *path) {
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     struct gguf *v;
-    int rc = gguf_open(path, &v);
+    int rc = vocab_file_open(path, emb ? (int)emb->ne[1] : -1, &v);
     for (uint64_t i = 0; !rc && i < v->n_kv; i++)
         if (v->kv[i].key.len > 10 && !memcmp(v->kv[i].key.ptr, "tokenizer.", 10)) rc = gguf_set_kv(g, &v->kv[i]);
-    if (!rc) gguf_free(v);
+    gguf_free(v);
     return rc;
 }
 
@@ -39,14 +40,7 @@ int cmd_convert(int argc, char **argv) {
     if (gguf_is_gguf(in)) rc = gguf_open(in, &g);
     else if (llama2c_is_checkpoint(in)) rc = llama2c_open(in, &g);
     else { cli_error("%s: not a GGUF file nor a llama2.c checkpoint", in); return 1; }
-    if (!rc && tok) {
-        if (gguf_is_gguf(tok)) {
-            rc = copy_vocab(g, tok);
-        } else {
-            const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-            rc = llama2c_vocab_to_gguf(tok, emb ? (int)emb->ne[1] : -1, g);
-        }
-    }
+    if (!rc && tok) rc = copy_vocab(g, tok);
     if (!rc) rc = gguf_write(g, out);
     if (!rc) fprintf(stderr, "kvllm: wrote %s (%llu tensors, %llu metadata keys)\n", out,
                      (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);

@@ -93,16 +93,6 @@ static char *read_text(const struct opts *o, size_t *len) {
 
 /* ---- vocabulary ---- */
 
-/* A GGUF's vocabulary, or a llama2.c tokenizer.bin turned into one. */
-static int open_vocab_file(const char *path, struct gguf **g) {
-    if (gguf_is_gguf(path)) return gguf_open(path, g);
-    *g = gguf_new(path);
-    if (!*g) return KVLLM_ENOMEM;
-    int rc = llama2c_vocab_to_gguf(path, -1, *g);
-    if (rc < 0) { gguf_free(*g); *g = NULL; }
-    return rc;
-}
-
 static bool readable(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) { cli_error("%s: cannot open: %s", path, strerror(errno)); return false; }
@@ -126,7 +116,7 @@ static int load_tokenizer(const struct opts *o, struct tokenizer **t) {
         return 1;
     }
     struct gguf *g = NULL;
-    int rc = open_vocab_file(path, &g);
+    int rc = vocab_file_open(path, -1, &g);
     if (rc == 0) rc = tokenizer_new(g, t);
     gguf_free(g);
     return rc < 0 ? 1 : 0;

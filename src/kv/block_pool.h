@@ -1,0 +1,73 @@
+/* block_pool.h — ids and reference counts of the fixed-size KV blocks, with
+ * a prefix cache: no tensors here, only bookkeeping.
+ *
+ * Model of the world: n_blocks blocks, each either held (ref > 0) or free
+ * (ref == 0).  Free blocks sit in one list in eviction order: allocation
+ * takes the head, release appends at the tail, so the least recently
+ * released block is reused first.  A full block may be published under the
+ * hash of its token prefix (a hash chain: the block's tokens and the hash of
+ * the block before it); a free block that still holds a published hash is
+ * "cached": a later request with the same prefix can take it back
+ * (block_pool_retain) until allocation evicts it.
+ *
+ * "Ask, then do": block_pool_can_alloc says whether n allocations will
+ * succeed, so a scheduler can decide before mutating anything.  Not
+ * thread-safe: one engine thread owns the pool. */
+#ifndef KVLLM_BLOCK_POOL_H
+#define KVLLM_BLOCK_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct block_pool {
+    int n_blocks, block_size;
+    int32_t *ref;             /* (n_blocks) reference counts */
+    uint64_t *hash;           /* (n_blocks) published prefix hash, 0 = none */
+    int32_t *prev, *next;     /* (n_blocks) free-list links, -1 terminated */
+    int32_t free_head, free_tail;
+    int n_free;               /* ref == 0, cached ones included */
+    int n_cached;             /* free and still published */
+    uint64_t *ht_key;         /* open-addressing map hash -> block (ht_cap slots) */
+    int32_t *ht_val;
+    uint32_t ht_cap;
+    uint64_t n_lookups, n_hits; /* prefix-cache statistics, in blocks */
+};
+
+/* All blocks free, ids 0..n_blocks-1 in the free list in order.
+ * KVLLM_EINVAL for n_blocks < 1 or block_size < 1; KVLLM_ENOMEM. */
+int block_pool_init(struct block_pool *p, int n_blocks, int block_size);
+void block_pool_deinit(struct block_pool *p);
+
+static inline bool block_pool_can_alloc(const struct block_pool *p, int n) { return n <= p->n_free; }
+
+/* Take the head of the free list (evicting its published hash, if any),
+ * ref = 1.  Returns the id, or -1 when no block is free (nothing changes). */
+int32_t block_pool_alloc(struct block_pool *p);
+
+/* One more reference; a free (cached) block leaves the free list. */
+void block_pool_retain(struct block_pool *p, int32_t id);
+
+/* One reference less; at 0 the block goes to the tail of the free list
+ * (keeping its published hash: it is now cached). */
+void block_pool_release(struct block_pool *p, int32_t id);
+
+/* The block published under hash (held or cached), or -1.  Counts a lookup
+ * and, when found, a hit. */
+int32_t block_pool_lookup(struct block_pool *p, uint64_t hash);
+
+/* Publish a full, held block under hash.  If another block already holds
+ * that hash, nothing changes (the first one stays the cached copy). */
+void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash);
+
+/* Hash chain of a full block: parent (0 for the first block) and its tokens.
+ * Never returns 0. */
+uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n);
+
+/* Counts for reports: held (ref > 0), cached (free, published), empty (free, unpublished). */
+static inline int block_pool_n_held(const struct block_pool *p) { return p->n_blocks - p->n_free; }
+static inline int block_pool_n_cached(const struct block_pool *p) { return p->n_cached; }
+
+/* Check every invariant (lists, counts, map); false + logged reason if broken. For tests. */
+bool block_pool_check(const struct block_pool *p);
+
+#endif

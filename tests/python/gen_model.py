@@ -46,7 +46,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tied: bool = False              # True: no output.weight (the head reuses token_embd)
-    dtype: str = "f32"              # matrices: "f32" or "f16"; norms are always F32
+    dtype: str = "f32"              # matrices: f32, f16, bf16, q8_0, q4_0, q4_1; norms are always F32
     name: str = "kvllm-random-llama"
 
     @property
@@ -64,8 +64,8 @@ class ModelConfig:
             raise ValueError(f"n_head {self.n_head} not divisible by n_head_kv {self.n_head_kv}")
         if self.rot % 2 or self.rot > self.head_dim:
             raise ValueError(f"n_rot {self.rot} must be even and <= head_dim {self.head_dim}")
-        if self.dtype not in ("f32", "f16"):
-            raise ValueError(f"dtype {self.dtype!r}: expected f32 or f16")
+        if self.dtype not in ("f32", "f16", *QTYPES):
+            raise ValueError(f"dtype {self.dtype!r}: expected f32, f16 or one of {sorted(QTYPES)}")
         if self.n_vocab < 1:
             raise ValueError("n_vocab must be positive")
 
@@ -114,6 +114,15 @@ def make_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 # ---- tensors ------------------------------------------------------------
 
+# Types written through the gguf package's own quantizers, so that the reference
+# (which dequantizes with gguf.quants) checks kvllm's block decoding independently.
+QTYPES = {
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+}
+
 @dataclass
 class TensorSpec:
     name: str
@@ -122,9 +131,14 @@ class TensorSpec:
     fan_in: int
 
     def dtype(self, cfg: ModelConfig) -> type:
-        if self.kind == "norm" or cfg.dtype == "f32":
+        """numpy dtype of the values before any quantization."""
+        if self.kind == "norm" or cfg.dtype != "f16":
             return np.float32
         return np.float16
+
+    def qtype(self, cfg: ModelConfig):
+        """GGML type the values are quantized to with gguf.quants, or None (stored as dtype())."""
+        return None if self.kind == "norm" else QTYPES.get(cfg.dtype)
 
 
 def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -202,7 +216,9 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
     kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
     kv(f"{arch}.attention.layer_norm_rms_epsilon", w.add_float32, cfg.norm_eps)
-    kv("general.file_type", w.add_uint32, 0 if cfg.dtype == "f32" else 1)
+    # llama.cpp's LLAMA_FTYPE numbering of the dominant matrix type
+    ftype = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}[cfg.dtype]
+    kv("general.file_type", w.add_uint32, ftype)
 
     tokens, scores, types = vocab if vocab is not None else make_vocab(cfg.n_vocab)
     kv("tokenizer.ggml.model", w.add_string, "llama")
@@ -217,8 +233,13 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
 
     specs = [s for s in tensor_specs(cfg) if s.name not in set(omit_tensors)]
     for s in specs:
-        dt = np.dtype(s.dtype(cfg))
-        w.add_tensor_info(s.name, s.shape, dt, int(np.prod(s.shape)) * dt.itemsize)
+        qt = s.qtype(cfg)
+        if qt is not None:
+            bshape = gguf.quants.quant_shape_to_byte_shape(s.shape, qt)
+            w.add_tensor_info(s.name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=qt)
+        else:
+            dt = np.dtype(s.dtype(cfg))
+            w.add_tensor_info(s.name, s.shape, dt, int(np.prod(s.shape)) * dt.itemsize)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -231,6 +252,8 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
             assert t.shape == s.shape, (s.name, t.shape, s.shape)
         if s.name in set(omit_tensors):
             continue
+        if s.qtype(cfg) is not None:
+            t = gguf.quants.quantize(t, s.qtype(cfg))
         w.write_tensor_data(t)
         del t
     w.close()
@@ -258,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gen-model",
                                  description="Write a random-weight Llama model as GGUF (llama arch, SentencePiece-style vocab).")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="base shape (default tiny)")
-    ap.add_argument("--type", choices=("f32", "f16"), default="f32", help="matrix dtype (norms stay F32)")
+    ap.add_argument("--type", choices=("f32", "f16", *QTYPES), default="f32",
+                    help="matrix dtype (norms stay F32)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--tied", action="store_true", help="no output.weight: the head reuses token_embd")

@@ -35,6 +35,16 @@ CONFIGS = {
                                 n_rot=6, dtype="f16"),
     "odd_dims_f32_tied": ModelConfig(n_vocab=263, n_embd=36, n_layer=3, n_head=3, n_head_kv=3, n_ff=84,
                                      tied=True),
+    # block-quantized and bf16 matrices, written by gguf's quantizers and decoded by gguf.quants in
+    # the reference: an independent check of kvllm's block decoding (row lengths: multiples of 32)
+    "gqa_bf16_untied": ModelConfig(n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=160,
+                                   dtype="bf16"),
+    "gqa_q8_0_untied": ModelConfig(n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=160,
+                                   dtype="q8_0"),
+    "mha_q4_0_tied": ModelConfig(n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=192,
+                                 tied=True, dtype="q4_0"),
+    "mqa_q4_1_untied": ModelConfig(n_vocab=320, n_embd=96, n_layer=2, n_head=4, n_head_kv=1, n_ff=224,
+                                   dtype="q4_1"),
 }
 
 MODES = {

@@ -34,7 +34,8 @@ extern "C" {
     X(KVLLM_EINVAL,      -5,  "invalid argument")                           \
     X(KVLLM_ENOTFOUND,   -6,  "not found")                                  \
     X(KVLLM_ERANGE,      -7,  "does not fit")                               \
-    X(KVLLM_ECPU,        -8,  "CPU lacks a required feature")
+    X(KVLLM_ECPU,        -8,  "CPU lacks a required feature")                \
+    X(KVLLM_EBUSY,       -9,  "queue full")
 
 enum kvllm_err {
 #define KVLLM_X_(name, code, msg) name = code,
@@ -122,33 +123,6 @@ const char *kvllm_detok_push(struct kvllm_detok *d, int32_t prev, int32_t id);
 /* Whatever bytes remain (an incomplete sequence comes out as U+FFFD). */
 const char *kvllm_detok_flush(struct kvllm_detok *d);
 
-/* ---- a sequence and its KV cache ---------------------------------- */
-
-struct kvllm_session;
-
-struct kvllm_session_params {
-    int n_ctx;          /* positions the KV cache holds; <= 0: the model's trained context */
-    bool no_kv_cache;   /* keep no K/V between calls: every call recomputes its prefix */
-};
-
-/* Allocate a session whose KV cache holds n_ctx positions (checked against
- * the memory the machine has, with the numbers in the error). */
-int kvllm_session_new(struct kvllm_model *model, const struct kvllm_session_params *p,
-                      struct kvllm_session **out);
-void kvllm_session_free(struct kvllm_session *s);
-
-/* Positions already in the cache. */
-int kvllm_session_n_past(const struct kvllm_session *s);
-/* Forget everything from position `pos` on (0: empty the cache). */
-void kvllm_session_truncate(struct kvllm_session *s, int pos);
-
-/* Evaluate n tokens at positions n_past .. n_past+n-1, appending their K/V.
- * logits (may be NULL) receives n_vocab floats for the last token, or, with
- * all_logits, n * n_vocab floats (row per token).  Fails with KVLLM_ERANGE,
- * changing nothing, when the tokens do not fit the cache. */
-int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n,
-                       bool all_logits, float *logits);
-
 /* ---- sampling ------------------------------------------------------ */
 
 struct kvllm_sampling_params {
@@ -171,6 +145,113 @@ void kvllm_sampler_free(struct kvllm_sampler *s);
  * or KVLLM_EINVAL (logged) when no logit is finite. */
 int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
                              const int32_t *history, int n_history);
+
+/* ---- the engine: continuous batching over a paged KV cache ---------- */
+
+struct kvllm_engine;
+
+struct kvllm_engine_params {
+    int n_ctx;              /* longest sequence (prompt + output); <= 0: the model's trained context */
+    uint64_t kv_mem;        /* KV pool in bytes; 0: from kv_tokens */
+    int kv_tokens;          /* KV pool in positions; 0: max_seqs full contexts, capped at half the free RAM */
+    const char *kv_type;    /* "f32", "f16" (default), "bf16", "int8", "fp8" */
+    int block_size;         /* positions per KV block (16) */
+    int max_seqs;           /* sequences running at once (32) */
+    int max_batch_tokens;   /* tokens computed per step (512) */
+    int max_queue;          /* requests waiting (1024); more: kvllm_engine_add fails with KVLLM_EBUSY */
+    bool prefix_caching;    /* reuse cached full blocks of identical prefixes (true) */
+};
+struct kvllm_engine_params kvllm_engine_default_params(void);
+
+enum kvllm_finish {
+    KVLLM_FINISH_NONE = 0,  /* more events follow for this sequence */
+    KVLLM_FINISH_STOP,      /* end-of-sequence token or a stop string */
+    KVLLM_FINISH_LENGTH,    /* max_tokens reached, or the context is full */
+    KVLLM_FINISH_ABORT,     /* kvllm_engine_abort */
+};
+
+/* Delivered on the engine thread, inside kvllm_engine_step. */
+struct kvllm_event {
+    uint64_t request;       /* id from kvllm_engine_add */
+    int index;              /* which of the request's n samples */
+    int32_t token;          /* the new token, or -1 (an event that only finishes) */
+    const char *text;       /* new complete UTF-8 text ("" possible; stop strings withheld) */
+    enum kvllm_finish finish;
+    int n_prompt, n_generated, n_cached;  /* n_cached: prompt tokens served by the prefix cache */
+};
+typedef void (*kvllm_event_fn)(const struct kvllm_event *ev, void *user);
+
+struct kvllm_request {
+    const int32_t *prompt;  /* token ids (copied) */
+    int n_prompt;           /* >= 1 */
+    int max_tokens;         /* new tokens per sample; <= 0: until the context is full */
+    struct kvllm_sampling_params sampling;  /* sample i uses seed + i */
+    int n;                  /* samples, sharing the prompt's KV blocks (>= 1) */
+    bool ignore_eos;
+    const char *const *stop;  /* stop strings (copied), n_stop of them */
+    int n_stop;
+    bool no_text;           /* skip detokenization (events carry ids only) */
+    kvllm_event_fn on_event;
+    void *user;
+};
+
+/* Plan and allocate the KV pool (logs the memory plan through the log
+ * callback).  KVLLM_ERANGE with the numbers when the pool would not fit the
+ * machine or cannot hold one full context. */
+int kvllm_engine_new(struct kvllm_model *model, const struct kvllm_engine_params *p, struct kvllm_engine **out);
+/* Pending requests are dropped without events. */
+void kvllm_engine_free(struct kvllm_engine *e);
+
+/* Queue a request; thread-safe.  KVLLM_ERANGE (logged, with the numbers)
+ * if it can never fit the context or the KV pool; KVLLM_EBUSY when the
+ * queue is full; KVLLM_EINVAL for bad parameters. */
+int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *r, uint64_t *id);
+/* Abort a request (its sequences get a FINISH_ABORT event at the next step
+ * and their blocks are released in it); thread-safe; unknown ids ignored. */
+void kvllm_engine_abort(struct kvllm_engine *e, uint64_t id);
+/* Run one step: one forward pass over a batch mixing decode tokens and
+ * prefill chunks.  Returns the tokens computed (0 when idle) or < 0. */
+int kvllm_engine_step(struct kvllm_engine *e);
+/* No request running or waiting. */
+bool kvllm_engine_idle(struct kvllm_engine *e);
+
+struct kvllm_engine_stats {
+    int n_running, n_waiting;
+    int block_size, blocks_total, blocks_held, blocks_cached, blocks_free;
+    uint64_t steps, tokens_computed, preemptions;
+    uint64_t prompt_tokens, cached_tokens;     /* at admission; cached: served by the prefix cache */
+    double kv_util_sum, kv_waste_sum;          /* per-step sums of held/total and (allocated-used)/allocated */
+    uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
+};
+void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st);
+
+/* ---- a manually driven sequence (tests, benchmarks, chat) --------------- */
+
+struct kvllm_session;
+
+struct kvllm_session_params {
+    int n_ctx;            /* positions it may hold; <= 0: the model's trained context */
+    bool no_kv_cache;     /* keep no K/V between calls: every call recomputes its prefix */
+    const char *kv_type;  /* NULL: "f16" */
+    int max_batch;        /* tokens per forward pass; <= 0: 512 */
+};
+
+/* A private engine with a pool sized for one sequence of n_ctx positions. */
+int kvllm_session_new(struct kvllm_model *model, const struct kvllm_session_params *p,
+                      struct kvllm_session **out);
+void kvllm_session_free(struct kvllm_session *s);
+
+/* Positions already in the cache. */
+int kvllm_session_n_past(const struct kvllm_session *s);
+/* Forget everything from position `pos` on (0: empty the cache). */
+void kvllm_session_truncate(struct kvllm_session *s, int pos);
+
+/* Evaluate n tokens at positions n_past .. n_past+n-1, appending their K/V
+ * (in chunks of max_batch).  logits (may be NULL) receives n_vocab floats
+ * for the last token, or, with all_logits, n * n_vocab floats.  Fails with
+ * KVLLM_ERANGE, changing nothing, when the tokens do not fit. */
+int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n,
+                       bool all_logits, float *logits);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* api.c — include/kvllm.h on top of the model, tokenizer and KV cache:
  * the one place where they meet. */
-#include "kvllm.h"
+#include "engine/engine_internal.h"
 #include "core/core.h"
 #include "load/llama2c.h"
 #include "model/model.h"
@@ -11,12 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct kvllm_model {
-    struct model *m;
-    struct tokenizer *tok;     /* NULL when the model carries no vocabulary */
-    struct kvllm_model_desc desc;
-    char path[512];
-};
 
 struct kvllm_model_params kvllm_model_default_params(void) {
     return (struct kvllm_model_params){ .tokenizer_path = NULL, .n_threads = 0 };
@@ -114,99 +108,3 @@ void kvllm_detok_free(struct kvllm_detok *d) {
 
 const char *kvllm_detok_push(struct kvllm_detok *d, int32_t prev, int32_t id) { return detok_push(&d->d, prev, id); }
 const char *kvllm_detok_flush(struct kvllm_detok *d) { return detok_flush(&d->d); }
-
-/* ---- sessions ---- */
-
-/* Activations are computed in chunks of at most this many tokens. */
-#define SESSION_MAX_BATCH 512
-
-struct kvllm_session {
-    struct kvllm_model *km;
-    struct kv_cache kv;
-    struct forward_buf buf;
-    int n_past;
-    bool no_kv_cache;
-    int32_t *history;      /* (n_ctx) tokens so far, replayed when there is no cache */
-};
-
-int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params *p, struct kvllm_session **out) {
-    *out = NULL;
-    const struct model_hparams *hp = &km->m->hp;
-    int n_ctx = p && p->n_ctx > 0 ? p->n_ctx : hp->n_ctx_train;
-    if (n_ctx > (1 << 24)) {
-        LOG_ERR("context of %d positions is beyond what kvllm supports (%d)", n_ctx, 1 << 24);
-        return KVLLM_ERANGE;
-    }
-    int n_batch = n_ctx < SESSION_MAX_BATCH ? n_ctx : SESSION_MAX_BATCH;
-    uint64_t kv_bytes, need, avail = mem_available_bytes();
-    if (!kv_cache_bytes(hp->n_layer, n_ctx, hp->n_head_kv * hp->head_dim, &kv_bytes) ||
-        !ckd_add_u64(&need, kv_bytes, forward_buf_bytes(hp, n_batch)) || (avail && need > avail)) {
-        LOG_ERR("a KV cache of %d positions needs %.1f MiB (+%.1f MiB activations) but the machine has %.1f MiB "
-                "available; lower -c or -n", n_ctx, (double)kv_bytes / 1048576.0,
-                (double)forward_buf_bytes(hp, n_batch) / 1048576.0, (double)avail / 1048576.0);
-        return KVLLM_ERANGE;
-    }
-    struct kvllm_session *s = xcalloc(1, sizeof *s);
-    if (!s) return KVLLM_ENOMEM;
-    s->km = km;
-    s->no_kv_cache = p && p->no_kv_cache;
-    int rc = kv_cache_init(&s->kv, hp->n_layer, n_ctx, hp->n_head_kv * hp->head_dim);
-    if (!rc) rc = forward_buf_init(&s->buf, hp, n_batch);
-    if (!rc && !(s->history = xmalloc((size_t)n_ctx * sizeof(int32_t)))) rc = KVLLM_ENOMEM;
-    if (rc) { kvllm_session_free(s); return rc; }
-    LOG_INFO("KV cache: %d positions x %d layers, f32, %.2f MiB%s", n_ctx, hp->n_layer,
-             (double)kv_bytes / 1048576.0, s->no_kv_cache ? " (reused as scratch: --no-kv-cache)" : "");
-    *out = s;
-    return 0;
-}
-
-void kvllm_session_free(struct kvllm_session *s) {
-    if (!s) return;
-    kv_cache_deinit(&s->kv);
-    forward_buf_deinit(&s->buf);
-    free(s->history);
-    free(s);
-}
-
-int kvllm_session_n_past(const struct kvllm_session *s) { return s->n_past; }
-
-void kvllm_session_truncate(struct kvllm_session *s, int pos) {
-    if (pos >= 0 && pos < s->n_past) s->n_past = pos;
-}
-
-/* Run tokens at positions pos0.. in chunks; logits rows as requested. */
-static void forward_chunks(struct kvllm_session *s, const int32_t *tokens, int n, int pos0, bool all_logits,
-                           float *logits) {
-    const int V = s->km->m->hp.n_vocab;
-    for (int i = 0; i < n; i += s->buf.n_max) {
-        int c = n - i < s->buf.n_max ? n - i : s->buf.n_max;
-        bool last = i + c == n;
-        float *out = !logits ? NULL : all_logits ? logits + (size_t)i * V : last ? logits : NULL;
-        model_forward(s->km->m, &s->kv, &s->buf, tokens + i, c, pos0 + i, all_logits, out);
-    }
-}
-
-int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n, bool all_logits, float *logits) {
-    if (n <= 0) return KVLLM_EINVAL;
-    if (n > s->kv.n_ctx - s->n_past) {
-        LOG_ERR("%d more tokens do not fit: %d of %d context positions are used", n, s->n_past, s->kv.n_ctx);
-        return KVLLM_ERANGE;
-    }
-    const int V = s->km->m->hp.n_vocab;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V) {
-            LOG_ERR("token id %d is out of range (vocabulary of %d)", tokens[i], V);
-            return KVLLM_EINVAL;
-        }
-    memcpy(s->history + s->n_past, tokens, (size_t)n * sizeof *tokens);
-    if (!s->no_kv_cache) {
-        forward_chunks(s, tokens, n, s->n_past, all_logits, logits);
-    } else {
-        /* No cache kept between calls: recompute the whole prefix from
-         * position 0 (its K/V only live for this call), then the new tokens. */
-        if (s->n_past > 0) forward_chunks(s, s->history, s->n_past, 0, false, NULL);
-        forward_chunks(s, tokens, n, s->n_past, all_logits, logits);
-    }
-    s->n_past += n;
-    return 0;
-}

@@ -20,6 +20,7 @@
 #include "kv/block_pool.h"
 #include "core/core.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define BP_MAX_BLOCKS (1 << 30) /* keeps ht_cap = 2^k <= 2^31 in uint32_t */

@@ -33,10 +33,12 @@ struct block_pool {
     uint64_t n_lookups, n_hits; /* prefix-cache statistics, in blocks */
 };
 
-/* All blocks free, ids 0..n_blocks-1 in the free list in order.
- * KVLLM_EINVAL for n_blocks < 1 or block_size < 1; KVLLM_ENOMEM. */
+/* All blocks free, ids 0..n_blocks-1 in the free list in order.  All arrays
+ * live in one allocation made here (nothing is allocated later).
+ * KVLLM_EINVAL for n_blocks < 1, n_blocks > 2^30 or block_size < 1;
+ * KVLLM_ENOMEM.  Both logged; *p is left zeroed. */
 int block_pool_init(struct block_pool *p, int n_blocks, int block_size);
-void block_pool_deinit(struct block_pool *p);
+void block_pool_deinit(struct block_pool *p); /* NULL-safe; leaves *p zeroed */
 
 static inline bool block_pool_can_alloc(const struct block_pool *p, int n) { return n <= p->n_free; }
 
@@ -44,19 +46,25 @@ static inline bool block_pool_can_alloc(const struct block_pool *p, int n) { ret
  * ref = 1.  Returns the id, or -1 when no block is free (nothing changes). */
 int32_t block_pool_alloc(struct block_pool *p);
 
-/* One more reference; a free (cached) block leaves the free list. */
+/* One more reference; a free (cached) block leaves the free list.
+ * An id outside [0, n_blocks) is a programming error (KV_ASSERT). */
 void block_pool_retain(struct block_pool *p, int32_t id);
 
 /* One reference less; at 0 the block goes to the tail of the free list
- * (keeping its published hash: it is now cached). */
+ * (keeping its published hash: it is now cached).  Releasing a block with
+ * ref 0, or an invalid id, is a programming error (KV_ASSERT). */
 void block_pool_release(struct block_pool *p, int32_t id);
 
-/* The block published under hash (held or cached), or -1.  Counts a lookup
- * and, when found, a hit. */
+/* The block published under hash (held or cached), or -1 (always for hash
+ * 0).  Counts a lookup and, when found, a hit.  Changes nothing else: the
+ * caller retains the block it wants to keep. */
 int32_t block_pool_lookup(struct block_pool *p, uint64_t hash);
 
-/* Publish a full, held block under hash.  If another block already holds
- * that hash, nothing changes (the first one stays the cached copy). */
+/* Publish a full, held block under hash (!= 0).  If another block already
+ * holds that hash, nothing changes (the first one stays the cached copy);
+ * republishing a block under its own hash is a no-op.  Publishing a free
+ * block, hash 0, or a second, different hash for one block is a programming
+ * error (KV_ASSERT). */
 void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash);
 
 /* Hash chain of a full block: parent (0 for the first block) and its tokens.

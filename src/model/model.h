@@ -8,7 +8,6 @@
 #define KVLLM_MODEL_H
 
 #include "backend/backend.h"
-#include "kv/kv_cache.h"
 #include "load/gguf.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
@@ -50,21 +49,34 @@ struct model {
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
 void model_free(struct model *m);
 
-/* Per-sequence activation buffers for batches of up to n_max tokens. */
-struct forward_buf {
-    int n_max;
-    float *x, *xn, *q, *k, *v, *att, *gate, *up;  /* (n_max, width) each */
-    int32_t *pos;                                 /* (n_max) */
+/* One step's tokens, from any number of sequences. */
+struct batch {
+    int n_tokens;
+    const int32_t *tokens;         /* (n_tokens) */
+    const int32_t *pos;            /* (n_tokens) position of each token in its sequence */
+    const int32_t *slots;          /* (n_tokens) where its K/V go: block * block_size + offset */
+    const int32_t *const *tables;  /* (n_tokens) block table of its sequence */
+    int n_logits;
+    const int32_t *logit_rows;     /* (n_logits) ascending rows whose logits are wanted */
 };
-int forward_buf_init(struct forward_buf *b, const struct model_hparams *hp, int n_max);
+
+/* Activation buffers for batches of up to n_max tokens whose contexts are
+ * at most max_ctx positions long; sized once, reused every step. */
+struct forward_buf {
+    int n_max, max_ctx;
+    float *x, *xn, *q, *k, *v, *att, *gate, *up;  /* (n_max, width) each */
+    float *partials;                              /* paged-attention scratch */
+};
+int forward_buf_init(struct forward_buf *b, const struct model_hparams *hp, int n_max, int max_ctx);
 void forward_buf_deinit(struct forward_buf *b);
 /* Bytes forward_buf_init allocates. */
-uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max);
+uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max, int max_ctx);
 
-/* Evaluate tokens[0..n) at positions pos0.. (n <= b->n_max), writing their
- * K/V into kv.  logits: NULL, or n_vocab floats for the last token, or
- * n * n_vocab with all_logits.  Caller guarantees pos0 + n <= kv->n_ctx. */
-void model_forward(struct model *m, struct kv_cache *kv, struct forward_buf *b, const int32_t *tokens, int n,
-                   int pos0, bool all_logits, float *logits);
+/* Evaluate a batch (n_tokens <= b->n_max, positions < b->max_ctx): K/V of
+ * every token are stored at its slot in kv (n_layer views) before attention,
+ * and logits (n_logits, n_vocab) are written for the requested rows.  The
+ * arithmetic of a row depends only on its token, position and context. */
+void model_forward(struct model *m, const struct kv_layer_view *kv, struct forward_buf *b, const struct batch *bt,
+                   float *logits);
 
 #endif

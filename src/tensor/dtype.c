@@ -87,6 +87,36 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+/* ---- fp8 e4m3 ---- */
+
+float fp8_e4m3_to_f32(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80) << 24;
+    uint32_t exp = (c >> 3) & 0xf, man = c & 7;
+    if (exp == 0xf && man == 7) return bits_f32(sign | 0x7fc00000u);       /* NaN */
+    if (exp == 0) {
+        float v = (float)man * 0.001953125f;                                /* man * 2^-9 */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 120) << 23) | (man << 20));
+}
+
+uint8_t f32_to_fp8_e4m3(float f) {
+    uint32_t x = f32_bits(f);
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7f);                   /* NaN */
+    if (ax >= 0x43e00000u) return (uint8_t)(sign | 0x7e);                  /* >= 448 (inf too): saturate */
+    if (ax < 0x3c800000u) {                                                 /* below 2^-6: subnormal or zero */
+        uint32_t m = (uint32_t)lrintf(bits_f32(ax) * 512.0f);               /* nearest even; 8 carries to 2^-6 */
+        return (uint8_t)(sign | m);
+    }
+    uint32_t e = (ax >> 23) - 120, m = ax & 0x7fffffu;                      /* e in 1 .. 15 */
+    uint32_t h = (e << 3) | (m >> 20);
+    uint32_t rest = m & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (h & 1))) h++;             /* < 448 here: at most 0x7e */
+    return (uint8_t)(sign | h);
+}
+
 /* ---- blocks ---- */
 
 static void dequant_q4_0(const struct block_q4_0 *b, float *y, int64_t nb) {

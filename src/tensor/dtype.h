@@ -43,6 +43,12 @@ float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);   /* round to nearest even */
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  /* round to nearest even, NaN kept */
+/* OCP FP8 E4M3 ("fn": bias 7, no infinities, 0x7f / 0xff are NaN, largest
+ * finite 448).  f32 -> fp8 rounds to nearest even, saturates to +-448
+ * (infinities included), keeps subnormals (multiples of 2^-9) and maps NaN
+ * to 0x7f with the sign kept. */
+uint8_t f32_to_fp8_e4m3(float f);
+float fp8_e4m3_to_f32(uint8_t c);
 
 /* Dequantize n elements (a multiple of the block size) of type `type`. */
 void dtype_to_f32(uint32_t type, const void *src, float *dst, int64_t n);

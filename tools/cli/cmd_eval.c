@@ -12,7 +12,10 @@
 
 static const char *k_usage =
     "usage: kvllm eval -m MODEL --tokens \"ID ID ...\" -o OUT.bin [--prefill K] [--no-kv-cache] [-t N]\n"
-    "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n";
+    "                  [--kv-type f32|f16|bf16|int8|fp8] [--batch N]\n"
+    "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n"
+    "  --kv-type defaults to f32 here: eval exists to compare against references\n"
+    "  --batch N caps the tokens per forward pass (prefill chunk size, default 512)\n";
 
 static int parse_ids(const char *s, int32_t **out) {
     int cap = 64, n = 0;
@@ -37,8 +40,8 @@ static int parse_ids(const char *s, int32_t **out) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *toks = NULL, *outp = NULL, *tokz = NULL;
-    long prefill = -1, threads = 0;
+    const char *model = NULL, *toks = NULL, *outp = NULL, *tokz = NULL, *kv_type = "f32";
+    long prefill = -1, threads = 0, batch = 0;
     bool no_kv = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -49,6 +52,8 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--tokens")) toks = v;
         else if (!strcmp(a, "-o")) outp = v;
         else if (!strcmp(a, "--tokenizer")) tokz = v;
+        else if (!strcmp(a, "--kv-type")) kv_type = v;
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 1 << 20, &batch)) return 2; }
         else if (!strcmp(a, "--prefill")) { if (!cli_int(a, v, 1, 1 << 24, &prefill)) return 2; }
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("eval: unknown option '%s'", a); return 2; }
@@ -70,7 +75,8 @@ int cmd_eval(int argc, char **argv) {
     FILE *f = NULL;
     int rc = kvllm_model_load(model, &mp, &m);
     if (!rc) {
-        struct kvllm_session_params sp = { .n_ctx = n, .no_kv_cache = no_kv };
+        struct kvllm_session_params sp = { .n_ctx = n, .no_kv_cache = no_kv, .kv_type = kv_type,
+                                           .max_batch = (int)batch };
         rc = kvllm_session_new(m, &sp, &s);
     }
     const size_t V = m ? (size_t)kvllm_model_describe(m)->n_vocab : 0;

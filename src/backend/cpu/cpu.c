@@ -1,10 +1,14 @@
 /* cpu.c — the portable scalar CPU backend: f32 arithmetic on dequantized
  * weights.  It is the reference every faster kernel is checked against.
+ * backend_cpu_new also picks the kernel set at run time: a faster set is a
+ * copy of the scalar table with some ops overridden (cpu_features.h).
  *
  * Threading splits output rows (matmul), tokens (norms), or (token, head)
  * pairs (attention) into contiguous ranges; no reduction is ever split
  * across threads, so results do not depend on the thread count either. */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_internal.h"
 #include "core/core.h"
 
 #include <math.h>
@@ -167,26 +171,84 @@ static const struct backend_ops k_scalar_ops = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .kv_store = cpu_kv_store,
+    .paged_attention = cpu_paged_attention,
 };
+
+/* ---- kernel sets ---- */
+
+/* A backend and its own ops table (the scalar table, then overrides). */
+struct cpu_backend {
+    struct backend be;   /* first: backend_free frees this address */
+    struct backend_ops ops;
+};
+
+static const char *const k_kinds = "scalar, avx2, avx512, amx";
+
+/* Kernel sets this binary can run on this CPU, for error messages. */
+static const char *kinds_here(const struct cpu_features *f) {
+    return cpu_avx2_built() && f->avx2 && f->fma && f->f16c ? "scalar, avx2" : "scalar";
+}
+
+/* Fill *ops for kernel set `kind` (NULL or "": the best available).
+ * Returns 0, or KVLLM_ECPU (logged) when this build or CPU lacks it. */
+static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
+    struct cpu_features f;
+    cpu_features_get(&f);
+    const bool avx2 = cpu_avx2_built() && f.avx2 && f.fma && f.f16c;
+    if (!kind || !*kind) kind = avx2 ? "avx2" : "scalar";
+    *ops = k_scalar_ops;
+    if (strcmp(kind, "scalar") == 0) return 0;
+    if (strcmp(kind, "avx2") == 0) {
+        if (!cpu_avx2_built()) {
+            LOG_ERR("KVLLM_CPU=avx2: the AVX2 kernels are not built into this binary (not x86-64; available: scalar)");
+            return KVLLM_ECPU;
+        }
+        if (!avx2) {
+            LOG_ERR("KVLLM_CPU=avx2: this CPU lacks%s%s%s (available here: scalar)",
+                    f.avx2 ? "" : " AVX2", f.fma ? "" : " FMA", f.f16c ? "" : " F16C");
+            return KVLLM_ECPU;
+        }
+        ops->name = "avx2";
+        ops->matmul = cpu_matmul_avx2;
+        return 0;
+    }
+    if (strcmp(kind, "avx512") == 0 || strcmp(kind, "amx") == 0) {
+        const bool has = kind[1] == 'v' ? f.avx512f : f.amx_tile;
+        const char *feat = kind[1] == 'v' ? "AVX-512F" : "AMX-TILE";
+        if (!has)
+            LOG_ERR("KVLLM_CPU=%s: this CPU lacks %s (and the %s kernels are not implemented in this build; "
+                    "available here: %s)", kind, feat, kind, kinds_here(&f));
+        else
+            LOG_ERR("KVLLM_CPU=%s: the %s kernels are not implemented in this build (available here: %s)",
+                    kind, kind, kinds_here(&f));
+        return KVLLM_ECPU;
+    }
+    LOG_ERR("KVLLM_CPU=%s: unknown kernel set (valid: %s; available here: %s)", kind, k_kinds, kinds_here(&f));
+    return KVLLM_ECPU;
+}
 
 int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out) {
     *out = NULL;
-    if (kind && *kind && strcmp(kind, "scalar") != 0) {
-        LOG_ERR("KVLLM_CPU=%s: this kernel set is not available in this build (available: scalar)", kind);
-        return KVLLM_ECPU;
-    }
+    struct backend_ops ops;
+    int rc = cpu_ops_for(kind, &ops);
+    if (rc) return rc;
     if (n_threads > cpu_count()) {
         /* workers spin between kernels: more of them than cores only makes
          * them wait for each other's time slices */
         LOG_WARN("%d threads requested but only %d CPUs are online: using %d", n_threads, cpu_count(), cpu_count());
         n_threads = cpu_count();
     }
-    struct backend *be = xcalloc(1, sizeof *be);
-    if (!be) return KVLLM_ENOMEM;
-    be->ops = &k_scalar_ops;
+    struct cpu_backend *cb = xcalloc(1, sizeof *cb);
+    if (!cb) return KVLLM_ENOMEM;
+    struct backend *be = &cb->be;
+    cb->ops = ops;
+    be->ops = &cb->ops;
     be->pool = threadpool_new(n_threads);
     be->scratch_cols = max_cols;
     int nth = threadpool_size(be->pool);
+    /* per thread: MM_ROWS dequantized rows (the AVX2 matmul uses as many) */
+    _Static_assert(CPU_AVX2_MM_ROWS <= MM_ROWS, "avx2 matmul scratch");
     be->scratch = be->pool ? xmalloc((size_t)nth * MM_ROWS * (size_t)max_cols * sizeof(float)) : NULL;
     if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
     be->scratch_cols = (int64_t)MM_ROWS * max_cols;

@@ -1,0 +1,29 @@
+/* cpu_features.h — what the running CPU offers, and the kernel sets built on
+ * it.  The release binary targets any x86-64: SIMD kernels live in files
+ * compiled with their own -m flags and are entered only after
+ * cpu_features_get() says the CPU (and OS) support them. */
+#ifndef KVLLM_CPU_FEATURES_H
+#define KVLLM_CPU_FEATURES_H
+
+#include "backend/backend.h"
+#include <stdbool.h>
+
+struct cpu_features {
+    bool avx2, fma, f16c;   /* the "avx2" kernel set needs all three */
+    bool avx512f;           /* AVX-512 Foundation */
+    bool amx_tile;          /* AMX tiles (also needs Linux permission at use) */
+};
+
+/* Fill *f for the running CPU (all false off x86).  Cheap; thread-safe. */
+void cpu_features_get(struct cpu_features *f);
+
+/* Whether this build contains the AVX2 kernels (x86-64 builds only). */
+bool cpu_avx2_built(void);
+
+/* AVX2 + FMA + F16C kernels (matmul_avx2.c).  Same contract as the scalar
+ * ops in backend.h; call only when cpu_features_get() reports avx2, fma and
+ * f16c.  cpu_matmul_avx2 needs be->scratch_cols >= CPU_AVX2_MM_ROWS * ne0. */
+#define CPU_AVX2_MM_ROWS 4
+void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
+
+#endif

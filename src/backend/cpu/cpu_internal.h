@@ -1,0 +1,52 @@
+/* cpu_internal.h — what the CPU backend's files share: the paged KV kernels
+ * (kv_kernels.c) that cpu.c puts in its ops tables, and the branch-free
+ * element converters those kernels dequantize with. */
+#ifndef KVLLM_CPU_INTERNAL_H
+#define KVLLM_CPU_INTERNAL_H
+
+#include "backend/backend.h"
+#include <stdint.h>
+#include <string.h>
+
+/* backend_ops.kv_store: quantize n tokens' K and V rows (n, n_head_kv *
+ * head_dim) into slots[i] (block * block_size + offset); a negative slot is
+ * skipped (padding).  int8: scale = amax / 127 per (position, head), codes
+ * round(x / scale); fp8: scale = amax / 448, codes f32_to_fp8_e4m3(x / scale);
+ * an all-zero row gets scale 0 and codes 0. */
+void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
+                  const float *k, const float *v, int n);
+
+/* backend_ops.paged_attention (see struct paged_attn_args).  head_dim is at
+ * most CPU_PAGED_ATTN_MAX_HEAD_DIM; a->partials must hold
+ * paged_attn_scratch_floats(n_tokens, n_head, head_dim, max_ctx) floats with
+ * max_ctx >= every pos[t] + 1.  Results are bit-identical for any thread
+ * count and any batch composition. */
+#define CPU_PAGED_ATTN_MAX_HEAD_DIM 1024
+void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a);
+
+/* Exact, branch-free (vectorizable) equivalents of f16_to_f32 and
+ * fp8_e4m3_to_f32: no subnormal floating-point operands, so neither DAZ nor
+ * denormal stalls matter.  NaN inputs give a NaN (payload may differ). */
+static inline float cpu_f16_to_f32(uint16_t h) {
+    uint32_t em = h & 0x7fffu, r, n = (em << 13) + (112u << 23);
+    float sub = (float)(int32_t)em * 5.9604644775390625e-8f;      /* em * 2^-24, exact for em < 0x400 */
+    memcpy(&r, &sub, 4);
+    r = em < 0x400u ? r : em >= 0x7c00u ? (em << 13) | 0x7f800000u : n;
+    r |= (uint32_t)(h & 0x8000u) << 16;
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+}
+
+static inline float cpu_fp8_to_f32(uint8_t c) {
+    uint32_t em = c & 0x7fu, r, n = (em << 20) + (120u << 23);
+    float sub = (float)(int32_t)em * 0.001953125f;                 /* em * 2^-9, exact for em < 8 */
+    memcpy(&r, &sub, 4);
+    r = em < 8u ? r : em == 0x7fu ? 0x7fc00000u : n;
+    r |= (uint32_t)(c & 0x80u) << 24;
+    float f;
+    memcpy(&f, &r, 4);
+    return f;
+}
+
+#endif

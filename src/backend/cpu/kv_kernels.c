@@ -1,0 +1,311 @@
+/* kv_kernels.c — the scalar kernels over paged KV storage: kv_store
+ * (quantize K/V rows into their slots) and paged_attention.
+ *
+ * Model of the world.  Token t attends positions 0 .. L-1 (L = pos[t] + 1)
+ * of its own sequence, whose position p lives in block tables[t][p /
+ * block_size], slot p % block_size.  The context is cut into splits at
+ * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
+ * it walks the split's positions in chunks (never crossing a block, at most
+ * PA_CHUNK long) and, for all g = n_head / n_head_kv query heads sharing that
+ * kv head at once, keeps a running max m, sum l and accumulator acc (online
+ * softmax, rescaled once per chunk), each K/V row dequantized once for the g
+ * heads.  Items leave (m, l, acc) in a->partials; a merge step combines a
+ * token's splits in ascending order (log-sum-exp) and normalizes.
+ *
+ * Determinism.  Chunk and split boundaries depend only on L, block_size and
+ * g; each item and each merge is computed entirely by one thread in a fixed
+ * order.  Threads only decide who computes what, so the output is
+ * bit-identical for any thread count and any batch around the token. */
+#include "backend/cpu/cpu_internal.h"
+#include "core/core.h"
+#include "tensor/dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- kv_store ---- */
+
+struct store_job {
+    const struct kv_layer_view *kv;
+    const int32_t *slots;
+    const float *k, *v;
+    int n;
+};
+
+/* Quantize one head row x (head_dim) into element `row` of dst (and scales). */
+static void store_row(const struct kv_layer_view *kv, void *dst, float *scales, size_t row, const float *x) {
+    const int hd = kv->head_dim;
+    const size_t e0 = row * (size_t)hd;
+    switch (kv->type) {
+    case KV_F32: memcpy((float *)dst + e0, x, (size_t)hd * sizeof *x); break;
+    case KV_F16: {
+        uint16_t *d = (uint16_t *)dst + e0;
+        for (int i = 0; i < hd; i++) d[i] = f32_to_f16(x[i]);
+        break;
+    }
+    case KV_BF16: {
+        uint16_t *d = (uint16_t *)dst + e0;
+        for (int i = 0; i < hd; i++) d[i] = f32_to_bf16(x[i]);
+        break;
+    }
+    case KV_INT8: case KV_FP8: {
+        const bool i8 = kv->type == KV_INT8;
+        float amax = 0;
+        for (int i = 0; i < hd; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        float scale = amax / (i8 ? 127.0f : 448.0f);
+        scales[row] = scale;
+        if (i8) {
+            int8_t *d = (int8_t *)dst + e0;
+            for (int i = 0; i < hd; i++) {
+                float r = scale != 0 ? roundf(x[i] / scale) : 0.0f;
+                r = r > 127 ? 127 : r < -127 ? -127 : r;
+                d[i] = (int8_t)(r == r ? r : 0);     /* NaN input: 0 */
+            }
+        } else {
+            uint8_t *d = (uint8_t *)dst + e0;
+            for (int i = 0; i < hd; i++) d[i] = scale != 0 ? f32_to_fp8_e4m3(x[i] / scale) : 0;
+        }
+        break;
+    }
+    default: KV_ASSERT(!"kv type");
+    }
+}
+
+static void store_worker(void *arg, int ith, int nth) {
+    const struct store_job *j = arg;
+    const struct kv_layer_view *kv = j->kv;
+    const int nkv = kv->n_head_kv, hd = kv->head_dim;
+    long b, e;
+    threadpool_split((long)j->n * nkv, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        int i = (int)(r / nkv), h = (int)(r % nkv);
+        if (j->slots[i] < 0) continue;
+        size_t row = (size_t)j->slots[i] * (size_t)nkv + (size_t)h;
+        size_t src = (size_t)i * (size_t)nkv * (size_t)hd + (size_t)h * (size_t)hd;
+        store_row(kv, kv->k, kv->k_scale, row, j->k + src);
+        store_row(kv, kv->v, kv->v_scale, row, j->v + src);
+    }
+}
+
+void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
+                  const float *k, const float *v, int n) {
+    if (n <= 0) return;
+    struct store_job j = { kv, slots, k, v, n };
+    threadpool_run(be->pool, store_worker, &j);
+}
+
+/* ---- paged attention ---- */
+
+#define PA_CHUNK 64           /* most positions per online-softmax step */
+#define PA_SCORES 4096        /* score floats per item: g * chunk */
+#define PA_ITEM_COST 32       /* fixed cost of an item, in positions, for load balance */
+
+/* Fixed-order dot product: 8 lanes, combined pairwise, then the tail (as cpu.c). */
+static inline float pa_dot(const float *restrict a, const float *restrict b, int n) {
+    float s[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float t = 0;
+    for (; i < n; i++) t += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+}
+
+static inline void pa_axpy(float *restrict y, float w, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * x[i];
+}
+
+static inline void pa_scale(float *y, float w, int n) {
+    for (int i = 0; i < n; i++) y[i] *= w;
+}
+
+/* Row `row` of K or V as f32: f32 storage is returned in place, the others
+ * converted into buf.  8-bit types give the codes as floats (scale applied
+ * by the caller). */
+static inline const float *pa_row(enum kv_type type, const void *base, size_t row, int hd, float *restrict buf) {
+    const size_t e0 = row * (size_t)hd;
+    switch (type) {
+    case KV_F32: return (const float *)base + e0;
+    case KV_F16: {
+        const uint16_t *s = (const uint16_t *)base + e0;
+        for (int i = 0; i < hd; i++) buf[i] = cpu_f16_to_f32(s[i]);
+        return buf;
+    }
+    case KV_BF16: {
+        const uint16_t *s = (const uint16_t *)base + e0;
+        for (int i = 0; i < hd; i++) {
+            uint32_t u = (uint32_t)s[i] << 16;
+            memcpy(&buf[i], &u, 4);
+        }
+        return buf;
+    }
+    case KV_INT8: {
+        const int8_t *s = (const int8_t *)base + e0;
+        for (int i = 0; i < hd; i++) buf[i] = (float)s[i];
+        return buf;
+    }
+    case KV_FP8: {
+        const uint8_t *s = (const uint8_t *)base + e0;
+        for (int i = 0; i < hd; i++) buf[i] = cpu_fp8_to_f32(s[i]);
+        return buf;
+    }
+    default: KV_ASSERT(!"kv type"); return NULL;
+    }
+}
+
+static inline int pa_n_split(int L) { return (L + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT; }
+
+struct pa_job {
+    const struct paged_attn_args *a;
+    int s_max;                /* splits of the longest context: partials stride */
+};
+
+/* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
+static inline float *pa_partial(const struct pa_job *j, int t, int h, int s) {
+    const struct paged_attn_args *a = j->a;
+    return a->partials + (((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)j->s_max + (size_t)s) *
+                         ((size_t)a->head_dim + 2);
+}
+
+/* Combine token t / head h's ns partials in ascending split order into out. */
+static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
+    const struct paged_attn_args *a = j->a;
+    const int hd = a->head_dim;
+    float *out = a->out + ((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)hd;
+    float m = -INFINITY, l = 0;
+    for (int s = 0; s < ns; s++) {
+        float ms = pa_partial(j, t, h, s)[0];
+        m = ms > m ? ms : m;
+    }
+    memset(out, 0, (size_t)hd * sizeof *out);
+    for (int s = 0; s < ns; s++) {
+        const float *p = pa_partial(j, t, h, s);
+        float w = expf(p[0] - m);
+        l += p[1] * w;
+        pa_axpy(out, w, p + 2, hd);
+    }
+    pa_scale(out, 1.0f / l, hd);
+}
+
+/* One work item: token t, kv head hk, split s of ns. */
+static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
+    const struct paged_attn_args *a = j->a;
+    const struct kv_layer_view *kv = &a->kv;
+    const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv, bs = kv->block_size;
+    const int L = a->pos[t] + 1;
+    const int p0 = s * PAGED_ATTN_SPLIT, p1 = L - p0 < PAGED_ATTN_SPLIT ? L : p0 + PAGED_ATTN_SPLIT;
+    const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
+    const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
+    const int32_t *table = a->tables[t];
+    const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)hk * (size_t)g) * (size_t)hd; /* (g, hd) */
+    const size_t pstride = (size_t)j->s_max * ((size_t)hd + 2);   /* next head's partial */
+    float *part0 = pa_partial(j, t, hk * g, s);                     /* (g) x [m, l, acc[hd]] */
+    float sc[PA_SCORES];                                            /* (g, cap): scores, then weights */
+    float kbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM], vbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM];
+
+    for (int i = 0; i < g; i++) {
+        float *p = part0 + (size_t)i * pstride;
+        p[0] = -INFINITY;
+        p[1] = 0;
+        memset(p + 2, 0, (size_t)hd * sizeof *p);
+    }
+    for (int c0 = p0; c0 < p1;) {
+        const int blk = c0 / bs, off = c0 % bs;
+        int n = bs - off;
+        n = n < p1 - c0 ? n : p1 - c0;
+        n = n < cap ? n : cap;
+        /* row of (slot, head hk) for the chunk's first position; next rows are nkv apart */
+        const size_t row0 = ((size_t)table[blk] * (size_t)bs + (size_t)off) * (size_t)nkv + (size_t)hk;
+
+        /* scores (g, n) */
+        for (int jj = 0; jj < n; jj++) {
+            const size_t row = row0 + (size_t)jj * (size_t)nkv;
+            const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
+            const float ks = q8 ? kv->k_scale[row] * a->scale : a->scale;
+            for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
+        }
+        /* per head: new max, rescale once, weights */
+        for (int i = 0; i < g; i++) {
+            float *p = part0 + (size_t)i * pstride, *si = sc + i * cap;
+            float bm = -INFINITY;
+            for (int jj = 0; jj < n; jj++) bm = si[jj] > bm ? si[jj] : bm;
+            if (bm > p[0]) {
+                if (p[0] != -INFINITY) {          /* first chunk: acc and l are 0 */
+                    float corr = expf(p[0] - bm);
+                    p[1] *= corr;
+                    pa_scale(p + 2, corr, hd);
+                }
+                p[0] = bm;
+            }
+            float l = p[1];
+            for (int jj = 0; jj < n; jj++) {
+                si[jj] = expf(si[jj] - p[0]);
+                l += si[jj];
+            }
+            p[1] = l;
+        }
+        /* accumulate V */
+        for (int jj = 0; jj < n; jj++) {
+            const size_t row = row0 + (size_t)jj * (size_t)nkv;
+            const float *vr = pa_row(kv->type, kv->v, row, hd, vbuf);
+            const float vs = q8 ? kv->v_scale[row] : 1.0f;
+            for (int i = 0; i < g; i++) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
+        }
+        c0 += n;
+    }
+    if (ns == 1)
+        for (int i = 0; i < g; i++) pa_merge(j, t, hk * g + i, 1);
+}
+
+/* Items (t, hk, s) in that order, each weighted by its positions plus a fixed
+ * cost; thread ith takes those whose first unit falls in its contiguous range
+ * of the total, so long splits and short decodes balance. */
+static void pa_items_worker(void *arg, int ith, int nth) {
+    const struct pa_job *j = arg;
+    const struct paged_attn_args *a = j->a;
+    long total = 0;
+    for (int t = 0; t < a->n_tokens; t++)
+        total += (long)a->n_head_kv * ((long)a->pos[t] + 1 + (long)pa_n_split(a->pos[t] + 1) * PA_ITEM_COST);
+    long b, e, at = 0;
+    threadpool_split(total, ith, nth, &b, &e);
+    for (int t = 0; t < a->n_tokens && at < e; t++) {
+        const int L = a->pos[t] + 1, ns = pa_n_split(L);
+        for (int hk = 0; hk < a->n_head_kv; hk++)
+            for (int s = 0; s < ns; s++) {
+                const int len = L - s * PAGED_ATTN_SPLIT < PAGED_ATTN_SPLIT ? L - s * PAGED_ATTN_SPLIT : PAGED_ATTN_SPLIT;
+                if (at >= b && at < e) pa_item(j, t, hk, s, ns);
+                at += len + PA_ITEM_COST;
+            }
+    }
+}
+
+/* Merge (t, h) pairs of tokens with more than one split, contiguous ranges. */
+static void pa_merge_worker(void *arg, int ith, int nth) {
+    const struct pa_job *j = arg;
+    const struct paged_attn_args *a = j->a;
+    long n = 0;
+    for (int t = 0; t < a->n_tokens; t++) n += pa_n_split(a->pos[t] + 1) > 1;
+    long b, e, at = 0;
+    threadpool_split(n * a->n_head, ith, nth, &b, &e);
+    for (int t = 0; t < a->n_tokens && at < e; t++) {
+        const int ns = pa_n_split(a->pos[t] + 1);
+        if (ns == 1) continue;
+        for (int h = 0; h < a->n_head; h++, at++)
+            if (at >= b && at < e) pa_merge(j, t, h, ns);
+    }
+}
+
+void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {
+    KV_ASSERT(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= PA_SCORES);
+    KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
+    KV_ASSERT(a->n_head_kv == a->kv.n_head_kv && a->kv.block_size > 0);
+    if (a->n_tokens <= 0) return;
+    struct pa_job j = { a, 1 };
+    for (int t = 0; t < a->n_tokens; t++) {
+        KV_ASSERT(a->pos[t] >= 0);
+        int ns = pa_n_split(a->pos[t] + 1);
+        j.s_max = ns > j.s_max ? ns : j.s_max;
+    }
+    threadpool_run(be->pool, pa_items_worker, &j);
+    if (j.s_max > 1) threadpool_run(be->pool, pa_merge_worker, &j);
+}

@@ -1,0 +1,264 @@
+/* matmul_avx2.c — y (n, M) = x (n, K) · Wᵀ with AVX2 + FMA + F16C.  This
+ * file alone is compiled with -mavx2 -mfma -mf16c; cpu.c enters it only
+ * when the CPU has all three.
+ *
+ * Model of the arithmetic (what makes results batch-invariant): each output
+ * y[t][r] owns one 8-lane f32 accumulator.  Lane j adds w[r][k] * x[t][k]
+ * for k ≡ j (mod 8) in increasing k, one FMA per step, the K % 8 tail as a
+ * last zero-padded step; the lanes are then combined as
+ * ((0+1)+(2+3))+((4+5)+(6+7)).  Every tile shape below runs exactly that
+ * sequence for each (r, t) it covers, so y[t][r] depends on neither n, nor
+ * the tile or thread that computes it.  Weights enter as the same f32 values
+ * dtype_to_f32 gives (F16/BF16 widening and block dequantization are exact
+ * or one rounding, done identically), so the only difference from the scalar
+ * reference is FMA rounding and where the tail is added.
+ *
+ * Tiling: threads split output rows in blocks of MR; a row block (read in
+ * place for F32/F16/BF16, dequantized once into the thread's scratch for
+ * the block formats) is swept over all tokens NT at a time by an MR x NT
+ * register-blocked micro-kernel: per 8-element step it loads MR weight
+ * vectors and NT activation vectors for MR * NT FMAs.  n = 1 (decode) is the
+ * same kernel with NT = 1: one pass over each weight row. */
+#include "backend/cpu/cpu_features.h"
+#include "core/core.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+bool cpu_avx2_built(void) { return true; }
+
+#define MR CPU_AVX2_MM_ROWS   /* rows per micro-tile (4) */
+#define NT 3                  /* tokens per micro-tile: 4 x 3 accumulators + 4 weights = 16 ymm */
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* How the micro-kernel reads weights: f32 in memory, or f16 / bf16 widened. */
+enum wkind { WK_F32, WK_F16, WK_BF16 };
+
+/* 8 weights at element k of row p, as f32. */
+ALWAYS_INLINE __m256 load_w(enum wkind wk, const uint8_t *p, int64_t k) {
+    switch (wk) {
+    case WK_F16:  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * k)));
+    case WK_BF16: return _mm256_castsi256_ps(_mm256_slli_epi32(
+                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * k))), 16));
+    default:      return _mm256_loadu_ps((const float *)p + k);
+    }
+}
+
+/* The last nt (1..7) weights from element k, zero-padded to 8. */
+ALWAYS_INLINE __m256 load_w_tail(enum wkind wk, const uint8_t *p, int64_t k, int nt, __m256i mask) {
+    if (wk == WK_F32) return _mm256_maskload_ps((const float *)p + k, mask);
+    uint16_t h[8] = { 0 };
+    memcpy(h, p + 2 * k, (size_t)nt * 2);
+    __m128i v = _mm_loadu_si128((const __m128i *)h);
+    if (wk == WK_F16) return _mm256_cvtph_ps(v);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+/* Lane sum ((0+1)+(2+3))+((4+5)+(6+7)) of one accumulator. */
+ALWAYS_INLINE float hsum1(__m256 a) {
+    __m256 h = _mm256_hadd_ps(a, a);     /* 0+1, 2+3, ., . | 4+5, 6+7, ., . */
+    h = _mm256_hadd_ps(h, h);            /* (0+1)+(2+3) ... | (4+5)+(6+7) ... */
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+/* The same lane sum of four accumulators at once: lane i of the result is
+ * hsum1(a_i), bit for bit (hadd adds the same pairs in the same order). */
+ALWAYS_INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* y[t * ys + r] = row r (at w + r * ws bytes) · x[t * xs ..] for r < R,
+ * t < T.  R is MR or 1, T is 1 .. NT; both constant after inlining, so acc
+ * stays in registers.  pf: the next MR rows (contiguous after these), to
+ * prefetch while streaming these ones (decode), or NULL. */
+ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t *w, size_t ws,
+                         const float *x, size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
+    const int eb = wk == WK_F32 ? 4 : 2;   /* bytes per weight */
+    __m256 acc[MR][NT], wv[MR];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        if (pf) /* the next rows at the pace these are read: MR * 8 weights per step */
+            for (int b = 0; b < MR * 8 * eb; b += 64) _mm_prefetch((const char *)pf + k * MR * eb + b, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) wv[r] = load_w(wk, w + (size_t)r * ws, k);
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * xs + k);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    if (k < K) {
+        int nt = (int)(K - k);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int r = 0; r < R; r++) wv[r] = load_w_tail(wk, w + (size_t)r * ws, k, nt, mask);
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_maskload_ps(x + (size_t)t * xs + k, mask);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = hsum1(acc[r][t]);
+    }
+}
+
+/* nr (1 .. MR) rows starting at w, all n tokens: y (n, ys) from column 0.
+ * pf: see micro (used when n = 1). */
+ALWAYS_INLINE void rows_all_tokens(enum wkind wk, const uint8_t *w, size_t ws, int nr,
+                                   const float *x, int n, int64_t K, float *y, size_t ys, const uint8_t *pf) {
+    int t = 0;
+    if (nr == MR) {
+        if (n == 1) { micro(MR, 1, wk, w, ws, x, (size_t)K, K, y, ys, pf); return; }
+        for (; t + NT <= n; t += NT) micro(MR, NT, wk, w, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys, ys, NULL);
+        if (n - t == 2) micro(MR, 2, wk, w, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys, ys, NULL);
+        if (n - t == 1) micro(MR, 1, wk, w, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys, ys, NULL);
+        return;
+    }
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *wr = w + (size_t)r * ws;
+        for (t = 0; t + NT <= n; t += NT) micro(1, NT, wk, wr, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys + r, ys, NULL);
+        if (n - t == 2) micro(1, 2, wk, wr, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys + r, ys, NULL);
+        if (n - t == 1) micro(1, 1, wk, wr, ws, x + (size_t)t * K, (size_t)K, K, y + (size_t)t * ys + r, ys, NULL);
+    }
+}
+
+/* One copy per weight kind, so the kind is resolved outside the hot loop. */
+typedef void rows_fn(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                     const uint8_t *pf);
+static void rows_f32(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                     const uint8_t *pf) {
+    rows_all_tokens(WK_F32, w, ws, nr, x, n, K, y, ys, pf);
+}
+static void rows_f16(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                     const uint8_t *pf) {
+    rows_all_tokens(WK_F16, w, ws, nr, x, n, K, y, ys, pf);
+}
+static void rows_bf16(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_all_tokens(WK_BF16, w, ws, nr, x, n, K, y, ys, pf);
+}
+
+/* ---- f16 / bf16 rows widened into f32, the same values load_w gives ---- */
+
+static void widen_row(enum wkind wk, const uint8_t *src, float *dst, int64_t K) {
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, load_w(wk, src, k));
+    if (k < K) {
+        int nt = (int)(K - k);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(dst + k, mask, load_w_tail(wk, src, k, nt, mask));
+    }
+}
+
+/* ---- block dequantization into f32, bit-identical to dtype_to_f32 ---- */
+
+static inline __m256 half_scale(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
+
+static void dequant_q8_0(const struct block_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
+        __m256 d = half_scale(b[i].d);
+        for (int j = 0; j < QK8_0; j += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+/* The 32 nibbles of a block, element order (low nibbles 0..15, high 16..31),
+ * as four vectors of 8 int32. */
+ALWAYS_INLINE void nibbles(const uint8_t *qs, __m256i q[4]) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    q[0] = _mm256_cvtepu8_epi32(lo);
+    q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+    q[2] = _mm256_cvtepu8_epi32(hi);
+    q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+}
+
+static void dequant_q4_0(const struct block_q4_0 *b, float *y, int64_t nb) {
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        __m256 d = half_scale(b[i].d);
+        __m256i q[4];
+        nibbles(b[i].qs, q);
+        for (int j = 0; j < 4; j++)   /* (q - 8) * d */
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], eight)), d));
+    }
+}
+
+static void dequant_q4_1(const struct block_q4_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_1) {
+        __m256 d = half_scale(b[i].d), m = half_scale(b[i].m);
+        __m256i q[4];
+        nibbles(b[i].qs, q);
+        for (int j = 0; j < 4; j++)   /* q * d + m, two roundings as in the reference */
+            _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d), m));
+    }
+}
+
+static void dequant_row(uint32_t type, const void *src, float *dst, int64_t K) {
+    switch (type) {
+    case DTYPE_Q8_0: dequant_q8_0(src, dst, K / QK8_0); break;
+    case DTYPE_Q4_0: dequant_q4_0(src, dst, K / QK4_0); break;
+    case DTYPE_Q4_1: dequant_q4_1(src, dst, K / QK4_1); break;
+    default: dtype_to_f32(type, src, dst, K); break;
+    }
+}
+
+/* ---- threads ---- */
+
+struct mm_job {
+    struct backend *be;
+    float *y;               /* (n, M) */
+    const struct tensor *w; /* (M, K) */
+    const float *x;         /* (n, K) */
+    int n;
+};
+
+static void mm_worker(void *arg, int ith, int nth) {
+    const struct mm_job *j = arg;
+    const struct tensor *w = j->w;
+    const int64_t K = w->ne0, M = w->ne1;
+    long b0, b1;
+    threadpool_split((M + MR - 1) / MR, ith, nth, &b0, &b1);
+    float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
+    const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
+    /* F32 rows are read in place; F16/BF16 widened in registers for a few
+     * tokens, into the scratch once for more; block formats dequantized into
+     * the scratch.  All give the micro-kernel the same f32 values. */
+    const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16) && j->n <= NT);
+    rows_fn *rows = !inplace ? rows_f32 : f16 ? rows_f16 : bf16 ? rows_bf16 : rows_f32;
+    for (int64_t r = b0 * MR; r < b1 * MR && r < M; r += MR) {
+        int nr = (int)(M - r < MR ? M - r : MR);
+        if (inplace) {
+            const uint8_t *pf = j->n == 1 && r + MR < M ? tensor_row(w, r + MR) : NULL;
+            rows(tensor_row(w, r), w->row_bytes, nr, j->x, j->n, K, j->y + r, (size_t)M, pf);
+            continue;
+        }
+        for (int k = 0; k < nr; k++) {
+            float *dst = buf + (size_t)k * K;
+            if (f16 || bf16) widen_row(f16 ? WK_F16 : WK_BF16, tensor_row(w, r + k), dst, K);
+            else dequant_row(w->type, tensor_row(w, r + k), dst, K);
+        }
+        rows((const uint8_t *)buf, (size_t)K * sizeof(float), nr, j->x, j->n, K, j->y + r, (size_t)M, NULL);
+    }
+}
+
+void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+    KV_ASSERT(w->ne0 * MR <= be->scratch_cols);
+    struct mm_job j = { be, y, w, x, n };
+    threadpool_run(be->pool, mm_worker, &j);
+}
+
+#else /* not an x86-64 build with the AVX2 flags: the kernel set is absent */
+
+bool cpu_avx2_built(void) { return false; }
+
+void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+    KV_ASSERT(!"cpu_matmul_avx2: not built");
+}
+
+#endif

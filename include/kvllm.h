@@ -160,6 +160,7 @@ struct kvllm_engine_params {
     int max_batch_tokens;   /* tokens computed per step (512) */
     int max_queue;          /* requests waiting (1024); more: kvllm_engine_add fails with KVLLM_EBUSY */
     bool prefix_caching;    /* reuse cached full blocks of identical prefixes (true) */
+    bool no_kv_cache;       /* baseline: drop every sequence's K/V after each step, recompute the prefix */
 };
 struct kvllm_engine_params kvllm_engine_default_params(void);
 
@@ -178,6 +179,8 @@ struct kvllm_event {
     const char *text;       /* new complete UTF-8 text ("" possible; stop strings withheld) */
     enum kvllm_finish finish;
     int n_prompt, n_generated, n_cached;  /* n_cached: prompt tokens served by the prefix cache */
+    const float *logits;    /* (n_vocab) the distribution `token` was sampled from, before any
+                               sampling transform; NULL for events without a token */
 };
 typedef void (*kvllm_event_fn)(const struct kvllm_event *ev, void *user);
 

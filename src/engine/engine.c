@@ -58,6 +58,7 @@ struct kvllm_engine {
     struct seq **logit_seqs;                   /* (max_seqs) */
     float *logits;                             /* (max_seqs, n_vocab) */
     char *text;                                /* event text scratch */
+    const float *cur_logits;                   /* row being sampled, for events */
     size_t cap_text;
 
     pthread_mutex_t mu;                        /* guards the three fields below */
@@ -107,7 +108,9 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt) {
         tokens = (uint64_t)e->p.max_seqs * (uint64_t)e->n_ctx;
         if (avail && tokens * bpt > avail / 2) tokens = avail / 2 / bpt;
     }
-    uint64_t n_blocks = tokens / (uint64_t)e->p.block_size;
+    /* a byte budget rounds down; a token count rounds up to whole blocks */
+    uint64_t n_blocks = e->p.kv_mem ? tokens / (uint64_t)e->p.block_size
+                                    : (tokens + (uint64_t)e->p.block_size - 1) / (uint64_t)e->p.block_size;
     uint64_t bytes = n_blocks * (uint64_t)e->p.block_size * bpt;
     if (n_blocks < 1 || n_blocks > (1u << 30)) {
         LOG_ERR("a KV pool of %llu tokens (%llu blocks of %d) is not usable", (unsigned long long)tokens,
@@ -162,7 +165,8 @@ int kvllm_engine_new(struct kvllm_model *km, const struct kvllm_engine_params *p
     e->inbox_tail = &e->inbox;
     e->next_id = 1;
     struct sched_config sc = { .max_seqs = p.max_seqs, .max_batch_tokens = p.max_batch_tokens,
-                               .max_waiting = p.max_queue, .prefix_caching = p.prefix_caching };
+                               .max_waiting = p.max_queue, .prefix_caching = p.prefix_caching && !p.no_kv_cache,
+                               .no_kv_cache = p.no_kv_cache };
     const size_t nb = (size_t)p.max_batch_tokens;
     int rc = plan_pool(e, (enum kv_type)kt);
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
@@ -317,6 +321,7 @@ void kvllm_engine_abort(struct kvllm_engine *e, uint64_t id) {
 
 static void emit(struct kvllm_engine *e, struct seq *q, int32_t token, const char *text, size_t len,
                  enum kvllm_finish fin) {
+    const float *logits = token >= 0 ? e->cur_logits : NULL;
     struct seq_ctx *c = q->owner;
     struct request *r = c->req;
     if (len + 1 > e->cap_text) {
@@ -326,7 +331,8 @@ static void emit(struct kvllm_engine *e, struct seq *q, int32_t token, const cha
     if (len) memcpy(e->text, text, len);
     e->text[len] = 0;
     struct kvllm_event ev = { .request = r->id, .index = c->index, .token = token, .text = e->text, .finish = fin,
-                              .n_prompt = q->n_prompt, .n_generated = c->n_generated, .n_cached = r->n_cached };
+                              .n_prompt = q->n_prompt, .n_generated = c->n_generated, .n_cached = r->n_cached,
+                              .logits = logits };
     if (r->on_event) r->on_event(&ev, r->user);
 }
 
@@ -410,6 +416,7 @@ static void on_logits(struct kvllm_engine *e, struct seq *q, const float *logits
     struct seq_ctx *c = q->owner;
     struct request *r = c->req;
     if (c->done || r->aborted) return;
+    e->cur_logits = logits;
     /* the first sample of a request with n > 1: fork the others off the
      * prompt's blocks; each draws its own first token from these logits */
     if (c->index == 0 && r->n > 1 && !r->forked) {

@@ -226,6 +226,7 @@ void sched_commit(struct sched *s, const struct sched_batch *b) {
         struct seq *q = b->seqs[i];
         if (q->status != SEQ_RUNNING) continue;
         q->n_computed += b->n_new[i];
+        if (s->cfg.no_kv_cache && q->n_computed == q->n_tokens) { release_blocks(s, q); continue; }
         if (!s->cfg.prefix_caching) continue;
         int n_full = q->n_computed / bs;
         hash_blocks(s, q, n_full);

@@ -28,6 +28,7 @@ struct sched_config {
     int max_batch_tokens;  /* tokens computed per step */
     int max_waiting;       /* queue capacity */
     bool prefix_caching;
+    bool no_kv_cache;      /* baseline: a sequence's blocks are dropped after every step */
 };
 
 struct sched {

@@ -9,6 +9,7 @@ int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
 
 /* Shared option parsing helpers (cli_util.c). */
 #include <stdbool.h>
@@ -23,6 +24,15 @@ const char *cli_arg(int argc, char **argv, int *i);
 double cli_time(void);
 /* Parse a comma-separated list of integers (at most max); returns the count or -1 (error printed). */
 int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, int max);
+/* Engine options shared by run, bench and batch (--kv-mem, --kv-tokens,
+ * --kv-type, --block-size, --max-seqs, --max-batch-tokens, --no-prefix-cache).
+ * Returns 1 if argv[*i] was one (consumed, with its value), 0 if not, -1 on
+ * a bad value (error printed). */
+struct kvllm_engine_params;
+int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p);
+extern const char *const cli_engine_usage;
+/* Parse "A:B" (or "A") into lo..hi. */
+bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b);
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -1,5 +1,6 @@
 /* cli_util.c — option parsing helpers shared by the subcommands. */
 #include "cli.h"
+#include "kvllm.h"
 
 #include <errno.h>
 #include <math.h>
@@ -65,4 +66,68 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
     }
     if (!n) { cli_error("%s: empty list", opt); return -1; }
     return n;
+}
+
+const char *const cli_engine_usage =
+    "engine (KV cache and batching):\n"
+    "  --kv-mem SIZE          KV pool size in bytes (K/M/G suffixes)\n"
+    "  --kv-tokens N          KV pool size in token positions\n"
+    "                         (default: --max-seqs full contexts, capped at half the free RAM)\n"
+    "  --kv-type T            f32, f16 (default), bf16, int8, fp8\n"
+    "  --block-size N         positions per KV block (default 16)\n"
+    "  --max-seqs N           sequences running at once (default 32)\n"
+    "  --max-batch-tokens N   tokens computed per step (default 512)\n"
+    "  --no-prefix-cache      do not reuse cached blocks of identical prompt prefixes\n";
+
+static bool parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (*end || v * mul > 1e15) return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p) {
+    const char *a = argv[*i], *v;
+    long l;
+    if (!strcmp(a, "--no-prefix-cache")) { p->prefix_caching = false; return 1; }
+    if (strcmp(a, "--kv-mem") && strcmp(a, "--kv-tokens") && strcmp(a, "--kv-type") && strcmp(a, "--block-size") &&
+        strcmp(a, "--max-seqs") && strcmp(a, "--max-batch-tokens"))
+        return 0;
+    if (!(v = cli_arg(argc, argv, i))) return -1;
+    if (!strcmp(a, "--kv-mem")) {
+        if (!parse_size(v, &p->kv_mem) || !p->kv_mem) { cli_error("--kv-mem: '%s' is not a size (e.g. 512M, 2G)", v); return -1; }
+    } else if (!strcmp(a, "--kv-type")) {
+        p->kv_type = v;
+    } else {
+        long hi = !strcmp(a, "--kv-tokens") ? 1L << 30 : !strcmp(a, "--block-size") ? 4096 : 1 << 20;
+        if (!cli_int(a, v, 1, hi, &l)) return -1;
+        if (!strcmp(a, "--kv-tokens")) p->kv_tokens = (int)l;
+        else if (!strcmp(a, "--block-size")) p->block_size = (int)l;
+        else if (!strcmp(a, "--max-seqs")) p->max_seqs = (int)l;
+        else p->max_batch_tokens = (int)l;
+    }
+    return 1;
+}
+
+bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *colon = strchr(buf, ':');
+    if (colon) *colon = 0;
+    if (!cli_int(opt, buf, lo, hi, a)) return false;
+    if (!colon) { *b = *a; return true; }
+    if (!cli_int(opt, colon + 1, *a, hi, b)) return false;
+    return true;
 }

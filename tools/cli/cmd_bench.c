@@ -150,9 +150,123 @@ static int bench_model_cmd(int argc, char **argv) {
     return 0;
 }
 
+/* ---- bench throughput: the engine on an offline workload ---- */
+
+static const char *k_usage_tp =
+    "usage: kvllm bench throughput -m MODEL [options] [engine options]\n"
+    "  --requests M        requests (default 100)\n"
+    "  --prompt-len A:B    prompt lengths, uniform (default 32:256)\n"
+    "  --gen-len A:B       output lengths, uniform (default 16:128; EOS ignored)\n"
+    "  --shared-prefix L   every prompt starts with the same L tokens (default 0)\n"
+    "  --seed S            workload seed (default 1)\n"
+    "  --static            static batching: a batch starts when the previous one has finished\n"
+    "  -t N                threads\n"
+    "  -o md|json          output format (default md)\n";
+
+struct tp_count { uint64_t n_out; int n_done; };
+
+static void tp_event(const struct kvllm_event *ev, void *user) {
+    struct tp_count *c = user;
+    if (ev->token >= 0) c->n_out++;
+    if (ev->finish) c->n_done++;
+}
+
+static unsigned tp_rand(unsigned *s) { *s = *s * 1103515245u + 12345u; return *s >> 8; }
+
+static int bench_throughput_cmd(int argc, char **argv) {
+    const char *model = NULL;
+    long n_req = 100, p_lo = 32, p_hi = 256, g_lo = 16, g_hi = 128, shared = 0, seed = 1, threads = 0;
+    bool is_static = false, json = false;
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (cli_is_help(a)) { fputs(k_usage_tp, stdout); fputs(cli_engine_usage, stdout); return 0; }
+        int eo = cli_engine_opt(argc, argv, &i, &ep);
+        if (eo < 0) return 2;
+        if (eo > 0) continue;
+        if (!strcmp(a, "--static")) { is_static = true; continue; }
+        if (!(v = cli_arg(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--requests")) { if (!cli_int(a, v, 1, 1 << 20, &n_req)) return 2; }
+        else if (!strcmp(a, "--prompt-len")) { if (!cli_range(a, v, 1, 1 << 20, &p_lo, &p_hi)) return 2; }
+        else if (!strcmp(a, "--gen-len")) { if (!cli_range(a, v, 1, 1 << 20, &g_lo, &g_hi)) return 2; }
+        else if (!strcmp(a, "--shared-prefix")) { if (!cli_int(a, v, 0, 1 << 20, &shared)) return 2; }
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, 1L << 31, &seed)) return 2; }
+        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else if (!strcmp(a, "-o")) {
+            if (!strcmp(v, "json")) json = true;
+            else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
+        } else { cli_error("bench throughput: unknown option '%s'", a); return 2; }
+    }
+    if (!model) { cli_error("bench throughput: -m MODEL is required"); return 2; }
+    if (shared > p_lo) { cli_error("--shared-prefix %ld is longer than the shortest prompt (%ld)", shared, p_lo); return 2; }
+    kvllm_log_set_level(KVLLM_LOG_WARN);
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.n_threads = (int)threads;
+    struct kvllm_model *m;
+    if (kvllm_model_load(model, &mp, &m)) return 1;
+    const int V = kvllm_model_describe(m)->n_vocab;
+    if (ep.n_ctx <= 0 && p_hi + g_hi > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)(p_hi + g_hi);
+    struct kvllm_engine *e = NULL;
+    int32_t *toks = malloc((size_t)p_hi * sizeof *toks), *prefix = malloc((size_t)(shared + 1) * sizeof *prefix);
+    unsigned rs = (unsigned)seed;
+    for (long i = 0; i < shared; i++) prefix[i] = (int32_t)(3 + tp_rand(&rs) % (unsigned)(V - 3));
+    struct tp_count cnt = { 0 };
+    int rc = toks && prefix ? kvllm_engine_new(m, &ep, &e) : KVLLM_ENOMEM;
+    double t0 = cli_time();
+    uint64_t n_prompt_total = 0;
+    for (long r = 0; !rc && r < n_req;) {
+        /* static batching: fill one batch, run it to the end, then the next */
+        long batch_end = is_static ? r + ep.max_seqs : n_req;
+        if (batch_end > n_req) batch_end = n_req;
+        for (; !rc && r < batch_end; r++) {
+            int np = (int)(p_lo + tp_rand(&rs) % (unsigned)(p_hi - p_lo + 1));
+            int ng = (int)(g_lo + tp_rand(&rs) % (unsigned)(g_hi - g_lo + 1));
+            memcpy(toks, prefix, (size_t)shared * sizeof *toks);
+            for (int i = (int)shared; i < np; i++) toks[i] = (int32_t)(3 + tp_rand(&rs) % (unsigned)(V - 3));
+            struct kvllm_sampling_params sp = kvllm_sampling_default_params();
+            sp.temperature = 0;
+            struct kvllm_request q = { .prompt = toks, .n_prompt = np, .max_tokens = ng, .sampling = sp, .n = 1,
+                                       .ignore_eos = true, .no_text = true, .on_event = tp_event, .user = &cnt };
+            rc = kvllm_engine_add(e, &q, NULL);
+            n_prompt_total += (uint64_t)np;
+        }
+        while (!rc && !kvllm_engine_idle(e)) rc = kvllm_engine_step(e) < 0;
+    }
+    double dt = cli_time() - t0;
+    if (!rc) {
+        struct kvllm_engine_stats st;
+        kvllm_engine_get_stats(e, &st);
+        double steps = st.steps ? (double)st.steps : 1;
+        double rps = (double)n_req / dt, tps = (double)(n_prompt_total + cnt.n_out) / dt, ops = (double)cnt.n_out / dt;
+        double mb = (double)st.batch_seqs_sum / steps, util = 100 * st.kv_util_sum / steps;
+        double waste = 100 * st.kv_waste_sum / steps;
+        double hit = st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0;
+        if (json)
+            printf("{\"requests_per_s\": %.4f, \"tokens_per_s\": %.2f, \"output_tokens_per_s\": %.2f, "
+                   "\"mean_batch\": %.3f, \"kv_utilization_pct\": %.3f, \"kv_waste_pct\": %.3f, "
+                   "\"prefix_hit_pct\": %.3f, \"preemptions\": %llu, \"requests\": %ld, \"seconds\": %.3f, "
+                   "\"static\": %s, \"steps\": %llu, \"blocks_total\": %d, \"block_size\": %d}\n",
+                   rps, tps, ops, mb, util, waste, hit, (unsigned long long)st.preemptions, n_req, dt,
+                   is_static ? "true" : "false", (unsigned long long)st.steps, st.blocks_total, st.block_size);
+        else
+            printf("| batching | requests/s | tokens/s | output tok/s | mean batch | KV util %% | KV waste %% | "
+                   "prefix hit %% | preemptions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                   "| %s | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %llu |\n",
+                   is_static ? "static" : "continuous", rps, tps, ops, mb, util, waste, hit,
+                   (unsigned long long)st.preemptions);
+    }
+    free(toks);
+    free(prefix);
+    kvllm_engine_free(e);
+    kvllm_model_free(m);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
-    if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); return 0; }
-    cli_error("bench: expected a benchmark kind: model (see kvllm bench --help)");
+    if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
+    if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); return 0; }
+    cli_error("bench: expected a benchmark kind: model or throughput (see kvllm bench --help)");
     return 2;
 }

@@ -29,22 +29,28 @@ static const char *k_usage =
     "  --ids                  print the generated token ids instead of text\n"
     "  -q, --quiet            only errors on stderr\n";
 
+
 struct run_opts {
     const char *model, *tokenizer, *prompt;
     long n_predict, n_ctx, n_threads;
     bool no_kv, ignore_eos, no_echo, ids, quiet, seed_set;
     struct kvllm_sampling_params sp;
+    struct kvllm_engine_params ep;
 };
 
 static int parse(int argc, char **argv, struct run_opts *o) {
     o->n_predict = 128;
     o->sp = kvllm_sampling_default_params();
+    o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long l;
         double d;
+        int eo = cli_engine_opt(argc, argv, &i, &o->ep);
+        if (eo < 0) return 2;
+        if (eo > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return -1; }
+        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
         else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
@@ -71,40 +77,37 @@ static int parse(int argc, char **argv, struct run_opts *o) {
     return 0;
 }
 
-struct gen_state {
-    struct kvllm_model *model;
-    struct kvllm_session *sess;
-    struct kvllm_sampler *smp;
-    struct kvllm_detok *dt;
-    int32_t *toks;     /* (n_prompt + n_predict) */
-    float *logits;     /* (n_vocab) */
+/* What the event callback needs to print. */
+struct printer {
+    bool ids;
+    int n_gen;
+    double t_first;   /* when the first token arrived */
+    enum kvllm_finish finish;
 };
 
-static void gen_free(struct gen_state *g) {
-    kvllm_detok_free(g->dt);
-    kvllm_sampler_free(g->smp);
-    kvllm_session_free(g->sess);
-    kvllm_model_free(g->model);
-    free(g->toks);
-    free(g->logits);
+static void on_event(const struct kvllm_event *ev, void *user) {
+    struct printer *p = user;
+    if (ev->token >= 0) {
+        if (!p->n_gen++) p->t_first = cli_time();
+        if (p->ids) printf(p->n_gen > 1 ? " %d" : "%d", ev->token);
+    }
+    if (!p->ids) fputs(ev->text, stdout);
+    fflush(stdout);
+    if (ev->finish) p->finish = ev->finish;
 }
 
-/* Tokenize the prompt (BOS alone when there is none). Returns the count or < 0. */
-static int tokenize_prompt(struct gen_state *g, const char *prompt, int32_t **out) {
-    const struct kvllm_model_desc *d = kvllm_model_describe(g->model);
-    if (!prompt || !*prompt) {
-        *out = malloc(sizeof **out);
-        if (!*out) return KVLLM_ENOMEM;
-        if (d->token_bos < 0) { cli_error("the model has no BOS token: give a prompt with -p"); return KVLLM_EINVAL; }
-        (*out)[0] = d->token_bos;
-        return 1;
-    }
-    size_t len = strlen(prompt);
-    int n = kvllm_tokenize(g->model, prompt, len, true, false, NULL, 0);
+/* Tokenize the prompt (BOS alone when there is none).  Returns the count or
+ * < 0 (error printed); *out is malloc'd. */
+static int tokenize_prompt(struct kvllm_model *m, const char *prompt, int32_t **out) {
+    const struct kvllm_model_desc *d = kvllm_model_describe(m);
+    size_t len = prompt ? strlen(prompt) : 0;
+    int n = len ? kvllm_tokenize(m, prompt, len, true, false, NULL, 0) : 1;
     if (n < 0) return n;
-    *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
-    if (!*out) return KVLLM_ENOMEM;
-    kvllm_tokenize(g->model, prompt, len, true, false, *out, n);
+    if (!len && d->token_bos < 0) { cli_error("the model has no BOS token: give a prompt with -p"); return KVLLM_EINVAL; }
+    if (n == 0) { cli_error("the prompt tokenizes to nothing"); return KVLLM_EINVAL; }
+    if (!(*out = malloc((size_t)n * sizeof **out))) return KVLLM_ENOMEM;
+    if (len) kvllm_tokenize(m, prompt, len, true, false, *out, n);
+    else (*out)[0] = d->token_bos;
     return n;
 }
 
@@ -114,16 +117,17 @@ int cmd_run(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
 
-    struct gen_state g = { 0 };
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     mp.n_threads = (int)o.n_threads;
-    if (kvllm_model_load(o.model, &mp, &g.model)) return 1;
-    const struct kvllm_model_desc *d = kvllm_model_describe(g.model);
+    struct kvllm_model *model;
+    if (kvllm_model_load(o.model, &mp, &model)) return 1;
+    const struct kvllm_model_desc *d = kvllm_model_describe(model);
 
-    int32_t *prompt_ids = NULL;
-    int n_prompt = tokenize_prompt(&g, o.prompt, &prompt_ids);
-    if (n_prompt < 0) { free(prompt_ids); gen_free(&g); return 1; }
+    int32_t *ids = NULL;
+    struct kvllm_engine *eng = NULL;
+    int n_prompt = tokenize_prompt(model, o.prompt, &ids);
+    if (n_prompt < 0) goto fail;
 
     /* Context: the model's, lowered or raised by -c; must hold prompt + n. */
     long n_ctx = o.n_ctx ? o.n_ctx : d->n_ctx_train;
@@ -133,54 +137,44 @@ int cmd_run(int argc, char **argv) {
     if (n_prompt + o.n_predict > n_ctx) {
         cli_error("prompt (%d tokens) + -n %ld = %ld tokens exceed the context of %ld positions", n_prompt,
                   o.n_predict, n_prompt + o.n_predict, n_ctx);
-        free(prompt_ids);
-        gen_free(&g);
-        return 1;
+        goto fail;
     }
-    struct kvllm_session_params spar = { .n_ctx = (int)(n_prompt + o.n_predict), .no_kv_cache = o.no_kv };
-    g.toks = malloc((size_t)(n_prompt + o.n_predict) * sizeof *g.toks);
-    g.logits = malloc((size_t)d->n_vocab * sizeof *g.logits);
-    if (!g.toks || !g.logits || kvllm_session_new(g.model, &spar, &g.sess) ||
-        kvllm_sampler_new(&o.sp, d->n_vocab, &g.smp) || (!o.ids && kvllm_detok_new(g.model, &g.dt))) {
-        free(prompt_ids);
-        gen_free(&g);
-        return 1;
-    }
-    memcpy(g.toks, prompt_ids, (size_t)n_prompt * sizeof *g.toks);
-    free(prompt_ids);
+    o.ep.n_ctx = (int)n_ctx;
+    o.ep.no_kv_cache = o.no_kv;
+    /* one sequence: a pool for more than it can use would only cost memory */
+    if (!o.ep.kv_mem && !o.ep.kv_tokens) o.ep.kv_tokens = (int)(n_prompt + o.n_predict);
+    if (kvllm_engine_new(model, &o.ep, &eng)) goto fail;
     if (!o.quiet)
         fprintf(stderr, "kvllm: %s, %d layers, n_embd %d, vocab %d, kernels %s; prompt %d tokens, generating %ld\n",
-                d->arch, d->n_layer, d->n_embd, d->n_vocab, kvllm_model_backend(g.model), n_prompt, o.n_predict);
+                d->arch, d->n_layer, d->n_embd, d->n_vocab, kvllm_model_backend(model), n_prompt, o.n_predict);
 
+    struct printer pr = { .ids = o.ids };
+    struct kvllm_request req = {
+        .prompt = ids, .n_prompt = n_prompt, .max_tokens = (int)o.n_predict, .sampling = o.sp, .n = 1,
+        .ignore_eos = o.ignore_eos, .no_text = o.ids, .on_event = on_event, .user = &pr,
+    };
+    if (o.n_predict > 0 && kvllm_engine_add(eng, &req, NULL)) goto fail;
     if (!o.ids && !o.no_echo && o.prompt) fputs(o.prompt, stdout);
     fflush(stdout);
-
     double t0 = cli_time();
-    rc = kvllm_session_eval(g.sess, g.toks, n_prompt, false, g.logits);
-    double t1 = cli_time();
-    int n_gen = 0;
-    for (; !rc && n_gen < o.n_predict; n_gen++) {
-        int n_hist = n_prompt + n_gen;
-        int32_t tok = kvllm_sampler_sample(g.smp, g.logits, g.toks, n_hist);
-        if (tok == d->token_eos && !o.ignore_eos) break;
-        g.toks[n_hist] = tok;
-        if (o.ids) {
-            printf(n_gen ? " %d" : "%d", tok);
-        } else {
-            fputs(kvllm_detok_push(g.dt, g.toks[n_hist - 1], tok), stdout);
-        }
-        fflush(stdout);
-        if (n_gen + 1 < o.n_predict) rc = kvllm_session_eval(g.sess, &tok, 1, false, g.logits);
-    }
-    if (!o.ids) fputs(kvllm_detok_flush(g.dt), stdout);
+    while (!kvllm_engine_idle(eng))
+        if (kvllm_engine_step(eng) < 0) goto fail;
+    double t2 = cli_time(), t1 = pr.n_gen ? pr.t_first : t2;
     fputc('\n', stdout);
     fflush(stdout);
-    double t2 = cli_time();
-    if (!o.quiet && !rc)
+    if (!o.quiet)
         fprintf(stderr, "kvllm: prompt %d tokens in %.1f ms (%.1f tok/s); generation %d tokens in %.1f ms "
                         "(%.1f tok/s, %.2f ms/token)%s\n",
-                n_prompt, 1e3 * (t1 - t0), n_prompt / (t1 - t0 + 1e-12), n_gen, 1e3 * (t2 - t1),
-                n_gen / (t2 - t1 + 1e-12), n_gen ? 1e3 * (t2 - t1) / n_gen : 0.0, o.no_kv ? " [no KV cache]" : "");
-    gen_free(&g);
-    return rc ? 1 : 0;
+                n_prompt, 1e3 * (t1 - t0), n_prompt / (t1 - t0 + 1e-12), pr.n_gen, 1e3 * (t2 - t1),
+                pr.n_gen > 1 ? (pr.n_gen - 1) / (t2 - t1 + 1e-12) : 0.0,
+                pr.n_gen > 1 ? 1e3 * (t2 - t1) / (pr.n_gen - 1) : 0.0, o.no_kv ? " [no KV cache]" : "");
+    kvllm_engine_free(eng);
+    kvllm_model_free(model);
+    free(ids);
+    return 0;
+fail:
+    kvllm_engine_free(eng);
+    kvllm_model_free(model);
+    free(ids);
+    return 1;
 }

@@ -10,7 +10,8 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "convert",  cmd_convert,  "write a llama2.c checkpoint (or GGUF) as GGUF" },
     { "tokenize", cmd_tokenize, "print the token ids of a text" },
     { "eval",     cmd_eval,     "write the logits of a token sequence (for tests)" },
-    { "bench",    cmd_bench,    "measure prompt and generation speed" },
+    { "bench",    cmd_bench,    "measure speed: bench model (prompt, generation), bench throughput (engine)" },
+    { "batch",    cmd_batch,    "run many prompts through the engine at once (for tests)" },
 };
 
 static void usage(FILE *f) {

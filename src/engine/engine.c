@@ -439,9 +439,11 @@ static void drain_inbox(struct kvllm_engine *e) {
     int n_ab = e->n_aborts;
     uint64_t ab[64];
     if (n_ab > 64) n_ab = 64;
-    memcpy(ab, e->aborts, (size_t)n_ab * sizeof *ab);
-    memmove(e->aborts, e->aborts + n_ab, (size_t)(e->n_aborts - n_ab) * sizeof *ab);
-    e->n_aborts -= n_ab;
+    if (n_ab) {
+        memcpy(ab, e->aborts, (size_t)n_ab * sizeof *ab);
+        memmove(e->aborts, e->aborts + n_ab, (size_t)(e->n_aborts - n_ab) * sizeof *ab);
+        e->n_aborts -= n_ab;
+    }
     pthread_mutex_unlock(&e->mu);
 
     while (in) {

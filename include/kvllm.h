@@ -224,6 +224,7 @@ struct kvllm_engine_stats {
     uint64_t steps, tokens_computed, preemptions;
     uint64_t prompt_tokens, cached_tokens;     /* at admission; cached: served by the prefix cache */
     double kv_util_sum, kv_waste_sum;          /* per-step sums of held/total and (allocated-used)/allocated */
+    double kv_waste_ideal_sum;                 /* per-step sum of the waste if only last blocks were partial */
     uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
 };
 void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st);

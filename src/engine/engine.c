@@ -509,16 +509,19 @@ static void run_batch(struct kvllm_engine *e) {
     sched_commit(&e->sched, b);
 
     /* statistics sampled at every step */
-    uint64_t alloc = 0, used = 0;
+    uint64_t alloc = 0, used = 0, ideal = 0;
     for (int i = 0; i < e->sched.n_running; i++) {
-        alloc += (uint64_t)e->sched.running[i]->n_blocks * bs;
-        used += (uint64_t)e->sched.running[i]->n_computed;
+        const struct seq *q = e->sched.running[i];
+        alloc += (uint64_t)q->n_blocks * bs;
+        used += (uint64_t)q->n_computed;
+        ideal += (uint64_t)sched_blocks_for(&e->sched, q->n_computed) * bs;
     }
     e->st.steps++;
     e->st.tokens_computed += (uint64_t)k;
     e->st.batch_seqs_sum += (uint64_t)b->n_seqs;
     e->st.kv_util_sum += (double)block_pool_n_held(&e->pool) / e->pool.n_blocks;
     e->st.kv_waste_sum += alloc ? (double)(alloc - used) / (double)alloc : 0.0;
+    e->st.kv_waste_ideal_sum += ideal ? (double)(ideal - used) / (double)ideal : 0.0;
 
     for (int i = 0; i < nl; i++) on_logits(e, e->logit_seqs[i], e->logits + (size_t)i * V);
 }

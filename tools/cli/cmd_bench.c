@@ -240,20 +240,21 @@ static int bench_throughput_cmd(int argc, char **argv) {
         double steps = st.steps ? (double)st.steps : 1;
         double rps = (double)n_req / dt, tps = (double)(n_prompt_total + cnt.n_out) / dt, ops = (double)cnt.n_out / dt;
         double mb = (double)st.batch_seqs_sum / steps, util = 100 * st.kv_util_sum / steps;
-        double waste = 100 * st.kv_waste_sum / steps;
+        double waste = 100 * st.kv_waste_sum / steps, ideal = 100 * st.kv_waste_ideal_sum / steps;
         double hit = st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0;
         if (json)
             printf("{\"requests_per_s\": %.4f, \"tokens_per_s\": %.2f, \"output_tokens_per_s\": %.2f, "
                    "\"mean_batch\": %.3f, \"kv_utilization_pct\": %.3f, \"kv_waste_pct\": %.3f, "
+                   "\"kv_waste_ideal_pct\": %.3f, "
                    "\"prefix_hit_pct\": %.3f, \"preemptions\": %llu, \"requests\": %ld, \"seconds\": %.3f, "
                    "\"static\": %s, \"steps\": %llu, \"blocks_total\": %d, \"block_size\": %d}\n",
-                   rps, tps, ops, mb, util, waste, hit, (unsigned long long)st.preemptions, n_req, dt,
+                   rps, tps, ops, mb, util, waste, ideal, hit, (unsigned long long)st.preemptions, n_req, dt,
                    is_static ? "true" : "false", (unsigned long long)st.steps, st.blocks_total, st.block_size);
         else
-            printf("| batching | requests/s | tokens/s | output tok/s | mean batch | KV util %% | KV waste %% | "
-                   "prefix hit %% | preemptions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-                   "| %s | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %llu |\n",
-                   is_static ? "static" : "continuous", rps, tps, ops, mb, util, waste, hit,
+            printf("| batching | requests/s | tokens/s | output tok/s | mean batch | KV util %% | KV waste %% "
+                   "(ideal) | prefix hit %% | preemptions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                   "| %s | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f (%.2f) | %.1f | %llu |\n",
+                   is_static ? "static" : "continuous", rps, tps, ops, mb, util, waste, ideal, hit,
                    (unsigned long long)st.preemptions);
     }
     free(toks);
@@ -263,10 +264,98 @@ static int bench_throughput_cmd(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+/* ---- bench prefix: time to first token with a cached prefix vs cold ---- */
+
+struct ttft_probe { double t_first; bool got; };
+
+static void ttft_event(const struct kvllm_event *ev, void *user) {
+    struct ttft_probe *p = user;
+    if (!p->got && ev->token >= 0) { p->t_first = cli_time(); p->got = true; }
+}
+
+/* Submit one prompt, run to completion, return its time to first token (s). */
+static double ttft_once(struct kvllm_engine *e, const int32_t *toks, int n, int *n_cached) {
+    struct ttft_probe p = { 0 };
+    struct kvllm_sampling_params sp = kvllm_sampling_default_params();
+    sp.temperature = 0;
+    struct kvllm_request q = { .prompt = toks, .n_prompt = n, .max_tokens = 1, .sampling = sp, .n = 1,
+                               .ignore_eos = true, .no_text = true, .on_event = ttft_event, .user = &p };
+    struct kvllm_engine_stats a, b;
+    kvllm_engine_get_stats(e, &a);
+    double t0 = cli_time();
+    if (kvllm_engine_add(e, &q, NULL)) return -1;
+    while (!kvllm_engine_idle(e))
+        if (kvllm_engine_step(e) < 0) return -1;
+    kvllm_engine_get_stats(e, &b);
+    *n_cached = (int)(b.cached_tokens - a.cached_tokens);
+    return p.got ? p.t_first - t0 : -1;
+}
+
+static const char *k_usage_prefix =
+    "usage: kvllm bench prefix -m MODEL [--prompt-len N] [--cached-pct P] [--reps R] [-t N] [engine options]\n"
+    "  time to first token of an N-token prompt (default 1024) whose first P %% (default 90) is\n"
+    "  already in the prefix cache, against the same prompt cold\n";
+
+static int bench_prefix_cmd(int argc, char **argv) {
+    const char *model = NULL;
+    long n = 1024, pct = 90, reps = 5, threads = 0;
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (cli_is_help(a)) { fputs(k_usage_prefix, stdout); fputs(cli_engine_usage, stdout); return 0; }
+        int eo = cli_engine_opt(argc, argv, &i, &ep);
+        if (eo < 0) return 2;
+        if (eo > 0) continue;
+        if (!(v = cli_arg(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--prompt-len")) { if (!cli_int(a, v, 2, 1 << 20, &n)) return 2; }
+        else if (!strcmp(a, "--cached-pct")) { if (!cli_int(a, v, 0, 99, &pct)) return 2; }
+        else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &reps)) return 2; }
+        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else { cli_error("bench prefix: unknown option '%s'", a); return 2; }
+    }
+    if (!model) { cli_error("bench prefix: -m MODEL is required"); return 2; }
+    kvllm_log_set_level(KVLLM_LOG_WARN);
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.n_threads = (int)threads;
+    struct kvllm_model *m;
+    if (kvllm_model_load(model, &mp, &m)) return 1;
+    const int V = kvllm_model_describe(m)->n_vocab;
+    if (ep.n_ctx <= 0 && n + 1 > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)n + 1;
+    if (!ep.kv_mem && !ep.kv_tokens) ep.kv_tokens = (int)(4 * (n + 1));
+    struct kvllm_engine *e = NULL;
+    int32_t *p = malloc((size_t)n * sizeof *p);
+    double cold[64], warm[64];
+    int hit = 0, rc = p ? kvllm_engine_new(m, &ep, &e) : KVLLM_ENOMEM;
+    unsigned rs = 7;
+    for (long r = 0; !rc && r < reps; r++) {
+        for (long i = 0; i < n; i++) p[i] = (int32_t)(3 + tp_rand(&rs) % (unsigned)(V - 3));
+        int c0;
+        cold[r] = ttft_once(e, p, (int)n, &c0);
+        for (long i = n * pct / 100; i < n; i++) p[i] = (int32_t)(3 + tp_rand(&rs) % (unsigned)(V - 3));
+        warm[r] = ttft_once(e, p, (int)n, &hit);
+        if (cold[r] < 0 || warm[r] < 0) rc = 1;
+    }
+    if (!rc) {
+        qsort(cold, (size_t)reps, sizeof *cold, cmp_double);
+        qsort(warm, (size_t)reps, sizeof *warm, cmp_double);
+        double mc = reps % 2 ? cold[reps / 2] : 0.5 * (cold[reps / 2 - 1] + cold[reps / 2]);
+        double mw = reps % 2 ? warm[reps / 2] : 0.5 * (warm[reps / 2 - 1] + warm[reps / 2]);
+        printf("| prompt | cached | TTFT cold (ms, median of %ld) | TTFT cached (ms) | speed-up |\n"
+               "|---:|---:|---:|---:|---:|\n| %ld | %d (%ld %% asked) | %.1f | %.1f | %.1fx |\n",
+               reps, n, hit, pct, 1e3 * mc, 1e3 * mw, mc / mw);
+    }
+    free(p);
+    kvllm_engine_free(e);
+    kvllm_model_free(m);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "prefix")) return bench_prefix_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
-    if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); return 0; }
-    cli_error("bench: expected a benchmark kind: model or throughput (see kvllm bench --help)");
+    if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); fputs(k_usage_prefix, stdout); return 0; }
+    cli_error("bench: expected a benchmark kind: model, throughput or prefix (see kvllm bench --help)");
     return 2;
 }

@@ -13,12 +13,16 @@
  * or one rounding, done identically), so the only difference from the scalar
  * reference is FMA rounding and where the tail is added.
  *
- * Tiling: threads split output rows in blocks of MR; a row block (read in
- * place for F32/F16/BF16, dequantized once into the thread's scratch for
- * the block formats) is swept over all tokens NT at a time by an MR x NT
- * register-blocked micro-kernel: per 8-element step it loads MR weight
- * vectors and NT activation vectors for MR * NT FMAs.  n = 1 (decode) is the
- * same kernel with NT = 1: one pass over each weight row. */
+ * Tiling: threads split output rows in blocks of MR (4).  A row block is
+ * swept over all tokens NT (3) at a time by an MR x NT register-blocked
+ * micro-kernel: per 8-element step it loads MR weight vectors and NT
+ * activation vectors for MR * NT FMAs.  Weights reach it in place (F32, and
+ * F16/BF16 widened in registers when n <= NT) or, for more tokens, first
+ * made f32 in the thread's scratch once per row block and reused by every
+ * token (block formats dequantized, F16/BF16 widened).  n = 1 (decode)
+ * streams each weight row once: NT = 1, block formats dequantized in
+ * registers, the next row block prefetched while the current one is read.
+ * All these paths hand the micro-kernel the same f32 values. */
 #include "backend/cpu/cpu_features.h"
 #include "core/core.h"
 
@@ -153,19 +157,9 @@ static void widen_row(enum wkind wk, const uint8_t *src, float *dst, int64_t K) 
     }
 }
 
-/* ---- block dequantization into f32, bit-identical to dtype_to_f32 ---- */
+/* ---- block formats: 32 weights dequantized as dtype_to_f32 does ---- */
 
 static inline __m256 half_scale(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
-
-static void dequant_q8_0(const struct block_q8_0 *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
-        __m256 d = half_scale(b[i].d);
-        for (int j = 0; j < QK8_0; j += 8) {
-            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
-            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-        }
-    }
-}
 
 /* The 32 nibbles of a block, element order (low nibbles 0..15, high 16..31),
  * as four vectors of 8 int32. */
@@ -178,34 +172,87 @@ ALWAYS_INLINE void nibbles(const uint8_t *qs, __m256i q[4]) {
     q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
 }
 
-static void dequant_q4_0(const struct block_q4_0 *b, float *y, int64_t nb) {
-    const __m256i eight = _mm256_set1_epi32(8);
-    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
-        __m256 d = half_scale(b[i].d);
-        __m256i q[4];
-        nibbles(b[i].qs, q);
+/* Block blk (of type, a constant after inlining) as f32 in w[0..3]: the
+ * reference's arithmetic exactly (int -> float exact, then its roundings). */
+ALWAYS_INLINE void deq_block(uint32_t type, const uint8_t *blk, __m256 w[4]) {
+    __m256i q[4];
+    if (type == DTYPE_Q8_0) {
+        const struct block_q8_0 *b = (const void *)blk;
+        __m256 d = half_scale(b->d);
+        for (int j = 0; j < 4; j++)   /* q * d */
+            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                       _mm_loadl_epi64((const __m128i *)(b->qs + 8 * j)))), d);
+    } else if (type == DTYPE_Q4_0) {
+        const struct block_q4_0 *b = (const void *)blk;
+        __m256 d = half_scale(b->d);
+        nibbles(b->qs, q);
         for (int j = 0; j < 4; j++)   /* (q - 8) * d */
-            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], eight)), d));
-    }
-}
-
-static void dequant_q4_1(const struct block_q4_1 *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, y += QK4_1) {
-        __m256 d = half_scale(b[i].d), m = half_scale(b[i].m);
-        __m256i q[4];
-        nibbles(b[i].qs, q);
+            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(8))), d);
+    } else {
+        const struct block_q4_1 *b = (const void *)blk;
+        __m256 d = half_scale(b->d), m = half_scale(b->m);
+        nibbles(b->qs, q);
         for (int j = 0; j < 4; j++)   /* q * d + m, two roundings as in the reference */
-            _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d), m));
+            w[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d), m);
     }
 }
 
-static void dequant_row(uint32_t type, const void *src, float *dst, int64_t K) {
-    switch (type) {
-    case DTYPE_Q8_0: dequant_q8_0(src, dst, K / QK8_0); break;
-    case DTYPE_Q4_0: dequant_q4_0(src, dst, K / QK4_0); break;
-    case DTYPE_Q4_1: dequant_q4_1(src, dst, K / QK4_1); break;
-    default: dtype_to_f32(type, src, dst, K); break;
+ALWAYS_INLINE size_t block_bytes(uint32_t type) {
+    return type == DTYPE_Q8_0 ? sizeof(struct block_q8_0)
+         : type == DTYPE_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
+}
+
+/* A row of K (a multiple of 32) block-format weights into f32 (prefill). */
+static void dequant_row(uint32_t type, const uint8_t *src, float *dst, int64_t K) {
+    __m256 w[4];
+    for (int64_t i = 0; i < K / 32; i++, dst += 32) {
+        switch (type) {
+        case DTYPE_Q8_0: deq_block(DTYPE_Q8_0, src + (size_t)i * sizeof(struct block_q8_0), w); break;
+        case DTYPE_Q4_0: deq_block(DTYPE_Q4_0, src + (size_t)i * sizeof(struct block_q4_0), w); break;
+        default:         deq_block(DTYPE_Q4_1, src + (size_t)i * sizeof(struct block_q4_1), w); break;
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + 8 * j, w[j]);
     }
+}
+
+/* One token (decode) against R (MR or 1) block-format rows, dequantized in
+ * registers: per accumulator the same FMAs, in the same order, on the same
+ * values as micro() on the dequant_row() output.  pf as in micro. */
+ALWAYS_INLINE void micro_q1(const int R, uint32_t type, const uint8_t *w, size_t ws, const float *x, int64_t K,
+                            float *y, const uint8_t *pf) {
+    const size_t bb = block_bytes(type);
+    __m256 acc[MR], wv[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / 32; i++) {
+        if (pf)
+            for (size_t o = 0; o < MR * bb; o += 64) _mm_prefetch((const char *)pf + (size_t)i * MR * bb + o, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) {
+            deq_block(type, w + (size_t)r * ws + (size_t)i * bb, wv);
+            for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + 32 * i + 8 * j), acc[r]);
+        }
+    }
+    if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    else for (int r = 0; r < R; r++) y[r] = hsum1(acc[r]);
+}
+
+/* nr rows of block format `type`, one token. */
+ALWAYS_INLINE void rows_q1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int64_t K, float *y,
+                           const uint8_t *pf) {
+    if (nr == MR) { micro_q1(MR, type, w, ws, x, K, y, pf); return; }
+    for (int r = 0; r < nr; r++) micro_q1(1, type, w + (size_t)r * ws, ws, x, K, y + r, NULL);
+}
+
+static void rows_q8_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_q1(DTYPE_Q8_0, w, ws, nr, x, K, y, pf);
+}
+static void rows_q4_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_q1(DTYPE_Q4_0, w, ws, nr, x, K, y, pf);
+}
+static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_q1(DTYPE_Q4_1, w, ws, nr, x, K, y, pf);
 }
 
 /* ---- threads ---- */
@@ -226,11 +273,14 @@ static void mm_worker(void *arg, int ith, int nth) {
     threadpool_split((M + MR - 1) / MR, ith, nth, &b0, &b1);
     float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
     const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
-    /* F32 rows are read in place; F16/BF16 widened in registers for a few
-     * tokens, into the scratch once for more; block formats dequantized into
-     * the scratch.  All give the micro-kernel the same f32 values. */
-    const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16) && j->n <= NT);
-    rows_fn *rows = !inplace ? rows_f32 : f16 ? rows_f16 : bf16 ? rows_bf16 : rows_f32;
+    const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1;
+    /* In place (F32; F16/BF16 widened in registers for a few tokens; block
+     * formats dequantized in registers for one token), or rows first made
+     * f32 in the scratch and reused by every token.  Either way the
+     * micro-kernel sees the same f32 values. */
+    const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16) && j->n <= NT) || (blocks && j->n == 1);
+    rows_fn *rows = !inplace ? rows_f32 : f16 ? rows_f16 : bf16 ? rows_bf16 : w->type == DTYPE_Q8_0 ? rows_q8_0
+                  : w->type == DTYPE_Q4_0 ? rows_q4_0 : w->type == DTYPE_Q4_1 ? rows_q4_1 : rows_f32;
     for (int64_t r = b0 * MR; r < b1 * MR && r < M; r += MR) {
         int nr = (int)(M - r < MR ? M - r : MR);
         if (inplace) {
@@ -240,8 +290,9 @@ static void mm_worker(void *arg, int ith, int nth) {
         }
         for (int k = 0; k < nr; k++) {
             float *dst = buf + (size_t)k * K;
-            if (f16 || bf16) widen_row(f16 ? WK_F16 : WK_BF16, tensor_row(w, r + k), dst, K);
-            else dequant_row(w->type, tensor_row(w, r + k), dst, K);
+            if (blocks) dequant_row(w->type, tensor_row(w, r + k), dst, K);
+            else if (f16 || bf16) widen_row(f16 ? WK_F16 : WK_BF16, tensor_row(w, r + k), dst, K);
+            else dtype_to_f32(w->type, tensor_row(w, r + k), dst, K);
         }
         rows((const uint8_t *)buf, (size_t)K * sizeof(float), nr, j->x, j->n, K, j->y + r, (size_t)M, NULL);
     }

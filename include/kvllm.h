@@ -187,6 +187,7 @@ typedef void (*kvllm_event_fn)(const struct kvllm_event *ev, void *user);
 struct kvllm_request {
     const int32_t *prompt;  /* token ids (copied) */
     int n_prompt;           /* >= 1 */
+    const char *prompt_text;  /* instead of ids: UTF-8 text, tokenized with BOS as the vocabulary asks */
     int max_tokens;         /* new tokens per sample; <= 0: until the context is full */
     struct kvllm_sampling_params sampling;  /* sample i uses seed + i */
     int n;                  /* samples, sharing the prompt's KV blocks (>= 1) */

@@ -285,9 +285,29 @@ static int build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     return 0;
 }
 
-int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *q, uint64_t *id) {
+/* A text prompt becomes ids (malloc'd into *ids). */
+static int tokenize_prompt(struct kvllm_engine *e, const struct kvllm_request *q, struct kvllm_request *out,
+                           int32_t **ids) {
+    *out = *q;
+    *ids = NULL;
+    if (!q->prompt_text) return 0;
+    size_t len = strlen(q->prompt_text);
+    int n = kvllm_tokenize(e->km, q->prompt_text, len, true, false, NULL, 0);
+    if (n < 0) return n;
+    if (!(*ids = xmalloc((size_t)(n > 0 ? n : 1) * sizeof **ids))) return KVLLM_ENOMEM;
+    kvllm_tokenize(e->km, q->prompt_text, len, true, false, *ids, n);
+    out->prompt = *ids;
+    out->n_prompt = n;
+    return 0;
+}
+
+int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *q0, uint64_t *id) {
     struct request *r;
-    int rc = build_request(e, q, &r);
+    struct kvllm_request q1;
+    int32_t *ids;
+    int rc = tokenize_prompt(e, q0, &q1, &ids);
+    if (!rc) rc = build_request(e, &q1, &r);
+    free(ids);
     if (rc) return rc;
     pthread_mutex_lock(&e->mu);
     if (e->n_queued >= e->p.max_queue) {

@@ -31,7 +31,8 @@ static inline float cpu_f16_to_f32(uint16_t h) {
     uint32_t em = h & 0x7fffu, r, n = (em << 13) + (112u << 23);
     float sub = (float)(int32_t)em * 5.9604644775390625e-8f;      /* em * 2^-24, exact for em < 0x400 */
     memcpy(&r, &sub, 4);
-    r = em < 0x400u ? r : em >= 0x7c00u ? (em << 13) | 0x7f800000u : n;
+    uint32_t is_sub = 0u - (uint32_t)(em < 0x400u), is_inf = 0u - (uint32_t)(em >= 0x7c00u);   /* masks */
+    r = (r & is_sub) | (n & ~(is_sub | is_inf)) | (((em << 13) | 0x7f800000u) & is_inf);
     r |= (uint32_t)(h & 0x8000u) << 16;
     float f;
     memcpy(&f, &r, 4);
@@ -42,7 +43,8 @@ static inline float cpu_fp8_to_f32(uint8_t c) {
     uint32_t em = c & 0x7fu, r, n = (em << 20) + (120u << 23);
     float sub = (float)(int32_t)em * 0.001953125f;                 /* em * 2^-9, exact for em < 8 */
     memcpy(&r, &sub, 4);
-    r = em < 8u ? r : em == 0x7fu ? 0x7fc00000u : n;
+    uint32_t is_sub = 0u - (uint32_t)(em < 8u), is_nan = 0u - (uint32_t)(em == 0x7fu);          /* masks */
+    r = (r & is_sub) | (n & ~(is_sub | is_nan)) | (0x7fc00000u & is_nan);
     r |= (uint32_t)(c & 0x80u) << 24;
     float f;
     memcpy(&f, &r, 4);

@@ -123,6 +123,24 @@ const char *kvllm_detok_push(struct kvllm_detok *d, int32_t prev, int32_t id);
 /* Whatever bytes remain (an incomplete sequence comes out as U+FFFD). */
 const char *kvllm_detok_flush(struct kvllm_detok *d);
 
+/* ---- chat templates ------------------------------------------------ */
+
+struct kvllm_chat_message {
+    const char *role;       /* "system", "user", "assistant", ... */
+    const char *content;    /* UTF-8 */
+};
+
+/* Render a conversation with a chat template, as Hugging Face Transformers
+ * renders it (Jinja, trim_blocks + lstrip_blocks).  template_text: NULL for
+ * the model's own (GGUF tokenizer.chat_template).  bos_token / eos_token are
+ * the model's.  On success *out is a malloc'd NUL-terminated string (free()).
+ * Errors (logged): KVLLM_ENOTFOUND when there is no template, KVLLM_EINVAL
+ * for a template error or raise_exception() (message with line and column),
+ * KVLLM_EUNSUPPORTED for a construct the interpreter lacks. */
+int kvllm_chat_render(const struct kvllm_model *model, const char *template_text,
+                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
+                      char **out);
+
 /* ---- sampling ------------------------------------------------------ */
 
 struct kvllm_sampling_params {

@@ -108,3 +108,13 @@ void kvllm_detok_free(struct kvllm_detok *d) {
 
 const char *kvllm_detok_push(struct kvllm_detok *d, int32_t prev, int32_t id) { return detok_push(&d->d, prev, id); }
 const char *kvllm_detok_flush(struct kvllm_detok *d) { return detok_flush(&d->d); }
+
+/* ---- chat templates ---- */
+
+int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
+                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
+    (void)template_text; (void)msgs; (void)n_msgs; (void)add_generation_prompt;
+    *out = NULL;
+    LOG_ERR("%s: chat templates are not supported yet", km->path);
+    return KVLLM_EUNSUPPORTED;
+}

@@ -149,7 +149,9 @@ struct kvllm_sampling_params {
     float top_p;          /* >= 1: off */
     float min_p;          /* <= 0: off */
     float repeat_penalty; /* 1: off */
-    int   repeat_last_n;  /* window for the penalty; <0: whole history */
+    int   repeat_last_n;  /* window for the penalties; <0: whole history */
+    float presence_penalty;   /* OpenAI style, subtracted once from every token in the window (0: off) */
+    float frequency_penalty;  /* OpenAI style, subtracted per occurrence in the window (0: off) */
     uint64_t seed;
 };
 /* temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1.0 (last 64), seed 0 */

@@ -47,7 +47,7 @@ struct kvllm_sampler {
     float *logits;   /* (n_vocab) penalized copy of the input row */
     struct cand *c;  /* (n_vocab) candidates, compacted as filters drop them */
     float *prob;     /* (n_vocab) unnormalized weights of c[i] for the draw */
-    uint8_t *seen;   /* (n_vocab) 1 while a token's penalty is applied; else 0 */
+    int32_t *count;  /* (n_vocab) occurrences in the penalty window while penalizing; else 0 */
 };
 
 struct kvllm_sampling_params kvllm_sampling_default_params(void) {
@@ -86,6 +86,11 @@ static int check_params(const struct kvllm_sampling_params *p, int n_vocab) {
                 (double)p->repeat_penalty);
         return KVLLM_EINVAL;
     }
+    if (!(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f)) {
+        LOG_ERR("%s: presence_penalty %g and frequency_penalty %g must be in [-2, 2]", __func__,
+                (double)p->presence_penalty, (double)p->frequency_penalty);
+        return KVLLM_EINVAL;
+    }
     return 0;
 }
 
@@ -107,8 +112,8 @@ int kvllm_sampler_new(const struct kvllm_sampling_params *p, int n_vocab, struct
     size_t off_c = (sizeof(struct kvllm_sampler) + 15) & ~(size_t)15;
     size_t off_logits = off_c + n * sizeof(struct cand);
     size_t off_prob = off_logits + n * sizeof(float);
-    size_t off_seen = off_prob + n * sizeof(float);
-    size_t total = off_seen + n;
+    size_t off_count = off_prob + n * sizeof(float);
+    size_t total = off_count + n * sizeof(int32_t);
     char *slab = xmalloc(total);
     if (!slab) return KVLLM_ENOMEM;
 
@@ -119,8 +124,8 @@ int kvllm_sampler_new(const struct kvllm_sampling_params *p, int n_vocab, struct
     s->c = (struct cand *)(slab + off_c);
     s->logits = (float *)(slab + off_logits);
     s->prob = (float *)(slab + off_prob);
-    s->seen = (uint8_t *)(slab + off_seen);
-    memset(s->seen, 0, n);
+    s->count = (int32_t *)(slab + off_count);
+    memset(s->count, 0, n * sizeof(int32_t));
     *out = s;
     return 0;
 }
@@ -190,22 +195,23 @@ static size_t nucleus_len(const struct cand *c, size_t m, float lmax, double tar
     return 0;
 }
 
-/* Penalize each distinct token of the window once, llama.cpp style. */
-static void apply_repeat_penalty(struct kvllm_sampler *s, const int32_t *history, int n_history) {
-    float pen = s->p.repeat_penalty;
+/* Penalties over the window: repetition (llama.cpp style: each distinct
+ * token once, divide positive logits, multiply negative ones), then OpenAI's
+ * presence (once per distinct token) and frequency (per occurrence). */
+static void apply_penalties(struct kvllm_sampler *s, const int32_t *history, int n_history) {
+    const float pen = s->p.repeat_penalty, pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
     int last_n = s->p.repeat_last_n;
-    if (pen == 1.0f || last_n == 0 || !history || n_history <= 0) return;
+    if ((pen == 1.0f && pres == 0.0f && freq == 0.0f) || last_n == 0 || !history || n_history <= 0) return;
     int start = (last_n < 0 || last_n >= n_history) ? 0 : n_history - last_n;
+    for (int i = start; i < n_history; i++)
+        if (history[i] >= 0 && history[i] < s->n_vocab) s->count[history[i]]++;
     for (int i = start; i < n_history; i++) {
         int32_t t = history[i];
-        if (t < 0 || t >= s->n_vocab || s->seen[t]) continue;
-        s->seen[t] = 1;
+        if (t < 0 || t >= s->n_vocab || s->count[t] == 0) continue;
         float l = s->logits[t];
-        s->logits[t] = l > 0.0f ? l / pen : l * pen;
-    }
-    for (int i = start; i < n_history; i++) {
-        int32_t t = history[i];
-        if (t >= 0 && t < s->n_vocab) s->seen[t] = 0;
+        if (pen != 1.0f) l = l > 0.0f ? l / pen : l * pen;
+        s->logits[t] = l - freq * (float)s->count[t] - pres;
+        s->count[t] = 0; /* each distinct token once */
     }
 }
 
@@ -217,7 +223,7 @@ int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
     }
     const int n_vocab = s->n_vocab;
     memcpy(s->logits, logits, (size_t)n_vocab * sizeof(float));
-    apply_repeat_penalty(s, history, n_history);
+    apply_penalties(s, history, n_history);
 
     /* Candidates: drop -inf and NaN, clamp +inf. */
     struct cand *c = s->c;

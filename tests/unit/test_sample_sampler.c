@@ -484,8 +484,34 @@ static void test_invalid(void) {
     }
 }
 
+/* OpenAI presence / frequency penalties: logit - frequency * count - presence. */
+static void test_presence_frequency(void) {
+    struct kvllm_sampling_params p = params(0.0f, 0, 1.0f, 0.0f);
+    p.repeat_last_n = -1;
+    p.presence_penalty = 0.5f;
+    struct kvllm_sampler *s = make(&p, 3);
+    if (!s) return;
+    const float l[3] = { 1.0f, 0.8f, 0.0f };
+    const int32_t h[] = { 0, 0, 0 };
+    CHECK(kvllm_sampler_sample(s, l, h, 3) == 1);  /* 1.0 - 0.5 = 0.5 < 0.8: once, not per occurrence */
+    const float l2[3] = { 1.0f, 0.4f, 0.0f };
+    CHECK(kvllm_sampler_sample(s, l2, h, 3) == 0); /* 0.5 > 0.4 */
+    kvllm_sampler_free(s);
+    p.presence_penalty = 0;
+    p.frequency_penalty = 0.1f;
+    s = make(&p, 3);
+    if (!s) return;
+    CHECK(kvllm_sampler_sample(s, l, h, 2) == 0);  /* 1.0 - 0.2 = 0.8: tie, lowest id */
+    CHECK(kvllm_sampler_sample(s, l, h, 3) == 1);  /* 1.0 - 0.3 = 0.7 < 0.8 */
+    kvllm_sampler_free(s);
+    p.frequency_penalty = 3.0f; /* out of OpenAI's [-2, 2] */
+    struct kvllm_sampler *bad = NULL;
+    CHECK(kvllm_sampler_new(&p, 3, &bad) == KVLLM_EINVAL && bad == NULL);
+}
+
 int main(void) {
     test_defaults();
+    test_presence_frequency();
     test_greedy();
     test_top_k1_is_greedy();
     test_determinism();

@@ -1,0 +1,46 @@
+/* test_kvstore_paged.c — the paged KV storage: layout and alignment of every
+ * type, block copies (data and scales) for copy-on-write, sizes, errors. */
+#include "check.h"
+#include "kv/paged_kv.h"
+#include "core/core.h"
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    struct paged_kv c;
+    for (int t = 0; t < KV_TYPE_COUNT_; t++) {
+        CHECK(kv_type_parse(kv_type_name(t)) == t);
+        int rc = paged_kv_init(&c, t, 3, 10, 7, 3, 40);
+        CHECK(rc == 0);
+        if (rc) continue;
+        size_t esz = t == 0 ? 4 : t < 3 ? 2 : 1;
+        for (int il = 0; il < 3; il++) {
+            struct kv_layer_view *l = &c.layers[il];
+            CHECK((uintptr_t)l->k % 64 == 0 && (uintptr_t)l->v % 64 == 0);
+            CHECK(!!l->k_scale == (t >= 3));
+            if (l->k_scale) CHECK((uintptr_t)l->k_scale % 64 == 0 && (uintptr_t)l->v_scale % 64 == 0);
+            size_t n = (size_t)10 * 7 * 3 * 40 * esz;
+            memset(l->k, il + 1, n); memset(l->v, il + 2, n);
+            if (l->k_scale) { for (int i = 0; i < 10*7*3; i++) { l->k_scale[i] = i; l->v_scale[i] = -i; } }
+            /* mark block 4 distinctly */
+            memset((char *)l->k + 4 * n / 10, 0x55, n / 10);
+        }
+        paged_kv_copy_block(&c, 8, 4);
+        for (int il = 0; il < 3; il++) {
+            struct kv_layer_view *l = &c.layers[il];
+            size_t n = (size_t)10 * 7 * 3 * 40 * esz;
+            CHECK(memcmp((char *)l->k + 8 * n / 10, (char *)l->k + 4 * n / 10, n / 10) == 0);
+            CHECK(((unsigned char *)l->k)[9 * n / 10] == il + 1);
+            if (l->k_scale) CHECK(l->k_scale[8 * 21] == 4 * 21 && l->v_scale[8 * 21 + 20] == -(4 * 21 + 20));
+        }
+        printf("%s: %llu bytes/token\n", kv_type_name(t), (unsigned long long)paged_kv_bytes_per_token(t, 3, 3, 40));
+        paged_kv_deinit(&c);
+        paged_kv_deinit(&c);
+    }
+    CHECK(paged_kv_bytes_per_token(KV_F16, 32, 8, 128) == 2ull * 32 * 8 * 256);
+    CHECK(paged_kv_bytes_per_token(KV_INT8, 32, 8, 128) == 2ull * 32 * 8 * 132);
+    CHECK(kv_type_parse("fp16") == -1 && kv_type_parse(NULL) == -1 && strcmp(kv_type_name(99), "?") == 0);
+    CHECK(paged_kv_init(&c, KV_F32, 1000, 1 << 30, 1 << 20, 64, 128) == KVLLM_ERANGE);
+    CHECK(paged_kv_init(&c, KV_F32, 1000, 1 << 20, 16, 64, 128) == KVLLM_ENOMEM);
+    CHECK(paged_kv_init(&c, KV_F32, 0, 1, 16, 64, 128) == KVLLM_EINVAL);
+    return check_report("test_kvstore_paged");
+}

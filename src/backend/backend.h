@@ -13,16 +13,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Causal attention of n tokens over a dense K/V cache of one layer. */
-struct attn_args {
-    int n_tokens, n_head, n_head_kv, head_dim;
-    const float *q;       /* (n_tokens, n_head * head_dim) */
-    const float *k, *v;   /* (n_ctx, n_head_kv * head_dim): positions 0 .. max(pos) filled */
-    const int32_t *pos;   /* (n_tokens): token i attends cache positions 0 .. pos[i] */
-    float scale;          /* usually 1 / sqrt(head_dim) */
-    float *out;           /* (n_tokens, n_head * head_dim) */
-};
-
 /* Element types of KV storage (see docs: quantized on write, dequantized
  * inside attention). */
 enum kv_type { KV_F32 = 0, KV_F16, KV_BF16, KV_INT8, KV_FP8, KV_TYPE_COUNT_ };
@@ -39,8 +29,8 @@ struct kv_layer_view {
 };
 
 /* Positions at which long contexts are split for parallel attention
- * (flash-decoding); a multiple of every block size.  Split points depend
- * only on the context length, never on the batch. */
+ * (flash-decoding); split points need not fall on block boundaries and
+ * depend only on the context length, never on the batch. */
 #define PAGED_ATTN_SPLIT 1024
 
 /* Causal attention of n tokens, each of its own sequence, over paged K/V. */
@@ -75,9 +65,9 @@ struct backend_ops {
     /* rotate adjacent pairs (GGUF llama layout) of the first n_rot dims of each head, in place */
     void (*rope)(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
                  const int32_t *pos, float theta);
-    void (*attention)(struct backend *be, const struct attn_args *a);
     /* store n tokens' K and V rows (n, n_head_kv * head_dim) at slots
-     * (block * block_size + offset), converting to the storage type */
+     * (block * block_size + offset; negative: skipped), converting to the
+     * storage type */
     void (*kv_store)(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
                      const float *k, const float *v, int n);
     void (*paged_attention)(struct backend *be, const struct paged_attn_args *a);

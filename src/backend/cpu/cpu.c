@@ -3,8 +3,8 @@
  * backend_cpu_new also picks the kernel set at run time: a faster set is a
  * copy of the scalar table with some ops overridden (cpu_features.h).
  *
- * Threading splits output rows (matmul), tokens (norms), or (token, head)
- * pairs (attention) into contiguous ranges; no reduction is ever split
+ * Threading splits output rows (matmul) or (token, kv head, split) items
+ * (paged attention, kv_kernels.c) into contiguous ranges; no reduction is ever split
  * across threads, so results do not depend on the thread count either. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
@@ -107,53 +107,6 @@ static void cpu_rope(struct backend *be, float *x, int n, int n_head, int head_d
     }
 }
 
-/* ---- attention: online softmax over blocks of positions ---- */
-
-#define ATT_BLOCK 64
-
-static void attend_one(const struct attn_args *a, int t, int h) {
-    const int hd = a->head_dim, kvd = a->n_head_kv * hd;
-    const int hk = h / (a->n_head / a->n_head_kv);
-    const float *q = a->q + (size_t)t * a->n_head * hd + (size_t)h * hd;
-    float *out = a->out + (size_t)t * a->n_head * hd + (size_t)h * hd;
-    const int n_pos = a->pos[t] + 1;
-    float m = -INFINITY, l = 0;
-    float s[ATT_BLOCK];
-    memset(out, 0, (size_t)hd * sizeof *out);
-    for (int p0 = 0; p0 < n_pos; p0 += ATT_BLOCK) {
-        int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
-        float bm = -INFINITY;
-        for (int j = 0; j < nb; j++) {
-            s[j] = dot_f32(q, a->k + (size_t)(p0 + j) * kvd + (size_t)hk * hd, hd) * a->scale;
-            bm = s[j] > bm ? s[j] : bm;
-        }
-        float m_new = bm > m ? bm : m;
-        float corr = expf(m - m_new);    /* 0 on the first block (m = -inf) */
-        l *= corr;
-        for (int i = 0; i < hd; i++) out[i] *= corr;
-        for (int j = 0; j < nb; j++) {
-            float e = expf(s[j] - m_new);
-            l += e;
-            const float *v = a->v + (size_t)(p0 + j) * kvd + (size_t)hk * hd;
-            for (int i = 0; i < hd; i++) out[i] += e * v[i];
-        }
-        m = m_new;
-    }
-    float inv = 1.0f / l;
-    for (int i = 0; i < hd; i++) out[i] *= inv;
-}
-
-static void attention_worker(void *arg, int ith, int nth) {
-    const struct attn_args *a = arg;
-    long b, e;
-    threadpool_split((long)a->n_tokens * a->n_head, ith, nth, &b, &e);
-    for (long i = b; i < e; i++) attend_one(a, (int)(i / a->n_head), (int)(i % a->n_head));
-}
-
-static void cpu_attention(struct backend *be, const struct attn_args *a) {
-    threadpool_run(be->pool, attention_worker, (void *)a);
-}
-
 static void cpu_swiglu(struct backend *be, float *g, const float *u, long n) {
     for (long i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -168,7 +121,6 @@ static const struct backend_ops k_scalar_ops = {
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .kv_store = cpu_kv_store,

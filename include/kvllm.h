@@ -107,9 +107,9 @@ const char *kvllm_model_backend(const struct kvllm_model *model);
 int kvllm_tokenize(const struct kvllm_model *model, const char *text, size_t len,
                    bool add_bos, bool parse_special, int32_t *ids, int n_max);
 
-/* Raw bytes of one token (SentencePiece '▁' turned into ' ', <0xNN> into
- * its byte; control tokens give ""). Returns the byte count written (at most
- * cap) or a negative error. */
+/* Raw bytes of one token as it reads mid-text (SentencePiece '▁' turned into
+ * ' ', its leading space kept; <0xNN> into its byte; control tokens give "").
+ * Returns the byte count (only the first cap bytes are written) or < 0. */
 int kvllm_token_to_bytes(const struct kvllm_model *model, int32_t id, char *buf, size_t cap);
 
 /* Streaming detokenizer: feed ids one at a time, get back only complete
@@ -236,7 +236,7 @@ void kvllm_engine_abort(struct kvllm_engine *e, uint64_t id);
 /* Run one step: one forward pass over a batch mixing decode tokens and
  * prefill chunks.  Returns the tokens computed (0 when idle) or < 0. */
 int kvllm_engine_step(struct kvllm_engine *e);
-/* No request running or waiting. */
+/* No request running, waiting or in the inbox (engine thread, as get_stats). */
 bool kvllm_engine_idle(struct kvllm_engine *e);
 
 struct kvllm_engine_stats {
@@ -248,6 +248,8 @@ struct kvllm_engine_stats {
     double kv_waste_ideal_sum;                 /* per-step sum of the waste if only last blocks were partial */
     uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
 };
+/* Engine-thread state: call it from the thread that steps the engine (or
+ * between steps); other threads must take their own snapshot there. */
 void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st);
 
 /* ---- a manually driven sequence (tests, benchmarks, chat) --------------- */

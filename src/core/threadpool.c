@@ -14,7 +14,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SPIN_ITERS 200000
+/* ~1 ms of pause instructions: long enough to bridge the gaps between the
+ * kernels of one step, short enough not to steal a core from an idle server */
+#define SPIN_ITERS 20000
 
 struct threadpool {
     int n;                    /* threads including the caller */

@@ -13,7 +13,7 @@ struct seq *seq_new(uint64_t id, const int32_t *prompt, int n_prompt, int max_le
     s->blocks = xmalloc((size_t)s->max_blocks * sizeof *s->blocks);
     s->hashes = xmalloc((size_t)s->max_blocks * sizeof *s->hashes);
     if (!s->tokens || !s->blocks || !s->hashes) { seq_free(s); return NULL; }
-    memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    if (n_prompt) memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     s->id = id;
     s->n_tokens = s->n_prompt = n_prompt;
     s->max_len = max_len;

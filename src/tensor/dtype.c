@@ -1,4 +1,5 @@
-/* dtype.c — reference (scalar, obviously-correct) conversions. */
+/* dtype.c — reference (scalar, obviously-correct) conversions; the
+ * K-quant formats live in dtype_k.c. */
 #include "dtype.h"
 
 #include <math.h>
@@ -15,9 +16,9 @@ static const struct { const char *name; int blk; size_t bytes; bool ok; } k_type
     [9]  = { "Q8_1", 32, 36, false },
     [10] = { "Q2_K", 256, 84, false },
     [11] = { "Q3_K", 256, 110, false },
-    [12] = { "Q4_K", 256, 144, false },
-    [13] = { "Q5_K", 256, 176, false },
-    [14] = { "Q6_K", 256, 210, false },
+    [12] = { "Q4_K", QK_K, sizeof(struct block_q4_K), true },
+    [13] = { "Q5_K", QK_K, sizeof(struct block_q5_K), true },
+    [14] = { "Q6_K", QK_K, sizeof(struct block_q6_K), true },
     [15] = { "Q8_K", 256, 292, false },
     [24] = { "I8",   1, 1, false },
     [25] = { "I16",  1, 2, false },
@@ -162,6 +163,9 @@ void dtype_to_f32(uint32_t t, const void *src, float *dst, int64_t n) {
     case DTYPE_Q4_0: dequant_q4_0(src, dst, n / QK4_0); break;
     case DTYPE_Q4_1: dequant_q4_1(src, dst, n / QK4_1); break;
     case DTYPE_Q8_0: dequant_q8_0(src, dst, n / QK8_0); break;
+    case DTYPE_Q4_K: dequant_q4_K(src, dst, n / QK_K); break;
+    case DTYPE_Q5_K: dequant_q5_K(src, dst, n / QK_K); break;
+    case DTYPE_Q6_K: dequant_q6_K(src, dst, n / QK_K); break;
     default: break;
     }
 }
@@ -224,6 +228,9 @@ void dtype_from_f32(uint32_t t, const float *src, void *dst, int64_t n) {
     case DTYPE_Q4_0: quant_q4_0(src, dst, n / QK4_0); break;
     case DTYPE_Q4_1: quant_q4_1(src, dst, n / QK4_1); break;
     case DTYPE_Q8_0: quant_q8_0(src, dst, n / QK8_0); break;
+    case DTYPE_Q4_K: quant_q4_K(src, dst, n / QK_K); break;
+    case DTYPE_Q5_K: quant_q5_K(src, dst, n / QK_K); break;
+    case DTYPE_Q6_K: quant_q6_K(src, dst, n / QK_K); break;
     default: break;
     }
 }

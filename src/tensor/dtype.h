@@ -15,6 +15,9 @@ enum dtype {
     DTYPE_Q4_0 = 2,
     DTYPE_Q4_1 = 3,
     DTYPE_Q8_0 = 8,
+    DTYPE_Q4_K = 12,
+    DTYPE_Q5_K = 13,
+    DTYPE_Q6_K = 14,
     DTYPE_BF16 = 30,
     DTYPE_COUNT_ = 40, /* bound for GGUF type ids we know by name */
 };
@@ -27,6 +30,37 @@ enum dtype {
 struct block_q4_0 { uint16_t d; uint8_t qs[QK4_0 / 2]; };            /* 18 bytes */
 struct block_q4_1 { uint16_t d, m; uint8_t qs[QK4_1 / 2]; };         /* 20 bytes */
 struct block_q8_0 { uint16_t d; int8_t qs[QK8_0]; };                  /* 34 bytes */
+
+/* K-quants (dtype_k.c): super-blocks of QK_K elements, scales themselves
+ * quantized.  Element order within a super-block, for the dequantizers:
+ *  Q4_K  y = d * sc[j] * q - dmin * m[j] for sub-block j (32 elements),
+ *        with 6-bit sc[j], m[j] packed in scales[12] (q4_K_scale_min);
+ *        elements 64c + l and 64c + 32 + l (c < 4, l < 32) are the low and
+ *        high nibbles of qs[32c + l].
+ *  Q5_K  as Q4_K, q 5-bit: bit 4 of element 64c + l is bit 2c of qh[l],
+ *        of element 64c + 32 + l bit 2c + 1.
+ *  Q6_K  y = d * scales[i / 16] * (q - 32), q 6-bit: in half h (128
+ *        elements), element 128h + 32s + l (s < 4, l < 32) takes its low 4
+ *        bits from nibble s / 2 of ql[64h + 32(s % 2) + l] and its high 2
+ *        bits from bits 2s, 2s + 1 of qh[32h + l]. */
+#define QK_K 256
+struct block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };                     /* 144 */
+struct block_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; }; /* 176 */
+struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; }; /* 210 */
+
+/* The 6-bit scale and min of sub-block j (< 8) of a Q4_K / Q5_K super-block:
+ * bytes 0-3 hold sc[0..3] (low 6 bits), 4-7 m[0..3]; sub-blocks 4-7 keep
+ * their low 4 bits in bytes 8-11 (scale low nibble, min high nibble) and
+ * their top 2 bits in the top bits of bytes 0-3 (scale) and 4-7 (min). */
+static inline void q4_K_scale_min(const uint8_t *scales, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4));
+        *m = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+    }
+}
 
 /* Whether kvllm can compute with this type (known and implemented). */
 bool dtype_supported(uint32_t type);
@@ -52,7 +86,17 @@ float fp8_e4m3_to_f32(uint8_t c);
 
 /* Dequantize n elements (a multiple of the block size) of type `type`. */
 void dtype_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
-/* Quantize n floats into `type` (reference quantizers). */
+/* Quantize n finite floats into `type` (reference quantizers).  K-quants
+ * follow ggml's quantize_row_q*_K_ref search (not guaranteed bit-identical
+ * to it); every block they write is valid for any finite input. */
 void dtype_from_f32(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* The K-quant reference routines behind those two (dtype_k.c), nb super-blocks. */
+void dequant_q4_K(const struct block_q4_K *b, float *y, int64_t nb);
+void dequant_q5_K(const struct block_q5_K *b, float *y, int64_t nb);
+void dequant_q6_K(const struct block_q6_K *b, float *y, int64_t nb);
+void quant_q4_K(const float *x, struct block_q4_K *b, int64_t nb);
+void quant_q5_K(const float *x, struct block_q5_K *b, int64_t nb);
+void quant_q6_K(const float *x, struct block_q6_K *b, int64_t nb);
 
 #endif

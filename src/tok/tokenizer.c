@@ -144,7 +144,8 @@ const char *tok_text(const struct tokenizer *t, int prev, int id, size_t *n) {
     const char *s = t->text + t->text_off[id];
     *n = t->text_off[id + 1] - t->text_off[id];
     /* encode added a '▁' in front of the text; the first token gives it back */
-    bool at_start = prev < 0 || (t->bos >= 0 && prev == t->bos);
+    /* prev -1: the start of the text; other negatives: a token mid-text */
+    bool at_start = prev == -1 || (t->bos >= 0 && prev == t->bos);
     if (t->add_space_prefix && at_start && *n > 0 && s[0] == ' ') { s++; (*n)--; }
     return s;
 }

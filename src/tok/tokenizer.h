@@ -46,8 +46,9 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
                      bool add_bos, bool parse_special, int32_t *ids, int n_max);
 
 /* Bytes of one token: '▁' -> ' ', <0xNN> -> byte, CONTROL/UNKNOWN -> "".
- * If prev is BOS (or -1 with at_start) and the vocab adds a space prefix,
- * the leading space is dropped, as SentencePiece decoders do.  Returns the
+ * If prev is BOS or -1 (the start of the text) and the vocab adds a space
+ * prefix, the leading space is dropped, as SentencePiece decoders do; pass
+ * -2 for a token in the middle of a text (its space kept).  Returns the
  * byte count (may exceed cap: nothing past cap is written) or < 0. */
 int tokenizer_token_bytes(const struct tokenizer *t, int prev, int id, char *buf, size_t cap);
 

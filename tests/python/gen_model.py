@@ -14,6 +14,10 @@ The tensors are generated one at a time while the file is written, so even a
 
 Library use (tests):   write_model(path, ModelConfig(n_embd=64, ...), seed=0)
 Command line (bench):  python gen_model.py --shape 110M --type f16 -o m.gguf
+
+K-quant types (q4_k, q5_k, q6_k and the mixes q4_k_m, q5_k_m): gguf-py can decode these but not
+encode them, so the model is written as F32 next to the output and converted with
+`kvllm quantize` (the binary from kvllm_bin=, else $KVLLM_BIN, else <repo>/build/kvllm).
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import dataclasses
 import string
 import sys
 from dataclasses import dataclass
+import os
+import subprocess
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -46,7 +52,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tied: bool = False              # True: no output.weight (the head reuses token_embd)
-    dtype: str = "f32"              # matrices: f32, f16, bf16, q8_0, q4_0, q4_1; norms are always F32
+    dtype: str = "f32"              # matrices: f32, f16, bf16, q8_0, q4_0, q4_1, or a KTYPES entry; norms F32
     name: str = "kvllm-random-llama"
 
     @property
@@ -64,8 +70,8 @@ class ModelConfig:
             raise ValueError(f"n_head {self.n_head} not divisible by n_head_kv {self.n_head_kv}")
         if self.rot % 2 or self.rot > self.head_dim:
             raise ValueError(f"n_rot {self.rot} must be even and <= head_dim {self.head_dim}")
-        if self.dtype not in ("f32", "f16", *QTYPES):
-            raise ValueError(f"dtype {self.dtype!r}: expected f32, f16 or one of {sorted(QTYPES)}")
+        if self.dtype not in ("f32", "f16", *QTYPES, *KTYPES):
+            raise ValueError(f"dtype {self.dtype!r}: expected f32, f16 or one of {sorted(QTYPES) + sorted(KTYPES)}")
         if self.n_vocab < 1:
             raise ValueError("n_vocab must be positive")
 
@@ -122,6 +128,20 @@ QTYPES = {
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
     "q4_1": gguf.GGMLQuantizationType.Q4_1,
 }
+
+# Types gguf-py cannot quantize: written as F32, then `kvllm quantize ... TYPE` (TYPE as the value).
+KTYPES = {"q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kvllm_binary(kvllm_bin: str | Path | None = None) -> Path:
+    """The kvllm binary that converts K-quant models: kvllm_bin, $KVLLM_BIN, or <repo>/build/kvllm."""
+    p = Path(kvllm_bin or os.environ.get("KVLLM_BIN") or REPO / "build" / "kvllm")
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        raise FileNotFoundError(f"kvllm binary {p} not found (K-quant types are written by `kvllm quantize`; "
+                                f"build it or pass --kvllm / set KVLLM_BIN)")
+    return p
 
 @dataclass
 class TensorSpec:
@@ -186,15 +206,30 @@ def random_tensors(cfg: ModelConfig, seed: int = 0) -> Iterator[tuple[TensorSpec
 def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
                 omit_keys: Sequence[str] = (), omit_tensors: Sequence[str] = (),
                 vocab: tuple[list[str], list[float], list[int]] | None = None,
-                tensors: dict[str, np.ndarray] | None = None) -> Path:
+                tensors: dict[str, np.ndarray] | None = None,
+                kvllm_bin: str | Path | None = None) -> Path:
     """Write a random Llama GGUF to path and return it.
 
     omit_keys / omit_tensors: leave these metadata keys / tensors out (for bad-input tests).
     vocab: (tokens, scores, types) to use instead of make_vocab(cfg.n_vocab).
     tensors: arrays to use instead of random ones for these names (numpy shapes, any float dtype;
-             converted to the tensor's dtype)."""
+             converted to the tensor's dtype).
+    kvllm_bin: the kvllm binary for K-quant dtypes (see kvllm_binary)."""
     cfg.check()
     path = Path(path)
+    if cfg.dtype in KTYPES:
+        binary = kvllm_binary(kvllm_bin)
+        tmp = path.with_name(path.name + ".f32.tmp")
+        try:
+            write_model(tmp, dataclasses.replace(cfg, dtype="f32"), seed, omit_keys=omit_keys,
+                        omit_tensors=omit_tensors, vocab=vocab, tensors=tensors)
+            p = subprocess.run([str(binary), "quantize", str(tmp), str(path), KTYPES[cfg.dtype]],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"kvllm quantize {KTYPES[cfg.dtype]} failed (rc {p.returncode}):\n{p.stderr}")
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
     arch = "llama"
     w = gguf.GGUFWriter(path, arch)
     omit = set(omit_keys)
@@ -281,8 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gen-model",
                                  description="Write a random-weight Llama model as GGUF (llama arch, SentencePiece-style vocab).")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="base shape (default tiny)")
-    ap.add_argument("--type", choices=("f32", "f16", *QTYPES), default="f32",
-                    help="matrix dtype (norms stay F32)")
+    ap.add_argument("--type", choices=("f32", "f16", *QTYPES, *KTYPES), default="f32",
+                    help="matrix dtype (norms stay F32); K types go through `kvllm quantize`")
+    ap.add_argument("--kvllm", default=None, help="kvllm binary for K types (default $KVLLM_BIN or build/kvllm)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--tied", action="store_true", help="no output.weight: the head reuses token_embd")
@@ -296,7 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg.check()
     except ValueError as e:
         ap.error(str(e))
-    out = write_model(args.output, cfg, seed=args.seed)
+    try:
+        out = write_model(args.output, cfg, seed=args.seed, kvllm_bin=args.kvllm)
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"gen-model: {e}", file=sys.stderr)
+        return 1
     n_params = sum(int(np.prod(s.shape)) for s in tensor_specs(cfg))
     print(f"gen-model: wrote {out} ({n_params / 1e6:.1f}M params, {cfg.dtype}, "
           f"n_embd {cfg.n_embd}, n_layer {cfg.n_layer}, n_head {cfg.n_head}/{cfg.n_head_kv}, "

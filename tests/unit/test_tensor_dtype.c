@@ -1,6 +1,9 @@
 /* test_tensor_dtype.c — the reference conversions against first principles:
- * exhaustive f16/bf16 round trips, rounding of f32 -> f16, and quantize /
- * dequantize error bounds for the block types on fresh random data. */
+ * exhaustive f16/bf16 round trips, rounding of f32 -> f16, quantize /
+ * dequantize error bounds for the block types on fresh random data, and for
+ * the K-quants hand-built blocks that pin the bit layout, error bounds on
+ * normal data and awkward inputs.  (Bit-exactness against gguf-py's decoder
+ * is tests/python/test_quantize.py.) */
 #include "check.h"
 #include "tensor/dtype.h"
 
@@ -86,13 +89,154 @@ static void test_quant(uint32_t type, float step_frac) {
     CHECK(!dtype_row_bytes(type, 33, &bytes));
 }
 
+/* ---- K-quants ---- */
+
+/* Standard normal from the LCG (Box-Muller). */
+static float gauss(unsigned *s) {
+    float u1 = (rnd(s) + 1.0f) * 0.5f, u2 = (rnd(s) + 1.0f) * 0.5f;
+    if (u1 < 1e-7f) u1 = 1e-7f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* Hand-built blocks: one element each, decoded from first principles. */
+static void test_k_layout(void) {
+    float y[QK_K];
+    /* Q4_K: d = 1, dmin = 0.5; sub-block 5 (elements 160..191, the high
+     * nibbles of qs[64..95]) has scale 37 = 0b100101 and min 50 = 0b110010:
+     * low 4 bits in byte 9, top 2 bits in the top of bytes 1 (scale) and 5 (min). */
+    struct block_q4_K b4;
+    memset(&b4, 0, sizeof b4);
+    b4.d = f32_to_f16(1.0f);
+    b4.dmin = f32_to_f16(0.5f);
+    b4.scales[9] = (uint8_t)((37 & 0xf) | ((50 & 0xf) << 4));
+    b4.scales[1] = (uint8_t)((37 >> 4) << 6);
+    b4.scales[5] = (uint8_t)((50 >> 4) << 6);
+    b4.scales[2] = 7;                            /* sub-block 2: scale 7, min 0 (bytes 2, 6) */
+    b4.qs[64 + 3] = (uint8_t)(11 << 4 | 6);      /* element 160+3: q 11; element 128+3 (sub-block 4): q 6 */
+    b4.qs[32 * 1 + 4] = 9;                       /* element 64+4, sub-block 2: q 9 */
+    dtype_to_f32(DTYPE_Q4_K, &b4, y, QK_K);
+    CHECK_MSG(y[163] == 37.0f * 11 - 25.0f, "q4_K y[163] = %g", y[163]);
+    CHECK_MSG(y[68] == 63.0f, "q4_K y[68] = %g", y[68]);
+    CHECK_MSG(y[164] == -25.0f, "q4_K y[164] = %g (q 0: -dmin * m)", y[164]);
+    uint8_t sc, m;
+    q4_K_scale_min(b4.scales, 4, &sc, &m);       /* sub-block 4: low nibble of byte 8 is 0, top bits of bytes 0, 4 too */
+    CHECK(sc == 0 && m == 0 && y[131] == 0.0f);
+    /* Q5_K: element 64*3 + 32 + 7 = 231 (sub-block 7, high nibble of qs[96+7], bit 7 of qh[7]) */
+    struct block_q5_K b5;
+    memset(&b5, 0, sizeof b5);
+    b5.d = f32_to_f16(0.25f);
+    b5.scales[11] = 3;                           /* sub-block 7: scale 3 (low nibble of byte 11), min 0 */
+    b5.qs[96 + 7] = 0x50;                        /* high nibble 5 */
+    b5.qh[7] = 0x80;                             /* + 16 */
+    dtype_to_f32(DTYPE_Q5_K, &b5, y, QK_K);
+    CHECK_MSG(y[231] == 0.25f * 3 * 21, "q5_K y[231] = %g", y[231]);
+    CHECK_MSG(y[199] == 0.0f, "q5_K y[199] = %g", y[199]);
+    /* Q6_K: element 128 + 64 + 5 = 197 (half 1, run 2): low bits = high nibble of
+     * ql[64 + 5], high bits = bits 4-5 of qh[32 + 5]; scale 197 / 16 = 12 */
+    struct block_q6_K b6;
+    memset(&b6, 0, sizeof b6);
+    b6.d = f32_to_f16(0.5f);
+    b6.scales[12] = -3;
+    b6.ql[64 + 5] = 0x9 << 4;                    /* low 4 bits 9 */
+    b6.qh[32 + 5] = 2 << 4;                      /* high 2 bits 2: q = 41, q - 32 = 9 */
+    dtype_to_f32(DTYPE_Q6_K, &b6, y, QK_K);
+    CHECK_MSG(y[197] == 0.5f * -3 * 9, "q6_K y[197] = %g", y[197]);
+    CHECK_MSG(y[5] == 0.5f * 0 * -32, "q6_K y[5] = %g", y[5]);
+    CHECK_MSG(y[192 + 16] == 0.0f, "q6_K y[208] = %g (scale 13 is 0)", y[208]);
+}
+
+/* Normal data: relative RMS error below `rel`, and every element within
+ * `steps` quantization steps of the super-block's range (range / nmax). */
+static void test_k_quant(uint32_t type, double rel, float steps) {
+    enum { NB = 256, N = QK_K * NB };
+    static float x[N], y[N];
+    static uint8_t q[N];
+    unsigned s = 1234 + type;
+    for (int i = 0; i < N; i++) x[i] = gauss(&s) * (0.01f + (float)((i / QK_K) % 5));   /* scale varies by super-block */
+    dtype_from_f32(type, x, q, N);
+    dtype_to_f32(type, q, y, N);
+    const int nmax = type == DTYPE_Q4_K ? 15 : type == DTYPE_Q5_K ? 31 : 63;
+    double err = 0, ref = 0, worst = 0;
+    int over = 0;
+    for (int b = 0; b < NB; b++) {
+        float mn = 0, mx = 0;
+        for (int j = 0; j < QK_K; j++) { mn = fminf(mn, x[b * QK_K + j]); mx = fmaxf(mx, x[b * QK_K + j]); }
+        const float step = (mx - mn) / (float)nmax;
+        for (int j = 0; j < QK_K; j++) {
+            float e = fabsf(x[b * QK_K + j] - y[b * QK_K + j]);
+            over += e > steps * step;
+            worst = e / step > worst ? e / step : worst;
+            err += (double)e * e;
+            ref += (double)x[b * QK_K + j] * x[b * QK_K + j];
+        }
+    }
+    const double r = sqrt(err / ref);
+    printf("%s: relative RMS error %.4f on normal data (bound %.3f), worst element %.2f steps\n", dtype_name(type), r,
+           rel, worst);
+    CHECK_MSG(r <= rel, "%s: relative RMS error %.4f > %.4f", dtype_name(type), r, rel);
+    CHECK_MSG(over == 0, "%s: %d elements beyond %.1f steps of their super-block's range", dtype_name(type), over, steps);
+    /* sizes */
+    uint64_t bytes;
+    CHECK(dtype_block_elems(type) == QK_K && dtype_supported(type));
+    CHECK(dtype_row_bytes(type, 3 * QK_K, &bytes) && bytes == 3 * dtype_block_bytes(type));
+    CHECK(!dtype_row_bytes(type, QK_K / 2, &bytes) && !dtype_row_bytes(type, QK_K + 32, &bytes));
+}
+
+/* Inputs a quantizer can trip on: zeros, a constant, one outlier, a block
+ * that is all negative, small values, a zero sub-block: every result
+ * decodes finite and close.  Values near 1e-6 decode finite but coarse: the
+ * f16 super-block scales underflow there (as in ggml). */
+static void test_k_edges(uint32_t type) {
+    float x[QK_K], y[QK_K];
+    uint8_t q[256];
+    int bad = 0;
+    for (int c = 0; c < 7; c++) {
+        unsigned s = 77 + (unsigned)c;
+        for (int i = 0; i < QK_K; i++) {
+            switch (c) {
+            case 0: x[i] = 0; break;
+            case 1: x[i] = 0.75f; break;
+            case 2: x[i] = i == 100 ? 1000.0f : gauss(&s) * 0.01f; break;
+            case 3: x[i] = -1.0f - fabsf(gauss(&s)); break;
+            case 4: x[i] = gauss(&s) * 1e-3f; break;
+            case 5: x[i] = i < 32 ? 0 : gauss(&s); break;     /* a zero sub-block */
+            default: x[i] = gauss(&s) * 1e-6f; break;         /* scales below f16's normal range */
+            }
+        }
+        memset(q, 0xaa, sizeof q);
+        dtype_from_f32(type, x, q, QK_K);
+        dtype_to_f32(type, q, y, QK_K);
+        float amax = 0, emax = 0;
+        for (int i = 0; i < QK_K; i++) {
+            if (!isfinite(y[i])) bad++;
+            amax = fmaxf(amax, fabsf(x[i]));
+            emax = fmaxf(emax, fabsf(x[i] - y[i]));
+        }
+        if (c == 0) CHECK_MSG(emax == 0, "%s: zeros decode to %g", dtype_name(type), emax);
+        /* K-quant steps are at least range / 63 apart; allow a few and f16 scale rounding */
+        if (c < 6)
+            CHECK_MSG(emax <= 0.25f * amax, "%s case %d: max error %g for amax %g", dtype_name(type), c, emax, amax);
+    }
+    CHECK_MSG(bad == 0, "%s: %d non-finite decoded values", dtype_name(type), bad);
+}
+
 int main(void) {
     test_half_exhaustive();
     test_bf16();
     test_quant(DTYPE_Q8_0, 0.5f / 127);  /* half a step of amax/127 */
     test_quant(DTYPE_Q4_0, 1.0f / 8);    /* step amax/8 (one half step, plus clamping at +8) */
     test_quant(DTYPE_Q4_1, 0.5f / 15);   /* half a step of (max-min)/15 */
-    CHECK(dtype_supported(DTYPE_F16) && !dtype_supported(12) && !dtype_supported(200));
+    test_k_layout();
+    /* measured 0.0713 / 0.0361 / 0.0177 (bit-identical to a transcription of ggml's reference quantizers) */
+    test_k_quant(DTYPE_Q4_K, 0.080, 1.0f);
+    test_k_quant(DTYPE_Q5_K, 0.040, 1.0f);
+    test_k_quant(DTYPE_Q6_K, 0.020, 1.0f);
+    for (uint32_t t = DTYPE_Q4_K; t <= DTYPE_Q6_K; t++) test_k_edges(t);
+    CHECK(dtype_block_bytes(DTYPE_Q4_K) == 144 && dtype_block_bytes(DTYPE_Q5_K) == 176 &&
+          dtype_block_bytes(DTYPE_Q6_K) == 210);
+    CHECK(!strcmp(dtype_name(DTYPE_Q4_K), "Q4_K") && !strcmp(dtype_name(DTYPE_Q6_K), "Q6_K"));
+    CHECK(dtype_supported(DTYPE_F16) && dtype_supported(DTYPE_Q5_K) && !dtype_supported(11) &&
+          !dtype_supported(15) && !dtype_supported(200));
     CHECK(!strcmp(dtype_name(DTYPE_BF16), "BF16") && !strcmp(dtype_name(999), "?"));
     return check_report("test_tensor_dtype");
 }

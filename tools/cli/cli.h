@@ -6,10 +6,15 @@
 int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+/* `kvllm bench serve` (cmd_bench_serve.c), dispatched from cmd_bench. */
+int bench_serve_cmd(int argc, char **argv);
 
 /* Shared option parsing helpers (cli_util.c). */
 #include <stdbool.h>

@@ -353,9 +353,10 @@ static int bench_prefix_cmd(int argc, char **argv) {
 
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "prefix")) return bench_prefix_cmd(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
     if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); fputs(k_usage_prefix, stdout); return 0; }
-    cli_error("bench: expected a benchmark kind: model, throughput or prefix (see kvllm bench --help)");
+    cli_error("bench: expected a benchmark kind: model, throughput, prefix or serve (see kvllm bench --help)");
     return 2;
 }

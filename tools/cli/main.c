@@ -8,10 +8,13 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "run",      cmd_run,      "generate text from a prompt" },
     { "info",     cmd_info,     "describe a model file: shapes, types, sizes, KV-cache bytes" },
     { "convert",  cmd_convert,  "write a llama2.c checkpoint (or GGUF) as GGUF" },
+    { "quantize", cmd_quantize, "rewrite a GGUF's weights as F16, Q8_0, Q4_0, Q4_K, Q4_K_M, ..." },
     { "tokenize", cmd_tokenize, "print the token ids of a text" },
     { "eval",     cmd_eval,     "write the logits of a token sequence (for tests)" },
     { "bench",    cmd_bench,    "measure speed: bench model (prompt, generation), bench throughput (engine)" },
     { "batch",    cmd_batch,    "run many prompts through the engine at once (for tests)" },
+    { "template", cmd_template, "render a chat template for a conversation (prints the prompt exactly)" },
+    { "serve",    cmd_serve,    "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)" },
 };
 
 static void usage(FILE *f) {

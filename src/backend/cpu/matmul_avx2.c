@@ -22,7 +22,14 @@
  * token (block formats dequantized, F16/BF16 widened).  n = 1 (decode)
  * streams each weight row once: NT = 1, block formats dequantized in
  * registers, the next row block prefetched while the current one is read.
- * All these paths hand the micro-kernel the same f32 values. */
+ * All these paths hand the micro-kernel the same f32 values.
+ *
+ * Block formats: Q8_0 / Q4_0 / Q4_1 are dequantized 32 elements (one block)
+ * at a time; the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
+ * 32-element sub-block at a time, with the reference's arithmetic (Q4_K,
+ * Q5_K: (d * sc) * q - dmin * m as a multiply then a subtract, never an
+ * FMA; Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to
+ * dtype_to_f32's and the FMA order over k is the one described above. */
 #include "backend/cpu/cpu_features.h"
 #include "core/core.h"
 
@@ -202,9 +209,113 @@ ALWAYS_INLINE size_t block_bytes(uint32_t type) {
          : type == DTYPE_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
 }
 
-/* A row of K (a multiple of 32) block-format weights into f32 (prefill). */
+/* ---- K-quants: sub-block s (0..7, 32 elements) of a super-block ---- */
+
+static inline bool is_k_type(uint32_t type) {
+    return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K;
+}
+
+ALWAYS_INLINE size_t k_block_bytes(uint32_t type) {
+    return type == DTYPE_Q4_K ? sizeof(struct block_q4_K)
+         : type == DTYPE_Q5_K ? sizeof(struct block_q5_K) : sizeof(struct block_q6_K);
+}
+
+/* 32 bytes as four vectors of 8 int32 (bytes 0-7, 8-15, 16-23, 24-31). */
+ALWAYS_INLINE void widen32(__m256i v, __m256i q[4]) {
+    __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    q[0] = _mm256_cvtepu8_epi32(lo);
+    q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+    q[2] = _mm256_cvtepu8_epi32(hi);
+    q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+}
+
+/* The f32 scales of super-block sb, as dtype_k.c forms them: Q4_K / Q5_K
+ * dl[j] = d * sc[j], ml[j] = dmin * m[j] for its 8 sub-blocks of 32; Q6_K
+ * dl[j] = d * scales[j] for its 16 runs of 16 (ml unused). */
+ALWAYS_INLINE void k_scales(uint32_t type, const uint8_t *sb, float dl[16], float ml[8]) {
+    if (type == DTYPE_Q6_K) {
+        const struct block_q6_K *b = (const void *)sb;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        _mm256_storeu_ps(dl, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+        _mm256_storeu_ps(dl + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
+        return;
+    }
+    /* the 6-bit scales and mins of q4_K_scale_min, eight at a time: u[0] = bytes 0-3, u[1] 4-7, u[2] 8-11 */
+    const struct block_q4_K *b = (const void *)sb;   /* Q5_K starts with the same fields */
+    uint32_t u[3];
+    memcpy(u, b->scales, 12);
+    const uint64_t sc = (u[0] & 0x3f3f3f3fu) |
+                        (uint64_t)((u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t m = (u[1] & 0x3f3f3f3fu) |
+                       (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)) << 32;
+    _mm256_storeu_ps(dl, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
+                                       _mm256_set1_ps(_cvtsh_ss(b->d))));
+    _mm256_storeu_ps(ml, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m))),
+                                       _mm256_set1_ps(_cvtsh_ss(b->dmin))));
+}
+
+/* Elements 32s .. 32s+31 of super-block sb (of type, a constant after
+ * inlining) as f32 in w[0..3], exactly as dtype_k.c computes them, with
+ * the scales k_scales gave for it. */
+ALWAYS_INLINE void deq_ksub(uint32_t type, const uint8_t *sb, int s, const float *dl, const float *ml, __m256 w[4]) {
+    __m256i q[4];
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    if (type == DTYPE_Q6_K) {
+        const struct block_q6_K *b = (const void *)sb;
+        const int h = s / 4, r = s % 4;          /* half, run of 32 in it */
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (r & 1)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        ql = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (r >> 1)), low4);
+        qh = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), _mm256_set1_epi8(3));
+        widen32(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), q);   /* bytes 0..63: no carry across bytes */
+        const __m256 d0 = _mm256_set1_ps(dl[2 * s]), d1 = _mm256_set1_ps(dl[2 * s + 1]);
+        for (int j = 0; j < 4; j++)   /* (d * sc) * (q - 32) */
+            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(32))), j < 2 ? d0 : d1);
+        return;
+    }
+    /* Q4_K, Q5_K: the codes of sub-block s are nibble s & 1 of qs[32 (s / 2) ..] */
+    const uint8_t *qs = type == DTYPE_Q4_K ? ((const struct block_q4_K *)(const void *)sb)->qs
+                                           : ((const struct block_q5_K *)(const void *)sb)->qs;
+    __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
+    v = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (s & 1)), low4);
+    if (type == DTYPE_Q5_K) {                    /* bit 4: bit s of qh[l] */
+        const struct block_q5_K *b = (const void *)sb;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+        qh = _mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1));
+        v = _mm256_or_si256(v, _mm256_slli_epi16(qh, 4));
+    }
+    widen32(v, q);
+    const __m256 d1 = _mm256_set1_ps(dl[s]), m1 = _mm256_set1_ps(ml[s]);
+    for (int j = 0; j < 4; j++)       /* (d * sc) * q - dmin * m: two roundings, no FMA */
+        w[j] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d1), m1);
+}
+
+/* Super-block sb of type into 256 floats at dst. */
+ALWAYS_INLINE void deq_ksuper(uint32_t type, const uint8_t *sb, float *dst) {
+    float dl[16], ml[8];
+    __m256 w[4];
+    k_scales(type, sb, dl, ml);
+    for (int s = 0; s < 8; s++) {
+        deq_ksub(type, sb, s, dl, ml, w);
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + 32 * s + 8 * j, w[j]);
+    }
+}
+
+/* A row of K block-format weights (K a multiple of the block) into f32 (prefill). */
 static void dequant_row(uint32_t type, const uint8_t *src, float *dst, int64_t K) {
     __m256 w[4];
+    if (is_k_type(type)) {
+        const size_t bb = k_block_bytes(type);
+        for (int64_t i = 0; i < K / QK_K; i++, dst += QK_K) {
+            switch (type) {
+            case DTYPE_Q4_K: deq_ksuper(DTYPE_Q4_K, src + (size_t)i * bb, dst); break;
+            case DTYPE_Q5_K: deq_ksuper(DTYPE_Q5_K, src + (size_t)i * bb, dst); break;
+            default:         deq_ksuper(DTYPE_Q6_K, src + (size_t)i * bb, dst); break;
+            }
+        }
+        return;
+    }
     for (int64_t i = 0; i < K / 32; i++, dst += 32) {
         switch (type) {
         case DTYPE_Q8_0: deq_block(DTYPE_Q8_0, src + (size_t)i * sizeof(struct block_q8_0), w); break;
@@ -255,6 +366,50 @@ static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n
     rows_q1(DTYPE_Q4_1, w, ws, nr, x, K, y, pf);
 }
 
+/* One token against R (MR or 1) K-quant rows, dequantized in registers one
+ * sub-block at a time: the same FMAs on the same values as micro() on the
+ * dequant_row() output.  pf as in micro. */
+ALWAYS_INLINE void micro_k1(const int R, uint32_t type, const uint8_t *w, size_t ws, const float *x, int64_t K,
+                            float *y, const uint8_t *pf) {
+    const size_t bb = k_block_bytes(type);
+    __m256 acc[MR], wv[4], xv[4];
+    float dl[MR][16], ml[MR][8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / QK_K; i++) {
+        if (pf)
+            for (size_t o = 0; o < MR * bb; o += 64) _mm_prefetch((const char *)pf + (size_t)i * MR * bb + o, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) k_scales(type, w + (size_t)r * ws + (size_t)i * bb, dl[r], ml[r]);
+        for (int s = 0; s < 8; s++) {           /* x read once per sub-block, shared by the R rows */
+            for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + QK_K * i + 32 * s + 8 * j);
+            for (int r = 0; r < R; r++) {
+                deq_ksub(type, w + (size_t)r * ws + (size_t)i * bb, s, dl[r], ml[r], wv);
+                for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(wv[j], xv[j], acc[r]);
+            }
+        }
+    }
+    if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    else for (int r = 0; r < R; r++) y[r] = hsum1(acc[r]);
+}
+
+ALWAYS_INLINE void rows_k1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int64_t K, float *y,
+                           const uint8_t *pf) {
+    if (nr == MR) { micro_k1(MR, type, w, ws, x, K, y, pf); return; }
+    for (int r = 0; r < nr; r++) micro_k1(1, type, w + (size_t)r * ws, ws, x, K, y + r, NULL);
+}
+
+static void rows_q4_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_k1(DTYPE_Q4_K, w, ws, nr, x, K, y, pf);
+}
+static void rows_q5_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_k1(DTYPE_Q5_K, w, ws, nr, x, K, y, pf);
+}
+static void rows_q6_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_k1(DTYPE_Q6_K, w, ws, nr, x, K, y, pf);
+}
+
 /* ---- threads ---- */
 
 struct mm_job {
@@ -273,14 +428,16 @@ static void mm_worker(void *arg, int ith, int nth) {
     threadpool_split((M + MR - 1) / MR, ith, nth, &b0, &b1);
     float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
     const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
-    const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1;
+    const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1 || is_k_type(w->type);
     /* In place (F32; F16/BF16 widened in registers for a few tokens; block
      * formats dequantized in registers for one token), or rows first made
      * f32 in the scratch and reused by every token.  Either way the
      * micro-kernel sees the same f32 values. */
     const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16) && j->n <= NT) || (blocks && j->n == 1);
     rows_fn *rows = !inplace ? rows_f32 : f16 ? rows_f16 : bf16 ? rows_bf16 : w->type == DTYPE_Q8_0 ? rows_q8_0
-                  : w->type == DTYPE_Q4_0 ? rows_q4_0 : w->type == DTYPE_Q4_1 ? rows_q4_1 : rows_f32;
+                  : w->type == DTYPE_Q4_0 ? rows_q4_0 : w->type == DTYPE_Q4_1 ? rows_q4_1
+                  : w->type == DTYPE_Q4_K ? rows_q4_K : w->type == DTYPE_Q5_K ? rows_q5_K
+                  : w->type == DTYPE_Q6_K ? rows_q6_K : rows_f32;
     for (int64_t r = b0 * MR; r < b1 * MR && r < M; r += MR) {
         int nr = (int)(M - r < MR ? M - r : MR);
         if (inplace) {

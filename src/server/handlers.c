@@ -1,0 +1,345 @@
+/* handlers.c — the endpoints: completions and chat (parse, tokenize, check
+ * against the context, submit, then answer in one body or as server-sent
+ * events), models, health and metrics.
+ *
+ * A completion request runs on its HTTP connection's thread: it blocks on
+ * its job's queue (non-streaming) or inside the SSE content reader
+ * (streaming), polling the socket so that a client that leaves has its
+ * sequences aborted within ~50 ms, and so its KV blocks are released in the
+ * engine's next step. */
+#include "server/server_internal.h"
+#include "server/job.h"
+#include "server/openai.h"
+#include "core/core.h"
+
+#include <json-c/json.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int send_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
+    metrics_request(&s->metrics, e->status >= 500 ? OUTCOME_SERVER_ERROR
+                                 : e->status == 429 ? OUTCOME_BUSY : OUTCOME_CLIENT_ERROR);
+    char *body = oai_error_json(e);
+    if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
+    return http_send(c, e->status, "application/json", body);
+}
+
+static int set_error(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int set_error(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- prompts ---- */
+
+/* Tokens of a chat rendering: special-token text is parsed (templates write
+ * "<|im_start|>" and the like), and BOS is added when the vocabulary wants
+ * it and the template did not already write it. */
+static int tokenize_chat(struct server *s, const char *text, int32_t **out, struct oai_error *e) {
+    const struct kvllm_model_desc *d = kvllm_model_describe(s->model);
+    size_t len = strlen(text);
+    int n = kvllm_tokenize(s->model, text, len, false, true, NULL, 0);
+    if (n < 0) return set_error(e, 400, NULL, "messages", "cannot tokenize the conversation: %s", server_last_error());
+    int32_t *ids = malloc((size_t)(n + 1) * sizeof *ids);
+    if (!ids) return set_error(e, 500, NULL, NULL, "out of memory");
+    kvllm_tokenize(s->model, text, len, false, true, ids + 1, n);
+    bool bos = d->add_bos && d->token_bos >= 0 && !(n > 0 && ids[1] == d->token_bos);
+    if (bos) ids[0] = d->token_bos;
+    else memmove(ids, ids + 1, (size_t)n * sizeof *ids);
+    *out = ids;
+    return n + bos;
+}
+
+/* Prompt k of a completions request as ids (malloc'd). Returns the count or -1. */
+static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **out, struct oai_error *e) {
+    if (!p->text) {
+        for (int i = 0; i < p->n_ids; i++)
+            if (p->ids[i] >= s->n_vocab)
+                return set_error(e, 400, NULL, "prompt", "token id %d at index %d is out of range (vocabulary of %d)",
+                                 p->ids[i], i, s->n_vocab);
+        if (!(*out = malloc((size_t)p->n_ids * sizeof **out))) return set_error(e, 500, NULL, NULL, "out of memory");
+        memcpy(*out, p->ids, (size_t)p->n_ids * sizeof **out);
+        return p->n_ids;
+    }
+    int n = kvllm_tokenize(s->model, p->text, p->len, true, false, NULL, 0);
+    if (n < 0) return set_error(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
+    if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return set_error(e, 500, NULL, NULL, "out of memory");
+    kvllm_tokenize(s->model, p->text, p->len, true, false, *out, n);
+    return n;
+}
+
+/* The engine's request for one prompt; max_tokens resolved against the
+ * context (400 with the numbers when it cannot fit). */
+static int check_fit(struct server *s, const struct oai_request *rq, int n_prompt, int *max_tokens,
+                     struct oai_error *e) {
+    if (n_prompt == 0) return set_error(e, 400, NULL, rq->chat ? "messages" : "prompt", "the prompt is empty");
+    if (n_prompt >= s->n_ctx)
+        return set_error(e, 400, "context_length_exceeded", rq->chat ? "messages" : "prompt",
+                         "This model's maximum context length is %d tokens, but the prompt has %d tokens "
+                         "(at least one position must remain for the completion).", s->n_ctx, n_prompt);
+    /* the longest a sequence may grow: the context, or the KV pool if smaller */
+    int cap = s->pool_tokens > 0 && s->pool_tokens < s->n_ctx ? s->pool_tokens : s->n_ctx;
+    int mt = rq->max_tokens;
+    if (mt > 0 && (int64_t)n_prompt + mt > s->n_ctx)
+        return set_error(e, 400, "context_length_exceeded", rq->chat ? "max_completion_tokens" : "max_tokens",
+                         "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+                         "(%d in the prompt, %d for the completion). Please reduce the prompt or max_tokens.",
+                         s->n_ctx, (long long)n_prompt + mt, n_prompt, mt);
+    if (mt == 0) {
+        /* OpenAI's defaults: 16 new tokens for completions, for chat until
+         * EOS or the context is full */
+        mt = rq->chat ? cap - n_prompt : 16;
+        if (mt > cap - n_prompt) mt = cap - n_prompt;
+        if (mt < 1)
+            return set_error(e, 400, "context_length_exceeded", "prompt",
+                             "the prompt (%d tokens) leaves no room in the KV pool (%d tokens)", n_prompt, cap);
+    }
+    *max_tokens = mt;
+    return 0;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* ---- streaming ---- */
+
+struct stream {
+    struct server *s;
+    struct job *j;
+    int fd;
+    struct oai_resp resp;
+    bool include_usage, ended;
+    struct strbuf out;       /* SSE bytes not yet handed to MHD: out.s[off..len) */
+    size_t off;
+};
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream *st = cls;
+    while (st->off == st->out.len) {
+        if (st->ended) return -1;   /* MHD_CONTENT_READER_END_OF_STREAM */
+        st->out.len = 0;
+        st->off = 0;
+        if (st->resp.n_done == st->resp.n_choices) {
+            oai_stream_end(&st->resp, st->include_usage, &st->out);
+            st->ended = true;
+        } else {
+            struct job_event *e;
+            if (job_wait(st->j, st->fd, &e) == JOB_GONE) return -2;   /* END_WITH_ERROR: drop the connection */
+            oai_stream_event(&st->resp, e, &st->out);
+            free(e);
+        }
+        if (st->out.oom) return -2;
+    }
+    size_t n = st->out.len - st->off;
+    if (n > max) n = max;
+    memcpy(buf, st->out.s + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static bool any_aborted(const struct oai_resp *r) {
+    for (int c = 0; c < r->n_choices; c++)
+        if (r->choices[c].finish == KVLLM_FINISH_ABORT || r->choices[c].finish == KVLLM_FINISH_NONE) return true;
+    return false;
+}
+
+static void stream_free(void *cls) {
+    struct stream *st = cls;
+    job_release(st->j);
+    metrics_request(&st->s->metrics, st->ended && !any_aborted(&st->resp) ? OUTCOME_SUCCESS : OUTCOME_ABORTED);
+    oai_resp_deinit(&st->resp);
+    sb_free(&st->out);
+    free(st);
+}
+
+/* ---- completions and chat ---- */
+
+/* Submit every prompt; on failure the ones already queued are aborted. */
+static int submit(struct server *s, struct job *j, const struct oai_request *rq, int np, int32_t **ids,
+                  const int *n_ids, const int *max_tokens, struct oai_error *e) {
+    for (int k = 0; k < np; k++) {
+        struct kvllm_sampling_params sp = rq->sp;
+        if (!rq->seed_set) sp.seed = splitmix64((uint64_t)(time_now() * 1e9) ^ atomic_fetch_add(&s->next_id, 1));
+        struct kvllm_request q = { .prompt = ids[k], .n_prompt = n_ids[k], .max_tokens = max_tokens[k],
+                                   .sampling = sp, .n = rq->n, .ignore_eos = rq->ignore_eos,
+                                   .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop };
+        server_clear_error();
+        int rc = job_submit(j, k, &q);
+        if (rc == KVLLM_EBUSY)
+            return set_error(e, 429, "queue_full", NULL, "the server's queue is full (--max-queue); try again later");
+        if (rc == KVLLM_ERANGE || rc == KVLLM_EINVAL)
+            return set_error(e, 400, NULL, NULL, "%s", *server_last_error() ? server_last_error() : kvllm_strerror(rc));
+        if (rc) return set_error(e, 500, NULL, NULL, "cannot queue the request: %s", kvllm_strerror(rc));
+    }
+    return 0;
+}
+
+/* Everything before the engine: model name, chat rendering, tokenization,
+ * context checks.  Fills ids / n_ids / max_tokens (np entries). */
+static int prepare(struct server *s, const struct oai_request *rq, int np, int32_t **ids, int *n_ids, int *max_tokens,
+                   struct oai_error *err) {
+    if (rq->model && strcmp(rq->model, s->model_id))
+        return set_error(err, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
+                         rq->model, s->model_id);
+    if (rq->chat) {
+        char *text = NULL;
+        server_clear_error();
+        int cr = kvllm_chat_render(s->model, s->chat_template, rq->msgs, rq->n_msgs, true, &text);
+        if (cr == KVLLM_ENOTFOUND)
+            return set_error(err, 400, "no_chat_template", "messages",
+                             "this model has no chat template; start the server with --chat-template FILE, or use "
+                             "/v1/completions");
+        if (cr)
+            return set_error(err, 400, "chat_template", "messages", "cannot apply the chat template (%s): %s",
+                             kvllm_strerror(cr), *server_last_error() ? server_last_error() : "no detail");
+        n_ids[0] = tokenize_chat(s, text, &ids[0], err);
+        free(text);
+        if (n_ids[0] < 0) return -1;
+    }
+    for (int k = 0; !rq->chat && k < np; k++)
+        if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], &ids[k], err)) < 0) return -1;
+    for (int k = 0; k < np; k++)
+        if (check_fit(s, rq, n_ids[k], &max_tokens[k], err)) return -1;
+    return 0;
+}
+
+/* Non-streaming: collect every event, then answer in one body. */
+static int answer_whole(struct server *s, struct MHD_Connection *c, struct job *j, struct oai_resp *resp) {
+    int fd = http_conn_fd(c);
+    bool gone = false;
+    while (!gone && resp->n_done < resp->n_choices) {
+        struct job_event *e;
+        if (job_wait(j, fd, &e) == JOB_GONE) gone = true;
+        else { oai_resp_add(resp, e); free(e); }
+    }
+    job_release(j);
+    char *out = gone ? NULL : oai_resp_json(resp);
+    bool aborted = gone || any_aborted(resp);
+    oai_resp_deinit(resp);
+    if (aborted) {
+        metrics_request(&s->metrics, OUTCOME_ABORTED);
+        free(out);
+        /* the client left (nobody reads this) or the server is going down */
+        return http_error(c, 503, NULL, NULL, "the request was aborted (the server is shutting down)");
+    }
+    if (!out) return http_error(c, 500, NULL, NULL, "out of memory");
+    metrics_request(&s->metrics, OUTCOME_SUCCESS);
+    return http_send(c, 200, "application/json", out);
+}
+
+int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len) {
+    const double t_arrival = time_now();
+    struct oai_error err = { 0 };
+    if (atomic_load(&s->state) != SRV_READY) {
+        set_error(&err, 503, NULL, NULL, "the model is still loading");
+        return send_error(s, c, &err);
+    }
+    struct oai_request rq;
+    if (oai_parse(chat, body, len, &rq, &err)) return send_error(s, c, &err);
+
+    const int np = chat ? 1 : rq.n_prompts;   /* a rendered conversation is one prompt */
+    int32_t **ids = calloc((size_t)np, sizeof *ids);
+    int *n_ids = calloc((size_t)np, sizeof *n_ids), *max_tokens = calloc((size_t)np, sizeof *max_tokens);
+    struct job *j = NULL;
+    struct oai_resp resp = { 0 };
+    int rc = ids && n_ids && max_tokens ? 0 : set_error(&err, 500, NULL, NULL, "out of memory");
+    if (!rc) rc = prepare(s, &rq, np, ids, n_ids, max_tokens, &err);
+    if (!rc && !(j = job_new(s, np, rq.n, s->n_vocab, rq.logprobs, t_arrival)))
+        rc = set_error(&err, 500, NULL, NULL, "out of memory");
+    if (!rc) rc = submit(s, j, &rq, np, ids, n_ids, max_tokens, &err);
+    if (!rc) {
+        char id[48];
+        snprintf(id, sizeof id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+                 (unsigned long long)splitmix64(atomic_fetch_add(&s->next_id, 1) ^ (uint64_t)s->created));
+        if (oai_resp_init(&resp, chat, id, (long long)time(NULL), s->model_id, s->model, n_ids, np, rq.n,
+                          rq.logprobs))
+            rc = set_error(&err, 500, NULL, NULL, "out of memory");
+    }
+    if (!rc) {
+        uint64_t total = 0;
+        for (int k = 0; k < np; k++) total += (uint64_t)n_ids[k];
+        metrics_prompt_tokens(&s->metrics, total);
+    }
+    for (int k = 0; ids && k < np; k++) free(ids[k]);
+    free(ids);
+    free(n_ids);
+    free(max_tokens);
+    bool stream = rq.stream, include_usage = rq.include_usage;
+    oai_request_free(&rq);
+    struct stream *st = !rc && stream ? calloc(1, sizeof *st) : NULL;
+    if (!rc && stream && !st) rc = set_error(&err, 500, NULL, NULL, "out of memory");
+    if (rc) {
+        if (j) job_release(j);   /* aborts whatever was queued */
+        oai_resp_deinit(&resp);
+        return send_error(s, c, &err);
+    }
+    if (!stream) return answer_whole(s, c, j, &resp);
+    *st = (struct stream){ .s = s, .j = j, .fd = http_conn_fd(c), .resp = resp, .include_usage = include_usage };
+    return http_stream(c, stream_read, st, stream_free);
+}
+
+/* ---- models, health, metrics ---- */
+
+static json_object *model_json(struct server *s) {
+    json_object *m = json_object_new_object();
+    json_object_object_add(m, "id", json_object_new_string(s->model_id));
+    json_object_object_add(m, "object", json_object_new_string("model"));
+    json_object_object_add(m, "created", json_object_new_int64((int64_t)s->created));
+    json_object_object_add(m, "owned_by", json_object_new_string("kvllm"));
+    if (atomic_load(&s->state) == SRV_READY) {
+        /* extensions, as vLLM reports max_model_len; the load generator reads vocab_size */
+        json_object_object_add(m, "max_model_len", json_object_new_int(s->n_ctx));
+        json_object_object_add(m, "vocab_size", json_object_new_int(s->n_vocab));
+    }
+    return m;
+}
+
+static int send_json(struct MHD_Connection *c, unsigned status, json_object *o) {
+    const char *str = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *body = str ? strdup(str) : NULL;
+    json_object_put(o);
+    if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
+    return http_send(c, status, "application/json", body);
+}
+
+int handle_models(struct server *s, struct MHD_Connection *c, const char *id) {
+    if (id) {
+        if (strcmp(id, s->model_id))
+            return http_error(c, 404, "model_not_found", "model", "The model '%s' does not exist", id);
+        return send_json(c, 200, model_json(s));
+    }
+    json_object *o = json_object_new_object(), *a = json_object_new_array();
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_array_add(a, model_json(s));
+    json_object_object_add(o, "data", a);
+    return send_json(c, 200, o);
+}
+
+int handle_health(struct server *s, struct MHD_Connection *c) {
+    int st = atomic_load(&s->state);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "status",
+                           json_object_new_string(st == SRV_READY ? "ok" : st == SRV_LOADING ? "loading" : "stopping"));
+    return send_json(c, st == SRV_READY ? 200 : 503, o);
+}
+
+int handle_metrics(struct server *s, struct MHD_Connection *c) {
+    struct kvllm_engine_stats st;
+    bool ready = server_stats(s, &st);
+    char *body = metrics_render(&s->metrics, ready ? &st : NULL);
+    if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
+    return http_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body);
+}

@@ -1,0 +1,105 @@
+/* metrics.c — counters, histograms and their Prometheus text rendering. */
+#include "server/metrics.h"
+#include "server/strbuf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Buckets as vLLM exports them, so dashboards built for it read ours. */
+static const double k_ttft_le[METRICS_TTFT_BUCKETS] = { 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                                        0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0 };
+static const double k_itl_le[METRICS_ITL_BUCKETS] = { 0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+                                                      0.2,   0.3,   0.4,  0.5,   0.75, 1.0,   2.5 };
+
+static const char *const k_outcome[OUTCOME_COUNT] = { "success", "aborted", "client_error", "busy", "server_error" };
+
+void metrics_init(struct metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    m->ttft = (struct histogram){ .le = k_ttft_le, .n = METRICS_TTFT_BUCKETS };
+    m->itl = (struct histogram){ .le = k_itl_le, .n = METRICS_ITL_BUCKETS };
+}
+
+void metrics_deinit(struct metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+static void hist_observe(struct histogram *h, double v) {
+    int b = 0;
+    while (b < h->n && v > h->le[b]) b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->count++;
+}
+
+void metrics_request(struct metrics *m, enum metrics_outcome o) {
+    pthread_mutex_lock(&m->mu);
+    m->requests[o]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_prompt_tokens(struct metrics *m, uint64_t n) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += n;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_token(struct metrics *m, double ttft, double itl) {
+    pthread_mutex_lock(&m->mu);
+    m->generated_tokens++;
+    if (ttft >= 0) hist_observe(&m->ttft, ttft);
+    if (itl >= 0) hist_observe(&m->itl, itl);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void render_hist(struct strbuf *b, const char *name, const char *help, const struct histogram *h) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n; i++) {
+        cum += h->counts[i];
+        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n];
+    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+              h->sum, name, (unsigned long long)h->count);
+}
+
+char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st) {
+    struct strbuf b = { 0 };
+    pthread_mutex_lock(&m->mu);
+    sb_puts(&b, "# HELP kvllm_requests_total Completion requests by how they ended.\n"
+                "# TYPE kvllm_requests_total counter\n");
+    for (int o = 0; o < OUTCOME_COUNT; o++)
+        sb_printf(&b, "kvllm_requests_total{outcome=\"%s\"} %llu\n", k_outcome[o],
+                  (unsigned long long)m->requests[o]);
+    sb_printf(&b,
+              "# HELP kvllm_prompt_tokens_total Prompt tokens of admitted requests.\n"
+              "# TYPE kvllm_prompt_tokens_total counter\nkvllm_prompt_tokens_total %llu\n"
+              "# HELP kvllm_generated_tokens_total Tokens generated.\n"
+              "# TYPE kvllm_generated_tokens_total counter\nkvllm_generated_tokens_total %llu\n",
+              (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens);
+    render_hist(&b, "kvllm_time_to_first_token_seconds", "Time from a request's arrival to its first token.",
+                &m->ttft);
+    render_hist(&b, "kvllm_inter_token_latency_seconds", "Time between successive tokens of one sample.", &m->itl);
+    pthread_mutex_unlock(&m->mu);
+
+    /* the engine's gauges: zero while the model is still loading */
+    struct kvllm_engine_stats z = { 0 };
+    if (!st) st = &z;
+    double hit = st->prompt_tokens ? (double)st->cached_tokens / (double)st->prompt_tokens : 0.0;
+    sb_printf(&b,
+              "# HELP kvllm_requests_running Sequences in the running batch.\n"
+              "# TYPE kvllm_requests_running gauge\nkvllm_requests_running %d\n"
+              "# HELP kvllm_requests_waiting Sequences waiting for admission.\n"
+              "# TYPE kvllm_requests_waiting gauge\nkvllm_requests_waiting %d\n"
+              "# HELP kvllm_kv_blocks KV cache blocks: held by live sequences, cached for prefix reuse, free.\n"
+              "# TYPE kvllm_kv_blocks gauge\n"
+              "kvllm_kv_blocks{state=\"held\"} %d\nkvllm_kv_blocks{state=\"cached\"} %d\n"
+              "kvllm_kv_blocks{state=\"free\"} %d\n"
+              "# HELP kvllm_prefix_cache_hit_ratio Prompt tokens served by the prefix cache / prompt tokens.\n"
+              "# TYPE kvllm_prefix_cache_hit_ratio gauge\nkvllm_prefix_cache_hit_ratio %.6f\n"
+              "# HELP kvllm_preemptions_total Sequences preempted to free KV blocks.\n"
+              "# TYPE kvllm_preemptions_total counter\nkvllm_preemptions_total %llu\n",
+              st->n_running, st->n_waiting, st->blocks_held, st->blocks_cached, st->blocks_free, hit,
+              (unsigned long long)st->preemptions);
+    if (b.oom) { free(b.s); return NULL; }
+    return sb_take(&b);
+}

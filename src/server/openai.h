@@ -1,0 +1,99 @@
+/* openai.h — OpenAI's JSON shapes <-> kvllm's engine requests and events:
+ * parsing and validating /v1/completions and /v1/chat/completions bodies
+ * (openai_parse.c), and building responses, stream chunks and errors
+ * (openai_resp.c).  No engine calls here beyond kvllm_token_to_bytes (for
+ * log-probability token text). */
+#ifndef KVLLM_SERVER_OPENAI_H
+#define KVLLM_SERVER_OPENAI_H
+
+#include "kvllm.h"
+#include "server/job.h"
+#include "server/strbuf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define OAI_MAX_PROMPTS 64      /* prompts in one completions request */
+#define OAI_MAX_N 128           /* samples per prompt */
+#define OAI_MAX_STOP 16         /* stop strings */
+
+struct oai_prompt {             /* a completions prompt: text or token ids */
+    char *text;                 /* NULL when ids are given */
+    size_t len;
+    int32_t *ids;
+    int n_ids;
+};
+
+struct oai_request {
+    bool chat;
+    char *model;                         /* NULL: the served model */
+    struct oai_prompt *prompts;          /* (n_prompts) completions */
+    int n_prompts;
+    struct kvllm_chat_message *msgs;     /* (n_msgs) chat; strings owned */
+    int n_msgs;
+    int max_tokens;                      /* 0: not given */
+    struct kvllm_sampling_params sp;
+    bool seed_set;
+    char **stop;                         /* (n_stop) */
+    int n_stop;
+    int n;
+    bool stream, include_usage, ignore_eos;
+    int logprobs;                        /* -1: none; else alternatives per position */
+    double presence_penalty, frequency_penalty;   /* OpenAI penalties, passed to the sampler */
+};
+
+struct oai_error {
+    unsigned status;                     /* HTTP status */
+    const char *code;                    /* NULL or an OpenAI-style code */
+    char param[64];                      /* the offending field, "" if none */
+    char message[512];
+};
+
+/* Parse and validate a request body (len bytes, NUL-terminated).  Returns 0,
+ * or -1 with *err filled (400: invalid UTF-8 or JSON, wrong types, values out
+ * of range); r is then freed already.  Checks that need the model (token id
+ * range, context length) are the caller's. */
+int oai_parse(bool chat, const char *body, size_t len, struct oai_request *r, struct oai_error *err);
+void oai_request_free(struct oai_request *r);
+
+/* {"error": {"message", "type", "param", "code"}}: malloc'd, NULL if out of memory. */
+char *oai_error_json(const struct oai_error *e);
+
+/* ---- responses ---- */
+
+struct oai_choice {
+    struct strbuf text;                  /* non-streaming: the text so far */
+    size_t n_text;                       /* bytes of text produced so far (text_offset) */
+    enum kvllm_finish finish;
+    int n_generated;
+    bool started;                        /* streaming chat: the role delta was sent */
+    void *lp;                            /* json_object: log-probabilities so far (non-streaming) */
+};
+
+struct oai_resp {
+    bool chat;
+    char id[48];
+    long long created;
+    const char *model_id;
+    const struct kvllm_model *model;     /* for token text */
+    int n_prompts, n, n_choices, n_done;
+    int logprobs;                        /* -1: none */
+    struct oai_choice *choices;          /* (n_choices) */
+    int *n_prompt, *n_cached;            /* (n_prompts) usage */
+};
+
+/* Returns 0 or KVLLM_ENOMEM. */
+int oai_resp_init(struct oai_resp *r, bool chat, const char *id, long long created, const char *model_id,
+                  const struct kvllm_model *model, const int *n_prompt, int n_prompts, int n, int logprobs);
+void oai_resp_deinit(struct oai_resp *r);
+/* Non-streaming: fold one event into the response. */
+void oai_resp_add(struct oai_resp *r, const struct job_event *e);
+/* The whole response body (malloc'd; NULL if out of memory). */
+char *oai_resp_json(struct oai_resp *r);
+/* Streaming: the SSE chunk(s) for one event appended to out (maybe none). */
+void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strbuf *out);
+/* Streaming: the usage chunk (when asked) and "data: [DONE]". */
+void oai_stream_end(struct oai_resp *r, bool include_usage, struct strbuf *out);
+
+#endif

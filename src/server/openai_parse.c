@@ -1,0 +1,439 @@
+/* openai_parse.c — /v1/completions and /v1/chat/completions bodies into
+ * struct oai_request (json-c).
+ *
+ * Parsing copies what it needs out of the JSON tree, so the tree is freed
+ * before anything reaches the engine.  Every field is type- and range-checked
+ * with a message naming it; unknown fields are ignored (as OpenAI-compatible
+ * servers do); fields we cannot honour are refused rather than silently
+ * dropped when ignoring them would change the output (echo, suffix,
+ * logit_bias, tools). */
+#include "server/openai.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JSON_FLAGS (JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+#define MAX_DEPTH 64
+
+/* ---- errors ---- */
+
+static int fail(struct oai_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct oai_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    e->code = NULL;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- typed field access: absent and null mean "not given" ---- */
+
+static json_object *field(json_object *o, const char *key) {
+    json_object *v = NULL;
+    json_object_object_get_ex(o, key, &v);
+    return v; /* NULL for absent and for JSON null */
+}
+
+static const char *type_name(json_object *v) {
+    switch (json_object_get_type(v)) {
+    case json_type_boolean: return "a boolean";
+    case json_type_double: case json_type_int: return "a number";
+    case json_type_string: return "a string";
+    case json_type_array: return "an array";
+    case json_type_object: return "an object";
+    default: return "null";
+    }
+}
+
+/* An integer in [lo, hi] (a number with an integral value is accepted, as
+ * Python clients may send 16.0).  Returns 1 if given, 0 if not, -1 on error. */
+static int get_int(json_object *o, const char *key, int64_t lo, int64_t hi, int64_t *out, struct oai_error *e) {
+    json_object *v = field(o, key);
+    if (!v) return 0;
+    enum json_type t = json_object_get_type(v);
+    if (t == json_type_int) {
+        /* json-c keeps values past INT64_MAX as uint64; get_int64 saturates them */
+        int64_t x = json_object_get_int64(v);
+        if (x < lo || x > hi)
+            return fail(e, key, "'%s' must be an integer in [%lld, %lld], got %s", key, (long long)lo, (long long)hi,
+                        json_object_to_json_string_ext(v, JSON_FLAGS));
+        *out = x;
+        return 1;
+    }
+    if (t == json_type_double) {
+        double d = json_object_get_double(v);
+        if (!isfinite(d) || d != floor(d))
+            return fail(e, key, "'%s' must be an integer, got %s", key, json_object_to_json_string_ext(v, JSON_FLAGS));
+        if (d < (double)lo || d > (double)hi)
+            return fail(e, key, "'%s' must be an integer in [%lld, %lld], got %g", key, (long long)lo, (long long)hi, d);
+        *out = (int64_t)d;
+        return 1;
+    }
+    return fail(e, key, "'%s' must be an integer, not %s", key, type_name(v));
+}
+
+/* A finite number in [lo, hi] (lo excluded when lo_open). */
+static int get_num(json_object *o, const char *key, double lo, double hi, bool lo_open, double *out,
+                   struct oai_error *e) {
+    json_object *v = field(o, key);
+    if (!v) return 0;
+    enum json_type t = json_object_get_type(v);
+    if (t != json_type_int && t != json_type_double)
+        return fail(e, key, "'%s' must be a number, not %s", key, type_name(v));
+    double d = json_object_get_double(v);
+    if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo))
+        return fail(e, key, "'%s' must be a number in %s%g, %g], got %s", key, lo_open ? "(" : "[", lo, hi,
+                    json_object_to_json_string_ext(v, JSON_FLAGS));
+    *out = d;
+    return 1;
+}
+
+static int get_bool(json_object *o, const char *key, bool *out, struct oai_error *e) {
+    json_object *v = field(o, key);
+    if (!v) return 0;
+    if (json_object_get_type(v) != json_type_boolean)
+        return fail(e, key, "'%s' must be a boolean, not %s", key, type_name(v));
+    *out = json_object_get_boolean(v);
+    return 1;
+}
+
+/* A copy of a JSON string value: no NUL inside (the engine takes C strings).
+ * The body was checked as UTF-8, but escapes (a lone \ud800) can still
+ * decode to ill-formed bytes: check again. */
+static int copy_str(json_object *v, const char *what, char **out, size_t *len, struct oai_error *e) {
+    if (json_object_get_type(v) != json_type_string)
+        return fail(e, what, "'%s' must be a string, not %s", what, type_name(v));
+    const char *s = json_object_get_string(v);
+    size_t n = (size_t)json_object_get_string_len(v);
+    if (memchr(s, 0, n)) return fail(e, what, "'%s' contains a NUL character", what);
+    if (!utf8_valid(s, n)) return fail(e, what, "'%s' is not valid UTF-8 (an unpaired surrogate escape?)", what);
+    if (!(*out = malloc(n + 1))) { e->status = 500; snprintf(e->message, sizeof e->message, "out of memory"); return -1; }
+    memcpy(*out, s, n + 1);
+    if (len) *len = n;
+    return 1;
+}
+
+static int oom(struct oai_error *e) {
+    e->status = 500;
+    e->param[0] = 0;
+    snprintf(e->message, sizeof e->message, "out of memory");
+    return -1;
+}
+
+/* ---- prompts and messages ---- */
+
+static int parse_ids(json_object *a, const char *what, struct oai_prompt *p, struct oai_error *e) {
+    size_t n = json_object_array_length(a);
+    if (!n) return fail(e, what, "'%s' has an empty token list", what);
+    if (!(p->ids = malloc(n * sizeof *p->ids))) return oom(e);
+    p->n_ids = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        json_object *v = json_object_array_get_idx(a, i);
+        if (json_object_get_type(v) != json_type_int)
+            return fail(e, what, "'%s' must be a string, a list of strings, a list of token ids (integers) or a "
+                        "list of such lists; element %zu is %s", what, i, type_name(v));
+        int64_t x = json_object_get_int64(v);
+        if (x < 0 || x > INT32_MAX) return fail(e, what, "token id %lld at index %zu is out of range", (long long)x, i);
+        p->ids[i] = (int32_t)x;
+    }
+    return 0;
+}
+
+static int parse_prompt(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "prompt");
+    if (!v) return fail(e, "prompt", "'prompt' is required");
+    if (json_object_get_type(v) == json_type_string) {
+        if (!(r->prompts = calloc(1, sizeof *r->prompts))) return oom(e);
+        r->n_prompts = 1;
+        return copy_str(v, "prompt", &r->prompts[0].text, &r->prompts[0].len, e) < 0 ? -1 : 0;
+    }
+    if (json_object_get_type(v) != json_type_array)
+        return fail(e, "prompt", "'prompt' must be a string or a list, not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (!n) return fail(e, "prompt", "'prompt' is an empty list");
+    json_object *first = json_object_array_get_idx(v, 0);
+    if (json_object_get_type(first) == json_type_int) {    /* one prompt of token ids */
+        if (!(r->prompts = calloc(1, sizeof *r->prompts))) return oom(e);
+        r->n_prompts = 1;
+        return parse_ids(v, "prompt", r->prompts, e);
+    }
+    if (n > OAI_MAX_PROMPTS) return fail(e, "prompt", "at most %d prompts per request, got %zu", OAI_MAX_PROMPTS, n);
+    if (!(r->prompts = calloc(n, sizeof *r->prompts))) return oom(e);
+    r->n_prompts = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        json_object *p = json_object_array_get_idx(v, i);
+        if (json_object_get_type(p) == json_type_string) {
+            if (copy_str(p, "prompt", &r->prompts[i].text, &r->prompts[i].len, e) < 0) return -1;
+        } else if (json_object_get_type(p) == json_type_array) {
+            if (parse_ids(p, "prompt", &r->prompts[i], e)) return -1;
+        } else {
+            return fail(e, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list "
+                        "of token-id lists; element %zu is %s", i, type_name(p));
+        }
+    }
+    return 0;
+}
+
+/* content: a string, or a list of {"type": "text", "text": ...} parts
+ * (concatenated); null only for an assistant turn. */
+static int parse_content(json_object *m, size_t i, const char *role, char **out, struct oai_error *e) {
+    json_object *c = field(m, "content");
+    if (!c) {
+        if (!strcmp(role, "assistant")) { *out = strdup(""); return *out ? 0 : oom(e); }
+        return fail(e, "messages", "messages[%zu].content is required", i);
+    }
+    if (json_object_get_type(c) == json_type_string) return copy_str(c, "messages.content", out, NULL, e) < 0 ? -1 : 0;
+    if (json_object_get_type(c) != json_type_array)
+        return fail(e, "messages", "messages[%zu].content must be a string or a list of parts, not %s", i,
+                    type_name(c));
+    struct strbuf b = { 0 };
+    sb_put(&b, "", 0);
+    for (size_t k = 0; k < json_object_array_length(c); k++) {
+        json_object *part = json_object_array_get_idx(c, k), *t = NULL, *txt = NULL;
+        if (json_object_get_type(part) != json_type_object || !(t = field(part, "type")) ||
+            json_object_get_type(t) != json_type_string) {
+            sb_free(&b);
+            return fail(e, "messages", "messages[%zu].content[%zu] must be an object with a 'type'", i, k);
+        }
+        if (strcmp(json_object_get_string(t), "text")) {
+            sb_free(&b);
+            return fail(e, "messages", "messages[%zu].content[%zu]: only text parts are supported, not '%s'", i, k,
+                        json_object_get_string(t));
+        }
+        char *s = NULL;
+        if (!(txt = field(part, "text")) || copy_str(txt, "messages.content.text", &s, NULL, e) < 0) {
+            sb_free(&b);
+            return txt ? -1 : fail(e, "messages", "messages[%zu].content[%zu].text is required", i, k);
+        }
+        sb_puts(&b, s);
+        free(s);
+    }
+    if (!(*out = sb_take(&b))) return oom(e);
+    return 0;
+}
+
+static int parse_messages(json_object *root, struct oai_request *r, struct oai_error *e) {
+    static const char *const roles[] = { "system", "developer", "user", "assistant", "tool" };
+    json_object *v = field(root, "messages");
+    if (!v) return fail(e, "messages", "'messages' is required");
+    if (json_object_get_type(v) != json_type_array)
+        return fail(e, "messages", "'messages' must be a list, not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (!n) return fail(e, "messages", "'messages' is empty");
+    if (n > 4096) return fail(e, "messages", "at most 4096 messages, got %zu", n);
+    if (!(r->msgs = calloc(n, sizeof *r->msgs))) return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(v, i), *role;
+        if (json_object_get_type(m) != json_type_object)
+            return fail(e, "messages", "messages[%zu] must be an object, not %s", i, type_name(m));
+        if (!(role = field(m, "role")) || json_object_get_type(role) != json_type_string)
+            return fail(e, "messages", "messages[%zu].role must be a string", i);
+        const char *rs = json_object_get_string(role);
+        size_t k = 0;
+        while (k < sizeof roles / sizeof *roles && strcmp(rs, roles[k])) k++;
+        if (k == sizeof roles / sizeof *roles)
+            return fail(e, "messages", "messages[%zu].role must be one of system, developer, user, assistant, "
+                        "tool", i);
+        r->n_msgs++;
+        char *content = NULL;
+        r->msgs[i].role = roles[k];
+        if (parse_content(m, i, roles[k], &content, e)) return -1;
+        r->msgs[i].content = content;
+    }
+    return 0;
+}
+
+static int parse_stop(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "stop");
+    if (!v) return 0;
+    bool one = json_object_get_type(v) == json_type_string;
+    if (!one && json_object_get_type(v) != json_type_array)
+        return fail(e, "stop", "'stop' must be a string or a list of strings, not %s", type_name(v));
+    size_t n = one ? 1 : json_object_array_length(v);
+    if (n > OAI_MAX_STOP) return fail(e, "stop", "at most %d stop strings, got %zu", OAI_MAX_STOP, n);
+    if (!n) return 0;
+    if (!(r->stop = calloc(n, sizeof *r->stop))) return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        if (copy_str(one ? v : json_object_array_get_idx(v, i), "stop", &r->stop[i], NULL, e) < 0) return -1;
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* Fields that would change the output if ignored: refuse them. */
+static int refuse_unsupported(json_object *root, bool chat, struct oai_error *e) {
+    json_object *v;
+    bool b = false;
+    if (!chat) {
+        if (get_bool(root, "echo", &b, e) < 0) return -1;
+        if (b) return fail(e, "echo", "'echo' is not supported");
+        if ((v = field(root, "suffix")) && !(json_object_get_type(v) == json_type_string && !json_object_get_string_len(v)))
+            return fail(e, "suffix", "'suffix' is not supported");
+        int64_t best_of = 0;
+        if (get_int(root, "best_of", 1, OAI_MAX_N, &best_of, e) < 0) return -1;
+    } else {
+        if ((v = field(root, "tools")) && !(json_object_get_type(v) == json_type_array && !json_object_array_length(v)))
+            return fail(e, "tools", "'tools' (function calling) is not supported");
+        if ((v = field(root, "response_format"))) {
+            json_object *t = json_object_get_type(v) == json_type_object ? field(v, "type") : NULL;
+            if (!t || json_object_get_type(t) != json_type_string || strcmp(json_object_get_string(t), "text"))
+                return fail(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
+        }
+    }
+    if ((v = field(root, "logit_bias")) && !(json_object_get_type(v) == json_type_object && !json_object_object_length(v)))
+        return fail(e, "logit_bias", "'logit_bias' is not supported");
+    return 0;
+}
+
+static int parse_fields(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v;
+    if ((v = field(root, "model")) && copy_str(v, "model", &r->model, NULL, e) < 0) return -1;
+    if (r->chat ? parse_messages(root, r, e) : parse_prompt(root, r, e)) return -1;
+    if (refuse_unsupported(root, r->chat, e)) return -1;
+
+    int64_t i64;
+    double d;
+    int got;
+    const char *mt = r->chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if ((got = get_int(root, mt, 1, INT32_MAX, &i64, e)) < 0) return -1;
+    if (got) r->max_tokens = (int)i64;
+    if ((got = get_num(root, "temperature", 0, 2, false, &d, e)) < 0) return -1;
+    if (got) r->sp.temperature = (float)d;
+    if ((got = get_num(root, "top_p", 0, 1, true, &d, e)) < 0) return -1;
+    if (got) r->sp.top_p = (float)d;
+    if ((got = get_int(root, "top_k", -1, INT32_MAX, &i64, e)) < 0) return -1;
+    if (got) r->sp.top_k = i64 < 0 ? 0 : (int)i64;   /* -1 and 0: off (vLLM's convention) */
+    if ((got = get_num(root, "min_p", 0, 1, false, &d, e)) < 0) return -1;
+    if (got) r->sp.min_p = (float)d;
+    if ((got = get_num(root, "repetition_penalty", 0, 10, true, &d, e)) < 0) return -1;
+    if (got) r->sp.repeat_penalty = (float)d;
+    if ((got = get_int(root, "seed", INT64_MIN, INT64_MAX, &i64, e)) < 0) return -1;
+    if (got) { r->sp.seed = (uint64_t)i64; r->seed_set = true; }
+    if ((got = get_int(root, "n", 1, OAI_MAX_N, &i64, e)) < 0) return -1;
+    if (got) r->n = (int)i64;
+    if (get_num(root, "presence_penalty", -2, 2, false, &r->presence_penalty, e) < 0) return -1;
+    if (get_num(root, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e) < 0) return -1;
+    /* OpenAI's penalties count over the whole text so far */
+    r->sp.presence_penalty = (float)r->presence_penalty;
+    r->sp.frequency_penalty = (float)r->frequency_penalty;
+    if (r->presence_penalty != 0 || r->frequency_penalty != 0) r->sp.repeat_last_n = -1;
+    if (parse_stop(root, r, e)) return -1;
+    if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+    if ((v = field(root, "stream_options"))) {
+        if (json_object_get_type(v) != json_type_object)
+            return fail(e, "stream_options", "'stream_options' must be an object, not %s", type_name(v));
+        if (get_bool(v, "include_usage", &r->include_usage, e) < 0) return -1;
+    }
+    if ((v = field(root, "user")) && json_object_get_type(v) != json_type_string)
+        return fail(e, "user", "'user' must be a string, not %s", type_name(v));
+
+    /* log-probabilities: an int (completions) or a bool + top_logprobs (chat) */
+    if (!r->chat) {
+        v = field(root, "logprobs");
+        if (v && json_object_get_type(v) == json_type_boolean) {   /* tolerated: true means the token alone */
+            if (json_object_get_boolean(v)) r->logprobs = 0;
+        } else {
+            if ((got = get_int(root, "logprobs", 0, JOB_MAX_TOP, &i64, e)) < 0) return -1;
+            if (got) r->logprobs = (int)i64;
+        }
+    } else {
+        bool lp = false;
+        if (get_bool(root, "logprobs", &lp, e) < 0) return -1;
+        if ((got = get_int(root, "top_logprobs", 0, JOB_MAX_TOP, &i64, e)) < 0) return -1;
+        if (got && !lp) return fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (lp) r->logprobs = got ? (int)i64 : 0;
+    }
+    return 0;
+}
+
+static int hex4(const char *s) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | d;
+    }
+    return v;
+}
+
+/* A \uD800-\uDFFF escape not part of a surrogate pair: json-c would quietly
+ * turn it into U+FFFD; we refuse it like any other ill-formed text.  Only
+ * backslashes matter and they only occur inside strings in valid JSON, so no
+ * string tracking is needed (a malformed body fails parsing anyway). */
+static bool lone_surrogate(const char *s, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && i + 6 <= n) {
+            int v = hex4(s + i + 2);
+            if (v >= 0xDC00 && v <= 0xDFFF) return true;
+            if (v >= 0xD800 && v <= 0xDBFF) {
+                int w = i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u' ? hex4(s + i + 8) : -1;
+                if (w < 0xDC00 || w > 0xDFFF) return true;
+                i += 6;   /* skip the low half too */
+            }
+        }
+        i++;   /* the escaped character */
+    }
+    return false;
+}
+
+int oai_parse(bool chat, const char *body, size_t len, struct oai_request *r, struct oai_error *err) {
+    memset(r, 0, sizeof *r);
+    memset(err, 0, sizeof *err);
+    r->chat = chat;
+    r->n = 1;
+    r->logprobs = -1;
+    /* OpenAI's defaults, not the CLI's: temperature 1 and no truncation */
+    r->sp = kvllm_sampling_default_params();
+    r->sp.temperature = 1.0f;
+    r->sp.top_k = 0;
+    r->sp.top_p = 1.0f;
+    r->sp.min_p = 0.0f;
+    r->sp.repeat_penalty = 1.0f;
+
+    if (!utf8_valid(body, len)) return fail(err, NULL, "the request body is not valid UTF-8");
+    if (lone_surrogate(body, len))
+        return fail(err, NULL, "the request body is not valid UTF-8: an unpaired surrogate escape (\\uD800-\\uDFFF)");
+    json_tokener *tok = json_tokener_new_ex(MAX_DEPTH);
+    if (!tok) return oom(err);
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *root = len ? json_tokener_parse_ex(tok, body, (int)len) : NULL;
+    enum json_tokener_error je = len ? json_tokener_get_error(tok) : json_tokener_continue;
+    size_t end = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    int rc = 0;
+    if (je == json_tokener_continue || (!root && je == json_tokener_success)) {
+        rc = fail(err, NULL, len ? "invalid JSON: the body ends in the middle of a value" : "the request body is empty");
+    } else if (je != json_tokener_success) {
+        rc = fail(err, NULL, "invalid JSON at byte %zu: %s", end, json_tokener_error_desc(je));
+    } else if (end < len && strspn(body + end, " \t\r\n") != len - end) {
+        rc = fail(err, NULL, "invalid JSON: unexpected data after the value at byte %zu", end);
+    } else if (json_object_get_type(root) != json_type_object) {
+        rc = fail(err, NULL, "the request body must be a JSON object, not %s", type_name(root));
+    } else {
+        rc = parse_fields(root, r, err);
+    }
+    json_object_put(root);
+    if (rc) oai_request_free(r);
+    return rc;
+}
+
+void oai_request_free(struct oai_request *r) {
+    free(r->model);
+    for (int i = 0; i < r->n_prompts; i++) { free(r->prompts[i].text); free(r->prompts[i].ids); }
+    free(r->prompts);
+    for (int i = 0; i < r->n_msgs; i++) free((char *)r->msgs[i].content);
+    free(r->msgs);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,122 @@
+/* chat_template.c — one render: set up the context and its variables, run
+ * lexer, parser and evaluator (jinja_*.c), and turn a longjmp'd error into
+ * a logged message and a return code.  All the render's memory is one arena,
+ * freed here on success and on error alike. */
+#include "tok/chat_template.h"
+#include "tok/jinja.h"
+#include "core/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NO_POS UINT32_MAX
+
+/* Newlines normalised to \n and one trailing newline dropped, as jinja2's
+ * lexer does (keep_trailing_newline=False). */
+static void load_source(struct jctx *c, const char *tmpl, size_t len) {
+    char *s = jalloc(c, len + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (tmpl[i] == '\r') {
+            s[n++] = '\n';
+            if (i + 1 < len && tmpl[i + 1] == '\n') i++;
+        } else {
+            s[n++] = tmpl[i];
+        }
+    }
+    if (n && s[n - 1] == '\n') n--;
+    s[n] = 0;
+    c->src = s;
+    c->src_len = n;
+}
+
+/* "YYYY-MM-DD" into c->now (midnight); NULL: local time now. */
+static void set_now(struct jctx *c, const char *text, const char *origin) {
+    if (!text) {
+        time_t t = time(NULL);
+        if (!localtime_r(&t, &c->now)) jfail(c, NO_POS, KVLLM_EINVAL, "cannot read the local time");
+        return;
+    }
+    int y, m, d, used = 0;
+    if (sscanf(text, "%4d-%2d-%2d%n", &y, &m, &d, &used) != 3 || text[used] || y < 1 || m < 1 || m > 12 || d < 1)
+        jfail(c, NO_POS, KVLLM_EINVAL, "%s: '%.40s' is not a date YYYY-MM-DD", origin, text);
+    struct tm tm = { .tm_year = y - 1900, .tm_mon = m - 1, .tm_mday = d };
+    time_t t = timegm(&tm);   /* normalises and fills tm_wday, tm_yday */
+    if (tm.tm_mday != d || tm.tm_mon != m - 1)
+        jfail(c, NO_POS, KVLLM_EINVAL, "%s: '%.40s' is not a date YYYY-MM-DD", origin, text);
+    (void)t;
+    c->now = tm;
+}
+
+static void set_str(struct jctx *c, struct jscope *g, const char *name, const char *value) {
+    jscope_set(c, g, jstr_c(name), value ? jv_cstr(c, value) : jv_str(jstr_c("")));
+}
+
+static void set_variables(struct jctx *c, const struct chat_template_params *p) {
+    struct jscope *g = jscope_new(c, NULL);
+    jglobals_add(c, g);
+    struct jv msgs = jv_list(c, JL_LIST, (size_t)(p->n_msgs > 0 ? p->n_msgs : 0));
+    for (int i = 0; i < p->n_msgs; i++) {
+        struct jv m = jv_dict(c);
+        const struct kvllm_chat_message *src = &p->msgs[i];
+        jdict_set(c, m.u.d, jv_cstr(c, "role"), src->role ? jv_cstr(c, src->role) : jv_none());
+        jdict_set(c, m.u.d, jv_cstr(c, "content"), src->content ? jv_cstr(c, src->content) : jv_none());
+        jlist_push(c, msgs.u.l, m);
+    }
+    jscope_set(c, g, jstr_c("messages"), msgs);
+    jscope_set(c, g, jstr_c("add_generation_prompt"), jv_bool(p->add_generation_prompt));
+    set_str(c, g, "bos_token", p->bos_token);
+    set_str(c, g, "eos_token", p->eos_token);
+    c->globals = g;
+}
+
+int chat_template_render(const char *tmpl, size_t len, const struct chat_template_params *p,
+                         char **out, size_t *out_len) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    struct jctx *c = calloc(1, sizeof *c);
+    if (!c) { LOG_ERR("chat template: out of memory"); return KVLLM_ENOMEM; }
+    c->mem_cap = JINJA_MAX_MEM;
+    c->err_pos = NO_POS;
+    if (setjmp(c->jmp)) {
+        int rc = c->err_code;
+        if (c->err_pos == NO_POS || !c->src) {
+            LOG_ERR("chat template: %s", c->err_msg);
+        } else {
+            int line, col;
+            jpos_linecol(c, c->err_pos, &line, &col);
+            LOG_ERR("chat template %d:%d: %s", line, col, c->err_msg);
+        }
+        jarena_free(c);
+        free(c);
+        return rc;
+    }
+    if (len > JINJA_MAX_MEM / 4)
+        jfail(c, NO_POS, KVLLM_EINVAL, "the template is larger than %zu MiB", JINJA_MAX_MEM >> 22);
+    const char *now = p->now, *origin = "the now parameter";
+    if (!now) {
+        origin = "KVLLM_TEMPLATE_NOW";
+        now = getenv(origin);
+        if (now && !*now) now = NULL;
+    }
+    set_now(c, now, origin);
+    load_source(c, tmpl, len);
+    set_variables(c, p);
+    struct jtoken *toks;
+    size_t n_toks;
+    jlex(c, &toks, &n_toks);
+    struct jnode *root = jparse(c, toks, n_toks);
+    struct jbuf buf = { 0 };
+    jrender(c, root, &buf);
+    char *s = malloc(buf.n + 1);
+    if (!s) jfail(c, NO_POS, KVLLM_ENOMEM, "out of memory for the %zu-byte result", buf.n);
+    if (buf.n) memcpy(s, buf.p, buf.n);
+    s[buf.n] = 0;
+    *out = s;
+    if (out_len) *out_len = buf.n;
+    jarena_free(c);
+    free(c);
+    return 0;
+}

@@ -1,0 +1,302 @@
+/* cmd_quantize.c — `kvllm quantize IN.gguf OUT.gguf TYPE`: rewrite a GGUF
+ * model's weight matrices in another type, keeping all metadata.
+ *
+ * Which tensors change: those with two or more dimensions (of size > 1)
+ * whose name ends in "weight" (not ffn_gate_inp, pos_embd, token_types, as llama-quantize);
+ * 1-D tensors (norms, biases) are copied unchanged.  A plain TYPE puts
+ * every such matrix in TYPE (llama-quantize --pure); Q4_K_M and Q5_K_M are
+ * llama-quantize's mixes for Llama-style models (llama_tensor_get_type):
+ *   output.weight (token_embd.weight when there is no output.weight) Q6_K;
+ *   attn_v.weight and ffn_down.weight Q6_K in the layers where
+ *     use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2,
+ *     i counting those tensors in file order, n how many there are;
+ *   attn_qkv.weight Q5_K (Q4_K_M) or Q6_K (Q5_K_M); the rest Q4_K / Q5_K.
+ * A row length (ne[0]) that is not a whole number of blocks of the chosen
+ * type falls back, with a warning on stderr naming the tensor and the type:
+ *   Q4_K -> Q4_1, Q5_K and Q6_K -> Q8_0 (the output in a mix: Q8_0, as llama.cpp) (llama.cpp uses Q5_0 / Q5_1 / Q8_0;
+ *   kvllm has no Q5_0 / Q5_1, so the nearest type it computes with);
+ *   a 32-element block type that does not fit either -> F16.
+ * A tensor already in its target type is copied byte for byte.  Others are
+ * dequantized row by row with dtype_to_f32 and quantized with the reference
+ * quantizers (dtype_from_f32), rows split over -t threads (the result does
+ * not depend on the thread count).  general.file_type is set in llama.cpp's
+ * LLAMA_FTYPE numbering (a pure K type as its _S variant: Q4_K 14, Q5_K 16,
+ * Q6_K 18). */
+#include "cli.h"
+#include "core/core.h"
+#include "core/threadpool.h"
+#include "load/gguf.h"
+#include "tensor/dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+static const char *k_usage =
+    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [-t N]\n"
+    "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K: every weight matrix in TYPE\n"
+    "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
+    "  -t N  threads (default: all CPUs)\n"
+    "  1-D tensors (norms) are copied unchanged.  A matrix whose row length is not a whole\n"
+    "  number of the type's blocks falls back (K types: Q4_K -> Q4_1, Q5_K/Q6_K -> Q8_0;\n"
+    "  32-blocks -> F16) and a warning names it.  Progress and a summary go to stderr.\n";
+
+enum mix { MIX_NONE, MIX_Q4_K_M, MIX_Q5_K_M };
+
+static const struct { const char *name; uint32_t type; uint32_t ftype; enum mix mix; } k_targets[] = {
+    { "F32",    DTYPE_F32,  0,  MIX_NONE },
+    { "F16",    DTYPE_F16,  1,  MIX_NONE },
+    { "BF16",   DTYPE_BF16, 32, MIX_NONE },
+    { "Q8_0",   DTYPE_Q8_0, 7,  MIX_NONE },
+    { "Q4_0",   DTYPE_Q4_0, 2,  MIX_NONE },
+    { "Q4_1",   DTYPE_Q4_1, 3,  MIX_NONE },
+    { "Q4_K",   DTYPE_Q4_K, 14, MIX_NONE },
+    { "Q5_K",   DTYPE_Q5_K, 16, MIX_NONE },
+    { "Q6_K",   DTYPE_Q6_K, 18, MIX_NONE },
+    { "Q4_K_M", DTYPE_Q4_K, 15, MIX_Q4_K_M },
+    { "Q5_K_M", DTYPE_Q5_K, 17, MIX_Q5_K_M },
+};
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Would llama-quantize quantize this tensor at all?  Dimensions count as
+ * ggml_n_dims does: trailing sizes of 1 do not make a matrix. */
+static bool quantizable(const char *name, const struct gguf_tensor *t) {
+    uint32_t n_dims = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++)
+        if (t->ne[d] > 1) n_dims = d + 1;
+    return n_dims >= 2 && ends_with(name, "weight") && !strstr(name, "ffn_gate_inp.weight") &&
+           !strstr(name, "pos_embd") && !strstr(name, "token_types");
+}
+
+static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* State of the mix rules while walking the tensors in file order. */
+struct mix_state {
+    bool has_output;
+    int n_attn_v, i_attn_v, n_ffn_down, i_ffn_down;
+};
+
+/* llama_tensor_get_type for the Q4_K_M / Q5_K_M mixes (Llama-style, no experts). */
+static uint32_t mix_type(enum mix mix, uint32_t base, const char *name, struct mix_state *ms) {
+    if (mix == MIX_NONE) return base;
+    if (!strcmp(name, "output.weight") || (!ms->has_output && !strcmp(name, "token_embd.weight")))
+        return DTYPE_Q6_K;   /* Q8_0 when the row does not fit: fallback_type */
+    if (strstr(name, "attn_v.weight")) {
+        bool more = use_more_bits(ms->i_attn_v++, ms->n_attn_v);
+        return more ? DTYPE_Q6_K : base;
+    }
+    if (strstr(name, "ffn_down")) {
+        bool more = use_more_bits(ms->i_ffn_down++, ms->n_ffn_down);
+        return more ? DTYPE_Q6_K : base;
+    }
+    if (strstr(name, "attn_qkv.weight")) return mix == MIX_Q4_K_M ? DTYPE_Q5_K : DTYPE_Q6_K;
+    return base;
+}
+
+/* The type a row of ne0 elements can really take when `want` does not fit. */
+static uint32_t fallback_type(uint32_t want, int64_t ne0) {
+    uint32_t t = want == DTYPE_Q4_K ? DTYPE_Q4_1 : (want == DTYPE_Q5_K || want == DTYPE_Q6_K) ? DTYPE_Q8_0 : DTYPE_F16;
+    return ne0 % dtype_block_elems(t) ? DTYPE_F16 : t;
+}
+
+/* ---- converting one tensor, rows split over the pool ---- */
+
+struct conv_job {
+    const uint8_t *src;   /* (n_rows, in_rb) of in_type */
+    uint8_t *dst;         /* (n_rows, out_rb) of out_type */
+    uint32_t in_type, out_type;
+    int64_t ne0, n_rows;
+    size_t in_rb, out_rb;
+    float *buf;           /* (nth, ne0) */
+    int64_t *bad_row;     /* (nth): first row with a non-finite value, or -1 */
+};
+
+static void conv_worker(void *arg, int ith, int nth) {
+    struct conv_job *j = arg;
+    long r0, r1;
+    threadpool_split((long)j->n_rows, ith, nth, &r0, &r1);
+    float *buf = j->buf + (size_t)ith * (size_t)j->ne0;
+    j->bad_row[ith] = -1;
+    for (long r = r0; r < r1; r++) {
+        dtype_to_f32(j->in_type, j->src + (size_t)r * j->in_rb, buf, j->ne0);
+        for (int64_t k = 0; k < j->ne0; k++)
+            if (!isfinite(buf[k])) { j->bad_row[ith] = r; return; }
+        dtype_from_f32(j->out_type, buf, j->dst + (size_t)r * j->out_rb, j->ne0);
+    }
+}
+
+static void human(char *b, size_t n, double bytes) {
+    snprintf(b, n, bytes >= 1048576 ? "%.2f MiB" : "%.1f KiB", bytes >= 1048576 ? bytes / 1048576 : bytes / 1024);
+}
+
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    const char *pos[3] = { NULL };
+    int n_pos = 0;
+    long threads = 0;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
+        if (!strcmp(argv[i], "-t")) {
+            const char *v = cli_arg(argc, argv, &i);
+            if (!v || !cli_int("-t", v, 1, 1024, &threads)) return 2;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            cli_error("quantize: unknown option '%s'", argv[i]);
+            return 2;
+        } else if (n_pos < 3) {
+            pos[n_pos++] = argv[i];
+        } else {
+            cli_error("quantize: unexpected argument '%s'", argv[i]);
+            return 2;
+        }
+    }
+    if (n_pos < 3) { cli_error("quantize: IN, OUT and TYPE are required (see kvllm quantize --help)"); return 2; }
+    const char *in = pos[0], *out = pos[1];
+    int ti = -1;
+    for (size_t i = 0; i < sizeof k_targets / sizeof *k_targets; i++)
+        if (!strcasecmp(pos[2], k_targets[i].name)) ti = (int)i;
+    if (ti < 0) {
+        cli_error("quantize: unknown TYPE '%s' (valid: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M)",
+                  pos[2]);
+        return 2;
+    }
+    if (same_file(in, out)) { cli_error("quantize: OUT must not be the input file %s", in); return 1; }
+    if (!gguf_is_gguf(in)) { cli_error("%s: not a GGUF file", in); return 1; }
+
+    struct gguf *src = NULL, *dst = NULL;
+    struct threadpool *pool = NULL;
+    uint8_t **bufs = NULL;
+    float *rowbuf = NULL;
+    int64_t *bad = NULL;
+    int rc = gguf_open(in, &src);
+    if (rc) return 1;
+    const double t0 = cli_time();
+    dst = gguf_new(out);
+    bufs = calloc(src->n_tensors ? src->n_tensors : 1, sizeof *bufs);
+    pool = threadpool_new(threads > 0 ? (int)threads : cpu_count());
+    const int nth = pool ? threadpool_size(pool) : 1;
+    bad = calloc((size_t)nth, sizeof *bad);
+    if (!dst || !bufs || !pool || !bad) { cli_error("out of memory"); rc = KVLLM_ENOMEM; goto done; }
+
+    for (uint64_t i = 0; !rc && i < src->n_kv; i++) {
+        if ((rc = gguf_set_kv(dst, &src->kv[i])))
+            cli_error("%s: cannot copy metadata key '%.*s' (%s)", in, (int)src->kv[i].key.len, src->kv[i].key.ptr,
+                      kvllm_strerror(rc));
+    }
+    if (!rc) rc = gguf_set_u32(dst, "general.file_type", k_targets[ti].ftype);
+    if (!rc) rc = gguf_set_u32(dst, "general.quantization_version", 2);
+    if (rc) goto done;
+
+    /* the mix rules count attn_v / ffn_down tensors first, as llama-quantize does */
+    struct mix_state ms = { 0 };
+    int64_t max_ne0 = 1;
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const struct gguf_tensor *t = &src->tensors[i];
+        if (gguf_str_eq(t->name, "output.weight")) ms.has_output = true;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
+        if (strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight")) ms.n_attn_v++;
+        if (strstr(name, "ffn_down")) ms.n_ffn_down++;
+        max_ne0 = t->ne[0] > max_ne0 ? t->ne[0] : max_ne0;
+    }
+    if (!(rowbuf = xmalloc((size_t)nth * (size_t)max_ne0 * sizeof *rowbuf))) { rc = KVLLM_ENOMEM; goto done; }
+
+    uint64_t cnt[DTYPE_COUNT_] = { 0 }, b_in[DTYPE_COUNT_] = { 0 }, b_out[DTYPE_COUNT_] = { 0 };
+    uint64_t total_in = 0, total_out = 0;
+    for (uint64_t i = 0; !rc && i < src->n_tensors; i++) {
+        const struct gguf_tensor *t = &src->tensors[i];
+        if (t->name.len >= 256) { cli_error("%s: tensor name too long", in); rc = KVLLM_EFORMAT; break; }
+        char name[256];
+        memcpy(name, t->name.ptr, t->name.len);
+        name[t->name.len] = 0;
+        const int64_t ne0 = t->ne[0];
+        uint32_t to = t->type;
+        if (quantizable(name, t)) {
+            uint32_t want = mix_type(k_targets[ti].mix, k_targets[ti].type, name, &ms);
+            to = ne0 % dtype_block_elems(want) ? fallback_type(want, ne0) : want;
+            if (to != want)
+                fprintf(stderr, "kvllm: warning: %s: row length %lld is not a multiple of %s's block of %d: "
+                        "using %s\n", name, (long long)ne0, dtype_name(want), dtype_block_elems(want), dtype_name(to));
+        }
+        const void *data = t->data;
+        uint64_t n_bytes = t->n_bytes;
+        if (to != t->type) {
+            if (!dtype_supported(t->type)) {
+                cli_error("%s: tensor '%s' has type %s, which kvllm cannot read", in, name, dtype_name(t->type));
+                rc = KVLLM_EUNSUPPORTED;
+                break;
+            }
+            uint64_t in_rb, out_rb;
+            const int64_t n_rows = (int64_t)(t->n_elems / (uint64_t)ne0);
+            if (!dtype_row_bytes(t->type, (uint64_t)ne0, &in_rb) || !dtype_row_bytes(to, (uint64_t)ne0, &out_rb) ||
+                !ckd_mul_u64(&n_bytes, out_rb, (uint64_t)n_rows) || n_bytes > SIZE_MAX / 2) {
+                cli_error("%s: tensor '%s' does not fit in memory as %s", in, name, dtype_name(to));
+                rc = KVLLM_ERANGE;
+                break;
+            }
+            if (!(bufs[i] = xmalloc(n_bytes ? (size_t)n_bytes : 1))) { rc = KVLLM_ENOMEM; break; }
+            struct conv_job j = { t->data, bufs[i], t->type, to, ne0, n_rows, (size_t)in_rb, (size_t)out_rb,
+                                  rowbuf, bad };
+            threadpool_run(pool, conv_worker, &j);
+            for (int k = 0; k < nth; k++)
+                if (bad[k] >= 0) {
+                    cli_error("%s: tensor '%s' row %lld holds a NaN or infinity", in, name, (long long)bad[k]);
+                    rc = KVLLM_EFORMAT;
+                    break;
+                }
+            if (rc) break;
+            data = bufs[i];
+        }
+        if ((rc = gguf_add_tensor(dst, name, to, t->n_dims, t->ne, data))) {
+            cli_error("%s: cannot add tensor '%s' (%s)", out, name, kvllm_strerror(rc));
+            break;
+        }
+        char a[32], b[32];
+        human(a, sizeof a, (double)t->n_bytes);
+        human(b, sizeof b, (double)n_bytes);
+        fprintf(stderr, "[%4llu/%4llu] %-28s %-6s -> %-6s %10s -> %10s\n", (unsigned long long)i + 1,
+                (unsigned long long)src->n_tensors, name, dtype_name(t->type), dtype_name(to), a, b);
+        if (to < DTYPE_COUNT_) { cnt[to]++; b_in[to] += t->n_bytes; b_out[to] += n_bytes; }
+        total_in += t->n_bytes;
+        total_out += n_bytes;
+    }
+    if (rc) goto done;
+    if ((rc = gguf_write(dst, out))) goto done;
+
+    fprintf(stderr, "kvllm: quantized %s -> %s as %s in %.1f s (%d threads)\n", in, out, k_targets[ti].name,
+            cli_time() - t0, nth);
+    for (int t = 0; t < DTYPE_COUNT_; t++) {
+        if (!cnt[t]) continue;
+        char a[32], b[32];
+        human(a, sizeof a, (double)b_in[t]);
+        human(b, sizeof b, (double)b_out[t]);
+        fprintf(stderr, "  %-6s %4llu tensors  %10s -> %10s\n", dtype_name((uint32_t)t), (unsigned long long)cnt[t],
+                a, b);
+    }
+    char a[32], b[32];
+    human(a, sizeof a, (double)total_in);
+    human(b, sizeof b, (double)total_out);
+    fprintf(stderr, "  total  %4llu tensors  %10s -> %10s (%.1f%%)\n", (unsigned long long)src->n_tensors, a, b,
+            total_in ? 100.0 * (double)total_out / (double)total_in : 100.0);
+
+done:
+    if (bufs)
+        for (uint64_t i = 0; i < src->n_tensors; i++) free(bufs[i]);
+    free(bufs);
+    free(rowbuf);
+    free(bad);
+    threadpool_free(pool);
+    gguf_free(dst);
+    gguf_free(src);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,160 @@
+/* cmd_serve.c — `kvllm serve`: the OpenAI-compatible HTTP server.
+ *
+ * HTTP comes up before the model loads so that /health can say 503 while it
+ * does.  SIGINT / SIGTERM are blocked in every thread and taken by sigwait()
+ * here, so shutdown runs in plain code (no async-signal-safety puzzles):
+ * stop HTTP, abort what runs, join the engine thread, free everything. */
+#include "cli.h"
+#include "kvllm.h"
+#include "server/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *k_usage =
+    "usage: kvllm serve -m MODEL [options] [engine options]\n"
+    "  -m, --model PATH       GGUF file or llama2.c checkpoint\n"
+    "  --tokenizer PATH       vocabulary for models without one\n"
+    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin)\n"
+    "  --host ADDR            address to listen on (default 127.0.0.1)\n"
+    "  --port N               port (default 8080; 0 = any free port, printed on stderr)\n"
+    "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*\n"
+    "  --max-queue N          requests waiting before 429 (default 1024)\n"
+    "  --max-body SIZE        largest request body in bytes (default 1M; more gets 413)\n"
+    "  --chat-template FILE   Jinja chat template (default: the model's own)\n"
+    "  -c, --ctx-size N       context length (default: the model's)\n"
+    "  -t, --threads N        threads (default: all CPUs)\n"
+    "  -v, --verbose          debug logging\n";
+
+/* The model id: --alias, else the file (or folder) name without .gguf / .bin. */
+static void model_id(const char *path, const char *alias, char *out, size_t cap) {
+    if (alias) { snprintf(out, cap, "%s", alias); return; }
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
+    const char *base = strrchr(buf, '/');
+    base = base ? base + 1 : buf;
+    snprintf(out, cap, "%s", base);
+    n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf")) out[n - 5] = 0;
+    else if (n > 4 && !strcmp(out + n - 4, ".bin")) out[n - 4] = 0;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { cli_error("--chat-template: cannot open %s", path); return NULL; }
+    char *s = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = (n + 4096 + 1) * 2;
+            char *t = realloc(s, cap);
+            if (!t) { free(s); fclose(f); cli_error("out of memory"); return NULL; }
+            s = t;
+        }
+        size_t r = fread(s + n, 1, 4096, f);
+        n += r;
+        if (r < 4096) break;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (err) { free(s); cli_error("--chat-template: cannot read %s", path); return NULL; }
+    s[n] = 0;
+    return s;
+}
+
+static bool parse_bytes(const char *opt, const char *v, uint64_t *out) {
+    char *end;
+    double d = strtod(v, &end);
+    double mul = *end == 'k' || *end == 'K' ? 1024.0 : *end == 'm' || *end == 'M' ? 1048576.0
+               : *end == 'g' || *end == 'G' ? 1073741824.0 : 1.0;
+    if (mul > 1) end++;
+    if (end == v || *end || !(d >= 1) || d * mul > 1e12) {
+        cli_error("%s: '%s' is not a size in bytes (e.g. 65536, 512K, 4M)", opt, v);
+        return false;
+    }
+    *out = (uint64_t)(d * mul);
+    return true;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *tokenizer = NULL, *alias = NULL, *template_path = NULL;
+    struct server_params sp = { .host = "127.0.0.1", .port = 8080 };
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    long threads = 0, n_ctx = 0, l;
+    uint64_t max_body = 1 << 20;
+    bool verbose = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return 0; }
+        int eo = cli_engine_opt(argc, argv, &i, &ep);
+        if (eo < 0) return 2;
+        if (eo > 0) continue;
+        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!(v = cli_arg(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--tokenizer")) tokenizer = v;
+        else if (!strcmp(a, "--alias")) alias = v;
+        else if (!strcmp(a, "--host")) sp.host = v;
+        else if (!strcmp(a, "--port")) { if (!cli_int(a, v, 0, 65535, &l)) return 2; sp.port = (int)l; }
+        else if (!strcmp(a, "--api-key")) sp.api_key = v;
+        else if (!strcmp(a, "--max-queue")) { if (!cli_int(a, v, 1, 1 << 24, &l)) return 2; ep.max_queue = (int)l; }
+        else if (!strcmp(a, "--max-body")) { if (!parse_bytes(a, v, &max_body)) return 2; }
+        else if (!strcmp(a, "--chat-template")) template_path = v;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else { cli_error("serve: unknown option '%s' (see kvllm serve --help)", a); return 2; }
+    }
+    if (!model) { cli_error("serve: -m MODEL is required (see kvllm serve --help)"); return 2; }
+    if (verbose) kvllm_log_set_level(KVLLM_LOG_DEBUG);
+    char id[256];
+    model_id(model, alias, id, sizeof id);
+    char *tmpl = template_path ? read_file(template_path) : NULL;
+    if (template_path && !tmpl) return 1;
+    sp.model_id = id;
+    sp.chat_template = tmpl;
+    sp.max_body = (size_t)max_body;
+
+    /* every thread created from here on inherits the blocked set */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct server *srv = NULL;
+    struct kvllm_model *m = NULL;
+    struct kvllm_engine *e = NULL;
+    int rc = server_start(&sp, &srv);
+    free(tmpl);
+    if (rc) return 1;
+    fprintf(stderr, "kvllm: listening on http://%s:%d (model '%s' loading)\n", sp.host, server_port(srv), id);
+
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.tokenizer_path = tokenizer;
+    mp.n_threads = (int)threads;
+    rc = kvllm_model_load(model, &mp, &m);
+    if (!rc) {
+        const struct kvllm_model_desc *d = kvllm_model_describe(m);
+        ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
+        rc = kvllm_engine_new(m, &ep, &e);
+    }
+    if (!rc) rc = server_ready(srv, m, e, ep.n_ctx);
+    if (!rc) {
+        fprintf(stderr, "kvllm: ready: %s on http://%s:%d (context %d, max %d sequences)\n", id, sp.host,
+                server_port(srv), ep.n_ctx, ep.max_seqs);
+        int sig = 0;
+        sigwait(&sigs, &sig);
+        fprintf(stderr, "kvllm: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+    server_stop(srv);
+    kvllm_engine_free(e);
+    kvllm_model_free(m);
+    server_free(srv);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,199 @@
+/* cmd_template.c — `kvllm template`: render a chat template for a
+ * conversation and print the prompt exactly (no newline added), for tests
+ * and for looking at what a model will be fed.
+ *
+ * With --template the file is rendered by the template module itself, with
+ * the --bos/--eos given; with -m the model's own template (or --template's)
+ * goes through kvllm_chat_render(), with the model's BOS/EOS.  The
+ * conversation is a JSON array of {"role": str, "content": str|null}
+ * objects, read with json-c.  Library errors are logged by the library
+ * (one "kvllm: error: chat template LINE:COL: ..." line). */
+#include "cli.h"
+#include "kvllm.h"
+#include "tok/chat_template.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *k_usage =
+    "usage: kvllm template (-m MODEL | --template FILE) --messages JSON_FILE [--add-generation-prompt]\n"
+    "                      [--bos TEXT] [--eos TEXT] [--now YYYY-MM-DD]\n"
+    "  -m, --model MODEL        use the model's chat template (GGUF tokenizer.chat_template) and BOS/EOS\n"
+    "  --template FILE          a Jinja chat template file (with -m: instead of the model's)\n"
+    "  --messages FILE          the conversation: a JSON array of {\"role\": ..., \"content\": ...} ('-': stdin)\n"
+    "  --add-generation-prompt  end with the assistant's turn header\n"
+    "  --bos TEXT, --eos TEXT   bos_token / eos_token for --template without -m (default empty)\n"
+    "  --now YYYY-MM-DD         the date strftime_now() sees (default: today; env KVLLM_TEMPLATE_NOW)\n"
+    "  output: the rendered prompt on stdout, byte for byte\n";
+
+struct opts {
+    const char *model, *template_path, *messages, *bos, *eos, *now;
+    bool add_gen;
+};
+
+/* 0 ok, 1 help printed, 2 usage error (reported). */
+static int parse_args(int argc, char **argv, struct opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = NULL;
+        if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dst = &o->model;
+        else if (!strcmp(a, "--template")) dst = &o->template_path;
+        else if (!strcmp(a, "--messages")) dst = &o->messages;
+        else if (!strcmp(a, "--bos")) dst = &o->bos;
+        else if (!strcmp(a, "--eos")) dst = &o->eos;
+        else if (!strcmp(a, "--now")) dst = &o->now;
+        else if (!strcmp(a, "--add-generation-prompt")) { o->add_gen = true; continue; }
+        else { cli_error("template: unknown argument '%s' (see kvllm template --help)", a); return 2; }
+        if (!(*dst = cli_arg(argc, argv, &i))) return 2;
+    }
+    if (!o->model && !o->template_path) { cli_error("template: give -m MODEL or --template FILE"); return 2; }
+    if (!o->messages) { cli_error("template: --messages FILE is required"); return 2; }
+    if (o->model && (o->bos || o->eos)) {
+        cli_error("template: --bos/--eos apply to --template without -m (a model brings its own)");
+        return 2;
+    }
+    return 0;
+}
+
+/* The whole file ('-': stdin), NUL-terminated; NULL on error (reported). */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) { cli_error("%s: cannot open", path); return NULL; }
+    size_t cap = 1 << 14, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, cap *= 2);
+        if (!bigger) free(buf);
+        buf = bigger;
+    }
+    bool bad = !buf || ferror(f);
+    if (f != stdin) fclose(f);
+    if (bad) { cli_error("%s: read error", path); free(buf); return NULL; }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* A JSON string field as a C string; NULL for JSON null; *ok false when
+ * the field has another type or a NUL inside (reported). */
+static const char *string_field(struct json_object *msg, const char *key, int idx, bool *ok) {
+    struct json_object *v;
+    if (!json_object_object_get_ex(msg, key, &v)) {
+        cli_error("template: message %d has no \"%s\"", idx, key);
+        *ok = false;
+        return NULL;
+    }
+    if (json_object_is_type(v, json_type_null)) return NULL;
+    if (!json_object_is_type(v, json_type_string)) {
+        cli_error("template: message %d: \"%s\" must be a string or null", idx, key);
+        *ok = false;
+        return NULL;
+    }
+    const char *s = json_object_get_string(v);
+    if ((size_t)json_object_get_string_len(v) != strlen(s)) {
+        cli_error("template: message %d: \"%s\" contains a NUL character", idx, key);
+        *ok = false;
+    }
+    return s;
+}
+
+/* Parse the conversation; *msgs points into root (json_object_put(root) frees it).
+ * Returns the count, or -1 (reported). */
+static int read_messages(const char *path, struct json_object **root, struct kvllm_chat_message **msgs) {
+    size_t len;
+    char *text = read_all(path, &len);
+    if (!text) return -1;
+    enum json_tokener_error jerr = json_tokener_success;
+    struct json_tokener *tok = json_tokener_new();
+    *root = tok ? json_tokener_parse_ex(tok, text, (int)len) : NULL;
+    if (tok) jerr = json_tokener_get_error(tok);
+    bool trailing = tok && *root && (size_t)json_tokener_get_parse_end(tok) != len;
+    json_tokener_free(tok);
+    free(text);
+    if (!*root || jerr != json_tokener_success || trailing) {
+        cli_error("%s: not valid JSON (%s)", path, trailing ? "text after the value" : json_tokener_error_desc(jerr));
+        json_object_put(*root);
+        *root = NULL;
+        return -1;
+    }
+    if (!json_object_is_type(*root, json_type_array)) {
+        cli_error("%s: expected a JSON array of messages", path);
+        return -1;
+    }
+    int n = (int)json_object_array_length(*root);
+    *msgs = calloc((size_t)n + 1, sizeof **msgs);
+    if (!*msgs) { cli_error("out of memory"); return -1; }
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        struct json_object *m = json_object_array_get_idx(*root, (size_t)i);
+        if (!json_object_is_type(m, json_type_object)) {
+            cli_error("%s: message %d is not an object", path, i);
+            ok = false;
+            break;
+        }
+        json_object_object_foreach(m, key, val) {
+            (void)val;
+            if (strcmp(key, "role") && strcmp(key, "content")) {
+                cli_error("%s: message %d: only \"role\" and \"content\" are supported, not \"%s\"", path, i, key);
+                ok = false;
+            }
+        }
+        if (!ok) break;
+        (*msgs)[i].role = string_field(m, "role", i, &ok);
+        if (ok && !(*msgs)[i].role) { cli_error("%s: message %d: \"role\" is null", path, i); ok = false; }
+        if (ok) (*msgs)[i].content = string_field(m, "content", i, &ok);
+    }
+    return ok ? n : -1;
+}
+
+int cmd_template(int argc, char **argv) {
+    struct opts o = { 0 };
+    int prc = parse_args(argc, argv, &o);
+    if (prc) return prc == 1 ? 0 : 2;
+    struct json_object *root = NULL;
+    struct kvllm_chat_message *msgs = NULL;
+    char *tmpl = NULL, *out = NULL;
+    size_t tmpl_len = 0, out_len = 0;
+    int status = 1, rc = 0;
+    int n = read_messages(o.messages, &root, &msgs);
+    if (n < 0) goto done;
+    if (o.template_path && !(tmpl = read_all(o.template_path, &tmpl_len))) goto done;
+    if (o.model) {
+        /* the library reads the date from the environment */
+        if (o.now && setenv("KVLLM_TEMPLATE_NOW", o.now, 1)) { cli_error("cannot set KVLLM_TEMPLATE_NOW"); goto done; }
+        if (tmpl && strlen(tmpl) != tmpl_len) {
+            cli_error("%s: the template contains a NUL byte", o.template_path);
+            goto done;
+        }
+        kvllm_log_set_level(KVLLM_LOG_WARN);
+        struct kvllm_model_params mp = kvllm_model_default_params();
+        struct kvllm_model *m = NULL;
+        rc = kvllm_model_load(o.model, &mp, &m);
+        if (!rc) rc = kvllm_chat_render(m, tmpl, msgs, n, o.add_gen, &out);
+        if (!rc) out_len = strlen(out);
+        kvllm_model_free(m);
+    } else {
+        struct chat_template_params p = {
+            .msgs = msgs, .n_msgs = n, .add_generation_prompt = o.add_gen,
+            .bos_token = o.bos, .eos_token = o.eos, .now = o.now,
+        };
+        rc = chat_template_render(tmpl, tmpl_len, &p, &out, &out_len);
+    }
+    if (rc) goto done;
+    if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout)) {
+        cli_error("cannot write the output");
+        goto done;
+    }
+    status = 0;
+done:
+    free(out);
+    free(tmpl);
+    free(msgs);
+    json_object_put(root);
+    return status;
+}

@@ -67,8 +67,10 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
         for (int th = 0; th < 2; th++) {
             memset(out, 0xff, (size_t)n * yrow);
             B->avx2[th]->ops->matmul(B->avx2[th], out, &w, x, n);
-            double e = rel_err(out, ref, (size_t)n * (size_t)M);
-            CHECK_MSG(e <= 1e-5, "%s K=%lld M=%lld n=%d threads=%d: rel err %.3g", dtype_name(type),
+            /* FMA (avx2) vs separate multiply and add (scalar): with M = 1 the norm is one
+             * dot product, whose cancellation can lift the relative error past 1e-5 */
+            double e = rel_err(out, ref, (size_t)n * (size_t)M), tol = M == 1 ? 5e-5 : 1e-5;
+            CHECK_MSG(e <= tol, "%s K=%lld M=%lld n=%d threads=%d: rel err %.3g", dtype_name(type),
                       (long long)K, (long long)M, n, th + 1, e);
         }
     }
@@ -166,8 +168,10 @@ int main(void) {
     if (!B.scalar || !B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
     if (threadpool_size(B.avx2[1]->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 
-    static const uint32_t types[] = { DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1 };
-    static const int64_t Ks[] = { 32, 96, MAX_K, 13, 100 };   /* the last two: not whole blocks, float types only */
+    static const uint32_t types[] = { DTYPE_F32, DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
+                                      DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+    /* 13 and 100: not whole blocks (float types only); 256 and 768: K-quant super-blocks */
+    static const int64_t Ks[] = { 32, 96, MAX_K, 13, 100, 256, 768 };
     static const int64_t Ms[] = { 1, 7, 33 };
     for (size_t it = 0; it < sizeof types / sizeof *types; it++)
         for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {

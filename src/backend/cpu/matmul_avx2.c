@@ -220,13 +220,12 @@ ALWAYS_INLINE size_t k_block_bytes(uint32_t type) {
          : type == DTYPE_Q5_K ? sizeof(struct block_q5_K) : sizeof(struct block_q6_K);
 }
 
-/* 32 bytes as four vectors of 8 int32 (bytes 0-7, 8-15, 16-23, 24-31). */
-ALWAYS_INLINE void widen32(__m256i v, __m256i q[4]) {
+/* 32 bytes (unsigned, or signed when sign) as four vectors of 8 int32
+ * (bytes 0-7, 8-15, 16-23, 24-31). */
+ALWAYS_INLINE void widen32(__m256i v, bool sign, __m256i q[4]) {
     __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-    q[0] = _mm256_cvtepu8_epi32(lo);
-    q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-    q[2] = _mm256_cvtepu8_epi32(hi);
-    q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+    __m128i p[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+    for (int j = 0; j < 4; j++) q[j] = sign ? _mm256_cvtepi8_epi32(p[j]) : _mm256_cvtepu8_epi32(p[j]);
 }
 
 /* The f32 scales of super-block sb, as dtype_k.c forms them: Q4_K / Q5_K
@@ -268,10 +267,11 @@ ALWAYS_INLINE void deq_ksub(uint32_t type, const uint8_t *sb, int s, const float
         __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
         ql = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (r >> 1)), low4);
         qh = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), _mm256_set1_epi8(3));
-        widen32(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), q);   /* bytes 0..63: no carry across bytes */
+        /* q = low | high << 4 (0..63, no carry across bytes), then q - 32 as int8 */
+        widen32(_mm256_sub_epi8(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), _mm256_set1_epi8(32)), true, q);
         const __m256 d0 = _mm256_set1_ps(dl[2 * s]), d1 = _mm256_set1_ps(dl[2 * s + 1]);
         for (int j = 0; j < 4; j++)   /* (d * sc) * (q - 32) */
-            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(32))), j < 2 ? d0 : d1);
+            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), j < 2 ? d0 : d1);
         return;
     }
     /* Q4_K, Q5_K: the codes of sub-block s are nibble s & 1 of qs[32 (s / 2) ..] */
@@ -285,7 +285,7 @@ ALWAYS_INLINE void deq_ksub(uint32_t type, const uint8_t *sb, int s, const float
         qh = _mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1));
         v = _mm256_or_si256(v, _mm256_slli_epi16(qh, 4));
     }
-    widen32(v, q);
+    widen32(v, false, q);
     const __m256 d1 = _mm256_set1_ps(dl[s]), m1 = _mm256_set1_ps(ml[s]);
     for (int j = 0; j < 4; j++)       /* (d * sc) * q - dmin * m: two roundings, no FMA */
         w[j] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d1), m1);

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev pkg-config)
+PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev libpcre2-dev pkg-config)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -24,6 +24,8 @@ static void *arena_alloc(struct gguf *g, size_t n) {
     return a->data;
 }
 
+void *gguf_alloc(struct gguf *g, size_t n) { return arena_alloc(g, n); }
+
 static const char *arena_strdup(struct gguf *g, const char *s, size_t n) {
     char *p = arena_alloc(g, n + 1);
     if (!p) return NULL;

@@ -124,6 +124,11 @@ int gguf_set_kv(struct gguf *g, const struct gguf_kv *kv);
 int gguf_add_tensor(struct gguf *g, const char *name, uint32_t type, uint32_t n_dims,
                     const int64_t *ne, const void *data);
 
+/* n bytes (max_align_t aligned) owned by g and freed by gguf_free: for
+ * tensor data a loader materializes (permuted or converted copies).
+ * NULL on OOM (logged). */
+void *gguf_alloc(struct gguf *g, size_t n);
+
 /* Write g to path as GGUF v3 (alignment from general.alignment or 32). */
 int gguf_write(const struct gguf *g, const char *path);
 

@@ -2,6 +2,7 @@
  * `<arch>.*` keys, and weight tensors checked for presence, shape and type
  * before any pointer is used. */
 #include "model/model.h"
+#include "load/hf.h"
 #include "load/llama2c.h"
 
 #include <stdio.h>
@@ -165,6 +166,8 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
         rc = gguf_open(path, &m->file);
     } else if (llama2c_is_checkpoint(path)) {
         rc = llama2c_open(path, &m->file);
+    } else if (hf_is_folder(path)) {
+        rc = hf_open(path, &m->file);
     } else {
         struct file_map fm;
         rc = file_map_open(&fm, path); /* logs a precise I/O error if unreadable */

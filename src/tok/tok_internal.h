@@ -1,10 +1,20 @@
 /* tok_internal.h — the tokenizer's tables, shared by tokenizer.c (loading,
- * lookups, decoding), spm.c (encoding) and detok.c (streaming decode).
+ * lookups, decoding), spm.c and bpe.c (encoding) and detok.c (streaming
+ * decode).
  * Not part of the module's interface: only src/tok/ includes it. */
 #ifndef KVLLM_TOK_INTERNAL_H
 #define KVLLM_TOK_INTERNAL_H
 
 #include "tok/tokenizer.h"
+
+/* spm.c defines the SentencePiece encoder under this name; tokenizer.c
+ * defines the public tokenizer_encode, which picks SentencePiece or
+ * byte-level BPE (bpe.c) by the vocabulary's model. */
+#define tokenizer_encode tok_spm_encode
+int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len,
+                   bool add_bos, bool parse_special, int32_t *ids, int n_max);
+
+struct bpe;
 
 struct tokenizer {
     int n_vocab;
@@ -26,6 +36,9 @@ struct tokenizer {
     int bos, eos, unk;     /* -1 when absent */
     bool add_bos;          /* tokenizer.ggml.add_bos_token */
     bool add_space_prefix; /* tokenizer.ggml.add_space_prefix */
+
+    struct bpe *bpe;       /* byte-level BPE ("gpt2" model): merges and pre-tokenizer;
+                            * NULL for SentencePiece */
 };
 
 /* Id of the piece s[0, n), or -1 when it is not in the vocabulary. */

@@ -3,10 +3,12 @@
  * Model of the world: the vocabulary is copied out of the gguf into a few
  * flat arrays (pieces, decoded text, scores, types) plus an open-addressing
  * hash from piece to id.  Everything a token decodes to is computed once
- * here, so decoding is a copy; encoding (spm.c) only needs lookups and
- * scores.  The struct is immutable after tokenizer_new: any number of
+ * here, so decoding is a copy; encoding (spm.c, or bpe.c for byte-level
+ * "gpt2" vocabularies) only needs lookups, scores and merge ranks.  The struct is immutable after tokenizer_new: any number of
  * threads may encode and decode with it at once. */
 #include "tok/tok_internal.h"
+#include "tok/bpe.h"
+#include "tok/unicode.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +108,21 @@ static size_t decode_piece(const struct tokenizer *t, int id, char *dst) {
         break;
     }
     size_t out = 0;
+    if (t->bpe) { /* byte-level: each character stands for one byte */
+        for (size_t i = 0; i < n;) {
+            size_t len;
+            int b = unicode_utf8_to_byte(s + i, n - i, &len);
+            if (b >= 0) {
+                if (dst) dst[out] = (char)b;
+                out++;
+            } else { /* not of the alphabet: kept as it is */
+                if (dst) memcpy(dst + out, s + i, len);
+                out += len;
+            }
+            i += len;
+        }
+        return out;
+    }
     for (size_t i = 0; i < n;) {
         if (n - i >= 3 && memcmp(s + i, SPM_SPACE, 3) == 0) {
             if (dst) dst[out] = ' ';
@@ -236,8 +253,9 @@ static int read_bool(const struct gguf *g, const char *key, bool def, bool *out)
     return rc;
 }
 
-/* Only SentencePiece ("llama") vocabularies are understood so far. */
-static int check_model(const struct gguf *g) {
+/* SentencePiece ("llama") and byte-level BPE ("gpt2") vocabularies;
+ * *is_bpe tells which. */
+static int check_model(const struct gguf *g, bool *is_bpe) {
     struct gguf_str model;
     int rc = gguf_get_str(g, KEY_MODEL, &model);
     if (rc == KVLLM_ENOTFOUND) {
@@ -250,10 +268,11 @@ static int check_model(const struct gguf *g) {
                 (int)model.len, model.ptr);
         return KVLLM_ENOTFOUND;
     }
-    if (!gguf_str_eq(model, "llama")) {
+    *is_bpe = gguf_str_eq(model, "gpt2");
+    if (!gguf_str_eq(model, "llama") && !*is_bpe) {
         int n = model.len > 64 ? 64 : (int)model.len;
-        LOG_ERR("%s: tokenizer model '%.*s' is not supported (only 'llama', SentencePiece BPE)",
-                g->path, n, model.ptr);
+        LOG_ERR("%s: tokenizer model '%.*s' is not supported (only 'llama', SentencePiece BPE, "
+                "and 'gpt2', byte-level BPE)", g->path, n, model.ptr);
         return KVLLM_EUNSUPPORTED;
     }
     return 0;
@@ -311,18 +330,23 @@ static int copy_scores_types(struct tokenizer *t, const struct gguf *g) {
 }
 
 static int read_specials(struct tokenizer *t, const struct gguf *g) {
-    /* defaults are SentencePiece's ids, as llama.cpp assumes for "llama" */
-    int rc = read_token_id(g, KEY_BOS, 1, t->n_vocab, &t->bos);
-    if (rc == 0) rc = read_token_id(g, KEY_EOS, 2, t->n_vocab, &t->eos);
-    if (rc == 0) rc = read_token_id(g, KEY_UNK, 0, t->n_vocab, &t->unk);
-    if (rc == 0) rc = read_bool(g, KEY_ADD_BOS, true, &t->add_bos);
-    if (rc == 0) rc = read_bool(g, KEY_ADD_SPACE, true, &t->add_space_prefix);
+    /* SentencePiece: its usual ids, as llama.cpp assumes for "llama".
+     * Byte-level BPE: none unless given; BOS and no space prefix by the
+     * pre-tokenizer's defaults (llama.cpp's: BOS for llama3) */
+    bool bpe = t->bpe != NULL;
+    int rc = read_token_id(g, KEY_BOS, bpe ? -1 : 1, t->n_vocab, &t->bos);
+    if (rc == 0) rc = read_token_id(g, KEY_EOS, bpe ? -1 : 2, t->n_vocab, &t->eos);
+    if (rc == 0) rc = read_token_id(g, KEY_UNK, bpe ? -1 : 0, t->n_vocab, &t->unk);
+    if (rc == 0) rc = read_bool(g, KEY_ADD_BOS, bpe ? bpe_default_add_bos(t->bpe) : true, &t->add_bos);
+    if (rc == 0) rc = read_bool(g, KEY_ADD_SPACE, !bpe, &t->add_space_prefix);
     return rc;
 }
 
 static int load(struct tokenizer *t, const struct gguf *g) {
-    int rc = check_model(g);
+    bool is_bpe = false;
+    int rc = check_model(g, &is_bpe);
     if (rc < 0) return rc;
+    if (is_bpe && (rc = bpe_new(g, &t->bpe)) < 0) return rc;
     const struct gguf_kv *tokens;
     rc = gguf_get_arr(g, KEY_TOKENS, GGUF_T_STRING, &tokens);
     if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: no vocabulary (%s is missing)", g->path, KEY_TOKENS);
@@ -366,7 +390,17 @@ void tokenizer_free(struct tokenizer *t) {
     free(t->types);
     free(t->slots);
     free(t->special);
+    bpe_free(t->bpe);
     free(t);
+}
+
+/* ---- encoding: by the vocabulary's model ---- */
+
+#undef tokenizer_encode
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
+                     bool add_bos, bool parse_special, int32_t *ids, int n_max) {
+    if (t->bpe) return bpe_encode(t, text, len, add_bos, parse_special, ids, n_max);
+    return tok_spm_encode(t, text, len, add_bos, parse_special, ids, n_max);
 }
 
 /* ---- queries ---- */

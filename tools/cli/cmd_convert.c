@@ -1,17 +1,23 @@
-/* cmd_convert.c — `kvllm convert IN -o OUT.gguf [--tokenizer PATH]`: a
- * llama2.c checkpoint (or a GGUF) written as GGUF, tensors in their source
- * type, with the vocabulary's tokenizer.ggml.* keys when one is given. */
+/* cmd_convert.c — `kvllm convert IN [--to gguf|hf] -o OUT [--tokenizer PATH]`:
+ * a llama2.c checkpoint, a GGUF or a Hugging Face folder written as GGUF
+ * (tensors in their source type, with the vocabulary's tokenizer.ggml.*
+ * keys when one is given) or as a Hugging Face folder (config.json,
+ * generation_config.json, model.safetensors; no tokenizer files). */
 #include "cli.h"
 #include "kvllm.h"
 #include "load/gguf.h"
+#include "load/hf.h"
 #include "load/llama2c.h"
 
 #include <stdio.h>
 #include <string.h>
 
 static const char *k_usage =
-    "usage: kvllm convert IN -o OUT.gguf [--tokenizer PATH]\n"
-    "  IN          llama2.c checkpoint (legacy version-0 .bin) or GGUF file\n"
+    "usage: kvllm convert IN [--to gguf|hf] -o OUT [--tokenizer PATH]\n"
+    "  IN          llama2.c checkpoint (legacy version-0 .bin), GGUF file or Hugging Face folder\n"
+    "  --to        gguf (default): OUT is a GGUF file; hf: OUT is a folder that gets config.json,\n"
+    "              generation_config.json and model.safetensors (F32/F16/BF16 tensors only; no\n"
+    "              tokenizer files are written: load it with --tokenizer)\n"
     "  --tokenizer llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
 
 /* Copy the tokenizer.* keys of a vocabulary file (GGUF or tokenizer.bin) into g. */
@@ -26,22 +32,25 @@ static int copy_vocab(struct gguf *g, const char *path) {
 }
 
 int cmd_convert(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *tok = NULL;
+    const char *in = NULL, *out = NULL, *tok = NULL, *to = "gguf";
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(argv[i], "-o")) { if (!(out = cli_arg(argc, argv, &i))) return 2; }
+        else if (!strcmp(argv[i], "--to")) { if (!(to = cli_arg(argc, argv, &i))) return 2; }
         else if (!strcmp(argv[i], "--tokenizer")) { if (!(tok = cli_arg(argc, argv, &i))) return 2; }
         else if (argv[i][0] != '-' && !in) in = argv[i];
         else { cli_error("convert: unknown option '%s'", argv[i]); return 2; }
     }
     if (!in || !out) { cli_error("convert: IN and -o OUT are required (see kvllm convert --help)"); return 2; }
+    if (strcmp(to, "gguf") && strcmp(to, "hf")) { cli_error("convert: --to must be gguf or hf, not '%s'", to); return 2; }
     struct gguf *g = NULL;
     int rc;
     if (gguf_is_gguf(in)) rc = gguf_open(in, &g);
     else if (llama2c_is_checkpoint(in)) rc = llama2c_open(in, &g);
-    else { cli_error("%s: not a GGUF file nor a llama2.c checkpoint", in); return 1; }
+    else if (hf_is_folder(in)) rc = hf_open(in, &g);
+    else { cli_error("%s: not a GGUF file, a llama2.c checkpoint nor a Hugging Face folder", in); return 1; }
     if (!rc && tok) rc = copy_vocab(g, tok);
-    if (!rc) rc = gguf_write(g, out);
+    if (!rc) rc = strcmp(to, "hf") ? gguf_write(g, out) : hf_write(g, out);
     if (!rc) fprintf(stderr, "kvllm: wrote %s (%llu tensors, %llu metadata keys)\n", out,
                      (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);
     gguf_free(g);

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "kvllm.h"
 #include "load/gguf.h"
+#include "load/hf.h"
 #include "load/llama2c.h"
 #include "tensor/dtype.h"
 
@@ -24,7 +25,7 @@ static void human(char *buf, size_t n, double bytes) {
 /* Count tensors and bytes per type (the model load already validated them). */
 static void print_tensor_types(const char *path) {
     struct gguf *g = NULL;
-    int rc = gguf_is_gguf(path) ? gguf_open(path, &g) : llama2c_open(path, &g);
+    int rc = hf_is_folder(path) ? hf_open(path, &g) : gguf_is_gguf(path) ? gguf_open(path, &g) : llama2c_open(path, &g);
     if (rc) return;
     uint64_t count[DTYPE_COUNT_] = { 0 }, bytes[DTYPE_COUNT_] = { 0 };
     for (uint64_t i = 0; i < g->n_tensors; i++) {

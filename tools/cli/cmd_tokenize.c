@@ -2,32 +2,66 @@
  *
  * The vocabulary comes from a GGUF (a full model or a vocab-only file) or a
  * llama2.c tokenizer.bin; a llama2.c checkpoint has none of its own, so it
- * needs --tokenizer.  Library errors are logged by the library itself (one
- * "kvllm: error: ..." line); this file only reports its own. */
+ * needs --tokenizer.  A byte-level BPE vocabulary may also come as a Hugging
+ * Face vocab.json + merges.txt pair (--vocab/--merges), with its
+ * pre-tokenizer named by --pre and added tokens by --special.  Library
+ * errors are logged by the library itself (one "kvllm: error: ..." line);
+ * this file only reports its own. */
 #include "cli.h"
 #include "load/gguf.h"
 #include "load/llama2c.h"
+#include "tok/bpe.h"
 #include "tok/tokenizer.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *k_usage =
-    "usage: kvllm tokenize (-m MODEL | --tokenizer PATH) [-f FILE|-] [--no-bos] [--parse-special] [--ids] [TEXT]\n"
+    "usage: kvllm tokenize (-m MODEL [--tokenizer PATH] | --vocab vocab.json --merges merges.txt [--pre NAME]\n"
+    "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids] [TEXT]\n"
     "  -m, --model MODEL   GGUF model or vocab-only GGUF (a llama2.c checkpoint needs --tokenizer)\n"
     "  --tokenizer PATH    llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
+    "  --vocab FILE        byte-level BPE vocabulary: Hugging Face vocab.json (piece -> id)\n"
+    "  --merges FILE       its merges.txt (one \"a b\" merge per line, optional #version line)\n"
+    "  --pre NAME          pre-tokenizer, as GGUF tokenizer.ggml.pre names it (default gpt-2)\n"
+    "  --special TEXT=ID   an added control token (repeatable), e.g. '<|begin_of_text|>=128000'\n"
     "  -f, --file FILE     tokenize the bytes of FILE exactly ('-': standard input)\n"
     "  --no-bos            do not prepend BOS even if the vocabulary asks for it\n"
     "  --parse-special     text of control tokens (\"<s>\") becomes those tokens\n"
     "  --ids               print only the ids, space-separated on one line\n"
     "  output: one line per token, ID<TAB>PIECE, with \\n \\t \\\\ and \\xNN escapes in PIECE\n";
 
+#define MAX_SPECIALS 256
+
 struct opts {
     const char *model, *tokenizer, *file, *text;
+    const char *vocab, *merges, *pre;
+    struct bpe_special specials[MAX_SPECIALS];
+    int n_specials;
     bool no_bos, parse_special, ids_only;
 };
+
+/* TEXT=ID, split at the last '=' (the text may contain '='); the text is
+ * cut in place.  false (reported) when malformed. */
+static bool parse_special_arg(char *a, struct opts *o) {
+    char *eq = strrchr(a, '=');
+    char *end = NULL;
+    long id = eq ? strtol(eq + 1, &end, 10) : -1;
+    if (!eq || eq == a || !end || end == eq + 1 || *end || id < 0 || id > INT32_MAX) {
+        cli_error("tokenize: --special takes TEXT=ID with a non-negative id, not '%s'", a);
+        return false;
+    }
+    if (o->n_specials == MAX_SPECIALS) {
+        cli_error("tokenize: more than %d --special tokens", MAX_SPECIALS);
+        return false;
+    }
+    *eq = 0;
+    o->specials[o->n_specials++] = (struct bpe_special){ a, (int32_t)id };
+    return true;
+}
 
 /* 0 ok, 1 help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, struct opts *o) {
@@ -40,6 +74,13 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(o->model = cli_arg(argc, argv, &i))) return 2; }
             else if (!strcmp(a, "--tokenizer")) { if (!(o->tokenizer = cli_arg(argc, argv, &i))) return 2; }
             else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!(o->file = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--vocab")) { if (!(o->vocab = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--merges")) { if (!(o->merges = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--pre")) { if (!(o->pre = cli_arg(argc, argv, &i))) return 2; }
+            else if (!strcmp(a, "--special")) {
+                const char *v = cli_arg(argc, argv, &i);
+                if (!v || !parse_special_arg(argv[i], o)) return 2;
+            }
             else if (!strcmp(a, "--no-bos")) o->no_bos = true;
             else if (!strcmp(a, "--parse-special")) o->parse_special = true;
             else if (!strcmp(a, "--ids")) o->ids_only = true;
@@ -51,7 +92,20 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             return 2;
         }
     }
-    if (!o->model && !o->tokenizer) { cli_error("tokenize: give -m MODEL or --tokenizer PATH"); return 2; }
+    bool files = o->vocab || o->merges;
+    if (files && (o->model || o->tokenizer)) {
+        cli_error("tokenize: give either -m MODEL/--tokenizer PATH or --vocab/--merges, not both");
+        return 2;
+    }
+    if (files && (!o->vocab || !o->merges)) { cli_error("tokenize: --vocab and --merges go together"); return 2; }
+    if (!files && (o->pre || o->n_specials)) {
+        cli_error("tokenize: --pre and --special apply to --vocab/--merges vocabularies");
+        return 2;
+    }
+    if (!files && !o->model && !o->tokenizer) {
+        cli_error("tokenize: give -m MODEL, --tokenizer PATH, or --vocab FILE --merges FILE");
+        return 2;
+    }
     if (o->file && o->text) { cli_error("tokenize: give either TEXT or -f FILE, not both"); return 2; }
     if (!o->file && !o->text) { cli_error("tokenize: no text: give TEXT or -f FILE (- for stdin)"); return 2; }
     return 0;
@@ -101,6 +155,14 @@ static bool readable(const char *path) {
 }
 
 static int load_tokenizer(const struct opts *o, struct tokenizer **t) {
+    if (o->vocab) {
+        if (!readable(o->vocab) || !readable(o->merges)) return 1;
+        struct gguf *g = NULL;
+        int rc = bpe_files_to_gguf(o->vocab, o->merges, o->pre, o->specials, o->n_specials, &g);
+        if (rc == 0) rc = tokenizer_new(g, t);
+        gguf_free(g);
+        return rc < 0 ? 1 : 0;
+    }
     const char *path = o->tokenizer;
     if (o->model && !readable(o->model)) return 1;
     if (!path) {

@@ -1,0 +1,702 @@
+/* hf.c — Hugging Face Llama/Mistral folders <-> in-memory GGUF (see hf.h).
+ *
+ * Reading: config.json -> llama.* keys; the shards are mapped back to back
+ * into one reservation (each at a page boundary) so that the gguf's single
+ * file_map owns them all; each shard's header is validated by st_parse and
+ * its tensors are renamed to GGUF names.  Every error is logged once, where
+ * it is found, with the file (and tensor) it concerns. */
+#include "load/hf.h"
+#include "load/safetensors.h"
+#include "tensor/dtype.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HF_MAX_SHARDS 4096
+#define HF_JSON_DEPTH 32
+
+bool hf_is_folder(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* ---- JSON files ---- */
+
+/* Parse a whole JSON file; logs "<path>: ..." on failure. */
+static int read_json(const char *path, json_object **out) {
+    *out = NULL;
+    struct file_map fm;
+    int rc = file_map_open(&fm, path);
+    if (rc) return rc;
+    if (fm.size > (size_t)INT_MAX) {
+        LOG_ERR("%s: JSON file too large (%zu bytes)", path, fm.size);
+        file_map_close(&fm);
+        return KVLLM_EFORMAT;
+    }
+    json_tokener *tok = json_tokener_new_ex(HF_JSON_DEPTH);
+    if (!tok) { file_map_close(&fm); LOG_ERR("%s: out of memory", path); return KVLLM_ENOMEM; }
+    json_object *root = fm.size ? json_tokener_parse_ex(tok, (const char *)fm.data, (int)fm.size) : NULL;
+    enum json_tokener_error jerr = fm.size ? json_tokener_get_error(tok) : json_tokener_continue;
+    size_t used = fm.size ? json_tokener_get_parse_end(tok) : 0;
+    json_tokener_free(tok);
+    bool trailing_ok = true;
+    for (size_t i = used; root && i < fm.size; i++)
+        if (!strchr(" \t\r\n", fm.data[i]) || !fm.data[i]) trailing_ok = false;
+    file_map_close(&fm);
+    if (!root || jerr != json_tokener_success || !trailing_ok) {
+        LOG_ERR("%s: malformed JSON: %s (byte %zu)", path,
+                root ? "trailing data after the value"
+                     : jerr == json_tokener_continue || jerr == json_tokener_success ? "the JSON ends early"
+                                                                                     : json_tokener_error_desc(jerr),
+                used);
+        json_object_put(root);
+        return KVLLM_EFORMAT;
+    }
+    if (!json_object_is_type(root, json_type_object)) {
+        LOG_ERR("%s: malformed JSON: the top level is not an object", path);
+        json_object_put(root);
+        return KVLLM_EFORMAT;
+    }
+    *out = root;
+    return 0;
+}
+
+/* config.json fields: absent or null -> default (or an error when required). */
+static json_object *cfg_get(json_object *o, const char *key) {
+    json_object *v;
+    return json_object_object_get_ex(o, key, &v) && v ? v : NULL;
+}
+
+static int cfg_int(const char *path, json_object *cfg, const char *key, bool required, int64_t lo, int64_t hi,
+                   int64_t def, int64_t *out) {
+    json_object *v = cfg_get(cfg, key);
+    if (!v) {
+        if (!required) { *out = def; return 0; }
+        LOG_ERR("%s: missing required field \"%s\"", path, key);
+        return KVLLM_EFORMAT;
+    }
+    int64_t x = json_object_is_type(v, json_type_int) ? json_object_get_int64(v) : INT64_MIN;
+    if (x < lo || x > hi) {
+        LOG_ERR("%s: \"%s\" must be an integer in [%lld, %lld], got %.40s", path, key, (long long)lo, (long long)hi,
+                json_object_to_json_string(v));
+        return KVLLM_EFORMAT;
+    }
+    *out = x;
+    return 0;
+}
+
+static int cfg_float(const char *path, json_object *cfg, const char *key, double lo, double hi, double def,
+                     double *out) {
+    json_object *v = cfg_get(cfg, key);
+    if (!v) { *out = def; return 0; }
+    double x = json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)
+                   ? json_object_get_double(v) : NAN;
+    if (!(x >= lo && x <= hi)) {
+        LOG_ERR("%s: \"%s\" must be a number in [%g, %g], got %.40s", path, key, lo, hi,
+                json_object_to_json_string(v));
+        return KVLLM_EFORMAT;
+    }
+    *out = x;
+    return 0;
+}
+
+static int cfg_bool(const char *path, json_object *cfg, const char *key, bool def, bool *out) {
+    json_object *v = cfg_get(cfg, key);
+    if (!v) { *out = def; return 0; }
+    if (!json_object_is_type(v, json_type_boolean)) {
+        LOG_ERR("%s: \"%s\" must be true or false, got %.40s", path, key, json_object_to_json_string(v));
+        return KVLLM_EFORMAT;
+    }
+    *out = json_object_get_boolean(v);
+    return 0;
+}
+
+struct hf_hparams {
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    int64_t n_swa;      /* Mistral sliding_window, 0 when absent/null */
+    double eps, theta;
+    bool tied;
+};
+
+/* Check the architecture and read the hyper-parameters. */
+static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM" };
+    static const char *types[] = { "llama", "mistral" };
+    json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
+    const char *name = NULL;
+    bool known = false;
+    if (a) {
+        json_object *a0 = json_object_is_type(a, json_type_array) && json_object_array_length(a) > 0
+                              ? json_object_array_get_idx(a, 0) : NULL;
+        if (!a0 || !json_object_is_type(a0, json_type_string)) {
+            LOG_ERR("%s: \"architectures\" must be an array of strings", path);
+            return KVLLM_EFORMAT;
+        }
+        name = json_object_get_string(a0);
+        for (size_t i = 0; i < 2; i++) known |= !strcmp(name, archs[i]);
+    } else if (t) {
+        if (!json_object_is_type(t, json_type_string)) {
+            LOG_ERR("%s: \"model_type\" must be a string", path);
+            return KVLLM_EFORMAT;
+        }
+        name = json_object_get_string(t);
+        for (size_t i = 0; i < 2; i++) known |= !strcmp(name, types[i]);
+    } else {
+        LOG_ERR("%s: neither \"architectures\" nor \"model_type\" is given", path);
+        return KVLLM_EFORMAT;
+    }
+    if (!known) {
+        LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM)", path, name);
+        return KVLLM_EUNSUPPORTED;
+    }
+    const int64_t big = 1 << 20;
+    int64_t head_dim;
+    int rc;
+    if ((rc = cfg_int(path, cfg, "hidden_size", true, 1, big, 0, &hp->n_embd)) ||
+        (rc = cfg_int(path, cfg, "num_hidden_layers", true, 1, 4096, 0, &hp->n_layer)) ||
+        (rc = cfg_int(path, cfg, "num_attention_heads", true, 1, 4096, 0, &hp->n_head)) ||
+        (rc = cfg_int(path, cfg, "num_key_value_heads", false, 1, 4096, hp->n_head, &hp->n_head_kv)) ||
+        (rc = cfg_int(path, cfg, "intermediate_size", true, 1, 4 * big, 0, &hp->n_ff)) ||
+        (rc = cfg_int(path, cfg, "vocab_size", true, 1, 1 << 24, 0, &hp->n_vocab)) ||
+        (rc = cfg_int(path, cfg, "max_position_embeddings", false, 1, 1 << 24, 2048, &hp->n_ctx)) ||
+        (rc = cfg_float(path, cfg, "rms_norm_eps", 0.0, 1.0, 1e-6, &hp->eps)) ||
+        (rc = cfg_float(path, cfg, "rope_theta", 1.0, 1e12, 10000.0, &hp->theta)) ||
+        (rc = cfg_bool(path, cfg, "tie_word_embeddings", false, &hp->tied)) ||
+        (rc = cfg_int(path, cfg, "sliding_window", false, 1, INT32_MAX, 0, &hp->n_swa)))
+        return rc;
+    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv || (hp->n_embd / hp->n_head) % 2) {
+        LOG_ERR("%s: hidden_size %lld, num_attention_heads %lld, num_key_value_heads %lld: heads must divide "
+                "hidden_size into an even head size and kv heads must divide heads", path, (long long)hp->n_embd,
+                (long long)hp->n_head, (long long)hp->n_head_kv);
+        return KVLLM_EFORMAT;
+    }
+    if ((rc = cfg_int(path, cfg, "head_dim", false, 1, big, hp->n_embd / hp->n_head, &head_dim))) return rc;
+    if (head_dim != hp->n_embd / hp->n_head) {
+        LOG_ERR("%s: head_dim %lld differs from hidden_size / num_attention_heads (not supported)", path,
+                (long long)head_dim);
+        return KVLLM_EUNSUPPORTED;
+    }
+    json_object *act = cfg_get(cfg, "hidden_act");
+    if (act && (!json_object_is_type(act, json_type_string) || strcmp(json_object_get_string(act), "silu"))) {
+        LOG_ERR("%s: hidden_act %.40s is not supported (only \"silu\")", path, json_object_to_json_string(act));
+        return KVLLM_EUNSUPPORTED;
+    }
+    json_object *rs = cfg_get(cfg, "rope_scaling");
+    if (rs) {
+        LOG_ERR("%s: rope_scaling %.80s is not supported yet", path, json_object_to_json_string(rs));
+        return KVLLM_EUNSUPPORTED;
+    }
+    bool bias;
+    static const char *bias_keys[] = { "attention_bias", "mlp_bias" };
+    for (size_t i = 0; i < 2; i++) {
+        if ((rc = cfg_bool(path, cfg, bias_keys[i], false, &bias))) return rc;
+        if (bias) { LOG_ERR("%s: \"%s\": true is not supported", path, bias_keys[i]); return KVLLM_EUNSUPPORTED; }
+    }
+    return 0;
+}
+
+static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp) {
+    char name[256];
+    snprintf(name, sizeof name, "%s", dir);
+    size_t n = strlen(name);
+    while (n > 1 && name[n - 1] == '/') name[--n] = 0;
+    const char *base = strrchr(name, '/');
+    base = base && base[1] ? base + 1 : name;
+    int rc = gguf_set_str(g, "general.architecture", "llama");
+    if (!rc) rc = gguf_set_str(g, "general.name", base);
+    if (!rc) rc = gguf_set_u32(g, "llama.context_length", (uint32_t)hp->n_ctx);
+    if (!rc) rc = gguf_set_u32(g, "llama.embedding_length", (uint32_t)hp->n_embd);
+    if (!rc) rc = gguf_set_u32(g, "llama.block_count", (uint32_t)hp->n_layer);
+    if (!rc) rc = gguf_set_u32(g, "llama.feed_forward_length", (uint32_t)hp->n_ff);
+    if (!rc) rc = gguf_set_u32(g, "llama.attention.head_count", (uint32_t)hp->n_head);
+    if (!rc) rc = gguf_set_u32(g, "llama.attention.head_count_kv", (uint32_t)hp->n_head_kv);
+    if (!rc) rc = gguf_set_u32(g, "llama.rope.dimension_count", (uint32_t)(hp->n_embd / hp->n_head));
+    if (!rc) rc = gguf_set_f32(g, "llama.rope.freq_base", (float)hp->theta);
+    if (!rc) rc = gguf_set_f32(g, "llama.attention.layer_norm_rms_epsilon", (float)hp->eps);
+    if (!rc) rc = gguf_set_u32(g, "llama.vocab_size", (uint32_t)hp->n_vocab);
+    /* recorded for the model; attention uses it only where the model code supports it */
+    if (!rc && hp->n_swa) rc = gguf_set_u32(g, "llama.attention.sliding_window", (uint32_t)hp->n_swa);
+    return rc;
+}
+
+/* ---- shards ---- */
+
+/* A shard file name from the index: a plain name inside the folder. */
+static bool plain_name(const char *s) {
+    size_t n = strlen(s);
+    return n > 0 && n < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* The shard names: from the index's weight_map (unique, in order of first
+ * appearance) or the single model.safetensors.  *names points into idx. */
+static int list_shards(const char *idx_path, json_object *idx, const char ***names, size_t *n) {
+    *names = NULL;
+    *n = 0;
+    json_object *wm = cfg_get(idx, "weight_map");
+    if (!wm || !json_object_is_type(wm, json_type_object) || json_object_object_length(wm) == 0) {
+        LOG_ERR("%s: missing or empty \"weight_map\" object", idx_path);
+        return KVLLM_EFORMAT;
+    }
+    const char **v = xcalloc((size_t)json_object_object_length(wm), sizeof *v);
+    if (!v) return KVLLM_ENOMEM;
+    json_object_object_foreach(wm, key, val) {
+        if (!json_object_is_type(val, json_type_string) || !plain_name(json_object_get_string(val))) {
+            LOG_ERR("%s: weight_map entry '%.100s' is not a file name in the folder", idx_path, key);
+            free(v);
+            return KVLLM_EFORMAT;
+        }
+        const char *s = json_object_get_string(val);
+        size_t i = 0;
+        while (i < *n && strcmp(v[i], s)) i++;
+        if (i == *n) {
+            if (*n == HF_MAX_SHARDS) { LOG_ERR("%s: more than %d shards", idx_path, HF_MAX_SHARDS); free(v); return KVLLM_EFORMAT; }
+            v[(*n)++] = s;
+        }
+    }
+    *names = v;
+    return 0;
+}
+
+/* Map the shards back to back into one reservation stored in g->map;
+ * base[i], size[i] receive each shard's image. */
+static int map_shards(struct gguf *g, char **paths, size_t n, const uint8_t **base, uint64_t *size) {
+    int *fds = xcalloc(n, sizeof *fds);
+    if (!fds) return KVLLM_ENOMEM;
+    for (size_t i = 0; i < n; i++) fds[i] = -1;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t total = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        struct stat st;
+        fds[i] = open(paths[i], O_RDONLY | O_CLOEXEC);
+        if (fds[i] < 0) {
+            LOG_ERR("%s: cannot open%s: %s", paths[i], n > 1 ? " shard" : "", strerror(errno));
+            rc = KVLLM_EIO;
+        } else if (fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode)) {
+            LOG_ERR("%s: not a regular file", paths[i]);
+            rc = KVLLM_EIO;
+        } else {
+            size[i] = (uint64_t)st.st_size;
+            uint64_t r = (size[i] + page - 1) / page * page;
+            if (!ckd_add_u64(&total, total, r) || total > (uint64_t)SIZE_MAX / 2) {
+                LOG_ERR("%s: shards too large to map", paths[i]);
+                rc = KVLLM_ERANGE;
+            }
+        }
+    }
+    uint8_t *region = NULL;
+    if (!rc && total) {
+        void *p = mmap(NULL, (size_t)total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) { LOG_ERR("%s: mmap failed: %s", paths[0], strerror(errno)); rc = KVLLM_EIO; }
+        else { region = p; g->map.data = region; g->map.size = (size_t)total; }
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        base[i] = region + off;
+        if (!size[i]) continue;
+        void *p = mmap(region + off, (size_t)size[i], PROT_READ, MAP_PRIVATE | MAP_FIXED, fds[i], 0);
+        if (p == MAP_FAILED) { LOG_ERR("%s: mmap failed: %s", paths[i], strerror(errno)); rc = KVLLM_EIO; }
+        off += (size[i] + page - 1) / page * page;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    free(fds);
+    return rc; /* on error g->map (if set) is released by gguf_free */
+}
+
+/* ---- names ---- */
+
+enum { PERM_NONE, PERM_Q, PERM_K };
+
+/* HF name -> GGUF name; returns 1 mapped, 0 to ignore, -1 unknown. */
+static int map_name(const char *hf, int64_t n_layer, char *out, size_t cap, int *perm) {
+    static const struct { const char *hf, *gguf; int perm; } layer[] = {
+        { "self_attn.q_proj.weight", "attn_q.weight", PERM_Q },
+        { "self_attn.k_proj.weight", "attn_k.weight", PERM_K },
+        { "self_attn.v_proj.weight", "attn_v.weight", PERM_NONE },
+        { "self_attn.o_proj.weight", "attn_output.weight", PERM_NONE },
+        { "mlp.gate_proj.weight", "ffn_gate.weight", PERM_NONE },
+        { "mlp.up_proj.weight", "ffn_up.weight", PERM_NONE },
+        { "mlp.down_proj.weight", "ffn_down.weight", PERM_NONE },
+        { "input_layernorm.weight", "attn_norm.weight", PERM_NONE },
+        { "post_attention_layernorm.weight", "ffn_norm.weight", PERM_NONE },
+    };
+    *perm = PERM_NONE;
+    if (!strcmp(hf, "model.embed_tokens.weight")) { snprintf(out, cap, "token_embd.weight"); return 1; }
+    if (!strcmp(hf, "model.norm.weight")) { snprintf(out, cap, "output_norm.weight"); return 1; }
+    if (!strcmp(hf, "lm_head.weight")) { snprintf(out, cap, "output.weight"); return 1; }
+    static const char pre[] = "model.layers.";
+    if (strncmp(hf, pre, sizeof pre - 1)) return -1;
+    const char *p = hf + sizeof pre - 1;
+    int64_t il = 0;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9' && il <= n_layer) il = il * 10 + (*p++ - '0');
+    if (*p++ != '.' || il >= n_layer) return -1;
+    if (!strcmp(p, "self_attn.rotary_emb.inv_freq")) return 0; /* recomputed */
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
+        if (!strcmp(p, layer[i].hf)) {
+            snprintf(out, cap, "blk.%lld.%s", (long long)il, layer[i].gguf);
+            *perm = layer[i].perm;
+            return 1;
+        }
+    return -1;
+}
+
+/* Row permutation between HF's halves and GGUF's pairs layout, for a
+ * (n_head * head_dim, cols) matrix of row_bytes rows.  to_gguf: row
+ * h*hd + 2i + j of the result is row h*hd + j*hd/2 + i of src; else the
+ * inverse. */
+static void permute_rows(uint8_t *dst, const uint8_t *src, int64_t n_head, int64_t hd, size_t row_bytes,
+                         bool to_gguf) {
+    for (int64_t h = 0; h < n_head; h++)
+        for (int64_t i = 0; i < hd / 2; i++)
+            for (int64_t j = 0; j < 2; j++) {
+                int64_t pairs = h * hd + 2 * i + j, halves = h * hd + j * (hd / 2) + i;
+                int64_t d = to_gguf ? pairs : halves, s = to_gguf ? halves : pairs;
+                memcpy(dst + (size_t)d * row_bytes, src + (size_t)s * row_bytes, row_bytes);
+            }
+}
+
+static float elem_f32(uint32_t dtype, const uint8_t *p, uint64_t i) {
+    uint16_t h;
+    float f;
+    switch (dtype) {
+    case DTYPE_F16: memcpy(&h, p + 2 * i, 2); return f16_to_f32(h);
+    case DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h);
+    default: memcpy(&f, p + 4 * i, 4); return f;
+    }
+}
+
+/* Add one safetensors tensor to g under its GGUF name. */
+static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_tensor *t,
+                      const struct hf_hparams *hp) {
+    char name[96];
+    int perm;
+    int m = map_name(t->name, hp->n_layer, name, sizeof name, &perm);
+    if (m == 0) return 0;
+    if (m < 0) {
+        LOG_WARN("%s: ignoring tensor '%s' (not part of a Llama model)", sf->path, t->name);
+        return 0;
+    }
+    if (gguf_find_tensor(g, name)) {
+        LOG_ERR("%s: tensor '%s' appears twice in the folder", sf->path, t->name);
+        return KVLLM_EFORMAT;
+    }
+    if (t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0) {
+        LOG_ERR("%s: tensor '%s' has %u dimensions and %llu elements; a Llama weight has 1 or 2 and some",
+                sf->path, t->name, t->n_dims, (unsigned long long)t->n_elems);
+        return KVLLM_EFORMAT;
+    }
+    int64_t ne[2] = { t->shape[t->n_dims - 1], t->n_dims == 2 ? t->shape[0] : 1 };
+    uint32_t type = t->dtype;
+    const void *data = t->data;
+    const size_t esize = t->dtype == DTYPE_F32 ? 4 : 2;
+    if (t->n_dims == 1 && t->dtype != DTYPE_F32) { /* norms: F32, as in GGUF files */
+        float *f = gguf_alloc(g, (size_t)t->n_elems * 4);
+        if (!f) return KVLLM_ENOMEM;
+        for (uint64_t i = 0; i < t->n_elems; i++) f[i] = elem_f32(t->dtype, t->data, i);
+        type = DTYPE_F32;
+        data = f;
+    } else if (perm != PERM_NONE) {
+        int64_t nh = perm == PERM_Q ? hp->n_head : hp->n_head_kv, hd = hp->n_embd / hp->n_head;
+        if (ne[1] != nh * hd) {
+            LOG_ERR("%s: tensor '%s' has %lld rows, expected %lld heads x %lld", sf->path, t->name,
+                    (long long)ne[1], (long long)nh, (long long)hd);
+            return KVLLM_EFORMAT;
+        }
+        uint8_t *p = gguf_alloc(g, (size_t)t->n_bytes);
+        if (!p) return KVLLM_ENOMEM;
+        permute_rows(p, t->data, nh, hd, (size_t)ne[0] * esize, true);
+        data = p;
+    } else if ((uintptr_t)t->data % esize) { /* misaligned in the file: copy */
+        void *p = gguf_alloc(g, (size_t)t->n_bytes);
+        if (!p) return KVLLM_ENOMEM;
+        memcpy(p, t->data, (size_t)t->n_bytes);
+        data = p;
+    }
+    return gguf_add_tensor(g, name, type, (uint32_t)t->n_dims, ne, data);
+}
+
+static char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = xmalloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+int hf_open(const char *dir, struct gguf **out) {
+    *out = NULL;
+    struct gguf *g = gguf_new(dir);
+    char *cfg_path = path_join(dir, "config.json"), *idx_path = path_join(dir, "model.safetensors.index.json");
+    json_object *cfg = NULL, *idx = NULL;
+    const char **names = NULL;
+    char **paths = NULL;
+    const uint8_t **base = NULL;
+    uint64_t *size = NULL;
+    struct st_file *sf = NULL;
+    size_t n = 0;
+    struct hf_hparams hp;
+    struct stat st;
+    int rc = g && cfg_path && idx_path ? 0 : KVLLM_ENOMEM;
+    if (!rc && stat(cfg_path, &st) != 0) {
+        LOG_ERR("%s: not a Hugging Face model folder (no config.json)", dir);
+        rc = KVLLM_EFORMAT;
+    }
+    if (!rc) rc = read_json(cfg_path, &cfg);
+    if (!rc) rc = read_config(cfg_path, cfg, &hp);
+    if (!rc) rc = set_keys(g, dir, &hp);
+    static const char *single = "model.safetensors";
+    if (!rc) {
+        if (stat(idx_path, &st) == 0) {
+            rc = read_json(idx_path, &idx);
+            if (!rc) rc = list_shards(idx_path, idx, &names, &n);
+        } else {
+            names = xcalloc(1, sizeof *names);
+            if (names) { names[0] = single; n = 1; }
+            else rc = KVLLM_ENOMEM;
+        }
+    }
+    if (!rc) {
+        paths = xcalloc(n, sizeof *paths);
+        base = xcalloc(n, sizeof *base);
+        size = xcalloc(n, sizeof *size);
+        sf = xcalloc(n, sizeof *sf);
+        if (!paths || !base || !size || !sf) rc = KVLLM_ENOMEM;
+        for (size_t i = 0; !rc && i < n; i++)
+            if (!(paths[i] = path_join(dir, names[i]))) rc = KVLLM_ENOMEM;
+    }
+    if (!rc) rc = map_shards(g, paths, n, base, size);
+    for (size_t i = 0; !rc && i < n; i++) rc = st_parse(paths[i], base[i], size[i], &sf[i]);
+    /* every tensor the index names must be in the shard it names */
+    if (!rc && idx) {
+        json_object_object_foreach(cfg_get(idx, "weight_map"), key, val) {
+            size_t i = 0;
+            while (strcmp(names[i], json_object_get_string(val))) i++;
+            uint64_t k = 0;
+            while (k < sf[i].n_tensors && strcmp(sf[i].tensors[k].name, key)) k++;
+            if (k == sf[i].n_tensors) {
+                LOG_ERR("%s: tensor '%.100s' is listed in %s but that shard does not hold it", idx_path, key,
+                        names[i]);
+                rc = KVLLM_EFORMAT;
+                break;
+            }
+        }
+    }
+    for (size_t i = 0; !rc && i < n; i++)
+        for (uint64_t k = 0; !rc && k < sf[i].n_tensors; k++) rc = add_tensor(g, &sf[i], &sf[i].tensors[k], &hp);
+    if (!rc) {
+        const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+        if (!emb) {
+            LOG_ERR("%s: no tensor 'model.embed_tokens.weight' in the folder", n == 1 ? paths[0] : idx_path);
+            rc = KVLLM_EFORMAT;
+        } else if (emb->ne[1] != hp.n_vocab || emb->ne[0] != hp.n_embd) {
+            LOG_ERR("%s: model.embed_tokens.weight is [%lld, %lld] but config.json says vocab_size %lld, "
+                    "hidden_size %lld", paths[0], (long long)emb->ne[1], (long long)emb->ne[0],
+                    (long long)hp.n_vocab, (long long)hp.n_embd);
+            rc = KVLLM_EFORMAT;
+        } else if (!hp.tied && !gguf_find_tensor(g, "output.weight")) {
+            LOG_ERR("%s: no tensor 'lm_head.weight' while tie_word_embeddings is false", n == 1 ? paths[0] : idx_path);
+            rc = KVLLM_EFORMAT;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (sf) st_file_deinit(&sf[i]);
+        if (paths) free(paths[i]);
+    }
+    free(sf);
+    free(size);
+    free(base);
+    free(paths);
+    free(names);
+    json_object_put(idx);
+    json_object_put(cfg);
+    free(idx_path);
+    free(cfg_path);
+    if (rc) { gguf_free(g); return rc; }
+    *out = g;
+    return 0;
+}
+
+/* ---- writing ---- */
+
+/* GGUF name -> HF name (the inverse of map_name). */
+static bool hf_name(const char *gg, char *out, size_t cap, int *perm) {
+    static const struct { const char *gguf, *hf; int perm; } layer[] = {
+        { "attn_q.weight", "self_attn.q_proj.weight", PERM_Q },
+        { "attn_k.weight", "self_attn.k_proj.weight", PERM_K },
+        { "attn_v.weight", "self_attn.v_proj.weight", PERM_NONE },
+        { "attn_output.weight", "self_attn.o_proj.weight", PERM_NONE },
+        { "ffn_gate.weight", "mlp.gate_proj.weight", PERM_NONE },
+        { "ffn_up.weight", "mlp.up_proj.weight", PERM_NONE },
+        { "ffn_down.weight", "mlp.down_proj.weight", PERM_NONE },
+        { "attn_norm.weight", "input_layernorm.weight", PERM_NONE },
+        { "ffn_norm.weight", "post_attention_layernorm.weight", PERM_NONE },
+    };
+    *perm = PERM_NONE;
+    if (!strcmp(gg, "token_embd.weight")) { snprintf(out, cap, "model.embed_tokens.weight"); return true; }
+    if (!strcmp(gg, "output_norm.weight")) { snprintf(out, cap, "model.norm.weight"); return true; }
+    if (!strcmp(gg, "output.weight")) { snprintf(out, cap, "lm_head.weight"); return true; }
+    unsigned il;
+    int k = 0;
+    if (sscanf(gg, "blk.%u.%n", &il, &k) != 1 || k == 0) return false;
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
+        if (!strcmp(gg + k, layer[i].gguf)) {
+            snprintf(out, cap, "model.layers.%u.%s", il, layer[i].hf);
+            *perm = layer[i].perm;
+            return true;
+        }
+    return false;
+}
+
+/* A float as short as it can be while reading back to the same float. */
+static void fmt_float(char *buf, size_t cap, float v) {
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, cap, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
+    }
+    if (!strpbrk(buf, ".eEn")) strncat(buf, ".0", cap - strlen(buf) - 1);
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { LOG_ERR("%s: cannot create: %s", path, strerror(errno)); return KVLLM_EIO; }
+    bool ok = fputs(text, f) >= 0;
+    if (fclose(f) != 0) ok = false;
+    if (!ok) { LOG_ERR("%s: write failed", path); return KVLLM_EIO; }
+    return 0;
+}
+
+int hf_write(const struct gguf *g, const char *dir) {
+    struct gguf_str arch;
+    if (gguf_get_str(g, "general.architecture", &arch) || !gguf_str_eq(arch, "llama")) {
+        LOG_ERR("%s: only llama-architecture models can be written as a Hugging Face folder", g->path);
+        return KVLLM_EUNSUPPORTED;
+    }
+    uint32_t E = 0, L = 0, H = 0, HKV = 0, FF = 0, CTX = 2048, bos = 1, eos = 2;
+    float eps = 1e-5f, theta = 10000.0f;
+    int rc;
+    if ((rc = gguf_get_u32(g, "llama.embedding_length", &E)) || (rc = gguf_get_u32(g, "llama.block_count", &L)) ||
+        (rc = gguf_get_u32(g, "llama.attention.head_count", &H)) ||
+        (rc = gguf_get_u32(g, "llama.feed_forward_length", &FF))) {
+        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: missing llama.* hyper-parameters", g->path);
+        return KVLLM_EFORMAT;
+    }
+    if (gguf_get_u32(g, "llama.attention.head_count_kv", &HKV)) HKV = H;
+    gguf_get_u32(g, "llama.context_length", &CTX);
+    gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &eps);
+    gguf_get_f32(g, "llama.rope.freq_base", &theta);
+    gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos);
+    gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos);
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || !H || !HKV || E % H || H % HKV || (E / H) % 2) {
+        LOG_ERR("%s: %s", g->path, !emb ? "no token_embd.weight" : "inconsistent head counts");
+        return KVLLM_EFORMAT;
+    }
+    uint32_t rot = E / H;
+    if (!gguf_get_u32(g, "llama.rope.dimension_count", &rot) && rot != E / H) {
+        LOG_ERR("%s: partial rotary (llama.rope.dimension_count %u) cannot be written as HF Llama", g->path, rot);
+        return KVLLM_EUNSUPPORTED;
+    }
+    const bool tied = !gguf_find_tensor(g, "output.weight");
+    const char *torch_dtype = emb->type == DTYPE_F16 ? "float16" : emb->type == DTYPE_BF16 ? "bfloat16" : "float32";
+
+    struct st_write_entry *e = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *e);
+    char (*names)[96] = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *names);
+    int *perms = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *perms);
+    char *st_path = path_join(dir, "model.safetensors"), *cfg_path = path_join(dir, "config.json"),
+         *gen_path = path_join(dir, "generation_config.json");
+    rc = e && names && perms && st_path && cfg_path && gen_path ? 0 : KVLLM_ENOMEM;
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
+        const struct gguf_tensor *t = &g->tensors[i];
+        char gn[96];
+        snprintf(gn, sizeof gn, "%.*s", (int)(t->name.len < 95 ? t->name.len : 95), t->name.ptr);
+        if (!hf_name(gn, names[i], sizeof names[i], &perms[i])) {
+            LOG_ERR("%s: tensor '%s' has no Hugging Face Llama name", g->path, gn);
+            rc = KVLLM_EUNSUPPORTED;
+        } else if (!st_dtype_name(t->type)) {
+            LOG_ERR("%s: tensor '%s' has type %s; only F32, F16 and BF16 can be written to safetensors", g->path,
+                    gn, dtype_name(t->type));
+            rc = KVLLM_EUNSUPPORTED;
+        } else if (t->n_dims < 1 || t->n_dims > 2) {
+            LOG_ERR("%s: tensor '%s' has %u dimensions", g->path, gn, t->n_dims);
+            rc = KVLLM_EFORMAT;
+        } else {
+            e[i].name = names[i];
+            e[i].dtype = t->type;
+            e[i].n_dims = t->n_dims;
+            for (uint32_t d = 0; d < t->n_dims; d++) e[i].shape[d] = t->ne[t->n_dims - 1 - d];
+            int64_t nh = perms[i] == PERM_Q ? H : HKV;
+            if (perms[i] != PERM_NONE && (t->n_dims != 2 || t->ne[1] != nh * (int64_t)(E / H))) {
+                LOG_ERR("%s: tensor '%s' does not have %lld rows", g->path, gn, (long long)nh * (E / H));
+                rc = KVLLM_EFORMAT;
+            }
+        }
+    }
+    if (!rc && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        LOG_ERR("%s: cannot create directory: %s", dir, strerror(errno));
+        rc = KVLLM_EIO;
+    }
+    FILE *f = NULL;
+    if (!rc && !(f = fopen(st_path, "wb"))) {
+        LOG_ERR("%s: cannot create: %s", st_path, strerror(errno));
+        rc = KVLLM_EIO;
+    }
+    if (!rc) rc = st_write_header(f, st_path, e, g->n_tensors);
+    uint8_t *tmp = NULL;
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
+        const struct gguf_tensor *t = &g->tensors[i];
+        const void *src = t->data;
+        if (perms[i] != PERM_NONE) {
+            free(tmp);
+            if (!(tmp = xmalloc((size_t)t->n_bytes))) { rc = KVLLM_ENOMEM; break; }
+            int64_t nh = perms[i] == PERM_Q ? H : HKV;
+            permute_rows(tmp, t->data, nh, E / H, (size_t)(t->n_bytes / (uint64_t)t->ne[1]), false);
+            src = tmp;
+        }
+        if (fwrite(src, 1, (size_t)t->n_bytes, f) != (size_t)t->n_bytes) {
+            LOG_ERR("%s: write failed", st_path);
+            rc = KVLLM_EIO;
+        }
+    }
+    free(tmp);
+    if (f && fclose(f) != 0 && !rc) {
+        LOG_ERR("%s: write failed", st_path);
+        rc = KVLLM_EIO;
+    }
+    if (!rc) {
+        char eps_s[32], theta_s[32], text[2048];
+        fmt_float(eps_s, sizeof eps_s, eps);
+        fmt_float(theta_s, sizeof theta_s, theta);
+        snprintf(text, sizeof text,
+                 "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                 "  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n  \"num_hidden_layers\": %u,\n"
+                 "  \"num_attention_heads\": %u,\n  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n"
+                 "  \"max_position_embeddings\": %u,\n  \"vocab_size\": %lld,\n  \"rms_norm_eps\": %s,\n"
+                 "  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n"
+                 "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
+                 "  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n  \"torch_dtype\": \"%s\"\n}\n",
+                 E, FF, L, H, HKV, E / H, CTX, (long long)emb->ne[1], eps_s, theta_s, tied ? "true" : "false", bos,
+                 eos, torch_dtype);
+        rc = write_text(cfg_path, text);
+        if (!rc) {
+            snprintf(text, sizeof text, "{\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u\n}\n", bos, eos);
+            rc = write_text(gen_path, text);
+        }
+    }
+    free(gen_path);
+    free(cfg_path);
+    free(st_path);
+    free(perms);
+    free(names);
+    free(e);
+    return rc;
+}

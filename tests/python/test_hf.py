@@ -1,0 +1,487 @@
+"""Hugging Face folders (config.json + safetensors) for the Llama architecture.
+
+The same random weights are written by gen_model as GGUF and by this file as an HF folder: HF
+names, shapes in row-major (outermost first) order, Q/K rows put back in HF's "rotate halves"
+layout (the inverse of llama.cpp's converter permutation), norms in the model's dtype (their values
+are rounded to it in the GGUF too, so both copies hold the same numbers).  The safetensors files are
+written here with numpy + struct + json only: 8-byte little-endian header length, JSON header, data.
+
+Shown: GGUF and HF copies give the same logits (and both match ref_llama.py on the GGUF) for MHA and
+GQA, F32/F16/BF16, tied and untied heads, one file and two shards + index.json; `kvllm convert --to
+hf` writes the same bytes this file writes, and loads back; stories260K converted to an HF folder
+reproduces the reference greedy ids; corrupt folders are refused with one clear error line naming
+the file (release binary and, when built, the ASan one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import pytest
+
+from gen_model import ModelConfig, tensor_specs, write_model
+from kvtest import Result, assert_no_sanitizer, eval_logits, parse_ids, run_cli
+from ref_llama import LlamaRef, rel_err
+
+TOL = 1e-4
+TOKENS = [1, 5, 77, 200, 3, 411, 9, 120, 64, 2, 300, 17]
+TIMEOUT = 120
+
+ST_DTYPE = {0: "F32", 1: "F16", 30: "BF16"}   # GGML type id -> safetensors dtype
+
+LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+
+
+def hf_name(name: str) -> str:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    _, il, what, _ = name.split(".")
+    return f"model.layers.{il}.{LAYER_NAMES[what]}.weight"
+
+
+def pairs_to_halves(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """GGUF (adjacent pairs) -> HF (halves) row order; rows is (n_head * head_dim, row_bytes)."""
+    hd = rows.shape[0] // n_head
+    return rows.reshape(n_head, hd // 2, 2, -1).swapaxes(1, 2).reshape(rows.shape)
+
+
+# ---- safetensors by hand ---------------------------------------------------------
+
+@dataclasses.dataclass
+class STEntry:
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+def st_bytes(entries: list[STEntry], *, header: dict | None = None, edit: Callable[[dict], None] | None = None,
+             raw_header: bytes | None = None, hlen: int | None = None, misalign: int = 0) -> bytes:
+    """A safetensors image: tensors back to back in the order given; edit() may change the header dict,
+    raw_header replaces the JSON bytes, hlen replaces the length field; misalign adds that many spaces
+    after the 8-byte padding (so the data section starts off alignment)."""
+    h: dict = {"__metadata__": {"format": "pt"}} if header is None else header
+    off = 0
+    for e in entries:
+        h[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [off, off + len(e.data)]}
+        off += len(e.data)
+    if edit:
+        edit(h)
+    js = raw_header if raw_header is not None else json.dumps(h).encode()
+    js += b" " * (-len(js) % 8 + misalign)
+    return struct.pack("<Q", len(js) if hlen is None else hlen) + js + b"".join(e.data for e in entries)
+
+
+def hf_config(cfg: ModelConfig, **over) -> dict:
+    c = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": cfg.n_embd, "intermediate_size": cfg.n_ff, "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head_kv,
+        "max_position_embeddings": cfg.n_ctx, "vocab_size": cfg.n_vocab, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tied, "hidden_act": "silu",
+        "torch_dtype": {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[cfg.dtype],
+    }
+    c.update(over)
+    return c
+
+
+def hf_entries(gguf_path: Path, cfg: ModelConfig) -> list[STEntry]:
+    """The GGUF's tensors as HF safetensors entries (sorted by HF name, as HF writes them).
+    Norms go in the model's dtype (their F32 values were rounded to it by rounded_norms())."""
+    r = gguf.GGUFReader(gguf_path)
+    out = []
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        raw = np.ascontiguousarray(t.data).view(np.uint8)
+        dtype = ST_DTYPE[int(t.tensor_type)]
+        if len(shape) == 1 and cfg.dtype != "f32":
+            f = np.asarray(t.data, dtype=np.float32)
+            if cfg.dtype == "f16":
+                raw, dtype = f.astype(np.float16).view(np.uint8), "F16"
+            else:
+                raw, dtype = (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8), "BF16"
+        raw = raw.reshape(shape[0], -1) if len(shape) == 2 else raw
+        if t.name.endswith("attn_q.weight"):
+            raw = pairs_to_halves(raw, cfg.n_head)
+        elif t.name.endswith("attn_k.weight"):
+            raw = pairs_to_halves(raw, cfg.n_head_kv)
+        out.append(STEntry(hf_name(t.name), dtype, shape, np.ascontiguousarray(raw).tobytes()))
+    return sorted(out, key=lambda e: e.name)
+
+
+def write_hf(folder: Path, cfg: ModelConfig, entries: list[STEntry], n_shards: int = 1, misalign: int = 0,
+             **config_over) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg, **config_over), indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    if n_shards == 1:
+        (folder / "model.safetensors").write_bytes(st_bytes(entries, misalign=misalign))
+        return folder
+    weight_map = {}
+    per = -(-len(entries) // n_shards)
+    for i in range(n_shards):
+        name = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+        part = entries[i * per:(i + 1) * per]
+        (folder / name).write_bytes(st_bytes(part))
+        weight_map.update({e.name: name for e in part})
+    total = sum(len(e.data) for e in entries)
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return folder
+
+
+def rounded_norms(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """Norm weights rounded to the model dtype, so that F32 (GGUF) and F16/BF16 (HF) hold the same values."""
+    rng = np.random.default_rng(seed + 1000)
+    out = {}
+    for s in tensor_specs(cfg):
+        if s.kind != "norm":
+            continue
+        v = rng.uniform(0.9, 1.1, size=s.shape).astype(np.float32)
+        if cfg.dtype == "f16":
+            v = v.astype(np.float16).astype(np.float32)
+        elif cfg.dtype == "bf16":
+            v = ((v.view(np.uint32) + 0x8000) & 0xFFFF0000).view(np.float32)
+        out[s.name] = v
+    return out
+
+
+# ---- the models ------------------------------------------------------------------
+
+MHA = ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=96, n_ctx=256)
+GQA = ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=96, n_ctx=256,
+                  rope_theta=500000.0, norm_eps=1e-6)
+
+CASES = {
+    # id: (config, dtype, tied, shards)
+    "mha_f32_untied": (MHA, "f32", False, 1),
+    "gqa_f32_tied": (GQA, "f32", True, 1),
+    "mha_f16_tied": (MHA, "f16", True, 1),
+    "gqa_f16_untied_sharded": (GQA, "f16", False, 2),
+    "gqa_bf16_tied": (GQA, "bf16", True, 1),
+    "mha_bf16_untied_sharded": (MHA, "bf16", False, 2),
+    "gqa_f32_untied_sharded": (GQA, "f32", False, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, tuple[Path, Path, ModelConfig]]:
+    d = tmp_path_factory.mktemp("hf")
+    out = {}
+    for i, (cid, (base, dtype, tied, shards)) in enumerate(CASES.items()):
+        cfg = dataclasses.replace(base, dtype=dtype, tied=tied, name=cid)
+        g = write_model(d / f"{cid}.gguf", cfg, seed=i, tensors=rounded_norms(cfg, i))
+        h = write_hf(d / cid, cfg, hf_entries(g, cfg), n_shards=shards)
+        out[cid] = (g, h, cfg)
+    return out
+
+
+@pytest.mark.parametrize("cid", list(CASES))
+def test_hf_matches_gguf_and_reference(kvllm, models, tmp_path, cid):
+    g, h, _ = models[cid]
+    if CASES[cid][3] > 1:
+        assert (h / "model.safetensors.index.json").is_file() and not (h / "model.safetensors").exists()
+    lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
+    lh = eval_logits(kvllm, h, TOKENS, tmp_path / "h.bin")
+    ref = LlamaRef.from_gguf(g).forward(TOKENS)
+    assert np.abs(ref).max() > 0.1 and np.std(ref[-1]) > 1e-3, "degenerate reference"
+    assert rel_err(lh, lg).max() <= TOL, f"HF vs GGUF: {rel_err(lh, lg).max():.3g}"
+    assert rel_err(lg, ref).max() <= TOL, f"GGUF vs reference: {rel_err(lg, ref).max():.3g}"
+    assert rel_err(lh, ref).max() <= TOL, f"HF vs reference: {rel_err(lh, ref).max():.3g}"
+
+
+def test_rope_layout_matters(kvllm, models, tmp_path):
+    """Without the Q/K permutation the HF copy would give other logits: the test can see a wrong layout."""
+    g, _, cfg = models["mha_f32_untied"]
+    entries = hf_entries(g, cfg)
+    # undo our own inverse permutation: Q/K in the GGUF (pairs) order under HF names
+    r = {t.name: t for t in gguf.GGUFReader(g).tensors}
+    for e in entries:
+        if e.name.endswith(("q_proj.weight", "k_proj.weight")):
+            il = e.name.split(".")[2]
+            which = "attn_q" if "q_proj" in e.name else "attn_k"
+            e.data = np.ascontiguousarray(r[f"blk.{il}.{which}.weight"].data).tobytes()
+    h = write_hf(tmp_path / "wrong", cfg, entries)
+    lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
+    lh = eval_logits(kvllm, h, TOKENS, tmp_path / "h.bin")
+    assert rel_err(lh, lg).max() > 1e-2
+
+
+VARIANTS = {
+    # how the folder differs from the plain one
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4096),
+    "model_type_only": dict(architectures=None, model_type="llama"),
+    "misaligned_data": dict(misalign=2),            # F32/F16 data off alignment: copied, not read misaligned
+    "inv_freq_and_extras": dict(extra=True),        # rotary_emb.inv_freq is skipped silently
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("cid", ["gqa_f32_tied", "mha_f16_tied"])
+def test_hf_variants(kvllm, models, tmp_path, variant, cid):
+    g, _, cfg = models[cid]
+    over = dict(VARIANTS[variant])
+    entries = hf_entries(g, cfg)
+    if over.pop("extra", False):
+        hd = cfg.n_embd // cfg.n_head
+        inv = (1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2) / hd))).astype(np.float32)
+        entries.append(STEntry("model.layers.0.self_attn.rotary_emb.inv_freq", "F32", [hd // 2], inv.tobytes()))
+    h = write_hf(tmp_path / variant, cfg, entries, **over)
+    lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
+    res = run_cli(kvllm, "eval", "-m", h, "--tokens", " ".join(map(str, TOKENS)), "-o", tmp_path / "h.bin",
+                  timeout=TIMEOUT)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    assert "warn" not in res.err.lower(), res.describe()
+    lh = np.fromfile(tmp_path / "h.bin", dtype="<f4").reshape(len(TOKENS), -1)
+    assert rel_err(lh, lg).max() <= TOL
+
+
+@pytest.mark.parametrize("cid", ["gqa_f32_tied", "mha_f16_tied", "mha_bf16_untied_sharded"])
+def test_convert_to_hf_and_back(kvllm, models, tmp_path, cid):
+    """kvllm convert GGUF --to hf writes what this file writes (Q/K in halves order, same bytes),
+    and HF -> GGUF gives a file with the same logits."""
+    g, _, cfg = models[cid]
+    out = tmp_path / "conv"
+    res = run_cli(kvllm, "convert", g, "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLM"] and conf["num_key_value_heads"] == cfg.n_head_kv
+    assert conf["tie_word_embeddings"] == cfg.tied and conf["vocab_size"] == cfg.n_vocab
+    assert np.float32(conf["rms_norm_eps"]) == np.float32(cfg.norm_eps)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    # same tensor bytes as the hand-written copy (norms stay F32, as in the GGUF)
+    b = (out / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", b[:8])
+    hdr = json.loads(b[8:8 + n])
+    data = b[8 + n:]
+    for e in hf_entries(g, cfg):
+        name = e.name
+        got = hdr[name]
+        assert got["shape"] == e.shape, name
+        lo, hi = got["data_offsets"]
+        if len(e.shape) == 2:
+            assert got["dtype"] == e.dtype and data[lo:hi] == e.data, name
+    lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
+    lh = eval_logits(kvllm, out, TOKENS, tmp_path / "h.bin")
+    assert rel_err(lh, lg).max() <= TOL
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", out, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    lb = eval_logits(kvllm, back, TOKENS, tmp_path / "b.bin")
+    assert rel_err(lb, lg).max() <= TOL
+
+
+def test_convert_to_hf_refuses_quantized(binary, tmp_path):
+    g = write_model(tmp_path / "q8.gguf", dataclasses.replace(MHA, dtype="q8_0"))
+    out = tmp_path / "q8-hf"
+    res = run_cli(binary, "convert", g, "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert_no_sanitizer(res)
+    assert res.returncode == 1, res.describe()
+    errs = [ln for ln in res.err.splitlines() if ln.startswith("kvllm: error:")]
+    assert len(errs) == 1 and "q8.gguf" in errs[0] and "F16" in errs[0], res.describe()
+    assert not out.exists(), "nothing is written when a tensor cannot be"
+
+
+def test_stories260k_via_hf(kvllm, stories, tmp_path):
+    out = tmp_path / "stories260K-hf"
+    res = run_cli(kvllm, "convert", stories["bin"], "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        assert (out / f).is_file(), f
+    res = run_cli(kvllm, "run", "-m", out, "--tokenizer", stories["tok"], "-n", "256", "--temp", "0", "--ids",
+                  "-q", timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert parse_ids(res.out) == parse_ids(stories["ids"].read_text())
+
+
+def test_stories260k_via_hf_asan(asan_bin, stories, tmp_path):
+    out = tmp_path / "stories260K-hf"
+    res = run_cli(asan_bin, "convert", stories["bin"], "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    res = run_cli(asan_bin, "run", "-m", out, "--tokenizer", stories["tok"], "-n", "40", "--temp", "0", "--ids",
+                  "-q", timeout=TIMEOUT)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    assert parse_ids(res.out) == parse_ids(stories["ids"].read_text())[:40]
+
+
+# ---- bad input -------------------------------------------------------------------
+
+BAD_CFG = ModelConfig(n_vocab=512, n_embd=32, n_layer=1, n_head=4, n_head_kv=2, n_ff=48, n_ctx=64)
+
+
+def _set(name: str, key: str, value) -> Callable[[dict], None]:
+    def fn(h: dict) -> None:
+        h[name][key] = value
+    return fn
+
+
+def _shift(name: str, by: int) -> Callable[[dict], None]:
+    def fn(h: dict) -> None:
+        lo, hi = h[name]["data_offsets"]
+        h[name]["data_offsets"] = [lo + by, hi + by]
+    return fn
+
+
+def _overlap(h: dict) -> None:
+    # two norms of the same size at the same offsets
+    h["model.layers.0.post_attention_layernorm.weight"]["data_offsets"] = \
+        list(h["model.layers.0.input_layernorm.weight"]["data_offsets"])
+
+
+def _overlap_partial(h: dict) -> None:
+    a = h["model.layers.0.input_layernorm.weight"]["data_offsets"]
+    h["model.layers.0.post_attention_layernorm.weight"]["data_offsets"] = [a[0] + 4, a[1] + 4]
+
+
+# each case: folder -> the file the error must name
+def _st_case(**kw) -> Callable[[Path, list[STEntry]], str]:
+    def build(folder: Path, entries: list[STEntry]) -> str:
+        if kw.get("truncate"):
+            b = st_bytes(entries)
+            (folder / "model.safetensors").write_bytes(b[:kw["truncate"]])
+        else:
+            hlen = kw.get("hlen")
+            b = st_bytes(entries, edit=kw.get("edit"), raw_header=kw.get("raw_header"))
+            if hlen is not None:
+                b = struct.pack("<Q", hlen(len(b))) + b[8:]
+            (folder / "model.safetensors").write_bytes(b)
+        return "model.safetensors"
+    return build
+
+
+def _config_case(text: str | None = None, **over) -> Callable[[Path, list[STEntry]], str]:
+    def build(folder: Path, entries: list[STEntry]) -> str:
+        (folder / "config.json").write_text(text if text is not None else json.dumps(hf_config(BAD_CFG, **over)))
+        return "config.json"
+    return build
+
+
+def _missing_shard(folder: Path, entries: list[STEntry]) -> str:
+    (folder / "model.safetensors").unlink()
+    write_hf(folder, BAD_CFG, entries, n_shards=2)
+    p = folder / "model-00002-of-00002.safetensors"
+    p.unlink()
+    return p.name
+
+
+def _index_lies(folder: Path, entries: list[STEntry]) -> str:
+    (folder / "model.safetensors").unlink()
+    write_hf(folder, BAD_CFG, entries, n_shards=2)
+    idx = folder / "model.safetensors.index.json"
+    j = json.loads(idx.read_text())
+    j["weight_map"]["model.norm.weight"] = ("model-00002-of-00002.safetensors"
+                                            if j["weight_map"]["model.norm.weight"].startswith("model-00001")
+                                            else "model-00001-of-00002.safetensors")
+    idx.write_text(json.dumps(j))
+    return idx.name
+
+
+def _index_malformed(folder: Path, entries: list[STEntry]) -> str:
+    (folder / "model.safetensors").unlink()
+    write_hf(folder, BAD_CFG, entries, n_shards=2)
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": "../../etc/passwd"}}')
+    return "model.safetensors.index.json"
+
+
+def _no_config(folder: Path, entries: list[STEntry]) -> str:
+    (folder / "config.json").unlink()
+    return folder.name
+
+
+Q0 = "model.layers.0.self_attn.q_proj.weight"
+BAD = {
+    "header_len_past_end": _st_case(hlen=lambda n: n + 100),
+    "header_len_huge": _st_case(hlen=lambda n: 2**63 + 5),
+    "truncated_length_field": _st_case(truncate=5),
+    "truncated_data": _st_case(truncate=-40),
+    "malformed_json": _st_case(raw_header=b'{"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 1'),
+    "json_not_object": _st_case(raw_header=b'[1, 2, 3]'),
+    "json_trailing_garbage": _st_case(raw_header=b'{} xx'),
+    "entry_not_object": _st_case(edit=lambda h: h.update({Q0: 5})),
+    "offsets_out_of_range": _st_case(edit=_shift("model.norm.weight", 1 << 20)),
+    "offsets_reversed": _st_case(edit=_set("model.norm.weight", "data_offsets", [128, 0])),
+    "offsets_negative": _st_case(edit=_set("model.norm.weight", "data_offsets", [-4, 124])),
+    "offsets_overlap": _st_case(edit=_overlap),
+    "offsets_overlap_partial": _st_case(edit=_overlap_partial),
+    "dtype_mismatch": _st_case(edit=_set(Q0, "dtype", "F16")),
+    "dtype_unsupported": _st_case(edit=_set(Q0, "dtype", "I32")),
+    "dtype_unknown": _st_case(edit=_set(Q0, "dtype", "Q4_ZZ")),
+    "shape_mismatch": _st_case(edit=_set(Q0, "shape", [33, 32])),
+    "shape_overflow": _st_case(edit=_set(Q0, "shape", [2**40, 2**40, 2**20])),
+    "shape_not_int": _st_case(edit=_set(Q0, "shape", ["32", 32])),
+    "byte_count_mismatch": _st_case(edit=lambda h: h[Q0].update(
+        data_offsets=[h[Q0]["data_offsets"][0], h[Q0]["data_offsets"][1] - 4])),
+    "shape_vs_config": _st_case(edit=_set("model.embed_tokens.weight", "shape", [256, 64])),
+    "config_malformed": _config_case('{"architectures": ["LlamaForCausalLM"], "hidden_size": 32,'),
+    "config_not_object": _config_case('"llama"'),
+    "config_unknown_arch": _config_case(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+    "config_unknown_model_type": _config_case(architectures=None, model_type="falcon"),
+    "config_missing_hidden": _config_case(hidden_size=None),
+    "config_bad_heads": _config_case(num_key_value_heads=3),
+    "config_hidden_float": _config_case(hidden_size=32.5),
+    "missing_shard": _missing_shard,
+    "index_lies": _index_lies,
+    "index_path_escape": _index_malformed,
+    "no_config": _no_config,
+}
+
+
+@pytest.fixture(scope="module")
+def bad_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    d = tmp_path_factory.mktemp("hf_bad")
+    g = write_model(d / "base.gguf", BAD_CFG, seed=7)
+    entries = hf_entries(g, BAD_CFG)
+    out = {"valid": (write_hf(d / "valid", BAD_CFG, entries), str(g))}
+    for name, build in BAD.items():
+        f = write_hf(d / name, BAD_CFG, entries)
+        out[name] = (f, build(f, entries))
+    return out
+
+
+@pytest.fixture(params=["release", "asan"])
+def binary(request, kvllm, kvllm_asan):
+    if request.param == "asan":
+        if kvllm_asan is None:
+            pytest.skip("no ASan build (KVLLM_ASAN_BIN)")
+        return kvllm_asan
+    return kvllm
+
+
+def test_bad_base_is_valid(kvllm, bad_folders, tmp_path):
+    folder, g = bad_folders["valid"]
+    lh = eval_logits(kvllm, folder, TOKENS, tmp_path / "h.bin")
+    lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
+    assert rel_err(lh, lg).max() <= TOL
+
+
+def check_refused(res: Result, name: str) -> None:
+    assert_no_sanitizer(res)
+    assert res.returncode == 1, f"expected exit status 1:\n{res.describe()}"
+    lines = [ln for ln in res.err.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("kvllm: error:")]
+    assert len(errs) == 1, f"expected exactly one 'kvllm: error:' line:\n{res.describe()}"
+    assert name in errs[0], f"error line should name {name!r}: {errs[0]!r}"
+    assert lines == errs, f"with -q stderr should hold only the error line:\n{res.describe()}"
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_folder_refused(binary, bad_folders, case):
+    folder, name = bad_folders[case]
+    res = run_cli(binary, "run", "-m", folder, "-n", "4", "-q", timeout=TIMEOUT)
+    check_refused(res, name)

@@ -128,3 +128,24 @@ def test_batch_under_asan(asan_bin, setup, alone):
     d, model, _, prompts = setup
     ids, _, stats = run_batch(asan_bin, d, model, prompts, "asan", "--kv-tokens", "160", "--max-batch-tokens", "7")
     assert ids == alone[0] and stats["preemptions"] > 0
+
+
+def test_bench_throughput_waste(kvllm, setup):
+    """bench throughput's statistics: KV waste only in each sequence's last block (within 0.5
+    percentage points of the ideal), also under preemption; continuous keeps bigger batches."""
+    import json
+    d, model, _, _ = setup
+    rows = {}
+    for name, extra in {"roomy": [], "tight": ["--kv-tokens", "320"], "static": ["--static"]}.items():
+        res = run_cli(kvllm, "bench", "throughput", "-m", model, "--requests", "24", "--prompt-len", "20:90",
+                      "--gen-len", "8:40", "--max-seqs", "8", "-o", "json", *extra)
+        assert res.returncode == 0, res.describe()
+        rows[name] = json.loads(res.out)
+    for name, r in rows.items():
+        for key in ("requests_per_s", "tokens_per_s", "mean_batch", "kv_utilization_pct", "kv_waste_pct",
+                    "prefix_hit_pct", "preemptions"):
+            assert key in r, f"{name}: {key} missing"
+        assert abs(r["kv_waste_pct"] - r["kv_waste_ideal_pct"]) <= 0.5, (name, r)
+        assert r["kv_waste_pct"] < 25, (name, r)   # block 16 against sequences of 28..130 tokens
+    assert rows["tight"]["preemptions"] > 0 and rows["roomy"]["preemptions"] == 0
+    assert rows["roomy"]["mean_batch"] > rows["static"]["mean_batch"]

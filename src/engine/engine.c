@@ -227,7 +227,7 @@ static int build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
             LOG_ERR("prompt token %d at index %d is out of range (vocabulary of %d)", q->prompt[i], i, V);
             return KVLLM_EINVAL;
         }
-    if ((q->n_stop || !q->no_text) && !km->tok && q->n_stop) {
+    if (q->n_stop && !km->tok) {
         LOG_ERR("stop strings need a vocabulary; the model has none");
         return KVLLM_EINVAL;
     }
@@ -237,16 +237,8 @@ static int build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
         return KVLLM_ERANGE;
     }
     int max_len = q->max_tokens > 0 ? q->n_prompt + q->max_tokens : e->n_ctx;
-    if (sched_blocks_for(&e->sched, max_len) > e->pool.n_blocks) {
-        LOG_ERR("request of up to %d tokens needs %d KV blocks of %d tokens but the pool has %d (%d tokens): it can "
-                "never fit", max_len, sched_blocks_for(&e->sched, max_len), e->pool.block_size, e->pool.n_blocks,
-                e->pool.n_blocks * e->pool.block_size);
-        return KVLLM_ERANGE;
-    }
-    if (q->n > e->p.max_seqs) {
-        LOG_ERR("n = %d samples exceed --max-seqs %d", q->n, e->p.max_seqs);
-        return KVLLM_ERANGE;
-    }
+    int rc = sched_check_fits(&e->sched, max_len, q->n);
+    if (rc) return rc;
     struct request *r = xcalloc(1, sizeof *r);
     if (!r) return KVLLM_ENOMEM;
     r->on_event = q->on_event;
@@ -257,7 +249,7 @@ static int build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->seqs = xcalloc((size_t)q->n, sizeof *r->seqs);
     r->ctx = xcalloc((size_t)q->n, sizeof *r->ctx);
     r->stop = q->n_stop ? xcalloc((size_t)q->n_stop, sizeof *r->stop) : NULL;
-    int rc = r->seqs && r->ctx && (r->stop || !q->n_stop) ? 0 : KVLLM_ENOMEM;
+    rc = r->seqs && r->ctx && (r->stop || !q->n_stop) ? 0 : KVLLM_ENOMEM;
     for (int i = 0; !rc && i < q->n_stop; i++) {
         r->stop[i] = strdup(q->stop[i] ? q->stop[i] : "");
         if (!r->stop[i]) rc = KVLLM_ENOMEM;

@@ -66,18 +66,24 @@ static struct seq *pop_front(struct sched *s) {
     return q;
 }
 
-int sched_add(struct sched *s, struct seq *q) {
-    int need = sched_blocks_for(s, q->max_len);
+int sched_check_fits(const struct sched *s, int max_len, int n_parallel) {
+    int need = sched_blocks_for(s, max_len);
     if (need > s->pool->n_blocks) {
         LOG_ERR("request of up to %d tokens needs %d KV blocks of %d tokens but the pool only has %d "
-                "(%d tokens): it can never fit", q->max_len, need, s->pool->block_size, s->pool->n_blocks,
+                "(%d tokens): it can never fit", max_len, need, s->pool->block_size, s->pool->n_blocks,
                 s->pool->n_blocks * s->pool->block_size);
         return KVLLM_ERANGE;
     }
-    if (q->n_reserved > s->cfg.max_seqs) {
-        LOG_ERR("request asks for %d parallel sequences but --max-seqs is %d", q->n_reserved, s->cfg.max_seqs);
+    if (n_parallel > s->cfg.max_seqs) {
+        LOG_ERR("request asks for %d parallel sequences but --max-seqs is %d", n_parallel, s->cfg.max_seqs);
         return KVLLM_ERANGE;
     }
+    return 0;
+}
+
+int sched_add(struct sched *s, struct seq *q) {
+    int rc = sched_check_fits(s, q->max_len, q->n_reserved);
+    if (rc) return rc;
     if (s->n_waiting >= s->cfg.max_waiting) return KVLLM_ENOMEM;
     q->status = SEQ_WAITING;
     *ring_at(s, s->n_waiting) = q;

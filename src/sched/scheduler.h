@@ -61,6 +61,11 @@ void sched_batch_deinit(struct sched_batch *b);
 /* Blocks a sequence of n tokens needs. */
 int sched_blocks_for(const struct sched *s, int n_tokens);
 
+/* Could a sequence of up to max_len tokens with n_parallel samples ever
+ * run?  0, or KVLLM_ERANGE logged with the numbers.  Reads only the pool
+ * size and the configuration, which never change: safe from any thread. */
+int sched_check_fits(const struct sched *s, int max_len, int n_parallel);
+
 /* Queue a sequence (status WAITING, no blocks).  KVLLM_ERANGE (logged, with
  * the numbers) if its max_len can never fit the pool or a context, or if
  * n_reserved exceeds max_seqs; KVLLM_ENOMEM if the queue is full (the caller

@@ -7,9 +7,11 @@
 #include "kvllm.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_LIST 16
 
@@ -20,16 +22,65 @@ static const char *k_usage =
     "  --threads LIST    thread counts, e.g. 1,2 (default: all CPUs)\n"
     "  --depth LIST      context already filled before each test (default 0)\n"
     "  --reps N          repetitions (default 5)\n"
+    "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
-    "  -o md|json        output format (default md)\n";
+    "  -o md|json        output format (default md)\n"
+    "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
+    "  step x steps/s over the read bandwidth measured with the same thread count\n";
 
 struct bench_opts {
     char models[1024];
     long pp, tg, reps;
-    long threads[MAX_LIST], depth[MAX_LIST];
-    int n_threads, n_depth;
+    long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST];
+    int n_threads, n_depth, n_batch;
     bool no_kv, json;
 };
+
+static long cpu_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n;
+}
+
+/* ---- memory read bandwidth: the decode roofline ---- */
+
+struct bw_job { const uint64_t *p; size_t n; uint64_t sum; };
+
+static void *bw_worker(void *arg) {
+    struct bw_job *j = arg;
+    uint64_t s[4] = { 0 };
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        s[0] += j->p[i];
+        s[1] += j->p[i + 1];
+        s[2] += j->p[i + 2];
+        s[3] += j->p[i + 3];
+    }
+    j->sum = s[0] + s[1] + s[2] + s[3];
+    return NULL;
+}
+
+/* Best of 5 passes over 512 MiB split across `threads` threads, in bytes/s. */
+static double read_bandwidth(int threads) {
+    const size_t bytes = 512u << 20, n = bytes / 8;
+    uint64_t *buf = malloc(bytes);
+    if (!buf || threads < 1 || threads > 256) { free(buf); return 0; }
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[256];
+        struct bw_job job[256];
+        double t0 = cli_time();
+        for (int t = 0; t < threads; t++) {
+            job[t] = (struct bw_job){ buf + n / (size_t)threads * (size_t)t, n / (size_t)threads, 0 };
+            pthread_create(&th[t], NULL, bw_worker, &job[t]);
+        }
+        uint64_t sink = 0;
+        for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); sink += job[t].sum; }
+        double bw = (double)(n / (size_t)threads * (size_t)threads * 8) / (cli_time() - t0);
+        if (bw > best && sink != 1) best = bw;
+    }
+    free(buf);
+    return best;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -64,19 +115,68 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long d
     return rc ? -1 : dt;
 }
 
+/* ---- batched decode through the engine ---- */
+
+struct tg_probe { int n_first, n_tokens; double t_first; int n_seqs; };
+
+static void tg_event(const struct kvllm_event *ev, void *user) {
+    struct tg_probe *p = user;
+    if (ev->token < 0) return;
+    if (ev->n_generated == 1 && ++p->n_first == p->n_seqs) p->t_first = cli_time();
+    else if (ev->n_generated > 1) p->n_tokens++;
+}
+
+/* B sequences with `depth` prompt tokens each decode n tokens together;
+ * timed from the moment every sequence has its first token.  Returns
+ * seconds for B * n tokens, or < 0. */
+static double run_batch_tg(struct kvllm_model *m, long depth, long n, long B, unsigned *seed) {
+    const int V = kvllm_model_describe(m)->n_vocab;
+    long np = depth > 0 ? depth : 1;
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    ep.max_seqs = (int)B;
+    ep.kv_tokens = (int)(B * (np + n + 2));
+    ep.prefix_caching = false;
+    if (np + n + 1 > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)(np + n + 1);
+    struct kvllm_engine *e;
+    if (kvllm_engine_new(m, &ep, &e)) return -1;
+    struct tg_probe p = { .n_seqs = (int)B };
+    int32_t *ids = malloc((size_t)np * sizeof *ids);
+    int rc = ids ? 0 : KVLLM_ENOMEM;
+    for (long b = 0; !rc && b < B; b++) {
+        for (long i = 0; i < np; i++) {
+            *seed = *seed * 1103515245u + 12345u;
+            ids[i] = (int32_t)((*seed >> 8) % (unsigned)V);
+        }
+        struct kvllm_sampling_params sp = kvllm_sampling_default_params();
+        sp.temperature = 0;
+        struct kvllm_request q = { .prompt = ids, .n_prompt = (int)np, .max_tokens = (int)n + 1, .sampling = sp,
+                                   .n = 1, .ignore_eos = true, .no_text = true, .on_event = tg_event, .user = &p };
+        rc = kvllm_engine_add(e, &q, NULL);
+    }
+    while (!rc && !kvllm_engine_idle(e)) rc = kvllm_engine_step(e) < 0;
+    double dt = cli_time() - p.t_first;
+    free(ids);
+    kvllm_engine_free(e);
+    return rc || p.n_tokens != B * n ? -1 : dt;
+}
+
+/* roofline: decode reads every weight once per step (a step serves `batch`
+ * tokens), so its bound is bandwidth / weight bytes steps per second */
 static void print_row(const struct bench_opts *o, const char *model, const char *type, long threads, long pp,
-                      long tg, long depth, double med, double sd) {
+                      long tg, long depth, long batch, double med, double sd, double roofline) {
     long n = pp ? pp : tg;
     if (o->json) {
         printf("{\"model\": \"%s\", \"type\": \"%s\", \"threads\": %ld, \"pp\": %ld, \"tg\": %ld, \"depth\": %ld, "
-               "\"batch\": 1, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, \"tokens_per_s_sd\": %.3f, "
-               "\"ms_per_token_median\": %.4f}\n",
-               model, type, threads, pp, tg, depth, o->no_kv ? "false" : "true", med, sd, 1e3 / med);
+               "\"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, \"tokens_per_s_sd\": %.3f, "
+               "\"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f}\n",
+               model, type, threads, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
+               tg ? roofline : 0.0);
     } else {
-        char test[32];
+        char test[32], roof[16] = "";
         snprintf(test, sizeof test, "%s%ld", pp ? "pp" : "tg", n);
-        printf("| %-28s | %-5s | %7ld | %-6s | %5ld | %4s | %12.2f ± %-8.2f | %10.3f |\n", model, type, threads, test,
-               depth, o->no_kv ? "off" : "on", med, sd, 1e3 / med);
+        if (tg && roofline > 0) snprintf(roof, sizeof roof, "%.0f %%", roofline);
+        printf("| %-28s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n", model, type,
+               threads, test, depth, batch, o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
     }
     fflush(stdout);
 }
@@ -90,16 +190,20 @@ static int bench_model(const struct bench_opts *o, const char *path) {
         struct kvllm_model *m;
         if (kvllm_model_load(path, &mp, &m)) return 1;
         const char *type = kvllm_model_describe(m)->weight_type;
+        const double wbytes = (double)kvllm_model_describe(m)->weight_bytes;
+        const double bw = o->tg > 0 ? read_bandwidth(mp.n_threads) : 0;
         for (int di = 0; di < o->n_depth; di++) {
-            for (int test = 0; test < 2; test++) {
-                long n = test == 0 ? o->pp : o->tg;
+            for (int test = 0; test < 1 + o->n_batch; test++) {
+                /* test 0: prefill; 1..n_batch: decode with batch[test - 1] sequences */
+                long n = test == 0 ? o->pp : o->tg, B = test == 0 ? 1 : o->batch[test - 1];
                 if (n <= 0) continue;
                 double tps[64];
                 unsigned seed = 1234;
                 for (long r = 0; r < o->reps; r++) {
-                    double dt = run_once(m, o, o->depth[di], n, test == 1, &seed);
+                    double dt = B > 1 ? run_batch_tg(m, o->depth[di], n, B, &seed)
+                                      : run_once(m, o, o->depth[di], n, test > 0, &seed);
                     if (dt < 0) { kvllm_model_free(m); return 1; }
-                    tps[r] = (double)n / dt;
+                    tps[r] = (double)(n * B) / dt;
                 }
                 double mean = 0, var = 0;
                 for (long r = 0; r < o->reps; r++) mean += tps[r] / (double)o->reps;
@@ -107,7 +211,9 @@ static int bench_model(const struct bench_opts *o, const char *path) {
                 double sd = o->reps > 1 ? sqrt(var / (double)(o->reps - 1)) : 0;
                 qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
                 double med = o->reps % 2 ? tps[o->reps / 2] : 0.5 * (tps[o->reps / 2 - 1] + tps[o->reps / 2]);
-                print_row(o, base, type, mp.n_threads, test == 0 ? n : 0, test == 1 ? n : 0, o->depth[di], med, sd);
+                double roof = bw > 0 && !o->no_kv ? 100.0 * med / (double)B * wbytes / bw : 0;
+                print_row(o, base, type, mp.n_threads, test == 0 ? n : 0, test > 0 ? n : 0, o->depth[di], B, med, sd,
+                          roof);
             }
         }
         kvllm_model_free(m);
@@ -116,9 +222,10 @@ static int bench_model(const struct bench_opts *o, const char *path) {
 }
 
 static int bench_model_cmd(int argc, char **argv) {
-    struct bench_opts o = { .pp = 512, .tg = 128, .reps = 5, .n_threads = 1, .n_depth = 1 };
-    o.threads[0] = 0;
+    struct bench_opts o = { .pp = 512, .tg = 128, .reps = 5, .n_threads = 1, .n_depth = 1, .n_batch = 1 };
+    o.threads[0] = cpu_threads();
     o.depth[0] = 0;
+    o.batch[0] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
@@ -130,6 +237,7 @@ static int bench_model_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
+        else if (!strcmp(a, "--batch")) { if ((o.n_batch = cli_int_list(a, v, 1, 4096, o.batch, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "-o")) {
             if (!strcmp(v, "json")) o.json = true;
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
@@ -138,10 +246,10 @@ static int bench_model_cmd(int argc, char **argv) {
     if (!*o.models) { cli_error("bench model: -m MODEL is required"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
     if (!o.json) {
-        printf("| %-28s | %-5s | %7s | %-6s | %5s | %4s | %23s | %10s |\n", "model", "type", "threads", "test", "depth",
-               "kv", "tokens/s (median ± sd)", "ms/token");
-        printf("|%s|%s|%s|%s|%s|%s|%s|%s|\n", "------------------------------", "-------", "---------", "--------",
-               "-------", "------", "-------------------------", "------------");
+        printf("| %-28s | %-5s | %7s | %-6s | %5s | %5s | %4s | %23s | %10s | %8s |\n", "model", "type", "threads",
+               "test", "depth", "batch", "kv", "tokens/s (median ± sd)", "ms/token", "roofline");
+        printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "------------------------------", "-------", "---------",
+               "--------", "-------", "-------", "------", "-------------------------", "------------", "----------");
     }
     char list[1024];
     snprintf(list, sizeof list, "%s", o.models);
@@ -351,12 +459,31 @@ static int bench_prefix_cmd(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+static int bench_membw_cmd(int argc, char **argv) {
+    long list[MAX_LIST] = { 1, cpu_threads() };
+    int n = cpu_threads() > 1 ? 2 : 1;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            fputs("usage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) {
+            const char *v = cli_arg(argc, argv, &i);
+            if (!v || (n = cli_int_list(argv[i - 1], v, 1, 256, list, MAX_LIST)) < 0) return 2;
+        } else { cli_error("bench membw: unknown option '%s'", argv[i]); return 2; }
+    }
+    printf("| threads | read GB/s |\n|---:|---:|\n");
+    for (int i = 0; i < n; i++) printf("| %ld | %.1f |\n", list[i], read_bandwidth((int)list[i]) / 1e9);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "membw")) return bench_membw_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prefix")) return bench_prefix_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
     if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); fputs(k_usage_prefix, stdout); return 0; }
-    cli_error("bench: expected a benchmark kind: model, throughput, prefix or serve (see kvllm bench --help)");
+    cli_error("bench: expected a benchmark kind: model, throughput, prefix, serve or membw (see kvllm bench --help)");
     return 2;
 }

@@ -27,6 +27,8 @@
 #define KEY_MERGES "tokenizer.ggml.merges"
 #define KEY_PRE    "tokenizer.ggml.pre"
 #define MAX_MERGES (1 << 24)
+#define MAX_VOCAB_ID ((1 << 24) - 1) /* tokenizer.c's vocabulary limit */
+#define MAX_ADDED_GAP (1 << 16)      /* added ids may lie this far past vocab.json's last */
 
 struct bpe {
     struct pretok *pre;
@@ -416,19 +418,23 @@ static int vocab_from_json(const char *path, json_object *vocab, const struct bp
             return KVLLM_EFORMAT;
         }
         int64_t id = json_object_get_int64(val);
-        if (id < 0 || id >= MAX_MERGES) {
+        if (id < 0 || id > MAX_VOCAB_ID) {
             LOG_ERR("%s: the id %lld of '%.32s' is out of range", path, (long long)id, key);
             return KVLLM_EFORMAT;
         }
         if (id > max_id) max_id = id;
     }
+    /* added tokens extend the vocabulary, within reason (each missing id costs a placeholder) */
+    int64_t max_sp = max_id + MAX_ADDED_GAP < MAX_VOCAB_ID ? max_id + MAX_ADDED_GAP : MAX_VOCAB_ID;
     for (int i = 0; i < n_sp; i++) {
-        if (sp[i].id < 0 || sp[i].id >= MAX_MERGES) {
-            LOG_ERR("special token '%s' has id %d, out of range", sp[i].text, (int)sp[i].id);
+        if (sp[i].id < 0 || sp[i].id > max_sp) {
+            LOG_ERR("special token '%s' has id %d, out of range (the vocabulary ends at %lld; at most %lld)",
+                    sp[i].text, (int)sp[i].id, (long long)max_id, (long long)max_sp);
             return KVLLM_EINVAL;
         }
-        if (sp[i].id > max_id) max_id = sp[i].id;
     }
+    for (int i = 0; i < n_sp; i++)
+        if (sp[i].id > max_id) max_id = sp[i].id;
     if (max_id < 0) { LOG_ERR("%s: the vocabulary is empty", path); return KVLLM_EFORMAT; }
     int n = (int)max_id + 1;
     struct gguf_str *tokens = xcalloc((size_t)n, sizeof *tokens);

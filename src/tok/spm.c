@@ -284,8 +284,8 @@ static int partition(const struct tokenizer *t, const char *text, size_t len, bo
     return rc;
 }
 
-int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
-                     bool add_bos, bool parse_special, int32_t *ids, int n_max) {
+int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len,
+                   bool add_bos, bool parse_special, int32_t *ids, int n_max) {
     struct id_sink o = { ids, ids ? n_max : 0, 0 };
     struct frag_list frags = { 0 };
     struct work w = { 0 };

@@ -7,10 +7,8 @@
 
 #include "tok/tokenizer.h"
 
-/* spm.c defines the SentencePiece encoder under this name; tokenizer.c
- * defines the public tokenizer_encode, which picks SentencePiece or
+/* The SentencePiece encoder (spm.c); tokenizer_encode picks it or
  * byte-level BPE (bpe.c) by the vocabulary's model. */
-#define tokenizer_encode tok_spm_encode
 int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len,
                    bool add_bos, bool parse_special, int32_t *ids, int n_max);
 

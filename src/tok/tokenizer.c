@@ -396,7 +396,6 @@ void tokenizer_free(struct tokenizer *t) {
 
 /* ---- encoding: by the vocabulary's model ---- */
 
-#undef tokenizer_encode
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
                      bool add_bos, bool parse_special, int32_t *ids, int n_max) {
     if (t->bpe) return bpe_encode(t, text, len, add_bos, parse_special, ids, n_max);

@@ -19,7 +19,8 @@ enum tok_type {
 
 struct tokenizer;
 
-/* From tokenizer.ggml.model ("llama" = SentencePiece BPE), .tokens, .scores,
+/* From tokenizer.ggml.model ("llama" = SentencePiece BPE, "gpt2" = byte-level
+ * BPE with .merges and the .pre pre-tokenizer name), .tokens, .scores,
  * .token_type, .bos/.eos/.unknown_token_id, .add_bos_token, .add_space_prefix.
  * Errors (logged with the gguf path): KVLLM_ENOTFOUND when there is no
  * vocabulary, KVLLM_EUNSUPPORTED for an unknown tokenizer model,

@@ -1,7 +1,9 @@
 # kvllm — top-level wrapper around CMake/CTest.
 #   make          build the release binary (no network)
 #   make test     bootstrap (packages + test venv), build, run the whole suite
-#   make demo     bootstrap, build, generate text from the default model
+#   make demo     bootstrap, build, generate text from the default model, then answer one
+#                 chat turn with SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh;
+#                 skipped with a note when it cannot be downloaded)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
@@ -30,7 +32,7 @@ test: bootstrap asan build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: bootstrap build
-	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED)
+	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED) $(abspath models)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

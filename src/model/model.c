@@ -9,7 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct loader { struct model *m; const char *path; uint64_t type_bytes[DTYPE_COUNT_]; };
+struct loader {
+    struct model *m;
+    const char *path;
+    uint64_t type_bytes[DTYPE_COUNT_];
+    char key[96];           /* scratch for "<arch>.<suffix>" */
+};
+
+/* "<arch>.<suffix>" in L->key (valid until the next call). */
+static const char *akey(struct loader *L, const char *suffix) {
+    snprintf(L->key, sizeof L->key, "%s.%s", L->m->arch, suffix);
+    return L->key;
+}
 
 static int need_u32(struct loader *L, const char *key, int lo, int hi, int *out) {
     uint32_t v;
@@ -82,6 +93,18 @@ static int get_tensor(struct loader *L, const char *name, int64_t cols, int64_t 
     return 0;
 }
 
+/* Architectures kvllm computes: the name general.architecture gives, and the switches. */
+static const struct arch_info {
+    const char *name;
+    enum model_arch id;
+    bool layer_norm, learned_pos, rope_neox, gated_ffn;
+} k_archs[] = {
+    { "llama", MODEL_ARCH_LLAMA, false, false, false, true },
+    { "mistral", MODEL_ARCH_LLAMA, false, false, false, true },
+    { "qwen2", MODEL_ARCH_QWEN2, false, false, true, true },
+    { "gpt2", MODEL_ARCH_GPT2, true, true, false, false },
+};
+
 static int load_hparams(struct loader *L) {
     struct model *m = L->m;
     struct model_hparams *hp = &m->hp;
@@ -89,19 +112,27 @@ static int load_hparams(struct loader *L) {
     int rc = gguf_get_str(m->file, "general.architecture", &arch);
     if (rc == KVLLM_ENOTFOUND) { LOG_ERR("%s: missing required key 'general.architecture'", L->path); return KVLLM_EFORMAT; }
     if (rc) return rc;
-    if (!gguf_str_eq(arch, "llama")) {
-        LOG_ERR("%s: unknown architecture '%.*s' (supported: llama)", L->path, (int)(arch.len > 64 ? 64 : arch.len),
-                arch.ptr);
+    const struct arch_info *ai = NULL;
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (gguf_str_eq(arch, k_archs[i].name)) ai = &k_archs[i];
+    if (!ai) {
+        LOG_ERR("%s: unknown architecture '%.*s' (supported: llama, mistral, qwen2, gpt2)", L->path,
+                (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         return KVLLM_EUNSUPPORTED;
     }
-    snprintf(m->arch, sizeof m->arch, "llama");
+    snprintf(m->arch, sizeof m->arch, "%s", ai->name);
+    m->arch_id = ai->id;
+    m->layer_norm = ai->layer_norm;
+    m->learned_pos = ai->learned_pos;
+    m->rope_neox = ai->rope_neox;
+    m->gated_ffn = ai->gated_ffn;
     const int big = 1 << 20;
-    if ((rc = need_u32(L, "llama.embedding_length", 1, big, &hp->n_embd)) ||
-        (rc = need_u32(L, "llama.block_count", 1, 4096, &hp->n_layer)) ||
-        (rc = need_u32(L, "llama.attention.head_count", 1, 4096, &hp->n_head)) ||
-        (rc = need_u32(L, "llama.feed_forward_length", 1, 4 * big, &hp->n_ff)) ||
-        (rc = need_u32(L, "llama.context_length", 1, 1 << 24, &hp->n_ctx_train)) ||
-        (rc = opt_u32(L, "llama.attention.head_count_kv", 1, 4096, hp->n_head, &hp->n_head_kv)))
+    if ((rc = need_u32(L, akey(L, "embedding_length"), 1, big, &hp->n_embd)) ||
+        (rc = need_u32(L, akey(L, "block_count"), 1, 4096, &hp->n_layer)) ||
+        (rc = need_u32(L, akey(L, "attention.head_count"), 1, 4096, &hp->n_head)) ||
+        (rc = need_u32(L, akey(L, "feed_forward_length"), 1, 4 * big, &hp->n_ff)) ||
+        (rc = need_u32(L, akey(L, "context_length"), 1, 1 << 24, &hp->n_ctx_train)) ||
+        (rc = opt_u32(L, akey(L, "attention.head_count_kv"), 1, 4096, hp->n_head, &hp->n_head_kv)))
         return rc;
     if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv) {
         LOG_ERR("%s: n_embd %d, n_head %d, n_head_kv %d: heads must divide n_embd and kv heads must divide heads",
@@ -109,11 +140,91 @@ static int load_hparams(struct loader *L) {
         return KVLLM_EFORMAT;
     }
     hp->head_dim = hp->n_embd / hp->n_head;
-    if ((rc = opt_u32(L, "llama.rope.dimension_count", 0, hp->head_dim, hp->head_dim, &hp->n_rot)) ||
-        (rc = opt_f32(L, "llama.rope.freq_base", 1.0f, 1e12f, 10000.0f, &hp->rope_theta)) ||
-        (rc = opt_f32(L, "llama.attention.layer_norm_rms_epsilon", 0.0f, 1.0f, 1e-5f, &hp->norm_eps)))
+    hp->rope_freq_scale = 1.0f;
+    if (m->layer_norm) {
+        if ((rc = opt_f32(L, akey(L, "attention.layer_norm_epsilon"), 0.0f, 1.0f, 1e-5f, &hp->norm_eps))) return rc;
+    } else if ((rc = opt_f32(L, akey(L, "attention.layer_norm_rms_epsilon"), 0.0f, 1.0f, 1e-5f, &hp->norm_eps))) {
         return rc;
-    if (hp->n_rot % 2) { LOG_ERR("%s: llama.rope.dimension_count %d must be even", L->path, hp->n_rot); return KVLLM_EFORMAT; }
+    }
+    if (m->learned_pos) {
+        hp->n_rot = 0;
+        hp->rope_theta = 0;
+    } else {
+        if ((rc = opt_u32(L, akey(L, "rope.dimension_count"), 0, hp->head_dim, hp->head_dim, &hp->n_rot)) ||
+            (rc = opt_f32(L, akey(L, "rope.freq_base"), 1.0f, 1e12f, 10000.0f, &hp->rope_theta)))
+            return rc;
+        if (hp->n_rot % 2) {
+            LOG_ERR("%s: %s.rope.dimension_count %d must be even", L->path, m->arch, hp->n_rot);
+            return KVLLM_EFORMAT;
+        }
+        struct gguf_str st;
+        rc = gguf_get_str(m->file, akey(L, "rope.scaling.type"), &st);
+        if (rc && rc != KVLLM_ENOTFOUND) return rc;
+        if (!rc && gguf_str_eq(st, "linear")) {
+            float factor;
+            if ((rc = opt_f32(L, akey(L, "rope.scaling.factor"), 1e-3f, 1e6f, 1.0f, &factor))) return rc;
+            hp->rope_freq_scale = 1.0f / factor;
+        } else if (!rc && !gguf_str_eq(st, "none")) {
+            LOG_ERR("%s: %s.rope.scaling.type '%.*s' is not supported (supported: none, linear; Llama 3 "
+                    "scaling comes as rope_freqs.weight)", L->path, m->arch, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+            return KVLLM_EUNSUPPORTED;
+        }
+        if ((rc = opt_u32(L, akey(L, "attention.sliding_window"), 0, 1 << 30, 0, &hp->n_swa))) return rc;
+    }
+    return 0;
+}
+
+/* View of rows r0 .. r0 + nr of a 2-D tensor (a slice of a fused QKV matrix). */
+static struct tensor row_view(const struct tensor *t, int64_t r0, int64_t nr) {
+    struct tensor v = *t;
+    v.data = tensor_row(t, r0);
+    v.ne1 = nr;
+    return v;
+}
+
+/* View of elements e0 .. e0 + n of a 1-D f32 tensor (a slice of a fused QKV bias). */
+static struct tensor vec_view(const struct tensor *t, int64_t e0, int64_t n) {
+    struct tensor v = *t;
+    v.data = (const float *)t->data + e0;
+    v.ne0 = n;
+    v.row_bytes = (size_t)n * sizeof(float);
+    return v;
+}
+
+/* Q, K, V weights (and biases) of layer il: separate attn_q/k/v or one fused attn_qkv. */
+static int load_qkv(struct loader *L, int il, struct llama_layer *l) {
+    const struct model_hparams *hp = &L->m->hp;
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    char n[6][64];
+    snprintf(n[0], sizeof n[0], "blk.%d.attn_qkv.weight", il);
+    int rc;
+    if (gguf_find_tensor(L->m->file, n[0])) {
+        struct tensor w, b;
+        snprintf(n[1], sizeof n[1], "blk.%d.attn_qkv.bias", il);
+        if ((rc = get_tensor(L, n[0], E, Q + 2 * KV, false, false, &w)) ||
+            (rc = get_tensor(L, n[1], Q + 2 * KV, 0, true, true, &b)))
+            return rc;
+        l->wq = row_view(&w, 0, Q);
+        l->wk = row_view(&w, Q, KV);
+        l->wv = row_view(&w, Q + KV, KV);
+        if (b.data) {
+            l->bq = vec_view(&b, 0, Q);
+            l->bk = vec_view(&b, Q, KV);
+            l->bv = vec_view(&b, Q + KV, KV);
+        }
+        return 0;
+    }
+    static const char *nm[6] = { "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                 "attn_q.bias", "attn_k.bias", "attn_v.bias" };
+    for (int i = 0; i < 6; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, nm[i]);
+    const bool qwen2 = L->m->arch_id == MODEL_ARCH_QWEN2;   /* Qwen2 always carries Q/K/V biases */
+    if ((rc = get_tensor(L, n[0], E, Q, false, false, &l->wq)) ||
+        (rc = get_tensor(L, n[1], E, KV, false, false, &l->wk)) ||
+        (rc = get_tensor(L, n[2], E, KV, false, false, &l->wv)) ||
+        (rc = get_tensor(L, n[3], Q, 0, true, !qwen2, &l->bq)) ||
+        (rc = get_tensor(L, n[4], KV, 0, true, !qwen2, &l->bk)) ||
+        (rc = get_tensor(L, n[5], KV, 0, true, !qwen2, &l->bv)))
+        return rc;
     return 0;
 }
 
@@ -127,32 +238,57 @@ static int load_tensors(struct loader *L) {
         return KVLLM_EFORMAT;
     }
     m->hp.n_vocab = (int)emb->ne[1];
-    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, F = hp->n_ff;
+    const bool ln = m->layer_norm;
     int rc;
     if ((rc = get_tensor(L, "token_embd.weight", E, hp->n_vocab, false, false, &m->tok_embd)) ||
+        (rc = get_tensor(L, "position_embd.weight", E, hp->n_ctx_train, false, !m->learned_pos, &m->pos_embd)) ||
+        (rc = get_tensor(L, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs)) ||
         (rc = get_tensor(L, "output_norm.weight", E, 0, true, false, &m->output_norm)) ||
+        (rc = get_tensor(L, "output_norm.bias", E, 0, true, !ln, &m->output_norm_b)) ||
         (rc = get_tensor(L, "output.weight", E, hp->n_vocab, false, true, &m->output)))
         return rc;
+    if (m->learned_pos && m->rope_freqs.data) {
+        LOG_ERR("%s: rope_freqs.weight in a %s model, which has no RoPE", L->path, m->arch);
+        return KVLLM_EFORMAT;
+    }
+    for (int i = 0; m->rope_freqs.data && i < hp->n_rot / 2; i++) {
+        float f = ((const float *)m->rope_freqs.data)[i];
+        if (!(f > 0 && f < 1e30f)) {
+            LOG_ERR("%s: rope_freqs.weight[%d] = %g: frequency factors must be positive and finite", L->path, i, f);
+            return KVLLM_EFORMAT;
+        }
+    }
     m->tied_output = m->output.data == NULL;
     if (m->tied_output) m->output = m->tok_embd;
     m->layers = xcalloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return KVLLM_ENOMEM;
     for (int il = 0; il < hp->n_layer; il++) {
         struct llama_layer *l = &m->layers[il];
-        char n[9][64];
-        static const char *suffix[9] = { "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down" };
-        for (int i = 0; i < 9; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", il, suffix[i]);
+        enum { N_ = 11 };
+        char n[N_][64];
+        static const char *name[N_] = { "attn_norm.weight", "attn_norm.bias", "attn_output.weight", "attn_output.bias",
+                                        "ffn_norm.weight", "ffn_norm.bias", "ffn_gate.weight", "ffn_up.weight",
+                                        "ffn_up.bias", "ffn_down.weight", "ffn_down.bias" };
+        for (int i = 0; i < N_; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+        /* biases: optional for every architecture, but LayerNorm models carry their norm biases */
         if ((rc = get_tensor(L, n[0], E, 0, true, false, &l->attn_norm)) ||
-            (rc = get_tensor(L, n[1], E, Q, false, false, &l->wq)) ||
-            (rc = get_tensor(L, n[2], E, KV, false, false, &l->wk)) ||
-            (rc = get_tensor(L, n[3], E, KV, false, false, &l->wv)) ||
-            (rc = get_tensor(L, n[4], Q, E, false, false, &l->wo)) ||
-            (rc = get_tensor(L, n[5], E, 0, true, false, &l->ffn_norm)) ||
-            (rc = get_tensor(L, n[6], E, hp->n_ff, false, false, &l->ffn_gate)) ||
-            (rc = get_tensor(L, n[7], E, hp->n_ff, false, false, &l->ffn_up)) ||
-            (rc = get_tensor(L, n[8], hp->n_ff, E, false, false, &l->ffn_down)))
+            (rc = get_tensor(L, n[1], E, 0, true, !ln, &l->attn_norm_b)) ||
+            (rc = load_qkv(L, il, l)) ||
+            (rc = get_tensor(L, n[2], Q, E, false, false, &l->wo)) ||
+            (rc = get_tensor(L, n[3], E, 0, true, true, &l->bo)) ||
+            (rc = get_tensor(L, n[4], E, 0, true, false, &l->ffn_norm)) ||
+            (rc = get_tensor(L, n[5], E, 0, true, !ln, &l->ffn_norm_b)) ||
+            (rc = get_tensor(L, n[6], E, F, false, !m->gated_ffn, &l->ffn_gate)) ||
+            (rc = get_tensor(L, n[7], E, F, false, false, &l->ffn_up)) ||
+            (rc = get_tensor(L, n[8], F, 0, true, true, &l->ffn_up_b)) ||
+            (rc = get_tensor(L, n[9], F, E, false, false, &l->ffn_down)) ||
+            (rc = get_tensor(L, n[10], E, 0, true, true, &l->ffn_down_b)))
             return rc;
+        if (!m->gated_ffn && l->ffn_gate.data) {
+            LOG_ERR("%s: tensor '%s' in a %s model, whose FFN is ungated", L->path, n[6], m->arch);
+            return KVLLM_EFORMAT;
+        }
     }
     return 0;
 }
@@ -188,6 +324,15 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
     }
     if (rc) { model_free(m); return rc; }
     *out = m;
+    return 0;
+}
+
+int model_check_ctx(const struct model *m, int n_ctx) {
+    if (m->learned_pos && n_ctx > m->pos_embd.ne1) {
+        LOG_ERR("a context of %d positions is longer than the %lld learned positions of this %s model", n_ctx,
+                (long long)m->pos_embd.ne1, m->arch);
+        return KVLLM_ERANGE;
+    }
     return 0;
 }
 

@@ -16,25 +16,47 @@
 struct model_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot, n_ctx_train;
     float rope_theta, norm_eps;
+    float rope_freq_scale;  /* positions are multiplied by this before RoPE (1; 1/factor for linear scaling) */
+    int n_swa;              /* sliding-window attention: attend the last n_swa positions only; 0 = full */
 };
 
+/* The architectures one forward pass covers, told apart by the switches in
+ * struct model (norm type, positions, biases, activation). */
+enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_GPT2 };
+
+/* Optional tensors (biases, rope_freqs, position_embd) have data == NULL when absent. */
 struct llama_layer {
     struct tensor attn_norm;  /* (n_embd) f32 */
-    struct tensor wq;         /* (n_head * head_dim, n_embd) */
+    struct tensor attn_norm_b;/* (n_embd) f32, LayerNorm models */
+    struct tensor wq;         /* (n_head * head_dim, n_embd); a row range of attn_qkv when fused */
     struct tensor wk, wv;     /* (n_head_kv * head_dim, n_embd) */
+    struct tensor bq, bk, bv; /* (n_head * head_dim), (n_head_kv * head_dim) f32: Qwen2, GPT-2 */
     struct tensor wo;         /* (n_embd, n_head * head_dim) */
+    struct tensor bo;         /* (n_embd) f32: GPT-2 */
     struct tensor ffn_norm;   /* (n_embd) f32 */
-    struct tensor ffn_gate;   /* (n_ff, n_embd) */
+    struct tensor ffn_norm_b; /* (n_embd) f32, LayerNorm models */
+    struct tensor ffn_gate;   /* (n_ff, n_embd); absent for GELU (ungated) FFNs */
     struct tensor ffn_up;     /* (n_ff, n_embd) */
+    struct tensor ffn_up_b;   /* (n_ff) f32: GPT-2 */
     struct tensor ffn_down;   /* (n_embd, n_ff) */
+    struct tensor ffn_down_b; /* (n_embd) f32: GPT-2 */
 };
 
 struct model {
     struct gguf *file;            /* owned: metadata + the mapping the weights live in */
-    char arch[32];
+    char arch[32];                /* general.architecture as the file names it */
+    enum model_arch arch_id;
+    /* per-architecture switches */
+    bool layer_norm;              /* LayerNorm with bias (GPT-2); else RMSNorm */
+    bool learned_pos;             /* position_embd added to the embeddings, no RoPE (GPT-2) */
+    bool rope_neox;               /* RoPE rotates halves (Qwen2 GGUF) rather than adjacent pairs */
+    bool gated_ffn;               /* SwiGLU FFN (gate, up, down); else GELU(up) -> down */
     struct model_hparams hp;
     struct tensor tok_embd;       /* (n_vocab, n_embd) */
+    struct tensor pos_embd;       /* (n_ctx_train, n_embd) when learned_pos */
+    struct tensor rope_freqs;     /* (n_rot / 2) f32 frequency divisors (Llama 3 rope scaling), optional */
     struct tensor output_norm;    /* (n_embd) f32 */
+    struct tensor output_norm_b;  /* (n_embd) f32, LayerNorm models */
     struct tensor output;         /* (n_vocab, n_embd); tok_embd when tied */
     bool tied_output;
     struct llama_layer *layers;   /* (n_layer) */
@@ -48,6 +70,12 @@ struct model {
  * Errors are logged with the path and the offending key/tensor. */
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
 void model_free(struct model *m);
+
+/* Whether contexts of n_ctx positions can be computed: learned-position
+ * models (GPT-2) have n_ctx_train positions and no more.  Returns 0, or
+ * KVLLM_ERANGE (logged) when n_ctx is too long.  Engines call it before
+ * sizing anything; model_forward asserts positions are in range. */
+int model_check_ctx(const struct model *m, int n_ctx);
 
 /* One step's tokens, from any number of sequences. */
 struct batch {
@@ -72,7 +100,8 @@ void forward_buf_deinit(struct forward_buf *b);
 /* Bytes forward_buf_init allocates. */
 uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max, int max_ctx);
 
-/* Evaluate a batch (n_tokens <= b->n_max, positions < b->max_ctx): K/V of
+/* Evaluate a batch (n_tokens <= b->n_max, positions < b->max_ctx, and
+ * < n_ctx_train for learned-position models): K/V of
  * every token are stored at its slot in kv (n_layer views) before attention,
  * and logits (n_logits, n_vocab) are written for the requested rows.  The
  * arithmetic of a row depends only on its token, position and context. */

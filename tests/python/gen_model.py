@@ -1,8 +1,11 @@
-"""gen_model.py — write random-weight Llama models as GGUF files.
+"""gen_model.py — write random-weight decoder models as GGUF files.
 
-The files follow what llama.cpp's converters write for the "llama" architecture:
-the llama.* hyper-parameter keys, the GGUF tensor names, a SentencePiece-style
-vocabulary in tokenizer.ggml.*.  Weights are random but scaled so that the
+The files follow what llama.cpp's converters write for the "llama" architecture
+(also "mistral": llama with sliding-window attention; Llama 3 rope scaling as a
+rope_freqs.weight tensor), "qwen2" (Q/K/V biases) and "gpt2" (learned positions,
+LayerNorm with bias, fused QKV, biases everywhere, GELU FFN): the <arch>.*
+hyper-parameter keys, the GGUF tensor names, a SentencePiece-style vocabulary
+in tokenizer.ggml.* (the tests only use ids).  Weights are random but scaled so that the
 activations of a forward pass stay O(1): matrices are N(0, 1/fan_in), the
 embedding N(0, 1/n_embd), norm weights uniform in [0.9, 1.1].
 
@@ -54,6 +57,12 @@ class ModelConfig:
     tied: bool = False              # True: no output.weight (the head reuses token_embd)
     dtype: str = "f32"              # matrices: f32, f16, bf16, q8_0, q4_0, q4_1, or a KTYPES entry; norms F32
     name: str = "kvllm-random-llama"
+    arch: str = "llama"             # general.architecture: llama, mistral, qwen2, gpt2
+    n_swa: int = 0                  # > 0: <arch>.attention.sliding_window
+    llama3_rope: tuple[float, float, float, int] | None = None
+                                    # (factor, low_freq_factor, high_freq_factor, original context):
+                                    # rope_freqs.weight as llama.cpp's converter computes it
+    rope_scale_linear: float | None = None   # <arch>.rope.scaling.type linear with this factor
 
     @property
     def head_dim(self) -> int:
@@ -74,6 +83,13 @@ class ModelConfig:
             raise ValueError(f"dtype {self.dtype!r}: expected f32, f16 or one of {sorted(QTYPES) + sorted(KTYPES)}")
         if self.n_vocab < 1:
             raise ValueError("n_vocab must be positive")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch {self.arch!r}: expected one of {ARCHS}")
+        if self.arch == "gpt2" and (self.llama3_rope or self.n_swa or self.n_rot is not None):
+            raise ValueError("gpt2 has learned positions: no rope settings or sliding window")
+
+
+ARCHS = ("llama", "mistral", "qwen2", "gpt2")
 
 
 SHAPES: dict[str, ModelConfig] = {
@@ -152,13 +168,35 @@ class TensorSpec:
 
     def dtype(self, cfg: ModelConfig) -> type:
         """numpy dtype of the values before any quantization."""
-        if self.kind == "norm" or cfg.dtype != "f16":
+        if self.kind in VECTOR_KINDS or cfg.dtype != "f16":
             return np.float32
         return np.float16
 
     def qtype(self, cfg: ModelConfig):
         """GGML type the values are quantized to with gguf.quants, or None (stored as dtype())."""
-        return None if self.kind == "norm" else QTYPES.get(cfg.dtype)
+        return None if self.kind in VECTOR_KINDS else QTYPES.get(cfg.dtype)
+
+
+# kinds always stored as F32: norm weights, biases, rope frequency factors
+VECTOR_KINDS = ("norm", "bias", "freqs")
+
+
+def llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
+    """rope_freqs.weight (rot/2,) as llama.cpp's convert_hf_to_gguf.py computes it for rope_type llama3."""
+    factor, low_ff, high_ff, old_ctx = cfg.llama3_rope
+    freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rot, 2, dtype=np.float64) / cfg.rot))
+    low_wavelen, high_wavelen = old_ctx / low_ff, old_ctx / high_ff
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
@@ -166,13 +204,41 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     d, hd = cfg.n_embd, cfg.head_dim
     q_dim, kv_dim = cfg.n_head * hd, cfg.n_head_kv * hd
     specs = [TensorSpec("token_embd.weight", (cfg.n_vocab, d), "embd", d)]
+    if cfg.arch == "gpt2":
+        specs.append(TensorSpec("position_embd.weight", (cfg.n_ctx, d), "embd", d))
+    if cfg.llama3_rope:
+        specs.append(TensorSpec("rope_freqs.weight", (cfg.rot // 2,), "freqs", 0))
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
+        if cfg.arch == "gpt2":
+            specs += [
+                TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "attn_norm.bias", (d,), "bias", d),
+                TensorSpec(p + "attn_qkv.weight", (q_dim + 2 * kv_dim, d), "matrix", d),
+                TensorSpec(p + "attn_qkv.bias", (q_dim + 2 * kv_dim,), "bias", d),
+                TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
+                TensorSpec(p + "attn_output.bias", (d,), "bias", q_dim),
+                TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "ffn_norm.bias", (d,), "bias", d),
+                TensorSpec(p + "ffn_up.weight", (cfg.n_ff, d), "matrix", d),
+                TensorSpec(p + "ffn_up.bias", (cfg.n_ff,), "bias", d),
+                TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
+                TensorSpec(p + "ffn_down.bias", (d,), "bias", cfg.n_ff),
+            ]
+            continue
         specs += [
             TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
             TensorSpec(p + "attn_q.weight", (q_dim, d), "matrix", d),
             TensorSpec(p + "attn_k.weight", (kv_dim, d), "matrix", d),
             TensorSpec(p + "attn_v.weight", (kv_dim, d), "matrix", d),
+        ]
+        if cfg.arch == "qwen2":
+            specs += [
+                TensorSpec(p + "attn_q.bias", (q_dim,), "bias", d),
+                TensorSpec(p + "attn_k.bias", (kv_dim,), "bias", d),
+                TensorSpec(p + "attn_v.bias", (kv_dim,), "bias", d),
+            ]
+        specs += [
             TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
             TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
             TensorSpec(p + "ffn_gate.weight", (cfg.n_ff, d), "matrix", d),
@@ -180,6 +246,8 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
         ]
     specs.append(TensorSpec("output_norm.weight", (d,), "norm", d))
+    if cfg.arch == "gpt2":
+        specs.append(TensorSpec("output_norm.bias", (d,), "bias", d))
     if not cfg.tied:
         specs.append(TensorSpec("output.weight", (cfg.n_vocab, d), "matrix", d))
     return specs
@@ -188,6 +256,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
 def _random_tensor(rng: np.random.Generator, spec: TensorSpec, cfg: ModelConfig) -> np.ndarray:
     if spec.kind == "norm":
         t = rng.uniform(0.9, 1.1, size=spec.shape).astype(np.float32)
+    elif spec.kind == "bias":
+        t = rng.uniform(-0.2, 0.2, size=spec.shape).astype(np.float32)
+    elif spec.kind == "freqs":
+        t = llama3_rope_factors(cfg)          # computed, not drawn: the rng stream is untouched
     else:
         t = rng.standard_normal(size=spec.shape, dtype=np.float32)
         t *= np.float32(1.0 / np.sqrt(spec.fan_in))
@@ -230,7 +302,7 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
         finally:
             tmp.unlink(missing_ok=True)
         return path
-    arch = "llama"
+    arch = cfg.arch
     w = gguf.GGUFWriter(path, arch)
     omit = set(omit_keys)
 
@@ -248,9 +320,17 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     kv(f"{arch}.feed_forward_length", w.add_uint32, cfg.n_ff)
     kv(f"{arch}.attention.head_count", w.add_uint32, cfg.n_head)
     kv(f"{arch}.attention.head_count_kv", w.add_uint32, cfg.n_head_kv)
-    kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
-    kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
-    kv(f"{arch}.attention.layer_norm_rms_epsilon", w.add_float32, cfg.norm_eps)
+    if arch == "gpt2":
+        kv(f"{arch}.attention.layer_norm_epsilon", w.add_float32, cfg.norm_eps)
+    else:
+        kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
+        kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
+        kv(f"{arch}.attention.layer_norm_rms_epsilon", w.add_float32, cfg.norm_eps)
+        if cfg.n_swa:
+            kv(f"{arch}.attention.sliding_window", w.add_uint32, cfg.n_swa)
+        if cfg.rope_scale_linear:
+            kv(f"{arch}.rope.scaling.type", w.add_string, "linear")
+            kv(f"{arch}.rope.scaling.factor", w.add_float32, cfg.rope_scale_linear)
     # llama.cpp's LLAMA_FTYPE numbering of the dominant matrix type
     ftype = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}[cfg.dtype]
     kv("general.file_type", w.add_uint32, ftype)
@@ -309,6 +389,10 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
         cfg.tied = True
     if args.name:
         cfg.name = args.name
+    if args.arch:
+        cfg.arch = args.arch
+    if args.n_swa is not None:
+        cfg.n_swa = args.n_swa
     return cfg
 
 
@@ -323,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--tied", action="store_true", help="no output.weight: the head reuses token_embd")
     ap.add_argument("--name", default=None, help="general.name")
+    ap.add_argument("--arch", choices=ARCHS, default=None, help="general.architecture (default llama)")
+    ap.add_argument("--sliding-window", dest="n_swa", type=int, default=None, help="attention.sliding_window")
     for f, t in (("n_vocab", int), ("n_embd", int), ("n_layer", int), ("n_head", int), ("n_head_kv", int),
                  ("n_ff", int), ("n_ctx", int), ("n_rot", int), ("rope_theta", float), ("norm_eps", float)):
         ap.add_argument("--" + f.replace("_", "-"), dest=f, type=t, default=None, help=f"override {f}")

@@ -14,6 +14,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "bench",    cmd_bench,    "measure speed: bench model (prompt, generation), bench throughput (engine)" },
     { "batch",    cmd_batch,    "run many prompts through the engine at once (for tests)" },
     { "template", cmd_template, "render a chat template for a conversation (prints the prompt exactly)" },
+    { "chat",     cmd_chat,     "converse with an instruct model via its chat template (KV cache kept across turns)" },
     { "serve",    cmd_serve,    "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)" },
 };
 

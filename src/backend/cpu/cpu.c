@@ -89,21 +89,59 @@ static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const floa
     }
 }
 
-static void cpu_rope(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
-                     const int32_t *pos, float theta) {
+static void cpu_rope_ext(struct backend *be, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+                         const struct rope_params *p) {
+    const int n_rot = p->n_rot, half = n_rot / 2;
+    const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
     for (int t = 0; t < n; t++) {
         float *xt = x + (size_t)t * n_head * head_dim;
-        for (int i = 0; i < n_rot / 2; i++) {
+        for (int i = 0; i < half; i++) {
             /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            double ang = (double)pos[t] * pow((double)theta, -2.0 * i / (double)n_rot);
+            double ang = (double)pos[t] * pow((double)p->theta, -2.0 * i / (double)n_rot);
+            if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
+            if (p->freq_factors) ang /= (double)p->freq_factors[i];
             float c = (float)cos(ang), s = (float)sin(ang);
             for (int h = 0; h < n_head; h++) {
-                float *p = xt + (size_t)h * head_dim + 2 * i;
-                float a = p[0], b = p[1];
-                p[0] = a * c - b * s;
-                p[1] = a * s + b * c;
+                float *q = xt + (size_t)h * head_dim + (size_t)i * step;
+                float a = q[0], b = q[other];
+                q[0] = a * c - b * s;
+                q[other] = a * s + b * c;
             }
         }
+    }
+}
+
+static void cpu_rope(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
+                     const int32_t *pos, float theta) {
+    const struct rope_params p = { .n_rot = n_rot, .theta = theta };
+    cpu_rope_ext(be, x, n, n_head, head_dim, pos, &p);
+}
+
+static void cpu_layernorm(struct backend *be, float *y, const float *x, const float *w, const float *b, int n,
+                          int dim, float eps) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *yt = y + (size_t)t * dim;
+        float sum = 0;
+        for (int i = 0; i < dim; i++) sum += xt[i];
+        const float mean = sum / (float)dim;
+        float var = 0;
+        for (int i = 0; i < dim; i++) var += (xt[i] - mean) * (xt[i] - mean);
+        const float s = 1.0f / sqrtf(var / (float)dim + eps);
+        for (int i = 0; i < dim; i++) yt[i] = (xt[i] - mean) * s * w[i] + (b ? b[i] : 0.0f);
+    }
+}
+
+static void cpu_add_bias(struct backend *be, float *y, const float *b, int n, int dim) {
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+}
+
+static void cpu_gelu(struct backend *be, float *x, long n) {
+    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    for (long i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
     }
 }
 
@@ -121,6 +159,10 @@ static const struct backend_ops k_scalar_ops = {
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
+    .rope_ext = cpu_rope_ext,
+    .layernorm = cpu_layernorm,
+    .add_bias = cpu_add_bias,
+    .gelu = cpu_gelu,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .kv_store = cpu_kv_store,

@@ -2,8 +2,9 @@
  * (quantize K/V rows into their slots) and paged_attention.
  *
  * Model of the world.  Token t attends positions 0 .. L-1 (L = pos[t] + 1)
- * of its own sequence, whose position p lives in block tables[t][p /
- * block_size], slot p % block_size.  The context is cut into splits at
+ * of its own sequence (with a sliding window W > 0: only L-W .. L-1),
+ * whose position p lives in block tables[t][p / block_size], slot
+ * p % block_size.  The context is cut into splits at
  * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
  * it walks the split's positions in chunks (never crossing a block, at most
  * PA_CHUNK long) and, for all g = n_head / n_head_kv query heads sharing that
@@ -155,6 +156,18 @@ static inline const float *pa_row(enum kv_type type, const void *base, size_t ro
 
 static inline int pa_n_split(int L) { return (L + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT; }
 
+/* First position a context of L positions attends (> 0 only under a sliding window). */
+static inline int pa_lo(const struct paged_attn_args *a, int L) {
+    return a->window > 0 && L > a->window ? L - a->window : 0;
+}
+
+/* Positions split s of a context of L positions attends: [p0, p1), possibly empty. */
+static inline void pa_split_range(const struct paged_attn_args *a, int L, int s, int *p0, int *p1) {
+    const int s0 = s * PAGED_ATTN_SPLIT, lo = pa_lo(a, L);
+    *p1 = L - s0 < PAGED_ATTN_SPLIT ? L : s0 + PAGED_ATTN_SPLIT;
+    *p0 = s0 > lo ? s0 : lo;
+}
+
 struct pa_job {
     const struct paged_attn_args *a;
     int s_max;                /* splits of the longest context: partials stride */
@@ -193,7 +206,10 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const struct kv_layer_view *kv = &a->kv;
     const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv, bs = kv->block_size;
     const int L = a->pos[t] + 1;
-    const int p0 = s * PAGED_ATTN_SPLIT, p1 = L - p0 < PAGED_ATTN_SPLIT ? L : p0 + PAGED_ATTN_SPLIT;
+    /* sliding window: positions <= pos - window are skipped; a split wholly before the window stays
+     * empty (m = -inf, l = 0) and weighs nothing in the merge */
+    int p0, p1;
+    pa_split_range(a, L, s, &p0, &p1);
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     const int32_t *table = a->tables[t];
@@ -264,17 +280,20 @@ static void pa_items_worker(void *arg, int ith, int nth) {
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
     long total = 0;
-    for (int t = 0; t < a->n_tokens; t++)
-        total += (long)a->n_head_kv * ((long)a->pos[t] + 1 + (long)pa_n_split(a->pos[t] + 1) * PA_ITEM_COST);
+    for (int t = 0; t < a->n_tokens; t++) {
+        const int L = a->pos[t] + 1, lo = pa_lo(a, L);
+        total += (long)a->n_head_kv * ((long)(L - lo) + (long)pa_n_split(L) * PA_ITEM_COST);
+    }
     long b, e, at = 0;
     threadpool_split(total, ith, nth, &b, &e);
     for (int t = 0; t < a->n_tokens && at < e; t++) {
         const int L = a->pos[t] + 1, ns = pa_n_split(L);
         for (int hk = 0; hk < a->n_head_kv; hk++)
             for (int s = 0; s < ns; s++) {
-                const int len = L - s * PAGED_ATTN_SPLIT < PAGED_ATTN_SPLIT ? L - s * PAGED_ATTN_SPLIT : PAGED_ATTN_SPLIT;
+                int p0, p1;
+                pa_split_range(a, L, s, &p0, &p1);
                 if (at >= b && at < e) pa_item(j, t, hk, s, ns);
-                at += len + PA_ITEM_COST;
+                at += (p1 > p0 ? p1 - p0 : 0) + PA_ITEM_COST;
             }
     }
 }

@@ -1,0 +1,403 @@
+/* cmd_chat.c — `kvllm chat`: a conversation with an instruct model.
+ *
+ * Model of the world: the conversation is a list of messages.  Every turn
+ * renders the whole list through the chat template (kvllm_chat_render, with
+ * the generation prompt) and tokenizes it; `have` mirrors exactly the tokens
+ * whose K/V sit in the session.  The new prompt shares a prefix with `have`
+ * (usually everything up to the end of the previous answer): the session is
+ * truncated to that prefix and only the rest is evaluated, so earlier turns
+ * are never prefilled again.  The answer is sampled token by token until an
+ * end-of-turn token or -n; each token kept is evaluated into the session and
+ * appended to `have`.  Its text goes back into the conversation as the
+ * assistant's message; should re-rendering tokenize it differently from what
+ * was generated, the common prefix simply ends there and the rest is
+ * recomputed — the cache never holds a token the prompt does not.
+ *
+ * Input: with -p, or when stdin is not a terminal, one answer and exit (the
+ * -p text, else the whole of stdin is the user's message).  On a terminal,
+ * or with --interactive, each line of stdin is a user turn until EOF or
+ * "/exit".  stdout carries only the answers (one line break after each);
+ * the per-turn statistics (tokens reused from the KV cache vs computed) go
+ * to stderr. */
+#include "cli.h"
+#include "kvllm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *k_usage =
+    "usage: kvllm chat -m MODEL [options]\n"
+    "  -m, --model PATH       GGUF file or llama2.c checkpoint\n"
+    "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
+    "  --chat-template FILE   Jinja chat template (default: the model's tokenizer.chat_template)\n"
+    "  --system TEXT          a system message opening the conversation\n"
+    "  -p, --prompt TEXT      the user's message: answer it and exit\n"
+    "  -n, --n-predict N      most tokens per answer (default 512)\n"
+    "  --temp T               temperature, 0 = greedy (default 0.8)\n"
+    "  --top-k K              (default 40, 0 = off)\n"
+    "  --top-p P              (default 0.95, 1 = off)\n"
+    "  --min-p P              (default 0.05, 0 = off)\n"
+    "  --repeat-penalty R     (default 1.0 = off)\n"
+    "  --seed S               RNG seed (default: from the clock)\n"
+    "  -c, --ctx-size N       positions the conversation may use (default: the model's)\n"
+    "  -t, --threads N        threads (default: all CPUs)\n"
+    "  --kv-type T            KV-cache element type: f32, f16 (default), bf16, int8, fp8\n"
+    "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
+    "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
+    "  -v, --verbose          also print each rendered prompt to stderr\n"
+    "  -q, --quiet            only errors on stderr\n"
+    "  Without -p, on a terminal: one user turn per line; /exit or end of input quits.\n"
+    "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
+
+struct chat_opts {
+    const char *model, *tokenizer, *template_path, *prompt, *system, *kv_type;
+    long n_predict, n_ctx, n_threads;
+    bool seed_set, interactive, no_reuse, verbose, quiet;
+    struct kvllm_sampling_params sp;
+};
+
+/* 0 ok, -1 help printed, 2 usage error (reported). */
+static int parse(int argc, char **argv, struct chat_opts *o) {
+    o->n_predict = 512;
+    o->sp = kvllm_sampling_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long l;
+        double d;
+#define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
+        if (cli_is_help(a)) { fputs(k_usage, stdout); return -1; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
+        else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
+        else if (!strcmp(a, "--chat-template")) { ARG(); o->template_path = v; }
+        else if (!strcmp(a, "--system")) { ARG(); o->system = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
+        else if (!strcmp(a, "--temp")) { ARG(); if (!cli_float(a, v, 0, 100, &d)) return 2; o->sp.temperature = (float)d; }
+        else if (!strcmp(a, "--top-k")) { ARG(); if (!cli_int(a, v, 0, 1 << 30, &l)) return 2; o->sp.top_k = (int)l; }
+        else if (!strcmp(a, "--top-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.top_p = (float)d; }
+        else if (!strcmp(a, "--min-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.min_p = (float)d; }
+        else if (!strcmp(a, "--repeat-penalty")) { ARG(); if (!cli_float(a, v, 0.01, 100, &d)) return 2; o->sp.repeat_penalty = (float)d; }
+        else if (!strcmp(a, "--seed")) { ARG(); char *e; o->sp.seed = strtoull(v, &e, 10); o->seed_set = true;
+            if (*e || e == v) { cli_error("--seed: '%s' is not an unsigned integer", v); return 2; } }
+        else if (!strcmp(a, "--kv-type")) { ARG(); o->kv_type = v; }
+        else if (!strcmp(a, "--interactive")) o->interactive = true;
+        else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
+        else { cli_error("chat: unknown option '%s' (see kvllm chat --help)", a); return 2; }
+#undef ARG
+    }
+    if (!o->model) { cli_error("chat: -m MODEL is required (see kvllm chat --help)"); return 2; }
+    if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
+    return 0;
+}
+
+/* All of f, NUL-terminated; NULL on error or a NUL byte inside (reported). */
+static char *read_stream(FILE *f, const char *name) {
+    size_t cap = 1 << 12, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, cap *= 2);
+        if (!bigger) free(buf);
+        buf = bigger;
+    }
+    if (!buf) { cli_error("%s: out of memory", name); return NULL; }
+    if (ferror(f)) { cli_error("%s: read error", name); free(buf); return NULL; }
+    buf[n] = 0;
+    if (strlen(buf) != n) { cli_error("%s: contains a NUL byte", name); free(buf); return NULL; }
+    return buf;
+}
+
+#define MAX_END_IDS 8
+
+struct chat {
+    struct kvllm_model *model;
+    const struct kvllm_model_desc *d;
+    struct kvllm_session *sess;
+    struct kvllm_sampler *smp;
+    struct kvllm_detok *detok;
+    const char *tmpl;                 /* NULL: the model's own */
+    struct kvllm_chat_message *msgs;  /* (cap_msgs); content malloc'd, role static */
+    int n_msgs, cap_msgs;
+    int32_t *have;                    /* (n_ctx) the tokens whose K/V are in sess, n_have of them */
+    int n_have, n_ctx;
+    float *logits;                    /* (n_vocab) after the last token of have */
+    int32_t end_ids[MAX_END_IDS];     /* tokens that end an answer */
+    int n_end;
+    char *answer;                     /* the answer being generated, answer_len bytes */
+    size_t answer_len, answer_cap;
+    long n_predict;
+    bool quiet, verbose, no_reuse;
+    int turn;
+};
+
+static bool is_end(const struct chat *c, int32_t id) {
+    for (int i = 0; i < c->n_end; i++)
+        if (c->end_ids[i] == id) return true;
+    return false;
+}
+
+/* The vocabulary's EOS, plus every common end-of-turn marker that the
+ * vocabulary holds as a single control token (text "" when printed). */
+static void find_end_ids(struct chat *c) {
+    static const char *const k_markers[] = {
+        "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<|end|>", "<|endoftext|>", "<|end_of_text|>",
+    };
+    if (c->d->token_eos >= 0) c->end_ids[c->n_end++] = c->d->token_eos;
+    for (size_t i = 0; i < sizeof k_markers / sizeof *k_markers && c->n_end < MAX_END_IDS; i++) {
+        int32_t id[2];
+        char b;
+        int n = kvllm_tokenize(c->model, k_markers[i], strlen(k_markers[i]), false, true, id, 2);
+        if (n == 1 && kvllm_token_to_bytes(c->model, id[0], &b, 0) == 0 && !is_end(c, id[0]))
+            c->end_ids[c->n_end++] = id[0];
+    }
+}
+
+/* Append a message (content copied).  false on OOM (reported). */
+static bool push_msg(struct chat *c, const char *role, const char *content, size_t len) {
+    if (c->n_msgs == c->cap_msgs) {
+        int cap = c->cap_msgs ? 2 * c->cap_msgs : 8;
+        struct kvllm_chat_message *m = realloc(c->msgs, (size_t)cap * sizeof *m);
+        if (!m) { cli_error("out of memory"); return false; }
+        c->msgs = m;
+        c->cap_msgs = cap;
+    }
+    char *s = malloc(len + 1);
+    if (!s) { cli_error("out of memory"); return false; }
+    memcpy(s, content, len);
+    s[len] = 0;
+    c->msgs[c->n_msgs++] = (struct kvllm_chat_message){ .role = role, .content = s };
+    return true;
+}
+
+static void pop_msg(struct chat *c) {
+    free((char *)c->msgs[--c->n_msgs].content);
+}
+
+static bool answer_add(struct chat *c, const char *s) {
+    size_t n = strlen(s);
+    if (c->answer_len + n + 1 > c->answer_cap) {
+        size_t cap = c->answer_cap ? c->answer_cap : 256;
+        while (cap < c->answer_len + n + 1) cap *= 2;
+        char *p = realloc(c->answer, cap);
+        if (!p) { cli_error("out of memory"); return false; }
+        c->answer = p;
+        c->answer_cap = cap;
+    }
+    memcpy(c->answer + c->answer_len, s, n + 1);
+    c->answer_len += n;
+    return true;
+}
+
+/* The rendered conversation as ids (malloc'd, *n_out of them), tokenized
+ * with control tokens parsed; BOS in front when the vocabulary asks for it
+ * and the template did not write it (as the server does).  Returns 0 or 1
+ * (reported). */
+static int tokenize_conversation(struct chat *c, const char *text, int32_t **out, int *n_out) {
+    size_t len = strlen(text);
+    int n = kvllm_tokenize(c->model, text, len, false, true, NULL, 0);
+    if (n < 0) return 1;
+    int32_t *ids = malloc((size_t)(n + 1) * sizeof *ids);
+    if (!ids) { cli_error("out of memory"); return 1; }
+    if (n > 0) kvllm_tokenize(c->model, text, len, false, true, ids + 1, n);
+    bool bos = c->d->add_bos && c->d->token_bos >= 0 && !(n > 0 && ids[1] == c->d->token_bos);
+    if (bos) ids[0] = c->d->token_bos;
+    else memmove(ids, ids + 1, (size_t)n * sizeof *ids);
+    *out = ids;
+    *n_out = n + bos;
+    return 0;
+}
+
+/* One user turn: render, reuse the cached prefix, evaluate the rest, stream
+ * the answer, add it to the conversation.  Returns 0, or 1 (reported) with
+ * the user's message taken back out of the conversation
+ * (the session stays consistent with `have` whatever failed). */
+static int chat_turn(struct chat *c, const char *user, size_t len) {
+    c->turn++;
+    if (!push_msg(c, "user", user, len)) return 1;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    int n_gen = 0, n_ids = 0, rc = kvllm_chat_render(c->model, c->tmpl, c->msgs, c->n_msgs, true, &text);
+    if (rc) {
+        if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
+        goto fail;
+    }
+    if (c->verbose) fprintf(stderr, "kvllm: turn %d prompt:\n%s\n", c->turn, text);
+    if (tokenize_conversation(c, text, &ids, &n_ids)) goto fail;
+    if (n_ids == 0) { cli_error("chat: the conversation renders to no tokens"); goto fail; }
+    if (n_ids >= c->n_ctx) {
+        cli_error("chat: the conversation (%d tokens) no longer fits the context of %d positions "
+                  "(leaving room for an answer); raise -c", n_ids, c->n_ctx);
+        goto fail;
+    }
+
+    /* the longest prefix already in the cache; at least one token is
+     * evaluated so that there are logits to sample from */
+    int keep = 0;
+    while (!c->no_reuse && keep < c->n_have && keep < n_ids && c->have[keep] == ids[keep]) keep++;
+    if (keep == n_ids) keep--;
+    kvllm_session_truncate(c->sess, keep);
+    c->n_have = keep;
+    double t0 = cli_time();
+    if (kvllm_session_eval(c->sess, ids + keep, n_ids - keep, false, c->logits)) goto fail;
+    memcpy(c->have + keep, ids + keep, (size_t)(n_ids - keep) * sizeof *ids);
+    c->n_have = n_ids;
+    double t1 = cli_time();
+    if (!c->quiet)
+        fprintf(stderr, "kvllm: turn %d: prompt %d tokens: %d reused from the KV cache, %d computed (%.1f ms)\n",
+                c->turn, n_ids, keep, n_ids - keep, 1e3 * (t1 - t0));
+
+    /* generate */
+    const char *why = "-n limit";
+    int32_t prev = -1;
+    c->answer_len = 0;
+    if (!answer_add(c, "")) goto fail;
+    for (;;) {
+        int32_t id = kvllm_sampler_sample(c->smp, c->logits, c->have, c->n_have);
+        if (id < 0) goto fail;
+        if (is_end(c, id)) { why = "end of turn"; break; }
+        const char *s = kvllm_detok_push(c->detok, prev, id);
+        if (!s || !answer_add(c, s)) goto fail;
+        fputs(s, stdout);
+        fflush(stdout);
+        prev = id;
+        if (++n_gen >= c->n_predict) break;
+        if (c->n_have >= c->n_ctx) { why = "context full"; break; }
+        if (kvllm_session_eval(c->sess, &id, 1, false, c->logits)) goto fail;
+        c->have[c->n_have++] = id;
+    }
+    const char *s = kvllm_detok_flush(c->detok);
+    if (!s || !answer_add(c, s)) goto fail;
+    fputs(s, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    double t2 = cli_time();
+    if (!c->quiet)
+        fprintf(stderr, "kvllm: turn %d: answer %d tokens in %.1f ms (%.1f tok/s), stopped by %s\n", c->turn, n_gen,
+                1e3 * (t2 - t1), n_gen / (t2 - t1 + 1e-12), why);
+    free(ids);
+    free(text);
+    return push_msg(c, "assistant", c->answer, c->answer_len) ? 0 : 1;
+fail:
+    if (n_gen > 0) fputc('\n', stdout);  /* end the partial answer */
+    fflush(stdout);
+    kvllm_session_truncate(c->sess, c->n_have);  /* drop whatever a failed evaluation left */
+    pop_msg(c);
+    free(ids);
+    free(text);
+    return 1;
+}
+
+/* Strip trailing line-break characters in place; returns the new length. */
+static size_t chomp(char *s, size_t n) {
+    while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r')) s[--n] = 0;
+    return n;
+}
+
+/* Lines of stdin as turns until EOF or /exit.  Returns 0 or 1. */
+static int chat_loop(struct chat *c, bool tty) {
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (tty) { fputs("> ", stderr); fflush(stderr); }
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0) break;
+        size_t n = chomp(line, (size_t)got);
+        if (strlen(line) != n) { cli_error("chat: the line contains a NUL byte; skipped"); continue; }
+        if (!n) continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (chat_turn(c, line, n)) {
+            /* a template error or a full context: on a terminal the user may
+             * go on (the message was taken back); from a pipe it is fatal */
+            if (!tty) { rc = 1; break; }
+        }
+    }
+    if (tty) fputc('\n', stderr);
+    free(line);
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv) {
+    struct chat_opts o = { 0 };
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
+
+    struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse };
+    char *tmpl = NULL, *input = NULL;
+    int status = 1;
+    if (o.template_path) {
+        FILE *f = fopen(o.template_path, "rb");
+        if (!f) { cli_error("%s: cannot open the chat template", o.template_path); return 1; }
+        tmpl = read_stream(f, o.template_path);
+        fclose(f);
+        if (!tmpl) return 1;
+        c.tmpl = tmpl;
+    }
+
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.tokenizer_path = o.tokenizer;
+    mp.n_threads = (int)o.n_threads;
+    if (kvllm_model_load(o.model, &mp, &c.model)) { free(tmpl); return 1; }
+    c.d = kvllm_model_describe(c.model);
+
+    /* no template at all is a usage problem: say so before reading input */
+    char *probe = NULL;
+    struct kvllm_chat_message hi = { .role = "user", .content = "hi" };
+    if (!c.tmpl && kvllm_chat_render(c.model, NULL, &hi, 1, true, &probe) == KVLLM_ENOTFOUND) {
+        cli_error("chat: %s has no chat template (tokenizer.chat_template); give one with --chat-template FILE",
+                  o.model);
+        goto done;
+    }
+    free(probe);
+
+    c.n_ctx = (int)(o.n_ctx ? o.n_ctx : c.d->n_ctx_train);
+    if (o.n_ctx > c.d->n_ctx_train && !o.quiet)
+        fprintf(stderr, "kvllm: warning: context %ld exceeds the model's trained context length %d; "
+                        "quality may degrade past it\n", o.n_ctx, c.d->n_ctx_train);
+    struct kvllm_session_params sp = { .n_ctx = c.n_ctx, .kv_type = o.kv_type };
+    if (kvllm_session_new(c.model, &sp, &c.sess)) goto done;
+    if (kvllm_sampler_new(&o.sp, c.d->n_vocab, &c.smp) || kvllm_detok_new(c.model, &c.detok)) goto done;
+    c.have = malloc((size_t)c.n_ctx * sizeof *c.have);
+    c.logits = malloc((size_t)c.d->n_vocab * sizeof *c.logits);
+    if (!c.have || !c.logits) { cli_error("out of memory"); goto done; }
+    find_end_ids(&c);
+    if (!o.quiet)
+        fprintf(stderr, "kvllm: %s, %d layers, n_embd %d, vocab %d, kernels %s; context %d, %d end-of-turn token(s)\n",
+                c.d->arch, c.d->n_layer, c.d->n_embd, c.d->n_vocab, kvllm_model_backend(c.model), c.n_ctx, c.n_end);
+    if (o.system && !push_msg(&c, "system", o.system, strlen(o.system))) goto done;
+
+    bool tty = isatty(STDIN_FILENO);
+    if (o.prompt && chat_turn(&c, o.prompt, strlen(o.prompt))) goto done;
+    if (o.interactive || (tty && !o.prompt)) {
+        if (chat_loop(&c, tty)) goto done;
+    } else if (!o.prompt) {
+        /* one answer to all of stdin */
+        if (!(input = read_stream(stdin, "stdin"))) goto done;
+        size_t n = chomp(input, strlen(input));
+        if (!n) { cli_error("chat: no message on stdin (give one with -p TEXT)"); goto done; }
+        if (chat_turn(&c, input, n)) goto done;
+    }
+    status = 0;
+done:
+    while (c.n_msgs > 0) pop_msg(&c);
+    free(c.msgs);
+    free(c.answer);
+    free(c.have);
+    free(c.logits);
+    free(input);
+    free(tmpl);
+    kvllm_detok_free(c.detok);
+    kvllm_sampler_free(c.smp);
+    kvllm_session_free(c.sess);
+    kvllm_model_free(c.model);
+    return status;
+}

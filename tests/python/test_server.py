@@ -218,6 +218,29 @@ def test_gqa_model(gqa_srv):
     assert len(r.choices) == 4 and all(len(c.logprobs.token_logprobs) <= 6 for c in r.choices)
 
 
+def test_smollm2_chat_and_completions(kvllm, smollm2):
+    """A real instruct model with its own chat template (from the GGUF) and byte-level BPE."""
+    s = Server(kvllm, "-m", smollm2, "-t", "1", "--alias", "smollm2", "-c", "2048")
+    try:
+        oc = client(s)
+        q = [{"role": "user", "content": "What is the capital of France?"}]
+        r = oc.chat.completions.create(model="smollm2", messages=q, max_tokens=32, temperature=0)
+        text = r.choices[0].message.content
+        assert "Paris" in text and r.choices[0].finish_reason == "stop", r
+        streamed = "".join(c.choices[0].delta.content or "" for c in oc.chat.completions.create(
+            model="smollm2", messages=q, max_tokens=32, temperature=0, stream=True) if c.choices)
+        assert streamed == text
+        c = oc.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, temperature=0)
+        assert "Paris" in c.choices[0].text and c.usage.prompt_tokens == 5
+        # concurrency is invisible here too: 8 parallel greedy streams equal the one alone
+        with ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda _: stream_text(s, "smollm2", "Once upon a time", 24), range(8)))
+        assert len(set(outs)) == 1 and outs[0]
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err[-4000:]
+
+
 # ---- concurrency is invisible -------------------------------------------------
 
 def stream_text(s: Server, model: str, prompt, max_tokens: int) -> str:

@@ -156,11 +156,14 @@ int kvllm_engine_new(struct kvllm_model *km, const struct kvllm_engine_params *p
         return KVLLM_EINVAL;
     }
     const struct model_hparams *hp = &km->m->hp;
+    const int n_ctx = p.n_ctx > 0 ? p.n_ctx : hp->n_ctx_train;
+    int rc = model_check_ctx(km->m, n_ctx);  /* e.g. learned positions end at n_ctx_train */
+    if (rc) return rc;
     struct kvllm_engine *e = xcalloc(1, sizeof *e);
     if (!e) return KVLLM_ENOMEM;
     e->km = km;
     e->p = p;
-    e->n_ctx = p.n_ctx > 0 ? p.n_ctx : hp->n_ctx_train;
+    e->n_ctx = n_ctx;
     pthread_mutex_init(&e->mu, NULL);
     e->inbox_tail = &e->inbox;
     e->next_id = 1;
@@ -168,7 +171,7 @@ int kvllm_engine_new(struct kvllm_model *km, const struct kvllm_engine_params *p
                                .max_waiting = p.max_queue, .prefix_caching = p.prefix_caching && !p.no_kv_cache,
                                .no_kv_cache = p.no_kv_cache };
     const size_t nb = (size_t)p.max_batch_tokens;
-    int rc = plan_pool(e, (enum kv_type)kt);
+    rc = plan_pool(e, (enum kv_type)kt);
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
     if (!rc) rc = sched_batch_init(&e->sb, p.max_seqs);
     if (!rc) rc = forward_buf_init(&e->fb, hp, p.max_batch_tokens, e->n_ctx);

@@ -157,8 +157,6 @@ def test_info_names_the_architecture(run, cases, config):
     assert line and line[0].split()[-1] == CONFIGS[config].arch, r.out
 
 
-@pytest.mark.xfail(reason="the engine does not call model_check_ctx yet (src/engine is not this change's)",
-                   strict=False)
 def test_gpt2_positions_past_the_table_are_refused(run, cases, tmp_path):
     """GPT-2 has n_ctx learned positions: a longer input is refused with an error, not read past the table."""
     c = cases["gpt2_f16_untied"]

@@ -430,7 +430,7 @@ BAD = {
     "shape_vs_config": _st_case(edit=_set("model.embed_tokens.weight", "shape", [256, 64])),
     "config_malformed": _config_case('{"architectures": ["LlamaForCausalLM"], "hidden_size": 32,'),
     "config_not_object": _config_case('"llama"'),
-    "config_unknown_arch": _config_case(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+    "config_unknown_arch": _config_case(architectures=["FalconForCausalLM"], model_type="falcon"),
     "config_unknown_model_type": _config_case(architectures=None, model_type="falcon"),
     "config_missing_hidden": _config_case(hidden_size=None),
     "config_bad_heads": _config_case(num_key_value_heads=3),

@@ -15,6 +15,7 @@
  * "left right" (as tokenizer.ggml.merges stores it). */
 #include "tok/bpe.h"
 #include "tok/pretok.h"
+#include "tok/bigram_heap.h"
 #include "tok/tok_internal.h"
 #include "tok/unicode.h"
 
@@ -163,11 +164,6 @@ struct symbol {
     uint32_t off, n; /* bytes of the encoded word; n == 0 once merged away */
 };
 
-struct bigram {
-    int rank, left, right;
-    uint32_t size;   /* bytes of left+right when queued: a stale entry no longer matches */
-};
-
 /* Scratch for one encode call, grown as words need. */
 struct work {
     char *word;            /* the word in the byte-level alphabet (2 bytes per byte at most) */
@@ -210,36 +206,6 @@ static int work_reserve_sym(struct work *w, size_t n) {
     return w->cap_sym ? 0 : KVLLM_ENOMEM;
 }
 
-static bool bigram_before(const struct bigram *a, const struct bigram *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(struct work *w, struct bigram b) {
-    int i = w->n_heap++;
-    while (i > 0) {
-        int parent = (i - 1) / 2;
-        if (!bigram_before(&b, &w->heap[parent])) break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = b;
-}
-
-static struct bigram heap_pop(struct work *w) {
-    struct bigram top = w->heap[0], last = w->heap[--w->n_heap];
-    int i = 0, n = w->n_heap;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bigram_before(&w->heap[c + 1], &w->heap[c])) c++;
-        if (!bigram_before(&w->heap[c], &last)) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
-
 /* Queue left+right if they form a merge.  The key buffer holds a whole word
  * plus a space, reserved by the caller. */
 static void try_bigram(const struct bpe *b, struct work *w, int left, int right) {
@@ -250,7 +216,7 @@ static void try_bigram(const struct bpe *b, struct work *w, int left, int right)
     memcpy(w->key + l->n + 1, w->word + r->off, r->n);
     int rank = merge_rank(b, w->key, (size_t)l->n + 1 + r->n);
     if (rank < 0) return;
-    heap_push(w, (struct bigram){ rank, left, right, l->n + r->n });
+    bigram_push(w->heap, &w->n_heap, (struct bigram){ (float)rank, left, right, l->n + r->n });
 }
 
 /* A symbol that is no piece: the tokens of its single bytes, skipping
@@ -292,7 +258,7 @@ static int encode_word(const struct tokenizer *t, struct work *w, const char *s,
     w->n_heap = 0;
     for (int i = 1; i < n_sym; i++) try_bigram(b, w, i - 1, i);
     while (w->n_heap > 0) {
-        struct bigram g = heap_pop(w);
+        struct bigram g = bigram_pop(w->heap, &w->n_heap);
         struct symbol *l = &w->sym[g.left], *r = &w->sym[g.right];
         if (l->n == 0 || r->n == 0 || l->next != g.right || l->n + r->n != g.size) continue;
         l->n += r->n;

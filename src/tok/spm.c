@@ -12,6 +12,7 @@
  * byte tokens.  (llama.cpp's resegment also consults a merge history, but
  * only merged symbols could be found there and those are always pieces, so
  * the history is never needed.) */
+#include "tok/bigram_heap.h"
 #include "tok/tok_internal.h"
 
 #include <limits.h>
@@ -41,12 +42,6 @@ struct fragment {
 struct symbol {
     int prev, next;  /* neighbours in the current segmentation, -1 at the ends */
     uint32_t off, n; /* bytes of the escaped text; n == 0 once merged away */
-};
-
-struct bigram {
-    float score;     /* score of the piece left+right would form */
-    int left, right;
-    uint32_t size;   /* bytes of that piece: a stale entry no longer matches */
 };
 
 /* Scratch for one encode call, grown as fragments need. */
@@ -93,43 +88,13 @@ static void work_free(struct work *w) {
 
 /* ---- the merge queue: a max-heap on (score, -left) ---- */
 
-static bool bigram_before(const struct bigram *a, const struct bigram *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(struct work *w, struct bigram b) {
-    int i = w->n_heap++;
-    while (i > 0) {
-        int parent = (i - 1) / 2;
-        if (!bigram_before(&b, &w->heap[parent])) break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = b;
-}
-
-static struct bigram heap_pop(struct work *w) {
-    struct bigram top = w->heap[0], last = w->heap[--w->n_heap];
-    int i = 0, n = w->n_heap;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bigram_before(&w->heap[c + 1], &w->heap[c])) c++;
-        if (!bigram_before(&w->heap[c], &last)) break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
-
 /* Queue left+right if together they spell a vocabulary piece. */
 static void try_bigram(const struct tokenizer *t, struct work *w, int left, int right) {
     if (left < 0 || right < 0) return;
     uint32_t size = w->sym[left].n + w->sym[right].n;
     int id = tok_lookup(t, w->text + w->sym[left].off, size);
     if (id < 0) return;
-    heap_push(w, (struct bigram){ t->scores[id], left, right, size });
+    bigram_push(w->heap, &w->n_heap, (struct bigram){ -t->scores[id], left, right, size });
 }
 
 /* ---- one fragment ---- */
@@ -175,7 +140,7 @@ static void merge_all(const struct tokenizer *t, struct work *w, int n_sym) {
     w->n_heap = 0;
     for (int i = 1; i < n_sym; i++) try_bigram(t, w, i - 1, i);
     while (w->n_heap > 0) {
-        struct bigram b = heap_pop(w);
+        struct bigram b = bigram_pop(w->heap, &w->n_heap);
         struct symbol *l = &w->sym[b.left], *r = &w->sym[b.right];
         /* skip entries made stale by an earlier merge of either side */
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue;

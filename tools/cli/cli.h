@@ -37,6 +37,10 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
 struct kvllm_engine_params;
 int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p);
 extern const char *const cli_engine_usage;
+/* Sampling options shared by run, chat and batch (--temp, --top-k, --top-p,
+ * --min-p, --repeat-penalty, --seed); same return values as cli_engine_opt. */
+struct kvllm_sampling_params;
+int cli_sampling_opt(int argc, char **argv, int *i, struct kvllm_sampling_params *sp, bool *seed_set);
 /* Parse "A:B" (or "A") into lo..hi. */
 bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b);
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

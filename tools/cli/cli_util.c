@@ -131,3 +131,26 @@ bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *
     if (!cli_int(opt, colon + 1, *a, hi, b)) return false;
     return true;
 }
+
+int cli_sampling_opt(int argc, char **argv, int *i, struct kvllm_sampling_params *sp, bool *seed_set) {
+    const char *a = argv[*i], *v;
+    if (strcmp(a, "--temp") && strcmp(a, "--top-k") && strcmp(a, "--top-p") && strcmp(a, "--min-p") &&
+        strcmp(a, "--repeat-penalty") && strcmp(a, "--seed"))
+        return 0;
+    if (!(v = cli_arg(argc, argv, i))) return -1;
+    long l;
+    double d;
+    if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 100, &d)) return -1; sp->temperature = (float)d; }
+    else if (!strcmp(a, "--top-k")) { if (!cli_int(a, v, 0, 1 << 30, &l)) return -1; sp->top_k = (int)l; }
+    else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 0, 1, &d)) return -1; sp->top_p = (float)d; }
+    else if (!strcmp(a, "--min-p")) { if (!cli_float(a, v, 0, 1, &d)) return -1; sp->min_p = (float)d; }
+    else if (!strcmp(a, "--repeat-penalty")) { if (!cli_float(a, v, 0.01, 100, &d)) return -1; sp->repeat_penalty = (float)d; }
+    else {
+        char *e;
+        errno = 0;
+        sp->seed = strtoull(v, &e, 10);
+        if (errno || *e || e == v || *v == '-') { cli_error("--seed: '%s' is not an unsigned integer", v); return -1; }
+        if (seed_set) *seed_set = true;
+    }
+    return 1;
+}

@@ -72,9 +72,9 @@ int cmd_batch(int argc, char **argv) {
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        double d;
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
+        if (eo == 0) eo = cli_sampling_opt(argc, argv, &i, &sp, NULL);
         if (eo < 0) return 2;
         if (eo > 0) continue;
         if (!(v = cli_arg(argc, argv, &i))) return 2;
@@ -84,8 +84,6 @@ int cmd_batch(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) { if (!cli_int(a, v, 1, 1 << 20, &max_tokens)) return 2; }
         else if (!strcmp(a, "--n")) { if (!cli_int(a, v, 1, 1024, &n_per)) return 2; }
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
-        else if (!strcmp(a, "--seed")) sp.seed = strtoull(v, NULL, 10);
         else { cli_error("batch: unknown option '%s'", a); return 2; }
     }
     if (!model || !prompts) { cli_error("batch: -m and --prompts are required"); return 2; }

@@ -65,8 +65,9 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
     o->sp = kvllm_sampling_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        long l;
-        double d;
+        int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
+        if (so < 0) return 2;
+        if (so > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
         if (cli_is_help(a)) { fputs(k_usage, stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
@@ -77,13 +78,6 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
-        else if (!strcmp(a, "--temp")) { ARG(); if (!cli_float(a, v, 0, 100, &d)) return 2; o->sp.temperature = (float)d; }
-        else if (!strcmp(a, "--top-k")) { ARG(); if (!cli_int(a, v, 0, 1 << 30, &l)) return 2; o->sp.top_k = (int)l; }
-        else if (!strcmp(a, "--top-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.top_p = (float)d; }
-        else if (!strcmp(a, "--min-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.min_p = (float)d; }
-        else if (!strcmp(a, "--repeat-penalty")) { ARG(); if (!cli_float(a, v, 0.01, 100, &d)) return 2; o->sp.repeat_penalty = (float)d; }
-        else if (!strcmp(a, "--seed")) { ARG(); char *e; o->sp.seed = strtoull(v, &e, 10); o->seed_set = true;
-            if (*e || e == v) { cli_error("--seed: '%s' is not an unsigned integer", v); return 2; } }
         else if (!strcmp(a, "--kv-type")) { ARG(); o->kv_type = v; }
         else if (!strcmp(a, "--interactive")) o->interactive = true;
         else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;

@@ -44,11 +44,12 @@ static int parse(int argc, char **argv, struct run_opts *o) {
     o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        long l;
-        double d;
         int eo = cli_engine_opt(argc, argv, &i, &o->ep);
         if (eo < 0) return 2;
         if (eo > 0) continue;
+        int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
+        if (so < 0) return 2;
+        if (so > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
@@ -57,13 +58,6 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return 2; }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_ctx)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
-        else if (!strcmp(a, "--temp")) { ARG(); if (!cli_float(a, v, 0, 100, &d)) return 2; o->sp.temperature = (float)d; }
-        else if (!strcmp(a, "--top-k")) { ARG(); if (!cli_int(a, v, 0, 1 << 30, &l)) return 2; o->sp.top_k = (int)l; }
-        else if (!strcmp(a, "--top-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.top_p = (float)d; }
-        else if (!strcmp(a, "--min-p")) { ARG(); if (!cli_float(a, v, 0, 1, &d)) return 2; o->sp.min_p = (float)d; }
-        else if (!strcmp(a, "--repeat-penalty")) { ARG(); if (!cli_float(a, v, 0.01, 100, &d)) return 2; o->sp.repeat_penalty = (float)d; }
-        else if (!strcmp(a, "--seed")) { ARG(); char *e; o->sp.seed = strtoull(v, &e, 10); o->seed_set = true;
-            if (*e || e == v) { cli_error("--seed: '%s' is not an unsigned integer", v); return 2; } }
         else if (!strcmp(a, "--no-kv-cache")) o->no_kv = true;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
         else if (!strcmp(a, "--no-echo")) o->no_echo = true;

@@ -259,8 +259,10 @@ struct kvllm_session;
 struct kvllm_session_params {
     int n_ctx;            /* positions it may hold; <= 0: the model's trained context */
     bool no_kv_cache;     /* keep no K/V between calls: every call recomputes its prefix */
-    const char *kv_type;  /* NULL: "f16" */
+    const char *kv_type;  /* NULL: "f16" (overrides engine->kv_type) */
     int max_batch;        /* tokens per forward pass; <= 0: 512 */
+    const struct kvllm_engine_params *engine;  /* optional: KV type, block size, pool size (at least
+                                                  n_ctx positions), batch tokens; the rest is ignored */
 };
 
 /* A private engine with a pool sized for one sequence of n_ctx positions. */

@@ -594,14 +594,23 @@ int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params 
         LOG_ERR("context of %d positions is beyond what kvllm supports (%d)", n_ctx, 1 << 24);
         return KVLLM_ERANGE;
     }
-    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    struct kvllm_engine_params ep = p && p->engine ? *p->engine : kvllm_engine_default_params();
+    if (ep.block_size <= 0) ep.block_size = kvllm_engine_default_params().block_size;
+    if (ep.max_batch_tokens <= 0) ep.max_batch_tokens = 512;
     ep.n_ctx = n_ctx;
-    ep.kv_type = p && p->kv_type ? p->kv_type : ep.kv_type;
-    ep.kv_tokens = (n_ctx + ep.block_size - 1) / ep.block_size * ep.block_size;
+    if (p && p->kv_type) ep.kv_type = p->kv_type;
+    /* the pool must hold the whole context of the one sequence */
+    int min_tokens = (n_ctx + ep.block_size - 1) / ep.block_size * ep.block_size;
+    uint64_t bpt = paged_kv_bytes_per_token(ep.kv_type && kv_type_parse(ep.kv_type) >= 0 ? kv_type_parse(ep.kv_type)
+                                                                                            : KV_F16,
+                                            hp->n_layer, hp->n_head_kv, hp->head_dim);
+    if (ep.kv_mem && ep.kv_mem / bpt < (uint64_t)min_tokens) ep.kv_mem = 0;
+    if (!ep.kv_mem && ep.kv_tokens < min_tokens) ep.kv_tokens = min_tokens;
     ep.max_seqs = 1;
     ep.max_queue = 1;
-    ep.max_batch_tokens = p && p->max_batch > 0 ? p->max_batch : 512;
+    if (p && p->max_batch > 0) ep.max_batch_tokens = p->max_batch;
     ep.prefix_caching = false;
+    ep.no_kv_cache = false;
     struct kvllm_session *s = xcalloc(1, sizeof *s);
     if (!s) return KVLLM_ENOMEM;
     s->no_kv_cache = p && p->no_kv_cache;

@@ -44,7 +44,6 @@ static const char *k_usage =
     "  --seed S               RNG seed (default: from the clock)\n"
     "  -c, --ctx-size N       positions the conversation may use (default: the model's)\n"
     "  -t, --threads N        threads (default: all CPUs)\n"
-    "  --kv-type T            KV-cache element type: f32, f16 (default), bf16, int8, fp8\n"
     "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
     "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
     "  -v, --verbose          also print each rendered prompt to stderr\n"
@@ -53,7 +52,8 @@ static const char *k_usage =
     "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
 
 struct chat_opts {
-    const char *model, *tokenizer, *template_path, *prompt, *system, *kv_type;
+    const char *model, *tokenizer, *template_path, *prompt, *system;
+    struct kvllm_engine_params ep;  /* KV options (--kv-type, --block-size, --kv-mem, ...) */
     long n_predict, n_ctx, n_threads;
     bool seed_set, interactive, no_reuse, verbose, quiet;
     struct kvllm_sampling_params sp;
@@ -63,13 +63,15 @@ struct chat_opts {
 static int parse(int argc, char **argv, struct chat_opts *o) {
     o->n_predict = 512;
     o->sp = kvllm_sampling_default_params();
+    o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
+        if (so == 0) so = cli_engine_opt(argc, argv, &i, &o->ep);
         if (so < 0) return 2;
         if (so > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return -1; }
+        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
         else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
         else if (!strcmp(a, "--chat-template")) { ARG(); o->template_path = v; }
@@ -78,7 +80,6 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
-        else if (!strcmp(a, "--kv-type")) { ARG(); o->kv_type = v; }
         else if (!strcmp(a, "--interactive")) o->interactive = true;
         else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
@@ -357,7 +358,7 @@ int cmd_chat(int argc, char **argv) {
     if (o.n_ctx > c.d->n_ctx_train && !o.quiet)
         fprintf(stderr, "kvllm: warning: context %ld exceeds the model's trained context length %d; "
                         "quality may degrade past it\n", o.n_ctx, c.d->n_ctx_train);
-    struct kvllm_session_params sp = { .n_ctx = c.n_ctx, .kv_type = o.kv_type };
+    struct kvllm_session_params sp = { .n_ctx = c.n_ctx, .engine = &o.ep };
     if (kvllm_session_new(c.model, &sp, &c.sess)) goto done;
     if (kvllm_sampler_new(&o.sp, c.d->n_vocab, &c.smp) || kvllm_detok_new(c.model, &c.detok)) goto done;
     c.have = malloc((size_t)c.n_ctx * sizeof *c.have);

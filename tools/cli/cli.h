@@ -41,6 +41,10 @@ extern const char *const cli_engine_usage;
  * --min-p, --repeat-penalty, --seed); same return values as cli_engine_opt. */
 struct kvllm_sampling_params;
 int cli_sampling_opt(int argc, char **argv, int *i, struct kvllm_sampling_params *sp, bool *seed_set);
+/* The whole file ('-': stdin), NUL-terminated (its length in *len, which may
+ * be NULL); NULL on error (reported). */
+#include <stddef.h>
+char *cli_read_file(const char *path, size_t *len);
 /* Parse "A:B" (or "A") into lo..hi. */
 bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b);
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

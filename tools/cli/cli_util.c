@@ -154,3 +154,23 @@ int cli_sampling_opt(int argc, char **argv, int *i, struct kvllm_sampling_params
     }
     return 1;
 }
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) { cli_error("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 14, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, cap *= 2);
+        if (!bigger) free(buf);
+        buf = bigger;
+    }
+    bool bad = !buf || ferror(f);
+    if (f != stdin) fclose(f);
+    if (bad) { cli_error("%s: %s", path, buf ? "read error" : "out of memory"); free(buf); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}

@@ -92,21 +92,11 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
     return 0;
 }
 
-/* All of f, NUL-terminated; NULL on error or a NUL byte inside (reported). */
-static char *read_stream(FILE *f, const char *name) {
-    size_t cap = 1 << 12, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, cap *= 2);
-        if (!bigger) free(buf);
-        buf = bigger;
-    }
-    if (!buf) { cli_error("%s: out of memory", name); return NULL; }
-    if (ferror(f)) { cli_error("%s: read error", name); free(buf); return NULL; }
-    buf[n] = 0;
-    if (strlen(buf) != n) { cli_error("%s: contains a NUL byte", name); free(buf); return NULL; }
+/* A file ('-': stdin) as text: NULL on error or a NUL byte inside (reported). */
+static char *read_text(const char *path, const char *name) {
+    size_t n;
+    char *buf = cli_read_file(path, &n);
+    if (buf && strlen(buf) != n) { cli_error("%s: contains a NUL byte", name); free(buf); return NULL; }
     return buf;
 }
 
@@ -330,11 +320,7 @@ int cmd_chat(int argc, char **argv) {
     char *tmpl = NULL, *input = NULL;
     int status = 1;
     if (o.template_path) {
-        FILE *f = fopen(o.template_path, "rb");
-        if (!f) { cli_error("%s: cannot open the chat template", o.template_path); return 1; }
-        tmpl = read_stream(f, o.template_path);
-        fclose(f);
-        if (!tmpl) return 1;
+        if (!(tmpl = read_text(o.template_path, o.template_path))) return 1;
         c.tmpl = tmpl;
     }
 
@@ -376,7 +362,7 @@ int cmd_chat(int argc, char **argv) {
         if (chat_loop(&c, tty)) goto done;
     } else if (!o.prompt) {
         /* one answer to all of stdin */
-        if (!(input = read_stream(stdin, "stdin"))) goto done;
+        if (!(input = read_text("-", "stdin"))) goto done;
         size_t n = chomp(input, strlen(input));
         if (!n) { cli_error("chat: no message on stdin (give one with -p TEXT)"); goto done; }
         if (chat_turn(&c, input, n)) goto done;

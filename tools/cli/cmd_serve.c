@@ -44,29 +44,6 @@ static void model_id(const char *path, const char *alias, char *out, size_t cap)
     else if (n > 4 && !strcmp(out + n - 4, ".bin")) out[n - 4] = 0;
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { cli_error("--chat-template: cannot open %s", path); return NULL; }
-    char *s = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = (n + 4096 + 1) * 2;
-            char *t = realloc(s, cap);
-            if (!t) { free(s); fclose(f); cli_error("out of memory"); return NULL; }
-            s = t;
-        }
-        size_t r = fread(s + n, 1, 4096, f);
-        n += r;
-        if (r < 4096) break;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (err) { free(s); cli_error("--chat-template: cannot read %s", path); return NULL; }
-    s[n] = 0;
-    return s;
-}
-
 static bool parse_bytes(const char *opt, const char *v, uint64_t *out) {
     char *end;
     double d = strtod(v, &end);
@@ -113,7 +90,7 @@ int cmd_serve(int argc, char **argv) {
     if (verbose) kvllm_log_set_level(KVLLM_LOG_DEBUG);
     char id[256];
     model_id(model, alias, id, sizeof id);
-    char *tmpl = template_path ? read_file(template_path) : NULL;
+    char *tmpl = template_path ? cli_read_file(template_path, NULL) : NULL;
     if (template_path && !tmpl) return 1;
     sp.model_id = id;
     sp.chat_template = tmpl;

@@ -58,27 +58,6 @@ static int parse_args(int argc, char **argv, struct opts *o) {
     return 0;
 }
 
-/* The whole file ('-': stdin), NUL-terminated; NULL on error (reported). */
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) { cli_error("%s: cannot open", path); return NULL; }
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, cap *= 2);
-        if (!bigger) free(buf);
-        buf = bigger;
-    }
-    bool bad = !buf || ferror(f);
-    if (f != stdin) fclose(f);
-    if (bad) { cli_error("%s: read error", path); free(buf); return NULL; }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* A JSON string field as a C string; NULL for JSON null; *ok false when
  * the field has another type or a NUL inside (reported). */
 static const char *string_field(struct json_object *msg, const char *key, int idx, bool *ok) {
@@ -106,7 +85,7 @@ static const char *string_field(struct json_object *msg, const char *key, int id
  * Returns the count, or -1 (reported). */
 static int read_messages(const char *path, struct json_object **root, struct kvllm_chat_message **msgs) {
     size_t len;
-    char *text = read_all(path, &len);
+    char *text = cli_read_file(path, &len);
     if (!text) return -1;
     enum json_tokener_error jerr = json_tokener_success;
     struct json_tokener *tok = json_tokener_new();
@@ -162,7 +141,7 @@ int cmd_template(int argc, char **argv) {
     int status = 1, rc = 0;
     int n = read_messages(o.messages, &root, &msgs);
     if (n < 0) goto done;
-    if (o.template_path && !(tmpl = read_all(o.template_path, &tmpl_len))) goto done;
+    if (o.template_path && !(tmpl = cli_read_file(o.template_path, &tmpl_len))) goto done;
     if (o.model) {
         /* the library reads the date from the environment */
         if (o.now && setenv("KVLLM_TEMPLATE_NOW", o.now, 1)) { cli_error("cannot set KVLLM_TEMPLATE_NOW"); goto done; }

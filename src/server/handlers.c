@@ -26,19 +26,6 @@ static int send_error(struct server *s, struct MHD_Connection *c, const struct o
     return http_send(c, e->status, "application/json", body);
 }
 
-static int set_error(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int set_error(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...) {
-    e->status = status;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* ---- prompts ---- */
 
 /* Tokens of a chat rendering: special-token text is parsed (templates write
@@ -48,9 +35,9 @@ static int tokenize_chat(struct server *s, const char *text, int32_t **out, stru
     const struct kvllm_model_desc *d = kvllm_model_describe(s->model);
     size_t len = strlen(text);
     int n = kvllm_tokenize(s->model, text, len, false, true, NULL, 0);
-    if (n < 0) return set_error(e, 400, NULL, "messages", "cannot tokenize the conversation: %s", server_last_error());
+    if (n < 0) return oai_error_set(e, 400, NULL, "messages", "cannot tokenize the conversation: %s", server_last_error());
     int32_t *ids = malloc((size_t)(n + 1) * sizeof *ids);
-    if (!ids) return set_error(e, 500, NULL, NULL, "out of memory");
+    if (!ids) return oai_error_set(e, 500, NULL, NULL, "out of memory");
     kvllm_tokenize(s->model, text, len, false, true, ids + 1, n);
     bool bos = d->add_bos && d->token_bos >= 0 && !(n > 0 && ids[1] == d->token_bos);
     if (bos) ids[0] = d->token_bos;
@@ -64,15 +51,15 @@ static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **ou
     if (!p->text) {
         for (int i = 0; i < p->n_ids; i++)
             if (p->ids[i] >= s->n_vocab)
-                return set_error(e, 400, NULL, "prompt", "token id %d at index %d is out of range (vocabulary of %d)",
+                return oai_error_set(e, 400, NULL, "prompt", "token id %d at index %d is out of range (vocabulary of %d)",
                                  p->ids[i], i, s->n_vocab);
-        if (!(*out = malloc((size_t)p->n_ids * sizeof **out))) return set_error(e, 500, NULL, NULL, "out of memory");
+        if (!(*out = malloc((size_t)p->n_ids * sizeof **out))) return oai_error_set(e, 500, NULL, NULL, "out of memory");
         memcpy(*out, p->ids, (size_t)p->n_ids * sizeof **out);
         return p->n_ids;
     }
     int n = kvllm_tokenize(s->model, p->text, p->len, true, false, NULL, 0);
-    if (n < 0) return set_error(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
-    if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return set_error(e, 500, NULL, NULL, "out of memory");
+    if (n < 0) return oai_error_set(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
+    if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return oai_error_set(e, 500, NULL, NULL, "out of memory");
     kvllm_tokenize(s->model, p->text, p->len, true, false, *out, n);
     return n;
 }
@@ -81,16 +68,16 @@ static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **ou
  * context (400 with the numbers when it cannot fit). */
 static int check_fit(struct server *s, const struct oai_request *rq, int n_prompt, int *max_tokens,
                      struct oai_error *e) {
-    if (n_prompt == 0) return set_error(e, 400, NULL, rq->chat ? "messages" : "prompt", "the prompt is empty");
+    if (n_prompt == 0) return oai_error_set(e, 400, NULL, rq->chat ? "messages" : "prompt", "the prompt is empty");
     if (n_prompt >= s->n_ctx)
-        return set_error(e, 400, "context_length_exceeded", rq->chat ? "messages" : "prompt",
+        return oai_error_set(e, 400, "context_length_exceeded", rq->chat ? "messages" : "prompt",
                          "This model's maximum context length is %d tokens, but the prompt has %d tokens "
                          "(at least one position must remain for the completion).", s->n_ctx, n_prompt);
     /* the longest a sequence may grow: the context, or the KV pool if smaller */
     int cap = s->pool_tokens > 0 && s->pool_tokens < s->n_ctx ? s->pool_tokens : s->n_ctx;
     int mt = rq->max_tokens;
     if (mt > 0 && (int64_t)n_prompt + mt > s->n_ctx)
-        return set_error(e, 400, "context_length_exceeded", rq->chat ? "max_completion_tokens" : "max_tokens",
+        return oai_error_set(e, 400, "context_length_exceeded", rq->chat ? "max_completion_tokens" : "max_tokens",
                          "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                          "(%d in the prompt, %d for the completion). Please reduce the prompt or max_tokens.",
                          s->n_ctx, (long long)n_prompt + mt, n_prompt, mt);
@@ -100,7 +87,7 @@ static int check_fit(struct server *s, const struct oai_request *rq, int n_promp
         mt = rq->chat ? cap - n_prompt : 16;
         if (mt > cap - n_prompt) mt = cap - n_prompt;
         if (mt < 1)
-            return set_error(e, 400, "context_length_exceeded", "prompt",
+            return oai_error_set(e, 400, "context_length_exceeded", "prompt",
                              "the prompt (%d tokens) leaves no room in the KV pool (%d tokens)", n_prompt, cap);
     }
     *max_tokens = mt;
@@ -179,10 +166,10 @@ static int submit(struct server *s, struct job *j, const struct oai_request *rq,
         server_clear_error();
         int rc = job_submit(j, k, &q);
         if (rc == KVLLM_EBUSY)
-            return set_error(e, 429, "queue_full", NULL, "the server's queue is full (--max-queue); try again later");
+            return oai_error_set(e, 429, "queue_full", NULL, "the server's queue is full (--max-queue); try again later");
         if (rc == KVLLM_ERANGE || rc == KVLLM_EINVAL)
-            return set_error(e, 400, NULL, NULL, "%s", *server_last_error() ? server_last_error() : kvllm_strerror(rc));
-        if (rc) return set_error(e, 500, NULL, NULL, "cannot queue the request: %s", kvllm_strerror(rc));
+            return oai_error_set(e, 400, NULL, NULL, "%s", *server_last_error() ? server_last_error() : kvllm_strerror(rc));
+        if (rc) return oai_error_set(e, 500, NULL, NULL, "cannot queue the request: %s", kvllm_strerror(rc));
     }
     return 0;
 }
@@ -192,18 +179,18 @@ static int submit(struct server *s, struct job *j, const struct oai_request *rq,
 static int prepare(struct server *s, const struct oai_request *rq, int np, int32_t **ids, int *n_ids, int *max_tokens,
                    struct oai_error *err) {
     if (rq->model && strcmp(rq->model, s->model_id))
-        return set_error(err, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
+        return oai_error_set(err, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
                          rq->model, s->model_id);
     if (rq->chat) {
         char *text = NULL;
         server_clear_error();
         int cr = kvllm_chat_render(s->model, s->chat_template, rq->msgs, rq->n_msgs, true, &text);
         if (cr == KVLLM_ENOTFOUND)
-            return set_error(err, 400, "no_chat_template", "messages",
+            return oai_error_set(err, 400, "no_chat_template", "messages",
                              "this model has no chat template; start the server with --chat-template FILE, or use "
                              "/v1/completions");
         if (cr)
-            return set_error(err, 400, "chat_template", "messages", "cannot apply the chat template (%s): %s",
+            return oai_error_set(err, 400, "chat_template", "messages", "cannot apply the chat template (%s): %s",
                              kvllm_strerror(cr), *server_last_error() ? server_last_error() : "no detail");
         n_ids[0] = tokenize_chat(s, text, &ids[0], err);
         free(text);
@@ -244,7 +231,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
     const double t_arrival = time_now();
     struct oai_error err = { 0 };
     if (atomic_load(&s->state) != SRV_READY) {
-        set_error(&err, 503, NULL, NULL, "the model is still loading");
+        oai_error_set(&err, 503, NULL, NULL, "the model is still loading");
         return send_error(s, c, &err);
     }
     struct oai_request rq;
@@ -255,10 +242,10 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
     int *n_ids = calloc((size_t)np, sizeof *n_ids), *max_tokens = calloc((size_t)np, sizeof *max_tokens);
     struct job *j = NULL;
     struct oai_resp resp = { 0 };
-    int rc = ids && n_ids && max_tokens ? 0 : set_error(&err, 500, NULL, NULL, "out of memory");
+    int rc = ids && n_ids && max_tokens ? 0 : oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (!rc) rc = prepare(s, &rq, np, ids, n_ids, max_tokens, &err);
     if (!rc && !(j = job_new(s, np, rq.n, s->n_vocab, rq.logprobs, t_arrival)))
-        rc = set_error(&err, 500, NULL, NULL, "out of memory");
+        rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (!rc) rc = submit(s, j, &rq, np, ids, n_ids, max_tokens, &err);
     if (!rc) {
         char id[48];
@@ -266,7 +253,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
                  (unsigned long long)splitmix64(atomic_fetch_add(&s->next_id, 1) ^ (uint64_t)s->created));
         if (oai_resp_init(&resp, chat, id, (long long)time(NULL), s->model_id, s->model, n_ids, np, rq.n,
                           rq.logprobs))
-            rc = set_error(&err, 500, NULL, NULL, "out of memory");
+            rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     }
     if (!rc) {
         uint64_t total = 0;
@@ -280,7 +267,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
     bool stream = rq.stream, include_usage = rq.include_usage;
     oai_request_free(&rq);
     struct stream *st = !rc && stream ? calloc(1, sizeof *st) : NULL;
-    if (!rc && stream && !st) rc = set_error(&err, 500, NULL, NULL, "out of memory");
+    if (!rc && stream && !st) rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (rc) {
         if (j) job_release(j);   /* aborts whatever was queued */
         oai_resp_deinit(&resp);

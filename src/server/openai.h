@@ -54,6 +54,11 @@ struct oai_error {
  * or -1 with *err filled (400: invalid UTF-8 or JSON, wrong types, values out
  * of range); r is then freed already.  Checks that need the model (token id
  * range, context length) are the caller's. */
+/* Fill *e (status, code, param, printf-style message); returns -1 for
+ * `return oai_error_set(...)` at the point of failure. */
+int oai_error_set(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 int oai_parse(bool chat, const char *body, size_t len, struct oai_request *r, struct oai_error *err);
 void oai_request_free(struct oai_request *r);
 

@@ -21,10 +21,9 @@
 
 /* ---- errors ---- */
 
-static int fail(struct oai_error *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(struct oai_error *e, const char *param, const char *fmt, ...) {
-    e->status = 400;
-    e->code = NULL;
+int oai_error_set(struct oai_error *e, unsigned status, const char *code, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->code = code;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
@@ -32,6 +31,9 @@ static int fail(struct oai_error *e, const char *param, const char *fmt, ...) {
     va_end(ap);
     return -1;
 }
+
+/* A 400 about `param`. */
+#define fail(e, param, ...) oai_error_set((e), 400, NULL, (param), __VA_ARGS__)
 
 /* ---- typed field access: absent and null mean "not given" ---- */
 

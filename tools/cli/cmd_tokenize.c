@@ -113,22 +113,6 @@ static int parse_args(int argc, char **argv, struct opts *o) {
 
 /* ---- input ---- */
 
-static char *read_stream(FILE *f, const char *name, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *bigger = realloc(buf, cap *= 2);
-        if (!bigger) free(buf);
-        buf = bigger;
-    }
-    if (!buf) { cli_error("%s: out of memory reading the text", name); return NULL; }
-    if (ferror(f)) { cli_error("%s: read error: %s", name, strerror(errno)); free(buf); return NULL; }
-    *len = n;
-    return buf;
-}
-
 static char *read_text(const struct opts *o, size_t *len) {
     if (o->text) {
         *len = strlen(o->text);
@@ -137,12 +121,7 @@ static char *read_text(const struct opts *o, size_t *len) {
         else cli_error("out of memory");
         return copy;
     }
-    if (!strcmp(o->file, "-")) return read_stream(stdin, "<stdin>", len);
-    FILE *f = fopen(o->file, "rb");
-    if (!f) { cli_error("%s: cannot open: %s", o->file, strerror(errno)); return NULL; }
-    char *buf = read_stream(f, o->file, len);
-    fclose(f);
-    return buf;
+    return cli_read_file(o->file, len); /* the bytes exactly: nothing stripped */
 }
 
 /* ---- vocabulary ---- */

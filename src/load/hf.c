@@ -6,6 +6,7 @@
  * its tensors are renamed to GGUF names.  Every error is logged once, where
  * it is found, with the file (and tensor) it concerns. */
 #include "load/hf.h"
+#include "load/hf_internal.h"
 #include "load/safetensors.h"
 #include "tensor/dtype.h"
 
@@ -32,7 +33,7 @@ bool hf_is_folder(const char *path) {
 /* ---- JSON files ---- */
 
 /* Parse a whole JSON file; logs "<path>: ..." on failure. */
-static int read_json(const char *path, json_object **out) {
+int hf_read_json(const char *path, json_object **out) {
     *out = NULL;
     struct file_map fm;
     int rc = file_map_open(&fm, path);
@@ -592,7 +593,7 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
     return gguf_add_tensor(g, name, type, (uint32_t)t->n_dims, ne, data);
 }
 
-static char *path_join(const char *dir, const char *name) {
+char *hf_path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = xmalloc(n);
     if (p) snprintf(p, n, "%s/%s", dir, name);
@@ -602,7 +603,7 @@ static char *path_join(const char *dir, const char *name) {
 int hf_open(const char *dir, struct gguf **out) {
     *out = NULL;
     struct gguf *g = gguf_new(dir);
-    char *cfg_path = path_join(dir, "config.json"), *idx_path = path_join(dir, "model.safetensors.index.json");
+    char *cfg_path = hf_path_join(dir, "config.json"), *idx_path = hf_path_join(dir, "model.safetensors.index.json");
     json_object *cfg = NULL, *idx = NULL;
     const char **names = NULL;
     char **paths = NULL;
@@ -617,13 +618,13 @@ int hf_open(const char *dir, struct gguf **out) {
         LOG_ERR("%s: not a Hugging Face model folder (no config.json)", dir);
         rc = KVLLM_EFORMAT;
     }
-    if (!rc) rc = read_json(cfg_path, &cfg);
+    if (!rc) rc = hf_read_json(cfg_path, &cfg);
     if (!rc) rc = read_config(cfg_path, cfg, &hp);
     if (!rc) rc = set_keys(g, dir, &hp);
     static const char *single = "model.safetensors";
     if (!rc) {
         if (stat(idx_path, &st) == 0) {
-            rc = read_json(idx_path, &idx);
+            rc = hf_read_json(idx_path, &idx);
             if (!rc) rc = list_shards(idx_path, idx, &names, &n);
         } else {
             names = xcalloc(1, sizeof *names);
@@ -638,7 +639,7 @@ int hf_open(const char *dir, struct gguf **out) {
         sf = xcalloc(n, sizeof *sf);
         if (!paths || !base || !size || !sf) rc = KVLLM_ENOMEM;
         for (size_t i = 0; !rc && i < n; i++)
-            if (!(paths[i] = path_join(dir, names[i]))) rc = KVLLM_ENOMEM;
+            if (!(paths[i] = hf_path_join(dir, names[i]))) rc = KVLLM_ENOMEM;
     }
     if (!rc) rc = map_shards(g, paths, n, base, size);
     for (size_t i = 0; !rc && i < n; i++) rc = st_parse(paths[i], base[i], size[i], &sf[i]);
@@ -675,6 +676,13 @@ int hf_open(const char *dir, struct gguf **out) {
         } else if (hp.rope_scaling == 2) {
             rc = add_rope_freqs(g, &hp);
         }
+    }
+    if (!rc) { /* the vocabulary, when the folder has one */
+        char *tj = hf_path_join(dir, "tokenizer.json"), *tc = hf_path_join(dir, "tokenizer_config.json");
+        if (!tj || !tc) rc = KVLLM_ENOMEM;
+        else if (stat(tj, &st) == 0) rc = hf_tokenizer_read(tj, tc, g);
+        free(tj);
+        free(tc);
     }
     for (size_t i = 0; i < n; i++) {
         if (sf) st_file_deinit(&sf[i]);
@@ -780,8 +788,8 @@ int hf_write(const struct gguf *g, const char *dir) {
     struct st_write_entry *e = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *e);
     char (*names)[96] = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *names);
     int *perms = xcalloc(g->n_tensors ? g->n_tensors : 1, sizeof *perms);
-    char *st_path = path_join(dir, "model.safetensors"), *cfg_path = path_join(dir, "config.json"),
-         *gen_path = path_join(dir, "generation_config.json");
+    char *st_path = hf_path_join(dir, "model.safetensors"), *cfg_path = hf_path_join(dir, "config.json"),
+         *gen_path = hf_path_join(dir, "generation_config.json");
     rc = e && names && perms && st_path && cfg_path && gen_path ? 0 : KVLLM_ENOMEM;
     for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
         const struct gguf_tensor *t = &g->tensors[i];

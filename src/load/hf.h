@@ -15,8 +15,9 @@
  * 1-D tensors (the norms) are converted to F32, as GGUF files store them;
  * everything else keeps its dtype and stays in the mapping.
  *
- * The vocabulary (tokenizer.json) is not read here: without one, pass a
- * tokenizer file (--tokenizer). */
+ * The vocabulary: tokenizer.json (+ tokenizer_config.json) when the folder
+ * has one, turned into tokenizer.ggml.* keys by hf_tokenizer.c; without
+ * one the model has no vocabulary (pass a tokenizer file, --tokenizer). */
 #ifndef KVLLM_HF_H
 #define KVLLM_HF_H
 
@@ -31,10 +32,44 @@ bool hf_is_folder(const char *path);
  * KVLLM_ENOMEM and sets *out to NULL. */
 int hf_open(const char *dir, struct gguf **out);
 
-/* Write a llama GGUF (F32/F16/BF16 tensors) as a HF folder: config.json,
- * generation_config.json, model.safetensors (Q/K rows permuted back to
- * the halves layout).  Creates dir if needed.  No tokenizer files are
- * written.  Errors logged with the path; the folder may be left partial. */
+/* Write a GGUF (llama, mistral, qwen2 or gpt2 architecture; F32/F16/BF16
+ * tensors) as a HF folder: config.json, generation_config.json,
+ * model.safetensors (llama Q/K rows permuted back to the halves layout,
+ * GPT-2 matrices back to Conv1D), and, when g carries a vocabulary,
+ * tokenizer.json + tokenizer_config.json (hf_tokenizer_write).  Creates dir
+ * if needed.  Errors logged with the path; the folder may be left partial. */
 int hf_write(const struct gguf *g, const char *dir);
+
+/* ---- tokenizer.json (hf_tokenizer.c) ---- */
+
+/* Read a tokenizer.json, and config_path (tokenizer_config.json; NULL or
+ * absent: skipped) for bos/eos/unk, add_bos_token and chat_template, into
+ * tokenizer.ggml.* keys (+ tokenizer.chat_template) of g.  Byte-level BPE
+ * becomes model "gpt2" with merges and a named pre-tokenizer; the
+ * SentencePiece-style form (Prepend/Replace normalizer or Metaspace, BPE
+ * with byte_fallback) model "llama" with scores = -(rank of the first merge
+ * making the piece).  Errors (logged "<file>: <json path>: <problem>"):
+ * KVLLM_EFORMAT for malformed input, KVLLM_EUNSUPPORTED for a model,
+ * normalizer, pre-tokenizer or post-processor kvllm does not run,
+ * KVLLM_EIO, KVLLM_ENOMEM; g may then hold some keys. */
+int hf_tokenizer_read(const char *json_path, const char *config_path, struct gguf *g);
+
+/* Does path name an existing regular file ending in ".json"? */
+bool hf_is_tokenizer_json(const char *path);
+
+/* A vocabulary from a tokenizer.json file (with the tokenizer_config.json
+ * beside it) or from a folder holding one: a new in-memory gguf with only
+ * the tokenizer keys.  Errors as hf_tokenizer_read (KVLLM_ENOTFOUND for a
+ * folder without tokenizer.json); *out NULL on error. */
+int hf_vocab_open(const char *path, struct gguf **out);
+
+/* Write dir/tokenizer.json and dir/tokenizer_config.json from g's
+ * tokenizer.ggml.* keys (and tokenizer.chat_template): "llama" vocabularies
+ * in the Llama 2 form (merges rebuilt from the scores, as Transformers'
+ * converter does), "gpt2" ones with the pre-tokenizer their
+ * tokenizer.ggml.pre names (gpt-2, llama-bpe, smaug-bpe, qwen2, smollm,
+ * starcoder...).  Returns 0 without writing when g has no vocabulary;
+ * KVLLM_EUNSUPPORTED (logged) for a vocabulary it cannot express. */
+int hf_tokenizer_write(const struct gguf *g, const char *dir);
 
 #endif

@@ -3,6 +3,7 @@
  * keys and GGUF tensor names.  llama2.c rotates adjacent pairs, the layout
  * GGUF llama uses, so Q/K rows are taken as they are. */
 #include "load/llama2c.h"
+#include "load/hf.h"
 #include "tensor/dtype.h"
 
 #include <stdio.h>
@@ -145,6 +146,7 @@ int llama2c_open(const char *path, struct gguf **out) {
 int vocab_file_open(const char *path, int n_vocab, struct gguf **out) {
     *out = NULL;
     if (gguf_is_gguf(path)) return gguf_open(path, out);
+    if (hf_is_folder(path) || hf_is_tokenizer_json(path)) return hf_vocab_open(path, out);
     struct gguf *g = gguf_new(path);
     if (!g) return KVLLM_ENOMEM;
     int rc = llama2c_vocab_to_gguf(path, n_vocab, g);

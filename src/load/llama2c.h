@@ -21,7 +21,8 @@ int llama2c_open(const char *path, struct gguf **out);
  * Types: <0xNN> BYTE, <unk> UNKNOWN, <s>/</s> CONTROL, else NORMAL. */
 int llama2c_vocab_to_gguf(const char *path, int n_vocab, struct gguf *g);
 
-/* A vocabulary file: a GGUF (opened as it is) or a llama2.c tokenizer.bin
+/* A vocabulary file: a GGUF (opened as it is), a Hugging Face tokenizer.json
+ * or a folder holding one (hf_vocab_open), or a llama2.c tokenizer.bin
  * (read into a new in-memory GGUF, n_vocab as for llama2c_vocab_to_gguf).
  * On error *out is NULL (the problem is logged). */
 int vocab_file_open(const char *path, int n_vocab, struct gguf **out);

@@ -1,6 +1,7 @@
 /* cmd_tokenize.c — `kvllm tokenize`: the token ids (and pieces) of a text.
  *
- * The vocabulary comes from a GGUF (a full model or a vocab-only file) or a
+ * The vocabulary comes from a GGUF (a full model or a vocab-only file), a
+ * Hugging Face tokenizer.json (or a model folder holding one) or a
  * llama2.c tokenizer.bin; a llama2.c checkpoint has none of its own, so it
  * needs --tokenizer.  A byte-level BPE vocabulary may also come as a Hugging
  * Face vocab.json + merges.txt pair (--vocab/--merges), with its
@@ -9,6 +10,7 @@
  * this file only reports its own. */
 #include "cli.h"
 #include "load/gguf.h"
+#include "load/hf.h"
 #include "load/llama2c.h"
 #include "tok/bpe.h"
 #include "tok/tokenizer.h"
@@ -22,8 +24,9 @@
 static const char *k_usage =
     "usage: kvllm tokenize (-m MODEL [--tokenizer PATH] | --vocab vocab.json --merges merges.txt [--pre NAME]\n"
     "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids] [TEXT]\n"
-    "  -m, --model MODEL   GGUF model or vocab-only GGUF (a llama2.c checkpoint needs --tokenizer)\n"
-    "  --tokenizer PATH    llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
+    "  -m, --model MODEL   GGUF model, vocab-only GGUF or Hugging Face folder (its tokenizer.json);\n"
+    "                      a llama2.c checkpoint needs --tokenizer\n"
+    "  --tokenizer PATH    tokenizer.json, llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
     "  --vocab FILE        byte-level BPE vocabulary: Hugging Face vocab.json (piece -> id)\n"
     "  --merges FILE       its merges.txt (one \"a b\" merge per line, optional #version line)\n"
     "  --pre NAME          pre-tokenizer, as GGUF tokenizer.ggml.pre names it (default gpt-2)\n"
@@ -145,11 +148,12 @@ static int load_tokenizer(const struct opts *o, struct tokenizer **t) {
     const char *path = o->tokenizer;
     if (o->model && !readable(o->model)) return 1;
     if (!path) {
-        if (!gguf_is_gguf(o->model)) {
+        if (!gguf_is_gguf(o->model) && !hf_is_folder(o->model) && !hf_is_tokenizer_json(o->model)) {
             if (llama2c_is_checkpoint(o->model))
                 cli_error("%s: llama2.c checkpoints carry no vocabulary; pass --tokenizer tokenizer.bin", o->model);
             else
-                cli_error("%s: neither a GGUF file nor a llama2.c checkpoint", o->model);
+                cli_error("%s: neither a GGUF file, a Hugging Face folder or tokenizer.json, nor a llama2.c checkpoint",
+                          o->model);
             return 1;
         }
         path = o->model;

@@ -35,6 +35,8 @@ static const char *k_usage =
     "  --no-bos            do not prepend BOS even if the vocabulary asks for it\n"
     "  --parse-special     text of control tokens (\"<s>\") becomes those tokens\n"
     "  --ids               print only the ids, space-separated on one line\n"
+    "  --decode            the other way: TEXT (or FILE) is space-separated ids; print the bytes they\n"
+    "                      decode to, exactly (nothing added)\n"
     "  output: one line per token, ID<TAB>PIECE, with \\n \\t \\\\ and \\xNN escapes in PIECE\n";
 
 #define MAX_SPECIALS 256
@@ -44,7 +46,7 @@ struct opts {
     const char *vocab, *merges, *pre;
     struct bpe_special specials[MAX_SPECIALS];
     int n_specials;
-    bool no_bos, parse_special, ids_only;
+    bool no_bos, parse_special, ids_only, decode;
 };
 
 /* TEXT=ID, split at the last '=' (the text may contain '='); the text is
@@ -87,6 +89,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--no-bos")) o->no_bos = true;
             else if (!strcmp(a, "--parse-special")) o->parse_special = true;
             else if (!strcmp(a, "--ids")) o->ids_only = true;
+            else if (!strcmp(a, "--decode")) o->decode = true;
             else { cli_error("tokenize: unknown option '%s' (see kvllm tokenize --help)", a); return 2; }
         } else if (!o->text) {
             o->text = a;
@@ -211,6 +214,37 @@ static void print_ids(const struct tokenizer *t, const int32_t *ids, int n, bool
     if (ids_only) putchar('\n');
 }
 
+/* --decode: ids (whitespace-separated decimal) -> the bytes they decode to, on stdout. */
+static int decode_ids(const struct tokenizer *t, const char *text, size_t len) {
+    int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);
+    if (!ids) { cli_error("out of memory"); return 1; }
+    int n = 0;
+    for (size_t i = 0; i < len;) {
+        if (strchr(" \t\r\n", text[i])) { i++; continue; }
+        long v = 0;
+        size_t start = i;
+        while (i < len && text[i] >= '0' && text[i] <= '9' && v <= INT32_MAX) v = v * 10 + (text[i++] - '0');
+        if (i == start || v > INT32_MAX || (i < len && !strchr(" \t\r\n", text[i]))) {
+            cli_error("tokenize --decode: expected token ids, found '%.20s'", text + start);
+            free(ids);
+            return 1;
+        }
+        ids[n++] = (int32_t)v;
+    }
+    int status = 0;
+    int need = tokenizer_decode(t, ids, n, NULL, 0);
+    char *buf = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (need >= 0 && !buf) cli_error("out of memory");
+    if (!buf || tokenizer_decode(t, ids, n, buf, (size_t)need + 1) != need) status = 1;
+    if (!status && (fwrite(buf, 1, (size_t)need, stdout) != (size_t)need || fflush(stdout) != 0)) {
+        cli_error("writing the output: %s", strerror(errno));
+        status = 1;
+    }
+    free(buf);
+    free(ids);
+    return status;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     struct opts o = { 0 };
     int rc = parse_args(argc, argv, &o);
@@ -221,6 +255,12 @@ int cmd_tokenize(int argc, char **argv) {
     struct tokenizer *t = NULL;
     if (load_tokenizer(&o, &t)) { free(text); return 1; }
 
+    if (o.decode) {
+        int status = decode_ids(t, text, len);
+        free(text);
+        tokenizer_free(t);
+        return status;
+    }
     bool bos = !o.no_bos;
     int n = tokenizer_encode(t, text, len, bos, o.parse_special, NULL, 0);
     int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;

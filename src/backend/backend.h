@@ -103,11 +103,17 @@ struct backend {
     struct threadpool *pool;
     float *scratch;       /* per-thread row buffers: n_threads * scratch_cols floats */
     int64_t scratch_cols;
+    bool i8_act;          /* quantized weights: 8-bit activations, integer dot products (SIMD sets) */
+    void *act;            /* their buffer, grown on demand */
+    size_t act_bytes;
 };
 
 /* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers;
- * otherwise "scalar" (the only one so far).  Fails with KVLLM_ECPU (logged)
- * for a kind this build or CPU lacks.  max_cols: longest weight row. */
+ * otherwise "scalar" or "avx2".  Fails with KVLLM_ECPU (logged) for a kind
+ * this build or CPU lacks.  max_cols: longest weight row.  With
+ * KVLLM_ACT=i8 in the environment the SIMD sets multiply Q8_0 / Q4_0 / Q4_1
+ * weights with 8-bit activations (integer dot products) instead of f32
+ * arithmetic on dequantized weights. */
 int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out);
 void backend_free(struct backend *be);
 

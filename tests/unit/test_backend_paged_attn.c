@@ -7,6 +7,7 @@
  * Fresh random data on every case; errors are printed. */
 #include "check.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 #include "core/core.h"
 #include "tensor/dtype.h"
@@ -246,6 +247,9 @@ static double rel_err(const float *out, const double *ref, int n) {
     return sqrt(num / den);
 }
 
+/* The kernel under test: the scalar one, then the AVX2 one where the CPU has it. */
+static void (*g_pa)(struct backend *, const struct paged_attn_args *) = cpu_paged_attention;
+
 /* Run paged attention for tokens (seqs[t], pos[t]) with queries q. */
 static void run_pa(struct threadpool *pool, const struct store *s, int n_head, int n, struct seq *const *seqs,
                    const int32_t *pos, const float *q, float *out) {
@@ -262,7 +266,7 @@ static void run_pa(struct threadpool *pool, const struct store *s, int n_head, i
         .scale = 1.0f / sqrtf((float)hd), .out = out, .partials = partials,
     };
     struct backend be = { .pool = pool };
-    cpu_paged_attention(&be, &a);
+    g_pa(&be, &a);
     free(partials);
     free(tables);
 }
@@ -520,6 +524,16 @@ int main(void) {
     test_store(pools[1]);
     test_accuracy(pools[1]);
     test_invariance(pools);
+    struct cpu_features f;
+    cpu_features_get(&f);
+    if (cpu_avx2_built() && f.avx2 && f.fma && f.f16c) {
+        printf("  avx2 step:\n");
+        g_pa = cpu_paged_attention_avx2;
+        test_accuracy(pools[1]);
+        test_invariance(pools);
+    } else {
+        printf("  SKIP avx2 step: not built or the CPU lacks AVX2/FMA/F16C\n");
+    }
     for (int i = 0; i < 3; i++) threadpool_free(pools[i]);
     return check_report("test_backend_paged_attn");
 }

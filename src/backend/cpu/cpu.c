@@ -205,6 +205,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
         }
         ops->name = "avx2";
         ops->matmul = cpu_matmul_avx2;
+        ops->paged_attention = cpu_paged_attention_avx2;
         return 0;
     }
     if (strcmp(kind, "avx512") == 0 || strcmp(kind, "amx") == 0) {
@@ -246,6 +247,10 @@ int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct ba
     be->scratch = be->pool ? xmalloc((size_t)nth * MM_ROWS * (size_t)max_cols * sizeof(float)) : NULL;
     if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
     be->scratch_cols = (int64_t)MM_ROWS * max_cols;
+    /* 8-bit activations are opt-in: on the AVX2 machines measured so far
+     * (docs/PERF.md) they are no faster than the f32 path */
+    const char *act = getenv("KVLLM_ACT");
+    be->i8_act = act && strcmp(act, "i8") == 0;
     *out = be;
     return 0;
 }
@@ -254,5 +259,6 @@ void backend_free(struct backend *be) {
     if (!be) return;
     threadpool_free(be->pool);
     free(be->scratch);
+    free(be->act);
     free(be);
 }

@@ -24,6 +24,29 @@ void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int3
 #define CPU_PAGED_ATTN_MAX_HEAD_DIM 1024
 void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a);
 
+/* Most positions per online-softmax step. */
+#define CPU_PA_CHUNK 64
+
+/* One online-softmax step of paged attention (the part SIMD kernels
+ * replace): n <= cap positions whose K/V rows are row0, row0 + rstride, ...
+ * of kv, for the g query heads q (g, head_dim) that share one kv head.
+ * part holds g partials [m, l, acc[head_dim]] pstride floats apart (m =
+ * -inf and l = 0 before the first step), updated in place: scores q·k *
+ * scale (times the row's scale for 8-bit types), new max, acc and l
+ * rescaled, weights exp(score - m) added to l and, times V, to acc.  sc:
+ * g * cap floats of scratch.  Must depend only on its arguments (no thread
+ * or batch state), which keeps attention batch-invariant. */
+typedef void pa_chunk_fn(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
+                         const float *q, float scale, float *part, size_t pstride, float *sc, int cap);
+
+/* paged_attention with a given step kernel (the item, split and merge
+ * structure of kv_kernels.c around it). */
+void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *a, pa_chunk_fn *chunk);
+
+/* paged_attention with the AVX2 step (attn_avx2.c); call only when
+ * cpu_features_get() reports avx2, fma and f16c. */
+void cpu_paged_attention_avx2(struct backend *be, const struct paged_attn_args *a);
+
 /* Exact, branch-free (vectorizable) equivalents of f16_to_f32 and
  * fp8_e4m3_to_f32: no subnormal floating-point operands, so neither DAZ nor
  * denormal stalls matter.  NaN inputs give a NaN (payload may differ). */

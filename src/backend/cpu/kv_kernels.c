@@ -97,7 +97,7 @@ void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int3
 
 /* ---- paged attention ---- */
 
-#define PA_CHUNK 64           /* most positions per online-softmax step */
+#define PA_CHUNK CPU_PA_CHUNK
 #define PA_SCORES 4096        /* score floats per item: g * chunk */
 #define PA_ITEM_COST 32       /* fixed cost of an item, in positions, for load balance */
 
@@ -171,6 +171,7 @@ static inline void pa_split_range(const struct paged_attn_args *a, int L, int s,
 struct pa_job {
     const struct paged_attn_args *a;
     int s_max;                /* splits of the longest context: partials stride */
+    pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
 };
 
 /* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
@@ -200,6 +201,48 @@ static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
     pa_scale(out, 1.0f / l, hd);
 }
 
+/* pa_chunk_fn, scalar: see cpu_internal.h. */
+static void pa_chunk_scalar(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
+                            const float *q, float scale, float *part0, size_t pstride, float *sc, int cap) {
+    const int hd = kv->head_dim;
+    const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
+    float kbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM], vbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM];
+    /* scores (g, n) */
+    for (int jj = 0; jj < n; jj++) {
+        const size_t row = row0 + (size_t)jj * rstride;
+        const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
+        const float ks = q8 ? kv->k_scale[row] * scale : scale;
+        for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
+    }
+    /* per head: new max, rescale once, weights */
+    for (int i = 0; i < g; i++) {
+        float *p = part0 + (size_t)i * pstride, *si = sc + i * cap;
+        float bm = -INFINITY;
+        for (int jj = 0; jj < n; jj++) bm = si[jj] > bm ? si[jj] : bm;
+        if (bm > p[0]) {
+            if (p[0] != -INFINITY) {          /* first chunk: acc and l are 0 */
+                float corr = expf(p[0] - bm);
+                p[1] *= corr;
+                pa_scale(p + 2, corr, hd);
+            }
+            p[0] = bm;
+        }
+        float l = p[1];
+        for (int jj = 0; jj < n; jj++) {
+            si[jj] = expf(si[jj] - p[0]);
+            l += si[jj];
+        }
+        p[1] = l;
+    }
+    /* accumulate V */
+    for (int jj = 0; jj < n; jj++) {
+        const size_t row = row0 + (size_t)jj * rstride;
+        const float *vr = pa_row(kv->type, kv->v, row, hd, vbuf);
+        const float vs = q8 ? kv->v_scale[row] : 1.0f;
+        for (int i = 0; i < g; i++) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
+    }
+}
+
 /* One work item: token t, kv head hk, split s of ns. */
 static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const struct paged_attn_args *a = j->a;
@@ -211,13 +254,11 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     int p0, p1;
     pa_split_range(a, L, s, &p0, &p1);
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
-    const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     const int32_t *table = a->tables[t];
     const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)hk * (size_t)g) * (size_t)hd; /* (g, hd) */
     const size_t pstride = (size_t)j->s_max * ((size_t)hd + 2);   /* next head's partial */
     float *part0 = pa_partial(j, t, hk * g, s);                     /* (g) x [m, l, acc[hd]] */
     float sc[PA_SCORES];                                            /* (g, cap): scores, then weights */
-    float kbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM], vbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM];
 
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride;
@@ -232,41 +273,7 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         n = n < cap ? n : cap;
         /* row of (slot, head hk) for the chunk's first position; next rows are nkv apart */
         const size_t row0 = ((size_t)table[blk] * (size_t)bs + (size_t)off) * (size_t)nkv + (size_t)hk;
-
-        /* scores (g, n) */
-        for (int jj = 0; jj < n; jj++) {
-            const size_t row = row0 + (size_t)jj * (size_t)nkv;
-            const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
-            const float ks = q8 ? kv->k_scale[row] * a->scale : a->scale;
-            for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
-        }
-        /* per head: new max, rescale once, weights */
-        for (int i = 0; i < g; i++) {
-            float *p = part0 + (size_t)i * pstride, *si = sc + i * cap;
-            float bm = -INFINITY;
-            for (int jj = 0; jj < n; jj++) bm = si[jj] > bm ? si[jj] : bm;
-            if (bm > p[0]) {
-                if (p[0] != -INFINITY) {          /* first chunk: acc and l are 0 */
-                    float corr = expf(p[0] - bm);
-                    p[1] *= corr;
-                    pa_scale(p + 2, corr, hd);
-                }
-                p[0] = bm;
-            }
-            float l = p[1];
-            for (int jj = 0; jj < n; jj++) {
-                si[jj] = expf(si[jj] - p[0]);
-                l += si[jj];
-            }
-            p[1] = l;
-        }
-        /* accumulate V */
-        for (int jj = 0; jj < n; jj++) {
-            const size_t row = row0 + (size_t)jj * (size_t)nkv;
-            const float *vr = pa_row(kv->type, kv->v, row, hd, vbuf);
-            const float vs = q8 ? kv->v_scale[row] : 1.0f;
-            for (int i = 0; i < g; i++) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
-        }
+        j->chunk(kv, row0, (size_t)nkv, n, g, q, a->scale, part0, pstride, sc, cap);
         c0 += n;
     }
     if (ns == 1)
@@ -314,12 +321,12 @@ static void pa_merge_worker(void *arg, int ith, int nth) {
     }
 }
 
-void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {
+void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *a, pa_chunk_fn *chunk) {
     KV_ASSERT(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= PA_SCORES);
     KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
     KV_ASSERT(a->n_head_kv == a->kv.n_head_kv && a->kv.block_size > 0);
     if (a->n_tokens <= 0) return;
-    struct pa_job j = { a, 1 };
+    struct pa_job j = { a, 1, chunk };
     for (int t = 0; t < a->n_tokens; t++) {
         KV_ASSERT(a->pos[t] >= 0);
         int ns = pa_n_split(a->pos[t] + 1);
@@ -327,4 +334,8 @@ void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {
     }
     threadpool_run(be->pool, pa_items_worker, &j);
     if (j.s_max > 1) threadpool_run(be->pool, pa_merge_worker, &j);
+}
+
+void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {
+    cpu_paged_attention_with(be, a, pa_chunk_scalar);
 }

@@ -456,6 +456,10 @@ static void mm_worker(void *arg, int ith, int nth) {
 }
 
 void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+    if (be->i8_act && cpu_matmul_i8_supports(w->type, w->ne0)) {
+        cpu_matmul_i8_avx2(be, y, w, x, n);
+        return;
+    }
     KV_ASSERT(w->ne0 * MR <= be->scratch_cols);
     struct mm_job j = { be, y, w, x, n };
     threadpool_run(be->pool, mm_worker, &j);

@@ -1,4 +1,4 @@
-/* hf.c — Hugging Face Llama/Mistral folders <-> in-memory GGUF (see hf.h).
+/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2 folders <-> in-memory GGUF (see hf.h).
  *
  * Reading: config.json -> llama.* keys; the shards are mapped back to back
  * into one reservation (each at a page boundary) so that the gguf's single
@@ -704,8 +704,8 @@ int hf_open(const char *dir, struct gguf **out) {
 
 /* ---- writing ---- */
 
-/* GGUF name -> HF name (the inverse of map_name). */
-static bool hf_name(const char *gg, char *out, size_t cap, int *perm) {
+/* GGUF name -> HF name (the inverse of map_name / map_name_gpt2). */
+static bool hf_name(enum hf_arch arch, const char *gg, char *out, size_t cap, int *perm) {
     static const struct { const char *gguf, *hf; int perm; } layer[] = {
         { "attn_q.weight", "self_attn.q_proj.weight", PERM_Q },
         { "attn_k.weight", "self_attn.k_proj.weight", PERM_K },
@@ -716,18 +716,48 @@ static bool hf_name(const char *gg, char *out, size_t cap, int *perm) {
         { "ffn_down.weight", "mlp.down_proj.weight", PERM_NONE },
         { "attn_norm.weight", "input_layernorm.weight", PERM_NONE },
         { "ffn_norm.weight", "post_attention_layernorm.weight", PERM_NONE },
+        { "attn_q.bias", "self_attn.q_proj.bias", PERM_NONE },
+        { "attn_k.bias", "self_attn.k_proj.bias", PERM_NONE },
+        { "attn_v.bias", "self_attn.v_proj.bias", PERM_NONE },
+    };
+    static const struct { const char *gguf, *hf; int perm; } gpt2[] = {
+        { "attn_norm.weight", "ln_1.weight", PERM_NONE },     { "attn_norm.bias", "ln_1.bias", PERM_NONE },
+        { "attn_qkv.weight", "attn.c_attn.weight", PERM_T },  { "attn_qkv.bias", "attn.c_attn.bias", PERM_NONE },
+        { "attn_output.weight", "attn.c_proj.weight", PERM_T }, { "attn_output.bias", "attn.c_proj.bias", PERM_NONE },
+        { "ffn_norm.weight", "ln_2.weight", PERM_NONE },      { "ffn_norm.bias", "ln_2.bias", PERM_NONE },
+        { "ffn_up.weight", "mlp.c_fc.weight", PERM_T },       { "ffn_up.bias", "mlp.c_fc.bias", PERM_NONE },
+        { "ffn_down.weight", "mlp.c_proj.weight", PERM_T },   { "ffn_down.bias", "mlp.c_proj.bias", PERM_NONE },
     };
     *perm = PERM_NONE;
-    if (!strcmp(gg, "token_embd.weight")) { snprintf(out, cap, "model.embed_tokens.weight"); return true; }
-    if (!strcmp(gg, "output_norm.weight")) { snprintf(out, cap, "model.norm.weight"); return true; }
     if (!strcmp(gg, "output.weight")) { snprintf(out, cap, "lm_head.weight"); return true; }
+    if (arch == HF_GPT2) {
+        static const char *const top[][2] = { { "token_embd.weight", "wte.weight" },
+                                              { "position_embd.weight", "wpe.weight" },
+                                              { "output_norm.weight", "ln_f.weight" },
+                                              { "output_norm.bias", "ln_f.bias" } };
+        for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+            if (!strcmp(gg, top[i][0])) { snprintf(out, cap, "transformer.%s", top[i][1]); return true; }
+    } else {
+        if (!strcmp(gg, "token_embd.weight")) { snprintf(out, cap, "model.embed_tokens.weight"); return true; }
+        if (!strcmp(gg, "output_norm.weight")) { snprintf(out, cap, "model.norm.weight"); return true; }
+    }
     unsigned il;
     int k = 0;
     if (sscanf(gg, "blk.%u.%n", &il, &k) != 1 || k == 0) return false;
-    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
+    if (arch == HF_GPT2) {
+        for (size_t i = 0; i < sizeof gpt2 / sizeof gpt2[0]; i++)
+            if (!strcmp(gg + k, gpt2[i].gguf)) {
+                snprintf(out, cap, "transformer.h.%u.%s", il, gpt2[i].hf);
+                *perm = gpt2[i].perm;
+                return true;
+            }
+        return false;
+    }
+    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
         if (!strcmp(gg + k, layer[i].gguf)) {
+            if (arch == HF_LLAMA && i >= 9) return false; /* biases: Qwen2 only */
             snprintf(out, cap, "model.layers.%u.%s", il, layer[i].hf);
-            *perm = layer[i].perm;
+            *perm = arch == HF_QWEN2 ? PERM_NONE : layer[i].perm; /* GGUF Qwen2 keeps the halves layout */
             return true;
         }
     return false;
@@ -751,36 +781,139 @@ static int write_text(const char *path, const char *text) {
     return 0;
 }
 
-int hf_write(const struct gguf *g, const char *dir) {
+/* Hyper-parameters of a GGUF to write, read with its <arch>. prefix. */
+struct w_hparams {
+    enum hf_arch arch;
+    bool mistral;          /* written as MistralForCausalLM */
+    uint32_t E, L, H, HKV, FF, CTX, bos, eos, swa;
+    float eps, theta, rope_linear; /* rope_linear 0: none */
+};
+
+static int read_w_hparams(const struct gguf *g, struct w_hparams *w) {
     struct gguf_str arch;
-    if (gguf_get_str(g, "general.architecture", &arch) || !gguf_str_eq(arch, "llama")) {
-        LOG_ERR("%s: only llama-architecture models can be written as a Hugging Face folder", g->path);
+    static const char *const names[] = { "llama", "mistral", "qwen2", "gpt2" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2 };
+    int ai = -1;
+    if (gguf_get_str(g, "general.architecture", &arch) == 0)
+        for (int i = 0; i < 4; i++) if (gguf_str_eq(arch, names[i])) ai = i;
+    if (ai < 0) {
+        LOG_ERR("%s: only llama, mistral, qwen2 and gpt2 models can be written as a Hugging Face folder", g->path);
         return KVLLM_EUNSUPPORTED;
     }
-    uint32_t E = 0, L = 0, H = 0, HKV = 0, FF = 0, CTX = 2048, bos = 1, eos = 2;
-    float eps = 1e-5f, theta = 10000.0f;
+    *w = (struct w_hparams){ .arch = ids[ai], .mistral = ai == 1, .CTX = 2048, .bos = 1, .eos = 2,
+                             .eps = 1e-5f, .theta = 10000.0f };
+    const char *a = names[ai];
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
     int rc;
-    if ((rc = gguf_get_u32(g, "llama.embedding_length", &E)) || (rc = gguf_get_u32(g, "llama.block_count", &L)) ||
-        (rc = gguf_get_u32(g, "llama.attention.head_count", &H)) ||
-        (rc = gguf_get_u32(g, "llama.feed_forward_length", &FF))) {
-        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: missing llama.* hyper-parameters", g->path);
+    if ((rc = gguf_get_u32(g, KEY("embedding_length"), &w->E)) || (rc = gguf_get_u32(g, KEY("block_count"), &w->L)) ||
+        (rc = gguf_get_u32(g, KEY("attention.head_count"), &w->H)) ||
+        (rc = gguf_get_u32(g, KEY("feed_forward_length"), &w->FF))) {
+        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: missing %s.* hyper-parameters", g->path, a);
         return KVLLM_EFORMAT;
     }
-    if (gguf_get_u32(g, "llama.attention.head_count_kv", &HKV)) HKV = H;
-    gguf_get_u32(g, "llama.context_length", &CTX);
-    gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &eps);
-    gguf_get_f32(g, "llama.rope.freq_base", &theta);
-    gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos);
-    gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos);
-    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    if (!emb || !H || !HKV || E % H || H % HKV || (E / H) % 2) {
-        LOG_ERR("%s: %s", g->path, !emb ? "no token_embd.weight" : "inconsistent head counts");
-        return KVLLM_EFORMAT;
+    if (gguf_get_u32(g, KEY("attention.head_count_kv"), &w->HKV)) w->HKV = w->H;
+    gguf_get_u32(g, KEY("context_length"), &w->CTX);
+    gguf_get_f32(g, KEY(w->arch == HF_GPT2 ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"),
+                 &w->eps);
+    gguf_get_f32(g, KEY("rope.freq_base"), &w->theta);
+    gguf_get_u32(g, KEY("attention.sliding_window"), &w->swa);
+    struct gguf_str st;
+    if (gguf_get_str(g, KEY("rope.scaling.type"), &st) == 0 && !gguf_str_eq(st, "none")) {
+        float f = 1.0f;
+        gguf_get_f32(g, KEY("rope.scaling.factor"), &f);
+        if (!gguf_str_eq(st, "linear") || w->arch == HF_GPT2) {
+            LOG_ERR("%s: %s.rope.scaling.type '%.*s' cannot be written to config.json (only linear)", g->path, a,
+                    (int)(st.len > 32 ? 32 : st.len), st.ptr);
+            return KVLLM_EUNSUPPORTED;
+        }
+        if (f != 1.0f) w->rope_linear = f;
     }
-    uint32_t rot = E / H;
-    if (!gguf_get_u32(g, "llama.rope.dimension_count", &rot) && rot != E / H) {
-        LOG_ERR("%s: partial rotary (llama.rope.dimension_count %u) cannot be written as HF Llama", g->path, rot);
+    uint32_t rot = w->H ? w->E / w->H : 0;
+    if (w->arch != HF_GPT2 && !gguf_get_u32(g, KEY("rope.dimension_count"), &rot) && w->H && rot != w->E / w->H) {
+        LOG_ERR("%s: partial rotary (%s.rope.dimension_count %u) cannot be written as a Hugging Face model", g->path,
+                a, rot);
         return KVLLM_EUNSUPPORTED;
+    }
+#undef KEY
+    if (w->swa && w->arch == HF_LLAMA) w->mistral = true; /* sliding window: Mistral's config carries it */
+    if (w->swa && w->arch != HF_LLAMA) {
+        LOG_ERR("%s: a sliding window in a %s model cannot be written to config.json", g->path, a);
+        return KVLLM_EUNSUPPORTED;
+    }
+    if (gguf_find_tensor(g, "rope_freqs.weight")) {
+        LOG_ERR("%s: rope_freqs.weight (Llama 3 rope scaling) cannot be turned back into config.json's "
+                "rope_scaling; not written", g->path);
+        return KVLLM_EUNSUPPORTED;
+    }
+    gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &w->bos);
+    gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &w->eos);
+    if (!w->H || !w->HKV || w->E % w->H || w->H % w->HKV || (w->arch != HF_GPT2 && (w->E / w->H) % 2)) {
+        LOG_ERR("%s: inconsistent head counts", g->path);
+        return KVLLM_EFORMAT;
+    }
+    return 0;
+}
+
+static int write_config(const char *path, const struct w_hparams *w, int64_t n_vocab, bool tied, const char *dt) {
+    char eps_s[32], theta_s[32], rope_s[96], text[4096];
+    fmt_float(eps_s, sizeof eps_s, w->eps);
+    fmt_float(theta_s, sizeof theta_s, w->theta);
+    if (w->arch == HF_GPT2) {
+        snprintf(text, sizeof text,
+                 "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+                 "  \"n_embd\": %u,\n  \"n_layer\": %u,\n  \"n_head\": %u,\n  \"n_inner\": %u,\n"
+                 "  \"n_positions\": %u,\n  \"n_ctx\": %u,\n  \"vocab_size\": %lld,\n  \"layer_norm_epsilon\": %s,\n"
+                 "  \"activation_function\": \"gelu_new\",\n  \"tie_word_embeddings\": %s,\n"
+                 "  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n  \"torch_dtype\": \"%s\"\n}\n",
+                 w->E, w->L, w->H, w->FF, w->CTX, w->CTX, (long long)n_vocab, eps_s, tied ? "true" : "false", w->bos,
+                 w->eos, dt);
+        return write_text(path, text);
+    }
+    const char *archs = w->arch == HF_QWEN2 ? "Qwen2ForCausalLM" : w->mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
+    const char *type = w->arch == HF_QWEN2 ? "qwen2" : w->mistral ? "mistral" : "llama";
+    if (w->rope_linear) {
+        char f[32];
+        fmt_float(f, sizeof f, w->rope_linear);
+        snprintf(rope_s, sizeof rope_s, "{\"rope_type\": \"linear\", \"type\": \"linear\", \"factor\": %s}", f);
+    } else {
+        snprintf(rope_s, sizeof rope_s, "null");
+    }
+    char extra[128] = "";
+    if (w->arch == HF_QWEN2) snprintf(extra, sizeof extra, "  \"use_sliding_window\": false,\n");
+    else if (w->mistral && w->swa) snprintf(extra, sizeof extra, "  \"sliding_window\": %u,\n", w->swa);
+    else if (w->mistral) snprintf(extra, sizeof extra, "  \"sliding_window\": null,\n");
+    snprintf(text, sizeof text,
+             "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
+             "  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n  \"num_hidden_layers\": %u,\n"
+             "  \"num_attention_heads\": %u,\n  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n"
+             "  \"max_position_embeddings\": %u,\n  \"vocab_size\": %lld,\n  \"rms_norm_eps\": %s,\n"
+             "  \"rope_theta\": %s,\n  \"rope_scaling\": %s,\n  \"hidden_act\": \"silu\",\n%s"
+             "%s  \"tie_word_embeddings\": %s,\n"
+             "  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n  \"torch_dtype\": \"%s\"\n}\n",
+             archs, type, w->E, w->FF, w->L, w->H, w->HKV, w->E / w->H, w->CTX, (long long)n_vocab, eps_s, theta_s,
+             rope_s, extra, w->arch == HF_QWEN2 ? "" : "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n",
+             tied ? "true" : "false", w->bos, w->eos, dt);
+    return write_text(path, text);
+}
+
+/* Conv1D layout: GGUF rows of out (ne0 = in) -> HF (in, out) row-major. */
+static void transpose(uint8_t *dst, const uint8_t *src, int64_t n_in, int64_t n_out, size_t esize) {
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t i = 0; i < n_in; i++)
+            memcpy(dst + ((size_t)i * (size_t)n_out + (size_t)o) * esize,
+                   src + ((size_t)o * (size_t)n_in + (size_t)i) * esize, esize);
+}
+
+int hf_write(const struct gguf *g, const char *dir) {
+    struct w_hparams w;
+    int rc = read_w_hparams(g, &w);
+    if (rc) return rc;
+    const uint32_t E = w.E, H = w.H, HKV = w.HKV;
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) {
+        LOG_ERR("%s: no token_embd.weight", g->path);
+        return KVLLM_EFORMAT;
     }
     const bool tied = !gguf_find_tensor(g, "output.weight");
     const char *torch_dtype = emb->type == DTYPE_F16 ? "float16" : emb->type == DTYPE_BF16 ? "bfloat16" : "float32";
@@ -795,23 +928,24 @@ int hf_write(const struct gguf *g, const char *dir) {
         const struct gguf_tensor *t = &g->tensors[i];
         char gn[96];
         snprintf(gn, sizeof gn, "%.*s", (int)(t->name.len < 95 ? t->name.len : 95), t->name.ptr);
-        if (!hf_name(gn, names[i], sizeof names[i], &perms[i])) {
-            LOG_ERR("%s: tensor '%s' has no Hugging Face Llama name", g->path, gn);
+        if (!hf_name(w.arch, gn, names[i], sizeof names[i], &perms[i])) {
+            LOG_ERR("%s: tensor '%s' has no Hugging Face %s name", g->path, gn, k_gguf_arch[w.arch]);
             rc = KVLLM_EUNSUPPORTED;
         } else if (!st_dtype_name(t->type)) {
             LOG_ERR("%s: tensor '%s' has type %s; only F32, F16 and BF16 can be written to safetensors", g->path,
                     gn, dtype_name(t->type));
             rc = KVLLM_EUNSUPPORTED;
-        } else if (t->n_dims < 1 || t->n_dims > 2) {
+        } else if (t->n_dims < 1 || t->n_dims > 2 || (perms[i] == PERM_T && t->n_dims != 2)) {
             LOG_ERR("%s: tensor '%s' has %u dimensions", g->path, gn, t->n_dims);
             rc = KVLLM_EFORMAT;
         } else {
             e[i].name = names[i];
             e[i].dtype = t->type;
             e[i].n_dims = t->n_dims;
-            for (uint32_t d = 0; d < t->n_dims; d++) e[i].shape[d] = t->ne[t->n_dims - 1 - d];
+            for (uint32_t d = 0; d < t->n_dims; d++)
+                e[i].shape[d] = perms[i] == PERM_T ? t->ne[d] : t->ne[t->n_dims - 1 - d];
             int64_t nh = perms[i] == PERM_Q ? H : HKV;
-            if (perms[i] != PERM_NONE && (t->n_dims != 2 || t->ne[1] != nh * (int64_t)(E / H))) {
+            if ((perms[i] == PERM_Q || perms[i] == PERM_K) && (t->n_dims != 2 || t->ne[1] != nh * (int64_t)(E / H))) {
                 LOG_ERR("%s: tensor '%s' does not have %lld rows", g->path, gn, (long long)nh * (E / H));
                 rc = KVLLM_EFORMAT;
             }
@@ -834,8 +968,12 @@ int hf_write(const struct gguf *g, const char *dir) {
         if (perms[i] != PERM_NONE) {
             free(tmp);
             if (!(tmp = xmalloc((size_t)t->n_bytes))) { rc = KVLLM_ENOMEM; break; }
-            int64_t nh = perms[i] == PERM_Q ? H : HKV;
-            permute_rows(tmp, t->data, nh, E / H, (size_t)(t->n_bytes / (uint64_t)t->ne[1]), false);
+            if (perms[i] == PERM_T) {
+                transpose(tmp, t->data, t->ne[0], t->ne[1], (size_t)(t->n_bytes / t->n_elems));
+            } else {
+                int64_t nh = perms[i] == PERM_Q ? H : HKV;
+                permute_rows(tmp, t->data, nh, E / H, (size_t)(t->n_bytes / (uint64_t)t->ne[1]), false);
+            }
             src = tmp;
         }
         if (fwrite(src, 1, (size_t)t->n_bytes, f) != (size_t)t->n_bytes) {
@@ -848,26 +986,13 @@ int hf_write(const struct gguf *g, const char *dir) {
         LOG_ERR("%s: write failed", st_path);
         rc = KVLLM_EIO;
     }
+    if (!rc) rc = write_config(cfg_path, &w, emb->ne[1], tied, torch_dtype);
     if (!rc) {
-        char eps_s[32], theta_s[32], text[2048];
-        fmt_float(eps_s, sizeof eps_s, eps);
-        fmt_float(theta_s, sizeof theta_s, theta);
-        snprintf(text, sizeof text,
-                 "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-                 "  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n  \"num_hidden_layers\": %u,\n"
-                 "  \"num_attention_heads\": %u,\n  \"num_key_value_heads\": %u,\n  \"head_dim\": %u,\n"
-                 "  \"max_position_embeddings\": %u,\n  \"vocab_size\": %lld,\n  \"rms_norm_eps\": %s,\n"
-                 "  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  \"hidden_act\": \"silu\",\n"
-                 "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
-                 "  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n  \"torch_dtype\": \"%s\"\n}\n",
-                 E, FF, L, H, HKV, E / H, CTX, (long long)emb->ne[1], eps_s, theta_s, tied ? "true" : "false", bos,
-                 eos, torch_dtype);
-        rc = write_text(cfg_path, text);
-        if (!rc) {
-            snprintf(text, sizeof text, "{\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u\n}\n", bos, eos);
-            rc = write_text(gen_path, text);
-        }
+        char text[256];
+        snprintf(text, sizeof text, "{\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u\n}\n", w.bos, w.eos);
+        rc = write_text(gen_path, text);
     }
+    if (!rc) rc = hf_tokenizer_write(g, dir);
     free(gen_path);
     free(cfg_path);
     free(st_path);

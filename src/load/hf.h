@@ -1,4 +1,4 @@
-/* hf.h — Hugging Face model folders (Llama / Mistral architecture) read as
+/* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2) read as
  * an in-memory GGUF, and written from one.
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and

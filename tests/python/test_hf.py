@@ -9,7 +9,9 @@ written here with numpy + struct + json only: 8-byte little-endian header length
 Shown: GGUF and HF copies give the same logits (and both match ref_llama.py on the GGUF) for MHA and
 GQA, F32/F16/BF16, tied and untied heads, one file and two shards + index.json; `kvllm convert --to
 hf` writes the same bytes this file writes, and loads back; stories260K converted to an HF folder
-reproduces the reference greedy ids; corrupt folders are refused with one clear error line naming
+reproduces the reference greedy ids without --tokenizer (the folder gets tokenizer.json); every
+architecture (llama, mistral with its sliding window, qwen2, gpt2) goes GGUF -> HF -> GGUF with identical
+logits, its vocabulary included; corrupt folders are refused with one clear error line naming
 the file (release binary and, when built, the ASan one).
 """
 from __future__ import annotations
@@ -297,27 +299,127 @@ def test_convert_to_hf_refuses_quantized(binary, tmp_path):
 
 
 def test_stories260k_via_hf(kvllm, stories, tmp_path):
+    """The converted folder carries the vocabulary (tokenizer.json): it runs without --tokenizer."""
     out = tmp_path / "stories260K-hf"
-    res = run_cli(kvllm, "convert", stories["bin"], "--to", "hf", "-o", out, timeout=TIMEOUT)
+    res = run_cli(kvllm, "convert", stories["bin"], "--tokenizer", stories["tok"], "--to", "hf", "-o", out,
+                  timeout=TIMEOUT)
     assert res.returncode == 0, res.describe()
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
+    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+              "tokenizer_config.json"):
         assert (out / f).is_file(), f
-    res = run_cli(kvllm, "run", "-m", out, "--tokenizer", stories["tok"], "-n", "256", "--temp", "0", "--ids",
-                  "-q", timeout=TIMEOUT)
+    res = run_cli(kvllm, "run", "-m", out, "-n", "256", "--temp", "0", "--ids", "-q", timeout=TIMEOUT)
     assert res.returncode == 0, res.describe()
     assert parse_ids(res.out) == parse_ids(stories["ids"].read_text())
+    # and with an explicit --tokenizer, as before
+    res = run_cli(kvllm, "run", "-m", out, "--tokenizer", stories["tok"], "-n", "64", "--temp", "0", "--ids", "-q",
+                  timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert parse_ids(res.out) == parse_ids(stories["ids"].read_text())[:64]
+    text = "Once upon a time, there was a little girl named Lily. She liked to play outside!"
+    a = run_cli(kvllm, "tokenize", "-m", out, "--ids", text, timeout=TIMEOUT)
+    b = run_cli(kvllm, "tokenize", "--tokenizer", stories["tok"], "--ids", text, timeout=TIMEOUT)
+    assert a.returncode == 0 and a.out == b.out and len(a.out.split()) > 10, a.describe()
+    try:  # HF `tokenizers` reads the written tokenizer.json to the same ids
+        import tokenizers
+    except ImportError:
+        return
+    assert parse_ids(a.out) == tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids
 
 
 def test_stories260k_via_hf_asan(asan_bin, stories, tmp_path):
     out = tmp_path / "stories260K-hf"
-    res = run_cli(asan_bin, "convert", stories["bin"], "--to", "hf", "-o", out, timeout=TIMEOUT)
+    res = run_cli(asan_bin, "convert", stories["bin"], "--tokenizer", stories["tok"], "--to", "hf", "-o", out,
+                  timeout=TIMEOUT)
     assert_no_sanitizer(res)
     assert res.returncode == 0, res.describe()
-    res = run_cli(asan_bin, "run", "-m", out, "--tokenizer", stories["tok"], "-n", "40", "--temp", "0", "--ids",
-                  "-q", timeout=TIMEOUT)
+    res = run_cli(asan_bin, "run", "-m", out, "-n", "40", "--temp", "0", "--ids", "-q", timeout=TIMEOUT)
     assert_no_sanitizer(res)
     assert res.returncode == 0, res.describe()
     assert parse_ids(res.out) == parse_ids(stories["ids"].read_text())[:40]
+
+
+# ---- convert --to hf: every architecture, with the vocabulary ---------------------
+
+ARCH_CASES = {
+    "llama_untied": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=96, n_ctx=256,
+                                arch="llama", rope_theta=500000.0),
+    "llama_linear_rope_f16": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=96,
+                                         n_ctx=256, arch="llama", tied=True, dtype="f16", rope_scale_linear=2.0),
+    "mistral_swa": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=96, n_ctx=256,
+                               arch="mistral", n_swa=4),
+    "qwen2_tied": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=96, n_ctx=256,
+                              arch="qwen2", tied=True, rope_theta=1000000.0, norm_eps=1e-6),
+    "qwen2_f16_untied": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=96, n_ctx=256,
+                                    arch="qwen2", dtype="f16"),
+    "gpt2_tied": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=256, n_ctx=256,
+                             arch="gpt2", tied=True),
+    "gpt2_untied_f16": ModelConfig(n_vocab=512, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=256, n_ctx=256,
+                                   arch="gpt2", dtype="f16"),
+}
+HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "gpt2": "GPT2LMHeadModel"}
+LONG_TOKENS = [1] + [(37 * i + 11) % 509 + 3 for i in range(40)]   # longer than the sliding window
+
+
+@pytest.mark.parametrize("cid", list(ARCH_CASES))
+def test_convert_arch_to_hf_and_back(kvllm, tmp_path, cid):
+    """GGUF -> HF folder (config.json of the architecture, tokenizer.json) -> logits identical to the
+    GGUF's; HF -> GGUF again: identical too; the folder's vocabulary tokenizes as the GGUF's does."""
+    cfg = dataclasses.replace(ARCH_CASES[cid], name=cid)
+    g = write_model(tmp_path / f"{cid}.gguf", cfg, seed=3)
+    out = tmp_path / "hf"
+    res = run_cli(kvllm, "convert", g, "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["architectures"] == [HF_ARCH[cfg.arch]] and conf["vocab_size"] == cfg.n_vocab
+    assert conf["tie_word_embeddings"] == cfg.tied
+    if cfg.n_swa:
+        assert conf["sliding_window"] == cfg.n_swa
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    lg = eval_logits(kvllm, g, LONG_TOKENS, tmp_path / "g.bin")
+    lh = eval_logits(kvllm, out, LONG_TOKENS, tmp_path / "h.bin")
+    assert np.abs(lg).max() > 0.1
+    assert np.array_equal(lg, lh), f"max |diff| {np.abs(lg - lh).max()}"
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", out, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert np.array_equal(eval_logits(kvllm, back, LONG_TOKENS, tmp_path / "b.bin"), lg)
+    text = "Hello world, the quick brown fox. 12345 <s> and </s>\n  spaces"
+    ids = [run_cli(kvllm, "tokenize", "-m", m, "--ids", text, timeout=TIMEOUT) for m in (g, out, back)]
+    assert ids[0].returncode == 0 and ids[0].out == ids[1].out == ids[2].out, [r.describe() for r in ids]
+
+
+def test_convert_byte_level_vocab_and_template(kvllm, shared, tmp_path):
+    """A folder whose tokenizer.json is GPT-2's byte-level BPE (made by HF `tokenizers`) and whose
+    tokenizer_config.json has a chat template: -> GGUF (tokenizer.ggml.* keys, tokenizer.chat_template)
+    -> HF again: the rewritten tokenizer.json gives HF `tokenizers` the ids kvllm gives."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from test_tokenizer_json import make_gpt2
+    cfg = ModelConfig(n_vocab=50257, n_embd=32, n_layer=1, n_head=4, n_head_kv=4, n_ff=64, n_ctx=128, arch="gpt2",
+                      tied=True, name="gpt2-bytes")
+    g = write_model(tmp_path / "m.gguf", cfg, seed=1)
+    h = tmp_path / "hf"
+    assert run_cli(kvllm, "convert", g, "--to", "hf", "-o", h, timeout=TIMEOUT).returncode == 0
+    make_gpt2(shared).save(str(h / "tokenizer.json"))
+    tpl = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    (h / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl, "eos_token": "<|endoftext|>"}))
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", h, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    r = gguf.GGUFReader(str(back))
+    f = r.fields["tokenizer.ggml.model"]
+    assert bytes(f.parts[f.data[0]]).decode() == "gpt2"
+    f = r.fields["tokenizer.chat_template"]
+    assert bytes(f.parts[f.data[0]]).decode() == tpl
+    h2 = tmp_path / "hf2"
+    res = run_cli(kvllm, "convert", back, "--to", "hf", "-o", h2, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert json.loads((h2 / "tokenizer_config.json").read_text())["chat_template"] == tpl
+    text = "Hello world! It's 2024: naïve café, 日本語 🙂\n\n    def f(x): return x**2  "
+    want = tokenizers.Tokenizer.from_file(str(h2 / "tokenizer.json")).encode(text).ids
+    for m in (h, back, h2):
+        res = run_cli(kvllm, "tokenize", "-m", m, "--ids", text, timeout=TIMEOUT)
+        assert res.returncode == 0 and parse_ids(res.out) == want, res.describe()
 
 
 # ---- bad input -------------------------------------------------------------------

@@ -2,7 +2,9 @@
  * a llama2.c checkpoint, a GGUF or a Hugging Face folder written as GGUF
  * (tensors in their source type, with the vocabulary's tokenizer.ggml.*
  * keys when one is given) or as a Hugging Face folder (config.json,
- * generation_config.json, model.safetensors; no tokenizer files). */
+ * generation_config.json, model.safetensors, and tokenizer.json +
+ * tokenizer_config.json when there is a vocabulary: the folder then loads
+ * with -m DIR alone).  Architectures: llama, mistral, qwen2, gpt2. */
 #include "cli.h"
 #include "kvllm.h"
 #include "load/gguf.h"
@@ -16,11 +18,11 @@ static const char *k_usage =
     "usage: kvllm convert IN [--to gguf|hf] -o OUT [--tokenizer PATH]\n"
     "  IN          llama2.c checkpoint (legacy version-0 .bin), GGUF file or Hugging Face folder\n"
     "  --to        gguf (default): OUT is a GGUF file; hf: OUT is a folder that gets config.json,\n"
-    "              generation_config.json and model.safetensors (F32/F16/BF16 tensors only; no\n"
-    "              tokenizer files are written: load it with --tokenizer)\n"
-    "  --tokenizer llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
+    "              generation_config.json, model.safetensors (F32/F16/BF16 tensors only; llama,\n"
+    "              mistral, qwen2 or gpt2) and, with a vocabulary, tokenizer.json + tokenizer_config.json\n"
+    "  --tokenizer tokenizer.json, llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
 
-/* Copy the tokenizer.* keys of a vocabulary file (GGUF or tokenizer.bin) into g. */
+/* Copy the tokenizer.* keys of a vocabulary file (GGUF, tokenizer.json or tokenizer.bin) into g. */
 static int copy_vocab(struct gguf *g, const char *path) {
     const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     struct gguf *v;

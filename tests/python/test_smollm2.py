@@ -58,3 +58,34 @@ def test_chat_keeps_kv_cache_across_turns(run, smollm2):
     assert len([a for a in answers.splitlines() if a.strip()]) >= 2, r.describe()
     base = run(*args, "--no-reuse", stdin=stdin).check_ok()
     assert base.stdout == r.stdout, f"KV reuse changed the answers:\n{r.out}\nvs\n{base.out}"
+
+
+def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
+    """The fast paths against the scalar reference (f32 arithmetic on dequantized weights), teacher-forced
+    over a real text: the argmax at every position agrees on >= 99 % of positions for the default SIMD
+    path (f32 activations).  KVLLM_ACT=i8 (8-bit activations, opt-in) is measured and printed, not
+    asserted: it reaches about 94 % here (docs/PERF.md), one reason it is not the default."""
+    import numpy as np
+    from kvtest import parse_ids
+
+    text = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+            "combined movable metal type, oil-based ink and a screw press. Within decades, printers across "
+            "Europe produced books faster and cheaper than scribes ever could, and ideas travelled further. "
+            "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+    ids = parse_ids(run("tokenize", "-m", smollm2, "--ids", text).check_ok().out)
+    assert len(ids) >= 80
+    logits = {}
+    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("i8", {"KVLLM_ACT": "i8"})):
+        out = tmp_path / f"{name}.bin"
+        r = run("eval", "-m", smollm2, "--tokens", " ".join(map(str, ids)), "-o", out, env=env, timeout=600)
+        r.check_ok()
+        logits[name] = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+    ref = logits["scalar"]
+    top_ref = ref.argmax(axis=1)
+    for name in ("default", "i8"):
+        got = logits[name]
+        agree = float((got.argmax(axis=1) == top_ref).mean())
+        rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+        print(f"{name}: top-1 agreement {agree:.2%} over {len(ids)} positions, max rel logit error {rel:.3g}")
+        if name == "default":
+            assert agree >= 0.99, f"{name}: top-1 agreement {agree:.2%} with the scalar path"

@@ -227,3 +227,17 @@ def test_random_checkpoint(kvllm, stories, tmp_path, shared_cls):
             got = eval_logits(kvllm, model, tokens, tmp_path / "l.bin", **mode)
             err = rel_err(got, ref)
             assert err.max() <= TOL, f"{model.name} {mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
+
+
+# ---- every kernel set this CPU has reproduces the reference ------------------
+
+@pytest.mark.parametrize("kind", ["scalar", "avx2", "avx512", "amx"])
+def test_greedy_ids_per_kernel_set(run, stories, ref_ids, kind):
+    """KVLLM_CPU forces each kernel set; one the CPU (or build) lacks fails with a clear error and is
+    reported as SKIP here.  F32 weights: the SIMD sets differ from the scalar one only by FMA rounding."""
+    res = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], *GREEDY, "--ids",
+              env={"KVLLM_CPU": kind})
+    if res.returncode != 0 and f"KVLLM_CPU={kind}" in res.err:
+        pytest.skip(res.err.strip().splitlines()[-1])
+    assert res.returncode == 0, res.describe()
+    assert parse_ids(res.out) == ref_ids, f"KVLLM_CPU={kind}"

@@ -454,8 +454,9 @@ static int read_pretok(struct reader *r, json_object *p, const char *where) {
     return KVLLM_EUNSUPPORTED;
 }
 
-/* The tokenizer.ggml.pre name of the byte-level pre-tokenizer read. */
-static int pre_name(const struct reader *r, const char **name) {
+/* The tokenizer.ggml.pre name of the byte-level pre-tokenizer read, or
+ * NULL when it is none of the known ones (its regexes are then stored). */
+static const char *pre_name(const struct reader *r) {
     for (size_t k = 0; k < N_KNOWN_PRE; k++) {
         const struct known_pre *kp = &k_known_pre[k];
         int n = 0;
@@ -463,12 +464,32 @@ static int pre_name(const struct reader *r, const char **name) {
         if (n != r->n_pre || kp->ignore_merges != r->ignore_merges) continue;
         bool same = true;
         for (int i = 0; i < n && same; i++) same = !strcmp(kp->steps[i], r->pre_steps[i]);
-        if (same) { *name = kp->name; return 0; }
+        if (same) return kp->name;
     }
-    LOG_ERR("%s: pre_tokenizer: this sequence of split patterns (with ignore_merges %s) is not one kvllm "
-            "knows (known: those of GPT-2, Llama 3, Qwen2, SmolLM/StarCoder)", r->path,
-            r->ignore_merges ? "true" : "false");
-    return KVLLM_EUNSUPPORTED;
+    return NULL;
+}
+
+/* The byte-level pre-tokenizer as explicit regexes (tokenizer.kvllm.pre_regex,
+ * which overrides tokenizer.ggml.pre in bpe.c): HF's Oniguruma syntax of
+ * these patterns is also PCRE2's. */
+#define HF_RE_BYTELEVEL "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+static int set_custom_pre(const struct reader *r, struct gguf *g) {
+    struct gguf_str pat[MAX_PRE];
+    for (int i = 0; i < r->n_pre; i++) {
+        const char *st = r->pre_steps[i];
+        const char *re = !strcmp(st, PRE_BYTELEVEL) ? HF_RE_BYTELEVEL : !strcmp(st, PRE_DIGIT) ? "\\p{N}"
+                         : !strcmp(st, PRE_DIGITS) ? "\\p{N}+" : st;
+        pat[i] = (struct gguf_str){ re, strlen(re) };
+    }
+    if (r->n_pre == 0) {
+        LOG_ERR("%s: pre_tokenizer: ByteLevel with use_regex false and no Split before it is not supported", r->path);
+        return KVLLM_EUNSUPPORTED;
+    }
+    int rc = gguf_set_str(g, "tokenizer.ggml.pre", "kvllm-regex");
+    if (!rc) rc = gguf_set_arr_str(g, "tokenizer.kvllm.pre_regex", pat, (uint64_t)r->n_pre);
+    if (!rc) rc = gguf_set_bool(g, "tokenizer.kvllm.ignore_merges", r->ignore_merges);
+    return rc;
 }
 
 /* ---- post_processor: BOS ---- */
@@ -603,11 +624,10 @@ static int set_keys(struct reader *r, struct gguf *g) {
     if (r->bos < 0) r->bos = first_piece(r, bos_names);
     if (r->eos < 0) r->eos = first_piece(r, eos_names);
     if (r->add_bos < 0) r->add_bos = 0;
-    const char *pre = NULL;
-    int rc = 0;
-    if (!r->spm) rc = pre_name(r, &pre);
-    if (!rc) rc = gguf_set_str(g, "tokenizer.ggml.model", r->spm ? "llama" : "gpt2");
+    const char *pre = r->spm ? NULL : pre_name(r);
+    int rc = gguf_set_str(g, "tokenizer.ggml.model", r->spm ? "llama" : "gpt2");
     if (!rc && pre) rc = gguf_set_str(g, "tokenizer.ggml.pre", pre);
+    if (!rc && !r->spm && !pre) rc = set_custom_pre(r, g);
     if (!rc) rc = gguf_set_arr_str(g, "tokenizer.ggml.tokens", r->tok, (uint64_t)r->n);
     if (!rc) rc = gguf_set_arr(g, "tokenizer.ggml.token_type", GGUF_T_INT32, r->type, (uint64_t)r->n);
     if (!rc && r->spm) rc = gguf_set_arr(g, "tokenizer.ggml.scores", GGUF_T_FLOAT32, r->score, (uint64_t)r->n);
@@ -1074,6 +1094,38 @@ static int write_tokenizer(struct wctx *w, const char *dir, bool spm, const stru
     return rc;
 }
 
+static int write_with(const struct gguf *g, const char *dir, bool spm, const struct known_pre *kp);
+
+/* A byte-level vocabulary whose split regexes are stored (tokenizer.kvllm.pre_regex). */
+static int write_custom(const struct gguf *g, const char *dir) {
+    const struct gguf_kv *kv;
+    int rc = gguf_get_arr(g, "tokenizer.kvllm.pre_regex", GGUF_T_STRING, &kv);
+    if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: tokenizer.ggml.pre is kvllm-regex but tokenizer.kvllm.pre_regex is missing",
+                                       g->path);
+    if (rc) return rc == KVLLM_ENOTFOUND ? KVLLM_EFORMAT : rc;
+    if (kv->v.arr.n == 0 || kv->v.arr.n >= MAX_PRE) {
+        LOG_ERR("%s: tokenizer.kvllm.pre_regex has %llu patterns", g->path, (unsigned long long)kv->v.arr.n);
+        return KVLLM_EFORMAT;
+    }
+    struct known_pre kp = { "kvllm-regex", false, { NULL } };
+    bool b;
+    if (!gguf_get_bool(g, "tokenizer.kvllm.ignore_merges", &b)) kp.ignore_merges = b;
+    size_t total = 0;
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) total += (size_t)kv->v.arr.strs[i].len + 1;
+    char *buf = xmalloc(total);
+    if (!buf) return KVLLM_ENOMEM;
+    size_t off = 0;
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+        memcpy(buf + off, kv->v.arr.strs[i].ptr, (size_t)kv->v.arr.strs[i].len);
+        buf[off + kv->v.arr.strs[i].len] = 0;
+        kp.steps[i] = buf + off;
+        off += (size_t)kv->v.arr.strs[i].len + 1;
+    }
+    rc = write_with(g, dir, false, &kp);
+    free(buf);
+    return rc;
+}
+
 int hf_tokenizer_write(const struct gguf *g, const char *dir) {
     struct gguf_str model;
     if (gguf_get_str(g, "tokenizer.ggml.model", &model) != 0 || !gguf_find(g, "tokenizer.ggml.tokens")) return 0;
@@ -1091,6 +1143,7 @@ int hf_tokenizer_write(const struct gguf *g, const char *dir) {
             if (gguf_str_eq(pre, k_pre_alias[i].name))
                 for (size_t k = 0; k < N_KNOWN_PRE; k++)
                     if (!strcmp(k_known_pre[k].name, k_pre_alias[i].as)) kp = &k_known_pre[k];
+        if (!kp && gguf_str_eq(pre, "kvllm-regex")) return write_custom(g, dir);
         if (!kp) {
             LOG_ERR("%s: pre-tokenizer '%.*s' (tokenizer.ggml.pre) cannot be written as tokenizer.json (known: gpt-2, "
                     "llama-bpe, smaug-bpe, qwen2, smollm, starcoder and their aliases)", g->path,
@@ -1098,6 +1151,10 @@ int hf_tokenizer_write(const struct gguf *g, const char *dir) {
             return KVLLM_EUNSUPPORTED;
         }
     }
+    return write_with(g, dir, spm, kp);
+}
+
+static int write_with(const struct gguf *g, const char *dir, bool spm, const struct known_pre *kp) {
     struct wctx w = { .g = g };
     const struct gguf_kv *tokens;
     int rc = gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_T_STRING, &tokens);

@@ -27,6 +27,10 @@
 
 #define KEY_MERGES "tokenizer.ggml.merges"
 #define KEY_PRE    "tokenizer.ggml.pre"
+/* kvllm's own keys: split regexes (PCRE2 syntax) that override .pre, and
+ * whether a word that is a whole piece skips merging (HF ignore_merges) */
+#define KEY_PRE_REGEX         "tokenizer.kvllm.pre_regex"
+#define KEY_PRE_IGNORE_MERGES "tokenizer.kvllm.ignore_merges"
 #define MAX_MERGES (1 << 24)
 #define MAX_VOCAB_ID ((1 << 24) - 1) /* tokenizer.c's vocabulary limit */
 #define MAX_ADDED_GAP (1 << 16)      /* added ids may lie this far past vocab.json's last */
@@ -127,6 +131,40 @@ static int load_merges(struct bpe *b, const struct gguf *g) {
     return 0;
 }
 
+/* A tokenizer.json's own split regexes (hf_tokenizer.c writes them when
+ * they are none of the named pre-tokenizers'). */
+static int custom_pretok(const struct gguf *g, struct pretok **out) {
+    const struct gguf_kv *kv;
+    int rc = gguf_get_arr(g, KEY_PRE_REGEX, GGUF_T_STRING, &kv);
+    if (rc) return rc;
+    struct pretok_info info = { false, false };
+    if ((rc = gguf_get_bool(g, KEY_PRE_IGNORE_MERGES, &info.ignore_merges)) == KVLLM_ENOTFOUND) rc = 0;
+    if (rc) return rc;
+    const char *pat[8];
+    char *buf = NULL;
+    size_t total = 0;
+    uint64_t n = kv->v.arr.n;
+    if (n == 0 || n > 8) {
+        LOG_ERR("%s: %s has %llu patterns (1 to 8 are supported)", g->path, KEY_PRE_REGEX, (unsigned long long)n);
+        return KVLLM_EFORMAT; /* not EUNSUPPORTED: bpe_new reports that as an unknown name */
+    }
+    for (uint64_t i = 0; i < n; i++) total += (size_t)kv->v.arr.strs[i].len + 1;
+    if (!(buf = xmalloc(total))) return KVLLM_ENOMEM;
+    size_t off = 0;
+    for (uint64_t i = 0; i < n; i++) { /* NUL-terminated copies */
+        const struct gguf_str s = kv->v.arr.strs[i];
+        memcpy(buf + off, s.ptr, (size_t)s.len);
+        buf[off + s.len] = 0;
+        pat[i] = buf + off;
+        off += (size_t)s.len + 1;
+    }
+    char what[512];
+    snprintf(what, sizeof what, "%s: split regexes (%s)", g->path, KEY_PRE_REGEX);
+    rc = pretok_new_patterns(what, pat, (int)n, info, out);
+    free(buf);
+    return rc;
+}
+
 int bpe_new(const struct gguf *g, struct bpe **out) {
     *out = NULL;
     struct bpe *b = xcalloc(1, sizeof *b);
@@ -134,7 +172,8 @@ int bpe_new(const struct gguf *g, struct bpe **out) {
     struct gguf_str pre = { NULL, 0 };
     int rc = gguf_get_str(g, KEY_PRE, &pre);
     if (rc == KVLLM_ENOTFOUND) rc = 0;
-    if (rc == 0) rc = pretok_new(pre.ptr, (size_t)pre.len, &b->pre);
+    if (rc == 0 && gguf_find(g, KEY_PRE_REGEX)) rc = custom_pretok(g, &b->pre);
+    else if (rc == 0) rc = pretok_new(pre.ptr, (size_t)pre.len, &b->pre);
     if (rc == KVLLM_EUNSUPPORTED)
         LOG_ERR("%s: unknown pre-tokenizer '%.*s' (%s); known are llama.cpp's names: gpt-2, llama-bpe, "
                 "qwen2, smollm, deepseek-llm, deepseek-coder, falcon, starcoder, refact, mpt, command-r, ...",

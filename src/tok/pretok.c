@@ -11,6 +11,7 @@
 #include "core/core.h"
 
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,7 +119,8 @@ static const struct pretok_def k_defs[] = {
 /* ---- compiled patterns ---- */
 
 struct pretok {
-    const struct pretok_def *def;
+    const char *name;      /* for messages */
+    struct pretok_info info;
     pcre2_code *re[MAX_PATTERNS];
     int n_re;
 };
@@ -129,9 +131,7 @@ void pretok_free(struct pretok *p) {
     free(p);
 }
 
-struct pretok_info pretok_info(const struct pretok *p) {
-    return (struct pretok_info){ p->def->ignore_merges, p->def->add_bos };
-}
+struct pretok_info pretok_info(const struct pretok *p) { return p->info; }
 
 static const struct pretok_def *find_def(const char *name, size_t n) {
     if (!name) name = "default", n = 7;
@@ -140,29 +140,56 @@ static const struct pretok_def *find_def(const char *name, size_t n) {
     return NULL;
 }
 
+/* Compile patterns[0, n) into p (which has none yet). */
+static int compile_all(struct pretok *p, const char *what, const char *const *patterns, int n) {
+    if (n > MAX_PATTERNS) {
+        LOG_ERR("%s: %d patterns, more than %d", what, n, MAX_PATTERNS);
+        return KVLLM_EUNSUPPORTED;
+    }
+    for (int i = 0; i < n; i++) {
+        int err;
+        PCRE2_SIZE at;
+        pcre2_code *code = pcre2_compile((PCRE2_SPTR)patterns[i], PCRE2_ZERO_TERMINATED,
+                                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
+        if (!code) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            LOG_ERR("%s: pattern %d does not compile at %zu: %s", what, i, (size_t)at, (const char *)msg);
+            return KVLLM_EFORMAT;
+        }
+        pcre2_jit_compile(code, PCRE2_JIT_COMPLETE); /* best effort: the interpreter also works */
+        p->re[p->n_re++] = code;
+    }
+    return 0;
+}
+
 int pretok_new(const char *name, size_t n, struct pretok **out) {
     *out = NULL;
     const struct pretok_def *def = find_def(name, n);
     if (!def) return KVLLM_EUNSUPPORTED; /* the caller names it, with its source */
     struct pretok *p = xcalloc(1, sizeof *p);
     if (!p) return KVLLM_ENOMEM;
-    p->def = def;
-    for (const char *const *re = def->patterns; *re; re++) {
-        int err;
-        PCRE2_SIZE at;
-        pcre2_code *code = pcre2_compile((PCRE2_SPTR)*re, PCRE2_ZERO_TERMINATED,
-                                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
-        if (!code) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(err, msg, sizeof msg);
-            LOG_ERR("pre-tokenizer '%s': pattern %d does not compile at %zu: %s", def->name,
-                    p->n_re, (size_t)at, (const char *)msg);
-            pretok_free(p);
-            return KVLLM_EFORMAT;
-        }
-        pcre2_jit_compile(code, PCRE2_JIT_COMPLETE); /* best effort: the interpreter also works */
-        p->re[p->n_re++] = code;
-    }
+    p->name = def->name;
+    p->info = (struct pretok_info){ def->ignore_merges, def->add_bos };
+    int n_re = 0;
+    while (def->patterns[n_re]) n_re++;
+    char what[64];
+    snprintf(what, sizeof what, "pre-tokenizer '%s'", def->name);
+    int rc = compile_all(p, what, def->patterns, n_re);
+    if (rc) { pretok_free(p); return rc; }
+    *out = p;
+    return 0;
+}
+
+int pretok_new_patterns(const char *what, const char *const *patterns, int n, struct pretok_info info,
+                        struct pretok **out) {
+    *out = NULL;
+    struct pretok *p = xcalloc(1, sizeof *p);
+    if (!p) return KVLLM_ENOMEM;
+    p->name = "custom";
+    p->info = info;
+    int rc = compile_all(p, what, patterns, n);
+    if (rc) { pretok_free(p); return rc; }
     *out = p;
     return 0;
 }

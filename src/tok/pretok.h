@@ -27,6 +27,14 @@ struct pretok_info {
  * KVLLM_ENOMEM, KVLLM_EFORMAT (logged) if PCRE2 rejects a pattern (a bug).
  * *out is NULL on error. */
 int pretok_new(const char *name, size_t n, struct pretok **out);
+/* A pre-tokenizer from explicit patterns (PCRE2 syntax, NUL-terminated;
+ * at most 8), applied one after the other as the named ones are: the
+ * Split regexes of a tokenizer.json kvllm has no name for.  Errors
+ * (logged, starting with what: "<file>: <key>"): KVLLM_EFORMAT when a
+ * pattern does not compile (with its index and PCRE2's message),
+ * KVLLM_EUNSUPPORTED for too many, KVLLM_ENOMEM. */
+int pretok_new_patterns(const char *what, const char *const *patterns, int n, struct pretok_info info,
+                        struct pretok **out);
 void pretok_free(struct pretok *p);
 struct pretok_info pretok_info(const struct pretok *p);
 

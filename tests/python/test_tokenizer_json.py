@@ -8,7 +8,8 @@ stories260K's 512, from their llama2.c tokenizer.bin: normalizer Prepend("▁") 
 BPE with byte_fallback, merges made from the piece scores as Transformers' converter makes them).
 
 Shown: kvllm's ids == `tokenizers`' ids on a varied corpus (the shared vector files and .inp cases,
-code, whitespace runs, CJK, emoji, accents), all cases in one text joined by a special token so that
+code, whitespace runs, CJK, emoji, accents), also for byte-level pre-tokenizers kvllm has no name
+for (their Split regexes compiled by PCRE2 as they are), all cases in one text joined by a special token so that
 each is encoded independently by both; decode(encode(x)) == x; the same vocabulary read from
 tokenizer.json, from vocab.json + merges.txt or tokenizer.bin gives the same ids; -m on a folder
 holding tokenizer.json (+ tokenizer_config.json: bos/eos, add_bos_token) works; malformed
@@ -30,7 +31,27 @@ from llama2c import read_tokenizer_bin
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SEP = {"gpt2": "<|endoftext|>", "llama3": "<|end_of_text|>", "llama2": "</s>", "tok512": "</s>"}
+GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def _split(re: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": False}
+
+
+_BL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+CUSTOM_PRE = {
+    "custom_gpt4o": {"type": "Sequence", "pretokenizers": [_split(GPT4O_RE), _BL]},
+    "custom_digits_then_bytelevel": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False}, dict(_BL, use_regex=True)]},
+    "custom_qwen2_ignore_merges": {"type": "Sequence", "pretokenizers": [_split(QWEN2_RE), _BL]},
+    "custom_two_splits": {"type": "Sequence", "pretokenizers": [_split(r"\p{N}{1,3}"), _split(r"[\r\n]"),
+                                                                dict(_BL, use_regex=True)]},
+}
+SEP = {"gpt2": "<|endoftext|>", "llama3": "<|end_of_text|>", "llama2": "</s>", "tok512": "</s>",
+       **{k: "<|endoftext|>" for k in CUSTOM_PRE}}
 
 EXTRA = [
     "Hello world", " Hello world", "Hello  world", "  leading and trailing  ", "\t\ttabs\tand\nnewlines\n\n\n",
@@ -138,6 +159,14 @@ def tj(shared, tmp_path_factory) -> dict[str, Path]:
     for name, t in made.items():
         out[name] = d / f"{name}.json"
         t.save(str(out[name]))
+    # byte-level pre-tokenizers kvllm has no name for: their regexes are run as they are
+    gpt2 = json.loads(out["gpt2"].read_text(encoding="utf-8"))
+    for name, pre in CUSTOM_PRE.items():
+        j = json.loads(json.dumps(gpt2))
+        j["pre_tokenizer"] = pre
+        j["model"]["ignore_merges"] = name.endswith("_ignore_merges")
+        out[name] = d / f"{name}.json"
+        out[name].write_text(json.dumps(j), encoding="utf-8")
     return out
 
 
@@ -147,7 +176,7 @@ def hf_ids(path: Path, text: str) -> list[int]:
 
 # ---- agreement ----
 
-@pytest.mark.parametrize("name", ["gpt2", "llama3", "llama2", "tok512"])
+@pytest.mark.parametrize("name", ["gpt2", "llama3", "llama2", "tok512", *CUSTOM_PRE])
 def test_ids_match_tokenizers(run, tj, corpus, tmp_path, name):
     sep = SEP[name]
     texts = [t for t in corpus if sep not in t]
@@ -252,9 +281,13 @@ def _bad_files(tj: dict[str, Path], d: Path) -> dict[str, tuple[bytes, str]]:
         "unknown_pretok": (variant(gpt2, lambda j: j.update(pre_tokenizer={"type": "Whitespace"})),
                            "pre_tokenizer.type"),
         "pretok_no_type": (variant(gpt2, lambda j: j.update(pre_tokenizer={"x": 1})), "pre_tokenizer.type"),
-        "unknown_split_regex": (variant(gpt2, lambda j: j.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]})), "pre_tokenizer"),
+        "bad_split_regex": (variant(gpt2, lambda j: j.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            _split("(\\p{L}+"), _BL]})), "does not compile"),
+        "split_string_pattern": (variant(gpt2, lambda j: j.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": False}, _BL]})),
+            "pre_tokenizer.pretokenizers[0].pattern"),
+        "split_removed": (variant(gpt2, lambda j: j.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            dict(_split("x"), behavior="Removed"), _BL]})), "pre_tokenizer.pretokenizers[0]"),
         "unknown_normalizer": (variant(good, lambda j: j.update(normalizer={"type": "Lowercase"})), "normalizer"),
         "added_no_content": (variant(good, lambda j: j["added_tokens"].append({"id": 5, "special": True})),
                              "added_tokens[3].content"),

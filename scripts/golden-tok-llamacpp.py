@@ -94,6 +94,17 @@ def read_inp(shared: Path) -> list[str]:
     return parts[:-1]
 
 
+def tokenize(llama_cpp, vocab, data: bytes) -> list[int]:
+    """llama_tokenize(add_special=True, parse_special=False), growing the buffer when asked to"""
+    cap = len(data) + 8
+    while True:
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, True, False)
+        if n >= 0:
+            return [int(buf[i]) for i in range(n)]
+        cap = -n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", type=Path, default=REPO.parent / "shared")
@@ -101,6 +112,14 @@ def main() -> int:
     args = ap.parse_args()
 
     import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def log_cb(level, text, user):  # llama.cpp's errors only
+        if level >= 4 and text:
+            sys.stderr.write(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(log_cb, None)
+    llama_cpp.llama_backend_init()
 
     shared = args.shared.resolve()
     corpus = read_inp(shared)
@@ -117,11 +136,17 @@ def main() -> int:
         if not path.is_file():
             print(f"skip {name}: {path} missing", file=sys.stderr)
             continue
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        mp = llama_cpp.llama_model_default_params()
+        mp.vocab_only = True
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not model:
+            print(f"llama.cpp could not load {path}", file=sys.stderr)
+            return 1
+        vocab = llama_cpp.llama_model_get_vocab(model)
         cases = []
         for text in corpus:
-            ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-            cases.append({"text": text, "ids": [int(i) for i in ids]})
+            ids = tokenize(llama_cpp, vocab, text.encode("utf-8"))
+            cases.append({"text": text, "ids": ids})
         doc = {"vocab": rel, "llama_cpp_python": llama_cpp.__version__, "add_special": True,
                "parse_special": False, "made_by": "scripts/golden-tok-llamacpp.py", "cases": cases}
         out = args.out / f"{name}.json"
@@ -129,7 +154,7 @@ def main() -> int:
             '},{"text"', '},\n{"text"') + "\n", encoding="utf-8")
         print(f"{out.relative_to(REPO) if out.is_relative_to(REPO) else out}: {len(cases)} cases, "
               f"{sum(len(c['ids']) for c in cases)} ids")
-        del llm
+        llama_cpp.llama_model_free(model)
     return 0
 
 

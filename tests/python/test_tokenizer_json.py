@@ -320,3 +320,12 @@ def test_bad_tokenizer_json(binary, tj, tmp_path):
         assert len(lines) == 1 and lines[0].startswith("kvllm: error: "), (name, res.err)
         assert str(f) in lines[0] and must in lines[0], (name, lines[0])
         assert res.out == "", name
+
+
+def test_run_with_tokenizer_json(run, tj, stories):
+    """--tokenizer tokenizer.json where the engine takes a tokenizer: stories260K's greedy ids."""
+    res = run("run", "-m", stories["bin"], "--tokenizer", tj["tok512"], "-n", "64", "--temp", "0", "--ids", "-q")
+    assert parse_ids(res.check_ok().out) == parse_ids(stories["ids"].read_text())[:64]
+    res = run("run", "-m", stories["bin"], "--tokenizer", tj["tok512"], "-p", "Once upon a time", "-n", "8",
+              "--temp", "0", "-q").check_ok()
+    assert res.out.startswith("Once upon a time")

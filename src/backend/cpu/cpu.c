@@ -40,14 +40,15 @@ struct matmul_job {
  * across all tokens while it is hot in cache. */
 #define MM_ROWS 4
 
-static void matmul_worker(void *arg, int ith, int nth) {
+/* Row blocks per chunk of work (threadpool_run_chunks). */
+#define MM_CHUNK_BLOCKS 8
+
+static void matmul_chunk(void *arg, long c, int ith) {
     struct matmul_job *j = arg;
     const struct tensor *w = j->w;
     const int64_t K = w->ne0, M = w->ne1;
-    long r0, r1;
-    threadpool_split((M + MM_ROWS - 1) / MM_ROWS, ith, nth, &r0, &r1);
-    r0 *= MM_ROWS;
-    r1 = r1 * MM_ROWS > M ? M : r1 * MM_ROWS;
+    const long r0 = c * MM_CHUNK_BLOCKS * MM_ROWS, r1 = r0 + MM_CHUNK_BLOCKS * MM_ROWS > M ? M
+                                                                                       : r0 + MM_CHUNK_BLOCKS * MM_ROWS;
     float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols;
     for (long r = r0; r < r1; r += MM_ROWS) {
         int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
@@ -71,7 +72,8 @@ static void matmul_worker(void *arg, int ith, int nth) {
 static void cpu_matmul(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
     KV_ASSERT(w->ne0 * MM_ROWS <= be->scratch_cols);
     struct matmul_job j = { be, y, w, x, n };
-    threadpool_run(be->pool, matmul_worker, &j);
+    const long per = MM_CHUNK_BLOCKS * MM_ROWS;
+    threadpool_run_chunks(be->pool, (w->ne1 + per - 1) / per, matmul_chunk, &j);
 }
 
 static void cpu_get_rows(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n) {

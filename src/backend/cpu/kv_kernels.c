@@ -22,6 +22,7 @@
 #include "tensor/dtype.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- kv_store ---- */
@@ -72,15 +73,14 @@ static void store_row(const struct kv_layer_view *kv, void *dst, float *scales, 
     }
 }
 
-static void store_worker(void *arg, int ith, int nth) {
+/* Chunk: one token's rows, all kv heads. */
+static void store_chunk(void *arg, long i, int ith) {
+    (void)ith;
     const struct store_job *j = arg;
     const struct kv_layer_view *kv = j->kv;
     const int nkv = kv->n_head_kv, hd = kv->head_dim;
-    long b, e;
-    threadpool_split((long)j->n * nkv, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        int i = (int)(r / nkv), h = (int)(r % nkv);
-        if (j->slots[i] < 0) continue;
+    if (j->slots[i] < 0) return;
+    for (int h = 0; h < nkv; h++) {
         size_t row = (size_t)j->slots[i] * (size_t)nkv + (size_t)h;
         size_t src = (size_t)i * (size_t)nkv * (size_t)hd + (size_t)h * (size_t)hd;
         store_row(kv, kv->k, kv->k_scale, row, j->k + src);
@@ -92,14 +92,13 @@ void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int3
                   const float *k, const float *v, int n) {
     if (n <= 0) return;
     struct store_job j = { kv, slots, k, v, n };
-    threadpool_run(be->pool, store_worker, &j);
+    threadpool_run_chunks(be->pool, n, store_chunk, &j);
 }
 
 /* ---- paged attention ---- */
 
 #define PA_CHUNK CPU_PA_CHUNK
 #define PA_SCORES 4096        /* score floats per item: g * chunk */
-#define PA_ITEM_COST 32       /* fixed cost of an item, in positions, for load balance */
 
 /* Fixed-order dot product: 8 lanes, combined pairwise, then the tail (as cpu.c). */
 static inline float pa_dot(const float *restrict a, const float *restrict b, int n) {
@@ -172,6 +171,7 @@ struct pa_job {
     const struct paged_attn_args *a;
     int s_max;                /* splits of the longest context: partials stride */
     pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
+    const long *item_off;     /* (n_tokens + 1): first item of each token */
 };
 
 /* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
@@ -280,44 +280,34 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         for (int i = 0; i < g; i++) pa_merge(j, t, hk * g + i, 1);
 }
 
-/* Items (t, hk, s) in that order, each weighted by its positions plus a fixed
- * cost; thread ith takes those whose first unit falls in its contiguous range
- * of the total, so long splits and short decodes balance. */
-static void pa_items_worker(void *arg, int ith, int nth) {
+/* Chunk c of the item list (t, hk, s) in that order: item_off[t] is the
+ * index of token t's first item (nkv * its splits each). */
+static void pa_items_chunk(void *arg, long c, int ith) {
+    (void)ith;
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
-    long total = 0;
-    for (int t = 0; t < a->n_tokens; t++) {
-        const int L = a->pos[t] + 1, lo = pa_lo(a, L);
-        total += (long)a->n_head_kv * ((long)(L - lo) + (long)pa_n_split(L) * PA_ITEM_COST);
+    int lo = 0, hi = a->n_tokens - 1;            /* the token whose items contain c */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->item_off[mid] <= c) lo = mid; else hi = mid - 1;
     }
-    long b, e, at = 0;
-    threadpool_split(total, ith, nth, &b, &e);
-    for (int t = 0; t < a->n_tokens && at < e; t++) {
-        const int L = a->pos[t] + 1, ns = pa_n_split(L);
-        for (int hk = 0; hk < a->n_head_kv; hk++)
-            for (int s = 0; s < ns; s++) {
-                int p0, p1;
-                pa_split_range(a, L, s, &p0, &p1);
-                if (at >= b && at < e) pa_item(j, t, hk, s, ns);
-                at += (p1 > p0 ? p1 - p0 : 0) + PA_ITEM_COST;
-            }
-    }
+    const int t = lo, ns = pa_n_split(a->pos[t] + 1);
+    const long k = c - j->item_off[t];
+    pa_item(j, t, (int)(k / ns), (int)(k % ns), ns);
 }
 
-/* Merge (t, h) pairs of tokens with more than one split, contiguous ranges. */
-static void pa_merge_worker(void *arg, int ith, int nth) {
+/* Merge chunk c: the heads of the c-th token with more than one split. */
+static void pa_merge_chunk(void *arg, long c, int ith) {
+    (void)ith;
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
-    long n = 0;
-    for (int t = 0; t < a->n_tokens; t++) n += pa_n_split(a->pos[t] + 1) > 1;
-    long b, e, at = 0;
-    threadpool_split(n * a->n_head, ith, nth, &b, &e);
-    for (int t = 0; t < a->n_tokens && at < e; t++) {
+    for (int t = 0; t < a->n_tokens; t++) {
         const int ns = pa_n_split(a->pos[t] + 1);
         if (ns == 1) continue;
-        for (int h = 0; h < a->n_head; h++, at++)
-            if (at >= b && at < e) pa_merge(j, t, h, ns);
+        if (c-- == 0) {
+            for (int h = 0; h < a->n_head; h++) pa_merge(j, t, h, ns);
+            return;
+        }
     }
 }
 
@@ -326,14 +316,22 @@ void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *
     KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
     KV_ASSERT(a->n_head_kv == a->kv.n_head_kv && a->kv.block_size > 0);
     if (a->n_tokens <= 0) return;
-    struct pa_job j = { a, 1, chunk };
+    struct pa_job j = { a, 1, chunk, NULL };
+    long *off = xmalloc(((size_t)a->n_tokens + 1) * sizeof *off);
+    KV_ASSERT(off);
+    long n_merge = 0;
+    off[0] = 0;
     for (int t = 0; t < a->n_tokens; t++) {
         KV_ASSERT(a->pos[t] >= 0);
         int ns = pa_n_split(a->pos[t] + 1);
         j.s_max = ns > j.s_max ? ns : j.s_max;
+        off[t + 1] = off[t] + (long)a->n_head_kv * ns;
+        n_merge += ns > 1;
     }
-    threadpool_run(be->pool, pa_items_worker, &j);
-    if (j.s_max > 1) threadpool_run(be->pool, pa_merge_worker, &j);
+    j.item_off = off;
+    threadpool_run_chunks(be->pool, off[a->n_tokens], pa_items_chunk, &j);
+    if (n_merge) threadpool_run_chunks(be->pool, n_merge, pa_merge_chunk, &j);
+    free(off);
 }
 
 void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {

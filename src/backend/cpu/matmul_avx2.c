@@ -13,7 +13,7 @@
  * or one rounding, done identically), so the only difference from the scalar
  * reference is FMA rounding and where the tail is added.
  *
- * Tiling: threads split output rows in blocks of MR (4).  A row block is
+ * Tiling: threads claim output rows in chunks of MM_CHUNK blocks of MR (4).  A row block is
  * swept over all tokens NT (3) at a time by an MR x NT register-blocked
  * micro-kernel: per 8-element step it loads MR weight vectors and NT
  * activation vectors for MR * NT FMAs.  Weights reach it in place (F32, and
@@ -420,12 +420,17 @@ struct mm_job {
     int n;
 };
 
-static void mm_worker(void *arg, int ith, int nth) {
+/* Row blocks (of MR rows) per chunk of work: 32 rows, small enough to
+ * balance two threads on a 576-row matrix, large enough that claiming a
+ * chunk costs nothing next to it. */
+#define MM_CHUNK 8
+
+static void mm_chunk(void *arg, long c, int ith) {
     const struct mm_job *j = arg;
     const struct tensor *w = j->w;
     const int64_t K = w->ne0, M = w->ne1;
-    long b0, b1;
-    threadpool_split((M + MR - 1) / MR, ith, nth, &b0, &b1);
+    const int64_t nblk = (M + MR - 1) / MR;
+    const long b0 = c * MM_CHUNK, b1 = b0 + MM_CHUNK < nblk ? b0 + MM_CHUNK : (long)nblk;
     float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
     const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
     const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1 || is_k_type(w->type);
@@ -462,7 +467,7 @@ void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const
     }
     KV_ASSERT(w->ne0 * MR <= be->scratch_cols);
     struct mm_job j = { be, y, w, x, n };
-    threadpool_run(be->pool, mm_worker, &j);
+    threadpool_run_chunks(be->pool, ((w->ne1 + MR - 1) / MR + MM_CHUNK - 1) / MM_CHUNK, mm_chunk, &j);
 }
 
 #else /* not an x86-64 build with the AVX2 flags: the kernel set is absent */

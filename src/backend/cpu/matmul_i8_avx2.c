@@ -23,9 +23,8 @@
  * for each (row, token) it covers, so y[t][r] depends on neither n nor the
  * tiling or thread.
  *
- * Cache blocking: tokens are taken TB at a time (their 8-bit rows stay in
- * L2) and each thread sweeps its rows over them, R rows x T tokens per
- * micro-tile. */
+ * Work: threads claim RB rows at a time and sweep them over the tokens, TB
+ * tokens at a time, R rows x T tokens per micro-tile. */
 #include "backend/cpu/cpu_features.h"
 #include "core/core.h"
 
@@ -275,32 +274,24 @@ static void sweep_q4_1(const struct i8_job *j, int64_t r0, int nr, int t0, int t
 
 /* ---- threads ---- */
 
-static void quant_worker(void *arg, int ith, int nth) {
+static void quant_chunk(void *arg, long t, int ith) {
+    (void)ith;
     const struct i8_job *j = arg;
-    long b, e;
-    threadpool_split(j->n, ith, nth, &b, &e);
     const int64_t K = j->w->ne0;
-    for (long t = b; t < e; t++)
-        quantize_row(j->x + (size_t)t * (size_t)K, K, &j->l, qrow_codes(j->q, &j->l, (int)t),
-                     qrow_dx(j->q, &j->l, (int)t), qrow_xs(j->q, &j->l, (int)t));
+    quantize_row(j->x + (size_t)t * (size_t)K, K, &j->l, qrow_codes(j->q, &j->l, (int)t),
+                 qrow_dx(j->q, &j->l, (int)t), qrow_xs(j->q, &j->l, (int)t));
 }
 
-#define RB 16       /* rows per unit of work between threads (a multiple of the tile's 2) */
+#define RB 16       /* rows per chunk of work (a multiple of the tiles' 4 and 2) */
 
-static void mm_worker(void *arg, int ith, int nth) {
+static void mm_chunk(void *arg, long u, int ith) {
+    (void)ith;
     const struct i8_job *j = arg;
     const int64_t M = j->w->ne1;
     sweep_fn *sw = j->w->type == DTYPE_Q8_0 ? sweep_q8_0 : j->w->type == DTYPE_Q4_0 ? sweep_q4_0 : sweep_q4_1;
-    long b, e;
-    threadpool_split((M + RB - 1) / RB, ith, nth, &b, &e);
-    for (int t0 = 0; t0 < j->n; t0 += TB) {
-        const int t1 = j->n - t0 < TB ? j->n : t0 + TB;
-        for (long u = b; u < e; u++) {
-            const int64_t r0 = (int64_t)u * RB;
-            const int nr = (int)(M - r0 < RB ? M - r0 : RB);
-            sw(j, r0, nr, t0, t1);
-        }
-    }
+    const int64_t r0 = (int64_t)u * RB;
+    const int nr = (int)(M - r0 < RB ? M - r0 : RB);
+    for (int t0 = 0; t0 < j->n; t0 += TB) sw(j, r0, nr, t0, j->n - t0 < TB ? j->n : t0 + TB);
 }
 
 void cpu_matmul_i8_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
@@ -313,9 +304,9 @@ void cpu_matmul_i8_avx2(struct backend *be, float *y, const struct tensor *w, co
         KV_ASSERT(be->act);
     }
     j.q = be->act;
-    if (n <= 4) quant_worker(&j, 0, 1);   /* a few rows: cheaper than waking the threads */
-    else threadpool_run(be->pool, quant_worker, &j);
-    threadpool_run(be->pool, mm_worker, &j);
+    if (n <= 4) for (int t = 0; t < n; t++) quant_chunk(&j, t, 0);   /* cheaper than waking the threads */
+    else threadpool_run_chunks(be->pool, n, quant_chunk, &j);
+    threadpool_run_chunks(be->pool, (w->ne1 + RB - 1) / RB, mm_chunk, &j);
 }
 
 #else

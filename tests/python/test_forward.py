@@ -85,6 +85,24 @@ def test_reference_is_not_degenerate(cases):
         assert len(set(c.ref.argmax(axis=1).tolist())) > 1, name
 
 
+# kvllm's default path for block-quantized weights: Q4_0 / Q4_1 multiply 13-bit integer activations (one
+# scale per block of 32), Q8_0 stays f32.  The rounding of the activations (half a step of amax / 4095 per
+# block) gives about 1e-3 relative on logits here (measured 2e-4 .. 1.3e-3); a wrong block scale or code
+# gives O(1).  KVLLM_ACT=int forces the integer path on Q8_0 too.
+INT_TOL = 5e-3
+
+
+@pytest.mark.parametrize("act", ["", "int"])
+@pytest.mark.parametrize("config", ["gqa_q8_0_untied", "mha_q4_0_tied", "mqa_q4_1_untied"])
+def test_default_and_integer_activations_match_reference(kvllm, cases, tmp_path, config, act):
+    c = cases[config]
+    for mode in ("prefill_all", "prefill_1"):
+        got = eval_logits(kvllm, c.path, c.tokens, tmp_path / "logits.bin", act=act, **MODES[mode])
+        err = rel_err(got, c.ref)
+        print(f"{config} KVLLM_ACT={act or '(default)'} {mode}: max rel err {err.max():.3g}")
+        assert err.max() <= INT_TOL, f"{config}/{mode} KVLLM_ACT={act}: rel err {err.max():.3g}"
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_logits_match_reference(kvllm, cases, tmp_path, config, mode):

@@ -63,8 +63,8 @@ def test_chat_keeps_kv_cache_across_turns(run, smollm2):
 def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     """The fast paths against the scalar reference (f32 arithmetic on dequantized weights), teacher-forced
     over a real text: the argmax at every position agrees on >= 99 % of positions for the default SIMD
-    path (f32 activations).  KVLLM_ACT=i8 (8-bit activations, opt-in) is measured and printed, not
-    asserted: it reaches about 94 % here (docs/PERF.md), one reason it is not the default."""
+    path (SmolLM2 is Q4_1: 13-bit integer activations) and for KVLLM_ACT=f32 (f32 arithmetic on the
+    dequantized weights).  Max relative logit errors are printed (about 1e-3 and 1e-6)."""
     import numpy as np
     from kvtest import parse_ids
 
@@ -75,17 +75,16 @@ def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     ids = parse_ids(run("tokenize", "-m", smollm2, "--ids", text).check_ok().out)
     assert len(ids) >= 80
     logits = {}
-    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("i8", {"KVLLM_ACT": "i8"})):
+    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("f32", {"KVLLM_ACT": "f32"})):
         out = tmp_path / f"{name}.bin"
         r = run("eval", "-m", smollm2, "--tokens", " ".join(map(str, ids)), "-o", out, env=env, timeout=600)
         r.check_ok()
         logits[name] = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
     ref = logits["scalar"]
     top_ref = ref.argmax(axis=1)
-    for name in ("default", "i8"):
+    for name in ("default", "f32"):
         got = logits[name]
         agree = float((got.argmax(axis=1) == top_ref).mean())
         rel = float(np.abs(got - ref).max() / np.abs(ref).max())
         print(f"{name}: top-1 agreement {agree:.2%} over {len(ids)} positions, max rel logit error {rel:.3g}")
-        if name == "default":
-            assert agree >= 0.99, f"{name}: top-1 agreement {agree:.2%} with the scalar path"
+        assert agree >= 0.99, f"{name}: top-1 agreement {agree:.2%} with the scalar path"

@@ -2,9 +2,10 @@
  * fresh random data for every weight type and awkward shapes, and its batch
  * invariance: a row's result is bit-identical whether computed alone, inside
  * a batch of 17 or 64, by 1 or 2 threads, or from a sub-range of weight
- * rows.  Block-quantized weights also go through the 8-bit-activation
- * path (KVLLM_ACT=i8), checked against the scalar reference loosely and
- * against an exact double-precision model of its own arithmetic tightly.  Also the KVLLM_CPU kind selection.  On a CPU without AVX2+FMA+F16C
+ * rows.  Q4_0 / Q4_1 (by default) and Q8_0 (KVLLM_ACT=int) go through the
+ * integer-activation path, checked against the scalar reference loosely
+ * and against an exact double-precision model of its own arithmetic
+ * tightly; with KVLLM_ACT=f32 they take the f32 path.  Also the KVLLM_CPU kind selection.  On a CPU without AVX2+FMA+F16C
  * the AVX2 part prints SKIP and passes. */
 #include "check.h"
 
@@ -50,10 +51,10 @@ static double rel_err(const float *out, const float *ref, size_t n) {
 struct backends { struct backend *scalar, *avx2[2]; /* avx2 with 1 and 2 threads */ };
 
 /* The integer path's arithmetic in double: activations quantized per block
- * of 32 as matmul_i8_avx2.c does (d = amax / 127, codes rounded to nearest
+ * of 32 as matmul_int_avx2.c does (d = amax / 4095, codes rounded to nearest
  * even), times the dequantized weights (the reference dequantizer).  Its
  * only difference from the kernel is f32 rounding of the per-block terms. */
-static void ref_i8(const struct tensor *w, const float *x, int n, float *y) {
+static void ref_int(const struct tensor *w, const float *x, int n, float *y) {
     const int64_t K = w->ne0, M = w->ne1;
     float *wr = malloc((size_t)K * sizeof *wr);
     double *xq = malloc((size_t)K * sizeof *xq);
@@ -62,7 +63,7 @@ static void ref_i8(const struct tensor *w, const float *x, int n, float *y) {
         for (int64_t b = 0; b < K / 32; b++) {
             float amax = 0;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xt[32 * b + i]));
-            const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            const float d = amax / 4095.0f, id = amax > 0 ? 4095.0f / amax : 0.0f;   /* QMAX */
             for (int i = 0; i < 32; i++) xq[32 * b + i] = (double)nearbyintf(xt[32 * b + i] * id) * d;
         }
         for (int64_t r = 0; r < M; r++) {
@@ -99,19 +100,20 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
             /* FMA (avx2) vs separate multiply and add (scalar): with M = 1 the norm is one
              * dot product, whose cancellation can lift the relative error past 1e-5 */
             double e = rel_err(out, ref, (size_t)n * (size_t)M), tol = M == 1 ? 5e-5 : 1e-5;
-            /* 8-bit activations: each block's rounding (half a step of amax / 127,
-             * uniform) gives about 0.4 % on these uniform inputs (measured
-             * 3.3e-3 .. 4.1e-3); that it is only this rounding is checked
-             * exactly against ref_i8 below */
-            const bool i8 = B->avx2[th]->i8_act && cpu_matmul_i8_supports(type, K);
-            if (i8) tol = M == 1 ? 5e-2 : 1e-2;   /* M = 1: one dot product, cancellation */
+            /* integer activations: each block's rounding (half a step of amax /
+             * 4095, uniform) gives about 1.3e-4 relative on these uniform inputs;
+             * that it is only this rounding is checked exactly against ref_int */
+            const enum act_mode am = B->avx2[th]->act;
+            const bool ia = cpu_matmul_int_supports(type, K) &&
+                            (am == ACT_INT || (am == ACT_AUTO && (type == DTYPE_Q4_0 || type == DTYPE_Q4_1)));
+            if (ia) tol = M == 1 ? 5e-3 : 1e-3;   /* M = 1: one dot product, cancellation */
             CHECK_MSG(e <= tol, "%s K=%lld M=%lld n=%d threads=%d%s: rel err %.3g", dtype_name(type),
-                      (long long)K, (long long)M, n, th + 1, i8 ? " (i8)" : "", e);
-            if (i8) {
+                      (long long)K, (long long)M, n, th + 1, ia ? " (int)" : "", e);
+            if (ia) {
                 float *r8 = malloc((size_t)n * yrow);
-                ref_i8(&w, x, n, r8);
+                ref_int(&w, x, n, r8);
                 double e8 = rel_err(out, r8, (size_t)n * (size_t)M);
-                CHECK_MSG(e8 <= (M == 1 ? 5e-5 : 1e-5), "%s K=%lld M=%lld n=%d threads=%d: i8 path vs its exact "
+                CHECK_MSG(e8 <= (M == 1 ? 5e-5 : 1e-5), "%s K=%lld M=%lld n=%d threads=%d: int path vs its exact "
                           "model: rel err %.3g", dtype_name(type), (long long)K, (long long)M, n, th + 1, e8);
                 free(r8);
             }
@@ -220,13 +222,15 @@ int main(void) {
             if (Ks[ik] % dtype_block_elems(types[it])) continue;
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
         }
-    /* the same with 8-bit activations (KVLLM_ACT=i8) */
-    B.avx2[0]->i8_act = B.avx2[1]->i8_act = true;
-    for (size_t it = 0; it < sizeof types / sizeof *types; it++)
-        for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
-            if (Ks[ik] % dtype_block_elems(types[it]) || !cpu_matmul_i8_supports(types[it], Ks[ik])) continue;
-            for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
-        }
+    /* the block types again with each activation mode forced (KVLLM_ACT=int, =f32) */
+    for (int mode = ACT_INT; mode >= ACT_F32; mode--) {
+        B.avx2[0]->act = B.avx2[1]->act = (enum act_mode)mode;
+        for (size_t it = 0; it < sizeof types / sizeof *types; it++)
+            for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
+                if (Ks[ik] % dtype_block_elems(types[it]) || !cpu_matmul_int_supports(types[it], Ks[ik])) continue;
+                for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
+            }
+    }
     backend_free(B.scalar);
     backend_free(B.avx2[0]);
     backend_free(B.avx2[1]);

@@ -249,10 +249,9 @@ int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct ba
     be->scratch = be->pool ? xmalloc((size_t)nth * MM_ROWS * (size_t)max_cols * sizeof(float)) : NULL;
     if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
     be->scratch_cols = (int64_t)MM_ROWS * max_cols;
-    /* 8-bit activations are opt-in: on the AVX2 machines measured so far
-     * (docs/PERF.md) they are no faster than the f32 path */
     const char *act = getenv("KVLLM_ACT");
-    be->i8_act = act && strcmp(act, "i8") == 0;
+    be->act = !act || !*act ? ACT_AUTO : strcmp(act, "f32") == 0 ? ACT_F32 : strcmp(act, "int") == 0 ? ACT_INT : ACT_AUTO;
+    if (act && *act && be->act == ACT_AUTO) LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, int); using the default", act);
     *out = be;
     return 0;
 }
@@ -261,6 +260,6 @@ void backend_free(struct backend *be) {
     if (!be) return;
     threadpool_free(be->pool);
     free(be->scratch);
-    free(be->act);
+    free(be->act_buf);
     free(be);
 }

@@ -26,9 +26,9 @@ bool cpu_avx2_built(void);
 #define CPU_AVX2_MM_ROWS 4
 void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
 
-/* The integer path (matmul_i8_avx2.c): whether it takes weights of type
+/* The integer path (matmul_int_avx2.c): whether it takes weights of type
  * with rows of K, and the matmul itself (same contract as ops.matmul). */
-bool cpu_matmul_i8_supports(uint32_t type, int64_t K);
-void cpu_matmul_i8_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
+bool cpu_matmul_int_supports(uint32_t type, int64_t K);
+void cpu_matmul_int_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
 
 #endif

@@ -92,6 +92,32 @@ static const float *row_f32(enum kv_type type, const void *base, size_t row, int
     }
 }
 
+/* acc[0 .. 8 NV) += Σ_jj w[jj] * rows[jj][k0 ..]: NV accumulators kept in
+ * registers (NV a constant after inlining). */
+ALWAYS_INLINE void v_acc(const int NV, float *acc, const float *const *rows, int k0, const float *w, int n) {
+    __m256 a[8];
+    for (int u = 0; u < NV; u++) a[u] = _mm256_loadu_ps(acc + 8 * u);
+    for (int jj = 0; jj < n; jj++) {
+        const __m256 wv = _mm256_broadcast_ss(&w[jj]);
+        const float *vr = rows[jj] + k0;
+        for (int u = 0; u < NV; u++) a[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr + 8 * u), a[u]);
+    }
+    for (int u = 0; u < NV; u++) _mm256_storeu_ps(acc + 8 * u, a[u]);
+}
+
+/* The last nv (1..7) vectors of a head whose size is not a multiple of 64. */
+static void v_acc_tail(int nv, float *acc, const float *const *rows, int k0, const float *w, int n) {
+    switch (nv) {
+    case 1: v_acc(1, acc, rows, k0, w, n); break;
+    case 2: v_acc(2, acc, rows, k0, w, n); break;
+    case 3: v_acc(3, acc, rows, k0, w, n); break;
+    case 4: v_acc(4, acc, rows, k0, w, n); break;
+    case 5: v_acc(5, acc, rows, k0, w, n); break;
+    case 6: v_acc(6, acc, rows, k0, w, n); break;
+    default: v_acc(7, acc, rows, k0, w, n); break;
+    }
+}
+
 static void chunk_avx2(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
                        const float *q, float scale, float *part0, size_t pstride, float *sc, int cap) {
     const int hd = kv->head_dim;
@@ -106,18 +132,26 @@ static void chunk_avx2(const struct kv_layer_view *kv, size_t row0, size_t rstri
         rows[jj] = row_f32(kv->type, kv->k, row, hd, buf + (size_t)jj * hd);
         rs[jj] = q8 ? kv->k_scale[row] * scale : scale;
     }
-    for (int i = 0; i < g; i++) {
-        const float *qi = q + (size_t)i * hd;
-        float *si = sc + (size_t)i * cap;
+    /* eight heads at a time: one accumulator each per position, the eight
+     * reduced together (hadd tree) into one vector of scores */
+    for (int i0 = 0; i0 < g; i0 += 8) {
+        const int nh = g - i0 < 8 ? g - i0 : 8;
         for (int jj = 0; jj < n; jj++) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int k = 0;
-            for (; k + 16 <= hd; k += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + k), _mm256_loadu_ps(rows[jj] + k), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + k + 8), _mm256_loadu_ps(rows[jj] + k + 8), a1);
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int k = 0; k < hd; k += 8) {
+                const __m256 kv8 = _mm256_loadu_ps(rows[jj] + k);
+                for (int i = 0; i < nh; i++)
+                    a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)(i0 + i) * hd + k), kv8, a[i]);
             }
-            if (k < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + k), _mm256_loadu_ps(rows[jj] + k), a0);
-            si[jj] = hsum(_mm256_add_ps(a0, a1)) * rs[jj];
+            const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 sv = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                                          _mm256_permute2f128_ps(h0, h1, 0x31)),
+                                            _mm256_set1_ps(rs[jj]));
+            float tmp[8];
+            _mm256_storeu_ps(tmp, sv);
+            for (int i = 0; i < nh; i++) sc[(size_t)(i0 + i) * cap + jj] = tmp[i];
         }
     }
     /* per head: new max, rescale once, weights exp(s - m) */
@@ -163,17 +197,11 @@ static void chunk_avx2(const struct kv_layer_view *kv, size_t row0, size_t rstri
     for (int i = 0; i < g; i++) {
         float *acc = part0 + (size_t)i * pstride + 2;
         const float *wi = sc + (size_t)i * cap;
-        for (int k0 = 0; k0 < hd; k0 += 64) {
-            const int nv = (hd - k0) / 8 < 8 ? (hd - k0) / 8 : 8;
-            __m256 a[8];
-            for (int u = 0; u < nv; u++) a[u] = _mm256_loadu_ps(acc + k0 + 8 * u);
-            for (int jj = 0; jj < n; jj++) {
-                const __m256 w = _mm256_set1_ps(wi[jj] * rs[jj]);
-                const float *vr = rows[jj] + k0;
-                for (int u = 0; u < nv; u++) a[u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * u), a[u]);
-            }
-            for (int u = 0; u < nv; u++) _mm256_storeu_ps(acc + k0 + 8 * u, a[u]);
-        }
+        float wr[MAX_N];
+        for (int jj = 0; jj < n; jj++) wr[jj] = wi[jj] * rs[jj];
+        int k0 = 0;
+        for (; k0 + 64 <= hd; k0 += 64) v_acc(8, acc + k0, rows, k0, wr, n);
+        if (k0 < hd) v_acc_tail((hd - k0) / 8, acc + k0, rows, k0, wr, n);
     }
 }
 

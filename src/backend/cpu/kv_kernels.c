@@ -201,6 +201,27 @@ static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
     pa_scale(out, 1.0f / l, hd);
 }
 
+/* Ask for the K/V rows of the next step (positions c .. of head hk, up to
+ * its block's end) while this one computes: blocks lie anywhere in the
+ * pool, so the hardware prefetcher cannot guess them. */
+static void pa_prefetch(const struct kv_layer_view *kv, const int32_t *table, int c, int p1, size_t nkv, int hk,
+                        int cap) {
+    static const int esize[KV_TYPE_COUNT_] = { 4, 2, 2, 1, 1 };
+    const int bs = kv->block_size, off = c % bs;
+    int n = bs - off;
+    n = n < p1 - c ? n : p1 - c;
+    n = n < cap ? n : cap;
+    const size_t rb = (size_t)kv->head_dim * (size_t)esize[kv->type];   /* bytes per row */
+    const size_t row0 = ((size_t)table[c / bs] * (size_t)bs + (size_t)off) * nkv + (size_t)hk;
+    for (int jj = 0; jj < n; jj++) {
+        const size_t at = (row0 + (size_t)jj * nkv) * rb;
+        for (size_t o = 0; o < rb; o += 64) {
+            __builtin_prefetch((const char *)kv->k + at + o);
+            __builtin_prefetch((const char *)kv->v + at + o);
+        }
+    }
+}
+
 /* pa_chunk_fn, scalar: see cpu_internal.h. */
 static void pa_chunk_scalar(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
                             const float *q, float scale, float *part0, size_t pstride, float *sc, int cap) {
@@ -273,6 +294,7 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         n = n < cap ? n : cap;
         /* row of (slot, head hk) for the chunk's first position; next rows are nkv apart */
         const size_t row0 = ((size_t)table[blk] * (size_t)bs + (size_t)off) * (size_t)nkv + (size_t)hk;
+        if (c0 + n < p1) pa_prefetch(kv, table, c0 + n, p1, (size_t)nkv, hk, cap);
         j->chunk(kv, row0, (size_t)nkv, n, g, q, a->scale, part0, pstride, sc, cap);
         c0 += n;
     }

@@ -103,7 +103,7 @@ struct backend {
     struct threadpool *pool;
     float *scratch;       /* per-thread row buffers: n_threads * scratch_cols floats */
     int64_t scratch_cols;
-    enum act_mode { ACT_AUTO = 0, ACT_F32, ACT_INT } act;   /* see backend_cpu_new */
+    enum act_mode { ACT_AUTO = 0, ACT_F32, ACT_INT } act;   /* see backend_cpu_new (AUTO: f32) */
     void *act_buf;        /* integer activations, grown on demand */
     size_t act_buf_bytes;
 };
@@ -112,13 +112,12 @@ struct backend {
  * otherwise "scalar" or "avx2".  Fails with KVLLM_ECPU (logged) for a kind
  * this build or CPU lacks.  max_cols: longest weight row.
  *
- * Activations (SIMD sets): Q4_0 / Q4_1 weights are multiplied with
+ * Activations (SIMD sets): f32 arithmetic on dequantized weights by
+ * default.  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
  * activations quantized to 13-bit integer codes per block of 32 (integer
- * dot products: decode about 1.6x faster than f32 arithmetic on
- * dequantized weights, prefill about 0.7x, docs/PERF.md); other types use
- * f32 arithmetic.  KVLLM_ACT=f32 or KVLLM_ACT=int in the environment forces
- * one way for every type that has it.  The choice depends on the weight
- * type only, never on the batch, so results stay batch-invariant. */
+ * dot products: single-stream decode of large Q4 models about 1.6x faster,
+ * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  The choice is
+ * per process, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out);
 void backend_free(struct backend *be);
 

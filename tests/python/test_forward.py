@@ -85,10 +85,9 @@ def test_reference_is_not_degenerate(cases):
         assert len(set(c.ref.argmax(axis=1).tolist())) > 1, name
 
 
-# kvllm's default path for block-quantized weights: Q4_0 / Q4_1 multiply 13-bit integer activations (one
-# scale per block of 32), Q8_0 stays f32.  The rounding of the activations (half a step of amax / 4095 per
-# block) gives about 1e-3 relative on logits here (measured 2e-4 .. 1.3e-3); a wrong block scale or code
-# gives O(1).  KVLLM_ACT=int forces the integer path on Q8_0 too.
+# KVLLM_ACT=int: Q8_0 / Q4_0 / Q4_1 multiply 13-bit integer activations (one scale per block of 32).  The
+# rounding of the activations (half a step of amax / 4095 per block) gives about 1e-3 relative on logits
+# here (measured 2e-4 .. 1.3e-3); a wrong block scale or code gives O(1).  "" is kvllm's default (f32).
 INT_TOL = 5e-3
 
 

@@ -63,8 +63,8 @@ def test_chat_keeps_kv_cache_across_turns(run, smollm2):
 def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     """The fast paths against the scalar reference (f32 arithmetic on dequantized weights), teacher-forced
     over a real text: the argmax at every position agrees on >= 99 % of positions for the default SIMD
-    path (SmolLM2 is Q4_1: 13-bit integer activations) and for KVLLM_ACT=f32 (f32 arithmetic on the
-    dequantized weights).  Max relative logit errors are printed (about 1e-3 and 1e-6)."""
+    path (f32 arithmetic on the dequantized weights) and for KVLLM_ACT=int (13-bit integer activations).
+    Max relative logit errors are printed (about 1e-6 and 1e-3)."""
     import numpy as np
     from kvtest import parse_ids
 
@@ -75,14 +75,14 @@ def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     ids = parse_ids(run("tokenize", "-m", smollm2, "--ids", text).check_ok().out)
     assert len(ids) >= 80
     logits = {}
-    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("f32", {"KVLLM_ACT": "f32"})):
+    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("int", {"KVLLM_ACT": "int"})):
         out = tmp_path / f"{name}.bin"
         r = run("eval", "-m", smollm2, "--tokens", " ".join(map(str, ids)), "-o", out, env=env, timeout=600)
         r.check_ok()
         logits[name] = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
     ref = logits["scalar"]
     top_ref = ref.argmax(axis=1)
-    for name in ("default", "f32"):
+    for name in ("default", "int"):
         got = logits[name]
         agree = float((got.argmax(axis=1) == top_ref).mean())
         rel = float(np.abs(got - ref).max() / np.abs(ref).max())

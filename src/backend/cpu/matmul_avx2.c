@@ -461,8 +461,7 @@ static void mm_chunk(void *arg, long c, int ith) {
 }
 
 void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
-    const bool q4 = w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1;
-    if ((be->act == ACT_INT || (be->act == ACT_AUTO && q4)) && cpu_matmul_int_supports(w->type, w->ne0)) {
+    if (be->act == ACT_INT && cpu_matmul_int_supports(w->type, w->ne0)) {
         cpu_matmul_int_avx2(be, y, w, x, n);
         return;
     }

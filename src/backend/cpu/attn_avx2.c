@@ -17,10 +17,9 @@
 #include "backend/cpu/cpu_internal.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "backend/cpu/avx2_util.h"
 #include <math.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAX_HD 256        /* larger heads take the scalar step */
 #define MAX_N CPU_PA_CHUNK
 
@@ -45,18 +44,6 @@ ALWAYS_INLINE __m256 exp_neg(__m256 x) {
     /* fx >= -126 here, so 2^fx is a normal float */
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-ALWAYS_INLINE float hsum(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-ALWAYS_INLINE float hmax(__m256 a) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
 
 /* Lanes < n (0..7) of a mask. */
@@ -160,7 +147,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, size_t row0, size_t rstri
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int jj = 0;
         for (; jj + 8 <= n; jj += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(si + jj));
-        float bm = hmax(vm);
+        float bm = avx2_hmax(vm);
         for (; jj < n; jj++) bm = si[jj] > bm ? si[jj] : bm;
         if (bm > p[0]) {
             if (p[0] != -INFINITY) {          /* first step: acc and l are 0 */
@@ -186,7 +173,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, size_t row0, size_t rstri
             _mm256_maskstore_ps(si + jj, mk, w);
             vl = _mm256_add_ps(vl, w);
         }
-        p[1] += hsum(vl);
+        p[1] += avx2_hsum(vl);
     }
     /* accumulate V: each head's acc, 64 floats at a time in registers */
     for (int jj = 0; jj < n; jj++) {

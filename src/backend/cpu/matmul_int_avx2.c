@@ -30,11 +30,10 @@
 #include "core/core.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "backend/cpu/avx2_util.h"
 #include <math.h>
 #include <string.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define GB 8        /* activation blocks are padded to a multiple of this */
 #define TB 64       /* tokens per cache block */
 /* Largest activation code: 13 bits, so that a block's products and their
@@ -73,12 +72,6 @@ ALWAYS_INLINE float *qrow_xs(void *base, const struct qrow_layout *l, int t) {
     return qrow_dx(base, l, t) + l->nbp;
 }
 
-ALWAYS_INLINE float hmax8(__m256 a) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-
 ALWAYS_INLINE int hsum_i32(__m256i a) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -96,7 +89,7 @@ static void quantize_row(const float *x, int64_t K, const struct qrow_layout *l,
             v[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
             am = _mm256_max_ps(am, _mm256_andnot_ps(sign, v[j]));
         }
-        const float amax = hmax8(am);
+        const float amax = avx2_hmax(am);
         const float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
         __m256i c[4];
         for (int j = 0; j < 4; j++)

@@ -1,0 +1,25 @@
+/* avx2_util.h — lane reductions shared by the AVX2 kernel files (include
+ * only from files compiled with -mavx2 -mfma -mf16c).  Each reduces in a
+ * fixed order, as batch invariance needs. */
+#ifndef KVLLM_AVX2_UTIL_H
+#define KVLLM_AVX2_UTIL_H
+
+#include <immintrin.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Sum of the 8 lanes: halves added, then pairs. */
+ALWAYS_INLINE float avx2_hsum(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Largest of the 8 lanes. */
+ALWAYS_INLINE float avx2_hmax(__m256 a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+#endif

@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; th
   echo "bootstrap: creating .venv from $REQ"
   PY=/usr/bin/python3
   [ -x "$PY" ] || PY=python3
-  "$PY" -m venv .venv
+  "$PY" -m venv --clear .venv   # --clear: an older venv (other requirements) is replaced, not patched
   .venv/bin/pip install -q --disable-pip-version-check -r "$REQ"
   echo "$want" > "$STAMP"
 fi

@@ -103,7 +103,7 @@ struct backend {
     struct threadpool *pool;
     float *scratch;       /* per-thread row buffers: n_threads * scratch_cols floats */
     int64_t scratch_cols;
-    enum act_mode { ACT_AUTO = 0, ACT_F32, ACT_INT } act;   /* see backend_cpu_new (AUTO: f32) */
+    enum act_mode { ACT_F32 = 0, ACT_INT } act;   /* see backend_cpu_new */
     void *act_buf;        /* integer activations, grown on demand */
     size_t act_buf_bytes;
 };

@@ -250,8 +250,9 @@ int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct ba
     if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
     be->scratch_cols = (int64_t)MM_ROWS * max_cols;
     const char *act = getenv("KVLLM_ACT");
-    be->act = !act || !*act ? ACT_AUTO : strcmp(act, "f32") == 0 ? ACT_F32 : strcmp(act, "int") == 0 ? ACT_INT : ACT_AUTO;
-    if (act && *act && be->act == ACT_AUTO) LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, int); using the default", act);
+    be->act = act && strcmp(act, "int") == 0 ? ACT_INT : ACT_F32;
+    if (act && *act && strcmp(act, "int") != 0 && strcmp(act, "f32") != 0)
+        LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, int); using f32", act);
     *out = be;
     return 0;
 }

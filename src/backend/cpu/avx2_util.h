@@ -15,6 +15,14 @@ ALWAYS_INLINE float avx2_hsum(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+/* Sum of the 8 lanes in the order ((0+1)+(2+3))+((4+5)+(6+7)) (two hadds):
+ * the order the matmul kernels' batch-invariance arguments use. */
+ALWAYS_INLINE float avx2_hsum_pairs(__m256 a) {
+    __m256 h = _mm256_hadd_ps(a, a);     /* 0+1, 2+3, ., . | 4+5, 6+7, ., . */
+    h = _mm256_hadd_ps(h, h);            /* (0+1)+(2+3) ... | (4+5)+(6+7) ... */
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 /* Largest of the 8 lanes. */
 ALWAYS_INLINE float avx2_hmax(__m256 a) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -172,6 +172,7 @@ struct pa_job {
     int s_max;                /* splits of the longest context: partials stride */
     pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
     const long *item_off;     /* (n_tokens + 1): first item of each token */
+    const int *merge_tok;     /* the tokens with more than one split, in order */
 };
 
 /* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
@@ -322,15 +323,8 @@ static void pa_items_chunk(void *arg, long c, int ith) {
 static void pa_merge_chunk(void *arg, long c, int ith) {
     (void)ith;
     const struct pa_job *j = arg;
-    const struct paged_attn_args *a = j->a;
-    for (int t = 0; t < a->n_tokens; t++) {
-        const int ns = pa_n_split(a->pos[t] + 1);
-        if (ns == 1) continue;
-        if (c-- == 0) {
-            for (int h = 0; h < a->n_head; h++) pa_merge(j, t, h, ns);
-            return;
-        }
-    }
+    const int t = j->merge_tok[c], ns = pa_n_split(j->a->pos[t] + 1);
+    for (int h = 0; h < j->a->n_head; h++) pa_merge(j, t, h, ns);
 }
 
 void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *a, pa_chunk_fn *chunk) {
@@ -338,9 +332,10 @@ void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *
     KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
     KV_ASSERT(a->n_head_kv == a->kv.n_head_kv && a->kv.block_size > 0);
     if (a->n_tokens <= 0) return;
-    struct pa_job j = { a, 1, chunk, NULL };
+    struct pa_job j = { a, 1, chunk, NULL, NULL };
     long *off = xmalloc(((size_t)a->n_tokens + 1) * sizeof *off);
-    KV_ASSERT(off);
+    int *merge = xmalloc((size_t)a->n_tokens * sizeof *merge);
+    KV_ASSERT(off && merge);
     long n_merge = 0;
     off[0] = 0;
     for (int t = 0; t < a->n_tokens; t++) {
@@ -348,12 +343,14 @@ void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *
         int ns = pa_n_split(a->pos[t] + 1);
         j.s_max = ns > j.s_max ? ns : j.s_max;
         off[t + 1] = off[t] + (long)a->n_head_kv * ns;
-        n_merge += ns > 1;
+        if (ns > 1) merge[n_merge++] = t;
     }
     j.item_off = off;
+    j.merge_tok = merge;
     threadpool_run_chunks(be->pool, off[a->n_tokens], pa_items_chunk, &j);
     if (n_merge) threadpool_run_chunks(be->pool, n_merge, pa_merge_chunk, &j);
     free(off);
+    free(merge);
 }
 
 void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {

@@ -34,15 +34,13 @@
 #include "core/core.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "backend/cpu/avx2_util.h"
 #include <string.h>
 
 bool cpu_avx2_built(void) { return true; }
 
 #define MR CPU_AVX2_MM_ROWS   /* rows per micro-tile (4) */
 #define NT 3                  /* tokens per micro-tile: 4 x 3 accumulators + 4 weights = 16 ymm */
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* How the micro-kernel reads weights: f32 in memory, or f16 / bf16 widened. */
 enum wkind { WK_F32, WK_F16, WK_BF16 };
@@ -67,15 +65,8 @@ ALWAYS_INLINE __m256 load_w_tail(enum wkind wk, const uint8_t *p, int64_t k, int
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
-/* Lane sum ((0+1)+(2+3))+((4+5)+(6+7)) of one accumulator. */
-ALWAYS_INLINE float hsum1(__m256 a) {
-    __m256 h = _mm256_hadd_ps(a, a);     /* 0+1, 2+3, ., . | 4+5, 6+7, ., . */
-    h = _mm256_hadd_ps(h, h);            /* (0+1)+(2+3) ... | (4+5)+(6+7) ... */
-    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-}
-
 /* The same lane sum of four accumulators at once: lane i of the result is
- * hsum1(a_i), bit for bit (hadd adds the same pairs in the same order). */
+ * avx2_hsum_pairs(a_i), bit for bit (hadd adds the same pairs in the same order). */
 ALWAYS_INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -112,7 +103,7 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
     }
     for (int t = 0; t < T; t++) {
         if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
-        else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = hsum1(acc[r][t]);
+        else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(acc[r][t]);
     }
 }
 
@@ -343,7 +334,7 @@ ALWAYS_INLINE void micro_q1(const int R, uint32_t type, const uint8_t *w, size_t
         }
     }
     if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
-    else for (int r = 0; r < R; r++) y[r] = hsum1(acc[r]);
+    else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
 }
 
 /* nr rows of block format `type`, one token. */
@@ -388,7 +379,7 @@ ALWAYS_INLINE void micro_k1(const int R, uint32_t type, const uint8_t *w, size_t
         }
     }
     if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
-    else for (int r = 0; r < R; r++) y[r] = hsum1(acc[r]);
+    else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
 }
 
 ALWAYS_INLINE void rows_k1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int64_t K, float *y,

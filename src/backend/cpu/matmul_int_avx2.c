@@ -156,13 +156,6 @@ ALWAYS_INLINE __m256i block_dot(const __m256i w[2], const int16_t *x) {
                             _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(const void *)(x + 16))));
 }
 
-/* Lane sum ((0+1)+(2+3))+((4+5)+(6+7)) — fixed order. */
-ALWAYS_INLINE float hsum_f(__m256 a) {
-    __m256 h = _mm256_hadd_ps(a, a);
-    h = _mm256_hadd_ps(h, h);
-    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-}
-
 struct int_job {
     struct backend *be;
     float *y;               /* (n, M) */
@@ -247,7 +240,7 @@ ALWAYS_INLINE void micro(const int R, const int T, uint32_t type, const struct i
         quad(R, T, type, pr, xq, dx, xs, acc);
     }
     for (int t = 0; t < T; t++)
-        for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = hsum_f(acc[r][t]);
+        for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(acc[r][t]);
 }
 
 /* Rows [r0, r0 + nr) x tokens [t0, t1): tiles of 2 rows x 2 tokens (4 rows

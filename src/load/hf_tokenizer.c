@@ -84,6 +84,48 @@ static const char *jtype(json_object *v) {
     return v ? json_type_to_name(json_object_get_type(v)) : "missing";
 }
 
+/* ---- piece -> id: an open-addressing hash over an array of pieces ---- */
+
+struct piece_index {
+    const struct gguf_str *tok;   /* the pieces, not owned */
+    int32_t *slots;               /* -1: empty */
+    uint32_t mask;
+};
+
+static uint32_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+/* The id of piece s (n bytes), or -1. */
+static int index_find(const struct piece_index *x, const char *s, size_t n) {
+    for (uint32_t i = hash_bytes(s, n) & x->mask;; i = (i + 1) & x->mask) {
+        int32_t id = x->slots[i];
+        if (id < 0) return -1;
+        if (x->tok[id].len == n && memcmp(x->tok[id].ptr, s, n) == 0) return id;
+    }
+}
+
+/* Index tok[0 .. n); a repeated piece keeps its first id. */
+static int index_build(struct piece_index *x, const struct gguf_str *tok, int n) {
+    uint32_t n_slots = 1024;
+    while (n_slots < 2u * (uint32_t)n) n_slots *= 2;
+    x->tok = tok;
+    x->slots = xmalloc(n_slots * sizeof *x->slots);
+    if (!x->slots) return KVLLM_ENOMEM;
+    memset(x->slots, 0xff, n_slots * sizeof *x->slots);
+    x->mask = n_slots - 1;
+    for (int id = 0; id < n; id++) {
+        uint32_t i = hash_bytes(tok[id].ptr, tok[id].len) & x->mask;
+        while (x->slots[i] >= 0 && !(tok[x->slots[i]].len == tok[id].len &&
+                                     !memcmp(tok[x->slots[i]].ptr, tok[id].ptr, tok[id].len)))
+            i = (i + 1) & x->mask;
+        if (x->slots[i] < 0) x->slots[i] = id;
+    }
+    return 0;
+}
+
 /* ---- reading state ---- */
 
 struct reader {
@@ -93,8 +135,7 @@ struct reader {
     int32_t *type;          /* (n) */
     float *score;           /* (n) SentencePiece style only */
     char *pad;              /* "[PADn]" texts for ids nobody names */
-    int32_t *slots;         /* hash piece -> id */
-    uint32_t mask;
+    struct piece_index idx; /* piece -> id */
     bool spm, byte_fallback, ignore_merges;
     const char *pre_steps[MAX_PRE];
     int n_pre;
@@ -106,43 +147,14 @@ struct reader {
     int add_bos;            /* -1 unknown */
 };
 
-static uint32_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return (uint32_t)(h ^ (h >> 32));
-}
-
-static int lookup(const struct reader *r, const char *s, size_t n) {
-    for (uint32_t i = hash_bytes(s, n) & r->mask;; i = (i + 1) & r->mask) {
-        int32_t id = r->slots[i];
-        if (id < 0) return -1;
-        if (r->tok[id].len == n && memcmp(r->tok[id].ptr, s, n) == 0) return id;
-    }
-}
-
-static int build_hash(struct reader *r) {
-    uint32_t n_slots = 1024;
-    while (n_slots < 2u * (uint32_t)r->n) n_slots *= 2;
-    r->slots = xmalloc(n_slots * sizeof *r->slots);
-    if (!r->slots) return KVLLM_ENOMEM;
-    memset(r->slots, 0xff, n_slots * sizeof *r->slots);
-    r->mask = n_slots - 1;
-    for (int id = 0; id < r->n; id++) {
-        uint32_t i = hash_bytes(r->tok[id].ptr, r->tok[id].len) & r->mask;
-        while (r->slots[i] >= 0 && !(r->tok[r->slots[i]].len == r->tok[id].len &&
-                                     !memcmp(r->tok[r->slots[i]].ptr, r->tok[id].ptr, r->tok[id].len)))
-            i = (i + 1) & r->mask;
-        if (r->slots[i] < 0) r->slots[i] = id; /* a repeated piece keeps its first id */
-    }
-    return 0;
-}
+static int lookup(const struct reader *r, const char *s, size_t n) { return index_find(&r->idx, s, n); }
 
 static void reader_free(struct reader *r) {
     free(r->tok);
     free(r->type);
     free(r->score);
     free(r->pad);
-    free(r->slots);
+    free(r->idx.slots);
     free(r->merges);
     free(r->merge_text);
 }
@@ -234,7 +246,7 @@ static int read_vocab(struct reader *r, json_object *model, json_object *added) 
             r->tok[k] = (struct gguf_str){ p, strlen(p) };
             r->type[k] = T_UNUSED;
         }
-    return build_hash(r);
+    return index_build(&r->idx, r->tok, r->n);
 }
 
 /* One merge: "a b" or ["a", "b"]; a, b and a+b must all be pieces. */
@@ -768,38 +780,14 @@ struct wctx {
     const struct gguf_str *tok;
     int n;
     const struct gguf_kv *types, *scores;
-    int32_t *slots;
-    uint32_t mask;
+    struct piece_index idx;
 };
 
 static int wtype(const struct wctx *w, int id) {
     return w->types ? (int)gguf_arr_i64(w->types, (uint64_t)id) : T_NORMAL;
 }
 
-static int wlookup(const struct wctx *w, const char *s, size_t n) {
-    for (uint32_t i = hash_bytes(s, n) & w->mask;; i = (i + 1) & w->mask) {
-        int32_t id = w->slots[i];
-        if (id < 0) return -1;
-        if (w->tok[id].len == n && memcmp(w->tok[id].ptr, s, n) == 0) return id;
-    }
-}
-
-static int wbuild_hash(struct wctx *w) {
-    uint32_t n_slots = 1024;
-    while (n_slots < 2u * (uint32_t)w->n) n_slots *= 2;
-    w->slots = xmalloc(n_slots * sizeof *w->slots);
-    if (!w->slots) return KVLLM_ENOMEM;
-    memset(w->slots, 0xff, n_slots * sizeof *w->slots);
-    w->mask = n_slots - 1;
-    for (int id = 0; id < w->n; id++) {
-        uint32_t i = hash_bytes(w->tok[id].ptr, w->tok[id].len) & w->mask;
-        while (w->slots[i] >= 0 && !(w->tok[w->slots[i]].len == w->tok[id].len &&
-                                     !memcmp(w->tok[w->slots[i]].ptr, w->tok[id].ptr, w->tok[id].len)))
-            i = (i + 1) & w->mask;
-        if (w->slots[i] < 0) w->slots[i] = id;
-    }
-    return 0;
-}
+static int wlookup(const struct wctx *w, const char *s, size_t n) { return index_find(&w->idx, s, n); }
 
 static json_object *jstrn(const struct gguf_str s) { return json_object_new_string_len(s.ptr, (int)s.len); }
 
@@ -1175,8 +1163,8 @@ static int write_with(const struct gguf *g, const char *dir, bool spm, const str
         LOG_ERR("%s: tokenizer.ggml.token_type / scores do not have one entry per token", g->path);
         rc = KVLLM_EFORMAT;
     }
-    if (!rc) rc = wbuild_hash(&w);
+    if (!rc) rc = index_build(&w.idx, w.tok, w.n);
     if (!rc) rc = write_tokenizer(&w, dir, spm, kp);
-    free(w.slots);
+    free(w.idx.slots);
     return rc;
 }

@@ -49,6 +49,13 @@ void rng_seed(struct rng *r, uint64_t seed);
 uint64_t rng_u64(struct rng *r);
 float rng_f32(struct rng *r); /* uniform in [0, 1) */
 
+/* 32-bit hash of n bytes (FNV-1a 64, folded) for in-memory hash tables. */
+static inline uint32_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
 /* malloc/calloc that log on failure. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);

@@ -92,11 +92,6 @@ struct piece_index {
     uint32_t mask;
 };
 
-static uint32_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return (uint32_t)(h ^ (h >> 32));
-}
 
 /* The id of piece s (n bytes), or -1. */
 static int index_find(const struct piece_index *x, const char *s, size_t n) {

@@ -45,11 +45,6 @@ struct bpe {
     uint32_t slot_mask;
 };
 
-static uint32_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return (uint32_t)(h ^ (h >> 32));
-}
 
 /* Rank of merge key[0, n) ("left right"), or -1. */
 static int merge_rank(const struct bpe *b, const char *key, size_t n) {

@@ -30,13 +30,7 @@
 
 static const char SPM_SPACE[] = "\xe2\x96\x81"; /* U+2581 '▁', SentencePiece's space */
 
-/* ---- hashing ---- */
-
-static uint32_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
-    return (uint32_t)(h ^ (h >> 32));
-}
+/* ---- piece -> id (hash_bytes: core.h) ---- */
 
 int tok_lookup(const struct tokenizer *t, const char *s, size_t n) {
     for (uint32_t i = hash_bytes(s, n) & t->slot_mask;; i = (i + 1) & t->slot_mask) {

@@ -297,10 +297,11 @@ static double g_err_store[KV_TYPE_COUNT_], g_err_f32in[KV_TYPE_COUNT_];
 static double g_err_pre[KV_TYPE_COUNT_], g_err_pre_in[KV_TYPE_COUNT_];
 
 static void test_accuracy(struct threadpool *pool) {
-    static const int heads[3][2] = { { 4, 4 }, { 8, 2 }, { 4, 1 } };
+    /* g = 1, 4, 4, 3 and 6: every head-tile width of the AVX2 step (4, 3, 2, 1) */
+    static const int heads[5][2] = { { 4, 4 }, { 8, 2 }, { 4, 1 }, { 6, 2 }, { 12, 2 } };
     static const int hds[2] = { 64, 48 }, bss[2] = { 16, 7 };
     for (int type = 0; type < KV_TYPE_COUNT_; type++)
-        for (int hc = 0; hc < 3; hc++)
+        for (int hc = 0; hc < 5; hc++)
             for (int hi = 0; hi < 2; hi++)
                 for (int bi = 0; bi < 2; bi++) {
                     const int n_head = heads[hc][0], nkv = heads[hc][1], hd = hds[hi], bs = bss[bi];

@@ -28,16 +28,21 @@ void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a);
 #define CPU_PA_CHUNK 64
 
 /* One online-softmax step of paged attention (the part SIMD kernels
- * replace): n <= cap positions whose K/V rows are row0, row0 + rstride, ...
- * of kv, for the g query heads q (g, head_dim) that share one kv head.
- * part holds g partials [m, l, acc[head_dim]] pstride floats apart (m =
- * -inf and l = 0 before the first step), updated in place: scores q·k *
- * scale (times the row's scale for 8-bit types), new max, acc and l
- * rescaled, weights exp(score - m) added to l and, times V, to acc.  sc:
- * g * cap floats of scratch.  Must depend only on its arguments (no thread
- * or batch state), which keeps attention batch-invariant. */
-typedef void pa_chunk_fn(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
-                         const float *q, float scale, float *part, size_t pstride, float *sc, int cap);
+ * replace): n <= cap positions whose K/V rows (indices into kv's (slot,
+ * head) rows) are rows[0 .. n), for the g query heads q (g, head_dim) that
+ * share one kv head.  A step may span several blocks: its positions are
+ * consecutive in the context, wherever their blocks lie.  part holds g
+ * partials [m, l, acc[head_dim]] pstride floats apart (m = -inf and l = 0
+ * before the first step), updated in place: scores q·k * scale (times the
+ * row's scale for 8-bit types), new max, acc and l rescaled, weights
+ * exp(score - m) added to l and, times V, to acc.  sc: g * cap floats of
+ * scratch.  pf[0 .. npf): the next step's rows, to prefetch (a hint: a
+ * step may ignore it) spread over this step's own reads.  Must depend only
+ * on its arguments (no thread or batch state), which keeps attention
+ * batch-invariant. */
+typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
+                         const float *q, float scale, float *part, size_t pstride, float *sc, int cap,
+                         const size_t *pf, int npf);
 
 /* paged_attention with a given step kernel (the item, split and merge
  * structure of kv_kernels.c around it). */

@@ -6,14 +6,15 @@
  * whose position p lives in block tables[t][p / block_size], slot
  * p % block_size.  The context is cut into splits at
  * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
- * it walks the split's positions in chunks (never crossing a block, at most
- * PA_CHUNK long) and, for all g = n_head / n_head_kv query heads sharing that
+ * it walks the split's positions in chunks that end at multiples of
+ * cap = min(PA_CHUNK, PA_SCORES / g) wherever blocks end (a chunk gathers
+ * its rows from as many blocks as it spans) and, for all g = n_head / n_head_kv query heads sharing that
  * kv head at once, keeps a running max m, sum l and accumulator acc (online
  * softmax, rescaled once per chunk), each K/V row dequantized once for the g
  * heads.  Items leave (m, l, acc) in a->partials; a merge step combines a
  * token's splits in ascending order (log-sum-exp) and normalizes.
  *
- * Determinism.  Chunk and split boundaries depend only on L, block_size and
+ * Determinism.  Chunk and split boundaries depend only on L, the window and
  * g; each item and each merge is computed entirely by one thread in a fixed
  * order.  Threads only decide who computes what, so the output is
  * bit-identical for any thread count and any batch around the token. */
@@ -202,36 +203,26 @@ static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
     pa_scale(out, 1.0f / l, hd);
 }
 
-/* Ask for the K/V rows of the next step (positions c .. of head hk, up to
- * its block's end) while this one computes: blocks lie anywhere in the
- * pool, so the hardware prefetcher cannot guess them. */
-static void pa_prefetch(const struct kv_layer_view *kv, const int32_t *table, int c, int p1, size_t nkv, int hk,
-                        int cap) {
-    static const int esize[KV_TYPE_COUNT_] = { 4, 2, 2, 1, 1 };
-    const int bs = kv->block_size, off = c % bs;
-    int n = bs - off;
-    n = n < p1 - c ? n : p1 - c;
-    n = n < cap ? n : cap;
-    const size_t rb = (size_t)kv->head_dim * (size_t)esize[kv->type];   /* bytes per row */
-    const size_t row0 = ((size_t)table[c / bs] * (size_t)bs + (size_t)off) * nkv + (size_t)hk;
+/* Rows of positions c .. c + n - 1 (kv head hk) into rows[]. */
+static void pa_rows(const int32_t *table, int bs, size_t nkv, int hk, int c, int n, size_t *rows) {
     for (int jj = 0; jj < n; jj++) {
-        const size_t at = (row0 + (size_t)jj * nkv) * rb;
-        for (size_t o = 0; o < rb; o += 64) {
-            __builtin_prefetch((const char *)kv->k + at + o);
-            __builtin_prefetch((const char *)kv->v + at + o);
-        }
+        const int p = c + jj;
+        rows[jj] = ((size_t)table[p / bs] * (size_t)bs + (size_t)(p % bs)) * nkv + (size_t)hk;
     }
 }
 
 /* pa_chunk_fn, scalar: see cpu_internal.h. */
-static void pa_chunk_scalar(const struct kv_layer_view *kv, size_t row0, size_t rstride, int n, int g,
-                            const float *q, float scale, float *part0, size_t pstride, float *sc, int cap) {
+static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
+                            const float *q, float scale, float *part0, size_t pstride, float *sc, int cap,
+                            const size_t *pf, int npf) {
+    (void)pf;
+    (void)npf;
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     float kbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM], vbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM];
     /* scores (g, n) */
     for (int jj = 0; jj < n; jj++) {
-        const size_t row = row0 + (size_t)jj * rstride;
+        const size_t row = rows[jj];
         const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
         const float ks = q8 ? kv->k_scale[row] * scale : scale;
         for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
@@ -258,7 +249,7 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, size_t row0, size_t 
     }
     /* accumulate V */
     for (int jj = 0; jj < n; jj++) {
-        const size_t row = row0 + (size_t)jj * rstride;
+        const size_t row = rows[jj];
         const float *vr = pa_row(kv->type, kv->v, row, hd, vbuf);
         const float vs = q8 ? kv->v_scale[row] : 1.0f;
         for (int i = 0; i < g; i++) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
@@ -288,16 +279,20 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         p[1] = 0;
         memset(p + 2, 0, (size_t)hd * sizeof *p);
     }
-    for (int c0 = p0; c0 < p1;) {
-        const int blk = c0 / bs, off = c0 % bs;
-        int n = bs - off;
-        n = n < p1 - c0 ? n : p1 - c0;
-        n = n < cap ? n : cap;
-        /* row of (slot, head hk) for the chunk's first position; next rows are nkv apart */
-        const size_t row0 = ((size_t)table[blk] * (size_t)bs + (size_t)off) * (size_t)nkv + (size_t)hk;
-        if (c0 + n < p1) pa_prefetch(kv, table, c0 + n, p1, (size_t)nkv, hk, cap);
-        j->chunk(kv, row0, (size_t)nkv, n, g, q, a->scale, part0, pstride, sc, cap);
-        c0 += n;
+    /* steps end at multiples of cap (and at p1), wherever blocks end */
+    size_t rows[2][PA_CHUNK];
+    int cur = 0, c0 = p0, n = p0 < p1 ? (p0 / cap + 1) * cap - p0 : 0;
+    n = n < p1 - p0 ? n : p1 - p0;
+    if (n > 0) pa_rows(table, bs, (size_t)nkv, hk, c0, n, rows[cur]);
+    while (n > 0) {
+        const int c1 = c0 + n, nn = p1 - c1 < cap ? p1 - c1 : cap;
+        /* the next step's rows, for the step to prefetch while it computes: blocks lie
+         * anywhere in the pool, so the hardware prefetcher cannot guess them */
+        if (nn > 0) pa_rows(table, bs, (size_t)nkv, hk, c1, nn, rows[cur ^ 1]);
+        j->chunk(kv, rows[cur], n, g, q, a->scale, part0, pstride, sc, cap, rows[cur ^ 1], nn > 0 ? nn : 0);
+        cur ^= 1;
+        c0 = c1;
+        n = nn;
     }
     if (ns == 1)
         for (int i = 0; i < g; i++) pa_merge(j, t, hk * g + i, 1);

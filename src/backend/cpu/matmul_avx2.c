@@ -65,13 +65,6 @@ ALWAYS_INLINE __m256 load_w_tail(enum wkind wk, const uint8_t *p, int64_t k, int
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
-/* The same lane sum of four accumulators at once: lane i of the result is
- * avx2_hsum_pairs(a_i), bit for bit (hadd adds the same pairs in the same order). */
-ALWAYS_INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 /* y[t * ys + r] = row r (at w + r * ws bytes) · x[t * xs ..] for r < R,
  * t < T.  R is MR or 1, T is 1 .. NT; both constant after inlining, so acc
  * stays in registers.  pf: the next MR rows (contiguous after these), to
@@ -102,7 +95,7 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
         }
     }
     for (int t = 0; t < T; t++) {
-        if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, avx2_hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
         else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(acc[r][t]);
     }
 }
@@ -333,7 +326,7 @@ ALWAYS_INLINE void micro_q1(const int R, uint32_t type, const uint8_t *w, size_t
             for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + 32 * i + 8 * j), acc[r]);
         }
     }
-    if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    if (R == MR) _mm_storeu_ps(y, avx2_hsum4(acc[0], acc[1], acc[2], acc[3]));
     else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
 }
 
@@ -378,7 +371,7 @@ ALWAYS_INLINE void micro_k1(const int R, uint32_t type, const uint8_t *w, size_t
             }
         }
     }
-    if (R == MR) _mm_storeu_ps(y, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    if (R == MR) _mm_storeu_ps(y, avx2_hsum4(acc[0], acc[1], acc[2], acc[3]));
     else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
 }
 

@@ -25,7 +25,9 @@
  * All these paths hand the micro-kernel the same f32 values.
  *
  * Block formats: Q8_0 / Q4_0 / Q4_1 are dequantized 32 elements (one block)
- * at a time; the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
+ * at a time (q * d is exact for 4- and 8-bit codes and an f16 d, so Q4_0's
+ * (q - 8) d and Q4_1's q d + m take one FMA and round exactly as the
+ * reference does; only a zero weight may differ in sign, which no sum sees); the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
  * 32-element sub-block at a time, with the reference's arithmetic (Q4_K,
  * Q5_K: (d * sc) * q - dmin * m as a multiply then a subtract, never an
  * FMA; Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to
@@ -175,16 +177,16 @@ ALWAYS_INLINE void deq_block(uint32_t type, const uint8_t *blk, __m256 w[4]) {
                        _mm_loadl_epi64((const __m128i *)(b->qs + 8 * j)))), d);
     } else if (type == DTYPE_Q4_0) {
         const struct block_q4_0 *b = (const void *)blk;
-        __m256 d = half_scale(b->d);
+        const __m256 d = half_scale(b->d), m8d = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         nibbles(b->qs, q);
-        for (int j = 0; j < 4; j++)   /* (q - 8) * d */
-            w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(8))), d);
+        for (int j = 0; j < 4; j++)   /* (q - 8) * d, as q * d - 8 d: both products exact, so is the sum */
+            w[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[j]), d, m8d);
     } else {
         const struct block_q4_1 *b = (const void *)blk;
-        __m256 d = half_scale(b->d), m = half_scale(b->m);
+        const __m256 d = half_scale(b->d), m = half_scale(b->m);
         nibbles(b->qs, q);
-        for (int j = 0; j < 4; j++)   /* q * d + m, two roundings as in the reference */
-            w[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d), m);
+        for (int j = 0; j < 4; j++)   /* q * d + m: q * d is exact (4 x 11 bits), so one FMA rounds as mul + add */
+            w[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[j]), d, m);
     }
 }
 

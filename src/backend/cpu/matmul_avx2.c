@@ -29,8 +29,8 @@
  * (q - 8) d and Q4_1's q d + m take one FMA and round exactly as the
  * reference does; only a zero weight may differ in sign, which no sum sees); the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
  * 32-element sub-block at a time, with the reference's arithmetic (Q4_K,
- * Q5_K: (d * sc) * q - dmin * m as a multiply then a subtract, never an
- * FMA; Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to
+ * Q5_K: (d * sc) * q - dmin * m, whose product is exact, as one FMA;
+ * Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to
  * dtype_to_f32's and the FMA order over k is the one described above. */
 #include "backend/cpu/cpu_features.h"
 #include "core/core.h"
@@ -273,8 +273,9 @@ ALWAYS_INLINE void deq_ksub(uint32_t type, const uint8_t *sb, int s, const float
     }
     widen32(v, false, q);
     const __m256 d1 = _mm256_set1_ps(dl[s]), m1 = _mm256_set1_ps(ml[s]);
-    for (int j = 0; j < 4; j++)       /* (d * sc) * q - dmin * m: two roundings, no FMA */
-        w[j] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d1), m1);
+    for (int j = 0; j < 4; j++)       /* (d * sc) * q - dmin * m: d * sc is exact (11 x 6 bits), so is its
+                                       * product with a 4- or 5-bit q; one FMA rounds as the reference */
+        w[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(q[j]), d1, m1);
 }
 
 /* Super-block sb of type into 256 floats at dst. */

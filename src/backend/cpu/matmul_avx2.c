@@ -155,14 +155,16 @@ static void widen_row(enum wkind wk, const uint8_t *src, float *dst, int64_t K) 
 static inline __m256 half_scale(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
 
 /* The 32 nibbles of a block, element order (low nibbles 0..15, high 16..31),
- * as four vectors of 8 int32. */
+ * as four vectors of 8 int32: bytes 0-7 and 8-15 widened straight from
+ * memory, each giving its low nibbles (and 15) and its high ones (>> 4). */
 ALWAYS_INLINE void nibbles(const uint8_t *qs, __m256i q[4]) {
-    __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
-    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-    q[0] = _mm256_cvtepu8_epi32(lo);
-    q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-    q[2] = _mm256_cvtepu8_epi32(hi);
-    q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+    const __m256i m = _mm256_set1_epi32(0x0f);
+    q[0] = _mm256_and_si256(lo, m);
+    q[1] = _mm256_and_si256(hi, m);
+    q[2] = _mm256_srli_epi32(lo, 4);
+    q[3] = _mm256_srli_epi32(hi, 4);
 }
 
 /* Block blk (of type, a constant after inlining) as f32 in w[0..3]: the

@@ -265,15 +265,19 @@ ALWAYS_INLINE void deq_ksub(uint32_t type, const uint8_t *sb, int s, const float
     /* Q4_K, Q5_K: the codes of sub-block s are nibble s & 1 of qs[32 (s / 2) ..] */
     const uint8_t *qs = type == DTYPE_Q4_K ? ((const struct block_q4_K *)(const void *)sb)->qs
                                            : ((const struct block_q5_K *)(const void *)sb)->qs;
-    __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-    v = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (s & 1)), low4);
+    /* bytes widened straight from memory (cheaper than widening in registers), then the nibble */
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 32 * (s / 2) + 8 * j)));
+        q[j] = s & 1 ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0x0f));
+    }
     if (type == DTYPE_Q5_K) {                    /* bit 4: bit s of qh[l] */
         const struct block_q5_K *b = (const void *)sb;
-        __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
-        qh = _mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1));
-        v = _mm256_or_si256(v, _mm256_slli_epi16(qh, 4));
+        for (int j = 0; j < 4; j++) {
+            const __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qh + 8 * j)));
+            q[j] = _mm256_or_si256(q[j], _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, s),
+                                                                            _mm256_set1_epi32(1)), 4));
+        }
     }
-    widen32(v, false, q);
     const __m256 d1 = _mm256_set1_ps(dl[s]), m1 = _mm256_set1_ps(ml[s]);
     for (int j = 0; j < 4; j++)       /* (d * sc) * q - dmin * m: d * sc is exact (11 x 6 bits), so is its
                                        * product with a 4- or 5-bit q; one FMA rounds as the reference */

@@ -152,7 +152,9 @@ static void widen_row(enum wkind wk, const uint8_t *src, float *dst, int64_t K) 
 
 /* ---- block formats: 32 weights dequantized as dtype_to_f32 does ---- */
 
-static inline __m256 half_scale(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
+/* An f16 scale broadcast to 8 lanes (widened after the broadcast: fewer
+ * instructions than widening one lane and broadcasting it). */
+static inline __m256 half_scale(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16((short)h)); }
 
 /* The 32 nibbles of a block, element order (low nibbles 0..15, high 16..31),
  * as four vectors of 8 int32: bytes 0-7 and 8-15 widened straight from

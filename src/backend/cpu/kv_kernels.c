@@ -7,11 +7,11 @@
  * p % block_size.  The context is cut into splits at
  * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
  * it walks the split's positions in chunks that end at multiples of
- * cap = min(PA_CHUNK, PA_SCORES / g) wherever blocks end (a chunk gathers
- * its rows from as many blocks as it spans) and, for all g = n_head / n_head_kv query heads sharing that
- * kv head at once, keeps a running max m, sum l and accumulator acc (online
- * softmax, rescaled once per chunk), each K/V row dequantized once for the g
- * heads.  Items leave (m, l, acc) in a->partials; a merge step combines a
+ * cap = min(PA_CHUNK, PA_SCORES / g), wherever blocks end (a chunk gathers
+ * its rows from the blocks it spans), and, for all g = n_head / n_head_kv
+ * query heads sharing that kv head at once, keeps a running max m, sum l
+ * and accumulator acc (online softmax, rescaled once per chunk), each K/V
+ * row dequantized once for the g heads.  Items leave (m, l, acc) in a->partials; a merge step combines a
  * token's splits in ascending order (log-sum-exp) and normalizes.
  *
  * Determinism.  Chunk and split boundaries depend only on L, the window and

@@ -13,16 +13,18 @@
  * or one rounding, done identically), so the only difference from the scalar
  * reference is FMA rounding and where the tail is added.
  *
- * Tiling: threads claim output rows in chunks of MM_CHUNK blocks of MR (4).  A row block is
- * swept over all tokens NT (3) at a time by an MR x NT register-blocked
- * micro-kernel: per 8-element step it loads MR weight vectors and NT
- * activation vectors for MR * NT FMAs.  Weights reach it in place (F32, and
- * F16/BF16 widened in registers when n <= NT) or, for more tokens, first
- * made f32 in the thread's scratch once per row block and reused by every
- * token (block formats dequantized, F16/BF16 widened).  n = 1 (decode)
- * streams each weight row once: NT = 1, block formats dequantized in
- * registers, the next row block prefetched while the current one is read.
- * All these paths hand the micro-kernel the same f32 values.
+ * Tiling: threads claim output rows in chunks of MM_CHUNK blocks of MR (4).
+ * A row block is swept over all tokens NT (3) at a time by an MR x NT
+ * register-blocked micro-kernel: per 8-element step it loads MR weight
+ * vectors and NT activation vectors for MR * NT FMAs.  Weights reach it in
+ * place (F32, and F16/BF16 widened in registers when n <= FEW_N) or, for
+ * more tokens (prefill), first made f32 in the thread's scratch once per
+ * row block and reused by every token (block formats dequantized,
+ * F16/BF16 widened).  n = 1 (decode) streams each weight row once: block
+ * formats dequantized in registers, the next row block prefetched while
+ * the current one is read.  2 <= n <= FEW_N (batched decode): block
+ * formats dequantized in registers once per two tokens, MR rows at once.  All
+ * these paths hand the FMAs the same f32 values in the same order.
  *
  * Block formats: Q8_0 / Q4_0 / Q4_1 are dequantized 32 elements (one block)
  * at a time (q * d is exact for 4- and 8-bit codes and an f16 d, so Q4_0's
@@ -43,6 +45,7 @@ bool cpu_avx2_built(void) { return true; }
 
 #define MR CPU_AVX2_MM_ROWS   /* rows per micro-tile (4) */
 #define NT 3                  /* tokens per micro-tile: 4 x 3 accumulators + 4 weights = 16 ymm */
+#define FEW_N 4               /* up to this many tokens, weights are used in place (never via the scratch) */
 
 /* How the micro-kernel reads weights: f32 in memory, or f16 / bf16 widened. */
 enum wkind { WK_F32, WK_F16, WK_BF16 };
@@ -324,85 +327,124 @@ static void dequant_row(uint32_t type, const uint8_t *src, float *dst, int64_t K
 /* One token (decode) against R (MR or 1) block-format rows, dequantized in
  * registers: per accumulator the same FMAs, in the same order, on the same
  * values as micro() on the dequant_row() output.  pf as in micro. */
-ALWAYS_INLINE void micro_q1(const int R, uint32_t type, const uint8_t *w, size_t ws, const float *x, int64_t K,
-                            float *y, const uint8_t *pf) {
+ALWAYS_INLINE void micro_q1(const int R, const int T, uint32_t type, const uint8_t *w, size_t ws, const float *x,
+                            size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
     const size_t bb = block_bytes(type);
-    __m256 acc[MR], wv[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[MR][2], wv[4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < K / 32; i++) {
         if (pf)
             for (size_t o = 0; o < MR * bb; o += 64) _mm_prefetch((const char *)pf + (size_t)i * MR * bb + o, _MM_HINT_T0);
         for (int r = 0; r < R; r++) {
             deq_block(type, w + (size_t)r * ws + (size_t)i * bb, wv);
-            for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + 32 * i + 8 * j), acc[r]);
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < 4; j++)
+                    acc[r][t] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + (size_t)t * xs + 32 * i + 8 * j), acc[r][t]);
         }
     }
-    if (R == MR) _mm_storeu_ps(y, avx2_hsum4(acc[0], acc[1], acc[2], acc[3]));
-    else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
+    for (int t = 0; t < T; t++) {
+        if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, avx2_hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(acc[r][t]);
+    }
 }
 
-/* nr rows of block format `type`, one token. */
-ALWAYS_INLINE void rows_q1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int64_t K, float *y,
-                           const uint8_t *pf) {
-    if (nr == MR) { micro_q1(MR, type, w, ws, x, K, y, pf); return; }
-    for (int r = 0; r < nr; r++) micro_q1(1, type, w + (size_t)r * ws, ws, x, K, y + r, NULL);
+/* nr rows of block format `type`, n <= FEW_N tokens: MR rows at a time (the
+ * next rows prefetched), the tokens two at a time: 8 accumulators keep
+ * enough FMA chains in flight, and two tokens' activations stay in L1. */
+ALWAYS_INLINE void rows_q1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K,
+                           float *y, size_t ys, const uint8_t *pf) {
+    for (int t = 0; t < n; t += 2) {
+        const float *xt = x + (size_t)t * (size_t)K;
+        float *yt = y + (size_t)t * ys;
+        const bool two = n - t >= 2;
+        if (nr == MR) {
+            if (two) micro_q1(MR, 2, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            else micro_q1(MR, 1, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            continue;
+        }
+        for (int r = 0; r < nr; r++) {
+            if (two) micro_q1(1, 2, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+            else micro_q1(1, 1, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+        }
+    }
 }
 
 static void rows_q8_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_q1(DTYPE_Q8_0, w, ws, nr, x, K, y, pf);
+    rows_q1(DTYPE_Q8_0, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q4_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_q1(DTYPE_Q4_0, w, ws, nr, x, K, y, pf);
+    rows_q1(DTYPE_Q4_0, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_q1(DTYPE_Q4_1, w, ws, nr, x, K, y, pf);
+    rows_q1(DTYPE_Q4_1, w, ws, nr, x, n, K, y, ys, pf);
 }
 
 /* One token against R (MR or 1) K-quant rows, dequantized in registers one
  * sub-block at a time: the same FMAs on the same values as micro() on the
  * dequant_row() output.  pf as in micro. */
-ALWAYS_INLINE void micro_k1(const int R, uint32_t type, const uint8_t *w, size_t ws, const float *x, int64_t K,
-                            float *y, const uint8_t *pf) {
+ALWAYS_INLINE void micro_k1(const int R, const int T, uint32_t type, const uint8_t *w, size_t ws, const float *x,
+                            size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
     const size_t bb = k_block_bytes(type);
-    __m256 acc[MR], wv[4], xv[4];
+    __m256 acc[MR][2], wv[4], xv[4];
     float dl[MR][16], ml[MR][8];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < K / QK_K; i++) {
         if (pf)
             for (size_t o = 0; o < MR * bb; o += 64) _mm_prefetch((const char *)pf + (size_t)i * MR * bb + o, _MM_HINT_T0);
         for (int r = 0; r < R; r++) k_scales(type, w + (size_t)r * ws + (size_t)i * bb, dl[r], ml[r]);
-        for (int s = 0; s < 8; s++) {           /* x read once per sub-block, shared by the R rows */
-            for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + QK_K * i + 32 * s + 8 * j);
+        for (int s = 0; s < 8; s++) {
+            if (T == 1)                          /* x read once per sub-block, shared by the R rows */
+                for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + QK_K * i + 32 * s + 8 * j);
             for (int r = 0; r < R; r++) {
                 deq_ksub(type, w + (size_t)r * ws + (size_t)i * bb, s, dl[r], ml[r], wv);
-                for (int j = 0; j < 4; j++) acc[r] = _mm256_fmadd_ps(wv[j], xv[j], acc[r]);
+                for (int t = 0; t < T; t++)
+                    for (int j = 0; j < 4; j++)
+                        acc[r][t] = _mm256_fmadd_ps(wv[j], T == 1 ? xv[j] : _mm256_loadu_ps(x + (size_t)t * xs + QK_K * i
+                                                                                          + 32 * s + 8 * j), acc[r][t]);
             }
         }
     }
-    if (R == MR) _mm_storeu_ps(y, avx2_hsum4(acc[0], acc[1], acc[2], acc[3]));
-    else for (int r = 0; r < R; r++) y[r] = avx2_hsum_pairs(acc[r]);
+    for (int t = 0; t < T; t++) {
+        if (R == MR) _mm_storeu_ps(y + (size_t)t * ys, avx2_hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        else for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(acc[r][t]);
+    }
 }
 
-ALWAYS_INLINE void rows_k1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int64_t K, float *y,
-                           const uint8_t *pf) {
-    if (nr == MR) { micro_k1(MR, type, w, ws, x, K, y, pf); return; }
-    for (int r = 0; r < nr; r++) micro_k1(1, type, w + (size_t)r * ws, ws, x, K, y + r, NULL);
+/* nr K-quant rows, n <= FEW_N tokens (as rows_q1). */
+ALWAYS_INLINE void rows_k1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K,
+                           float *y, size_t ys, const uint8_t *pf) {
+    for (int t = 0; t < n; t += 2) {
+        const float *xt = x + (size_t)t * (size_t)K;
+        float *yt = y + (size_t)t * ys;
+        const bool two = n - t >= 2;
+        if (nr == MR) {
+            if (two) micro_k1(MR, 2, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            else micro_k1(MR, 1, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            continue;
+        }
+        for (int r = 0; r < nr; r++) {
+            if (two) micro_k1(1, 2, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+            else micro_k1(1, 1, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+        }
+    }
 }
 
 static void rows_q4_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q4_K, w, ws, nr, x, K, y, pf);
+    rows_k1(DTYPE_Q4_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q5_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q5_K, w, ws, nr, x, K, y, pf);
+    rows_k1(DTYPE_Q5_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q6_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q6_K, w, ws, nr, x, K, y, pf);
+    rows_k1(DTYPE_Q6_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 
 /* ---- threads ---- */
@@ -429,11 +471,11 @@ static void mm_chunk(void *arg, long c, int ith) {
     float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
     const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
     const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1 || is_k_type(w->type);
-    /* In place (F32; F16/BF16 widened in registers for a few tokens; block
-     * formats dequantized in registers for one token), or rows first made
-     * f32 in the scratch and reused by every token.  Either way the
-     * micro-kernel sees the same f32 values. */
-    const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16) && j->n <= NT) || (blocks && j->n == 1);
+    /* In place (F32; F16/BF16 widened in registers and block formats
+     * dequantized in registers for up to FEW_N tokens: decode and batched
+     * decode), or rows first made f32 in the scratch and reused by every
+     * token (prefill).  Either way the FMAs see the same f32 values. */
+    const bool inplace = w->type == DTYPE_F32 || ((f16 || bf16 || blocks) && j->n <= FEW_N);
     rows_fn *rows = !inplace ? rows_f32 : f16 ? rows_f16 : bf16 ? rows_bf16 : w->type == DTYPE_Q8_0 ? rows_q8_0
                   : w->type == DTYPE_Q4_0 ? rows_q4_0 : w->type == DTYPE_Q4_1 ? rows_q4_1
                   : w->type == DTYPE_Q4_K ? rows_q4_K : w->type == DTYPE_Q5_K ? rows_q5_K
@@ -441,7 +483,7 @@ static void mm_chunk(void *arg, long c, int ith) {
     for (int64_t r = b0 * MR; r < b1 * MR && r < M; r += MR) {
         int nr = (int)(M - r < MR ? M - r : MR);
         if (inplace) {
-            const uint8_t *pf = j->n == 1 && r + MR < M ? tensor_row(w, r + MR) : NULL;
+            const uint8_t *pf = (blocks || j->n == 1) && r + MR < M ? tensor_row(w, r + MR) : NULL;
             rows(tensor_row(w, r), w->row_bytes, nr, j->x, j->n, K, j->y + r, (size_t)M, pf);
             continue;
         }

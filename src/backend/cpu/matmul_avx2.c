@@ -324,9 +324,10 @@ static void dequant_row(uint32_t type, const uint8_t *src, float *dst, int64_t K
     }
 }
 
-/* One token (decode) against R (MR or 1) block-format rows, dequantized in
- * registers: per accumulator the same FMAs, in the same order, on the same
- * values as micro() on the dequant_row() output.  pf as in micro. */
+/* T (1 or 2) tokens x (token stride xs) against R (MR or 1) block-format
+ * rows, dequantized in registers once for the T tokens: per accumulator the
+ * same FMAs, in the same order, on the same values as micro() on the
+ * dequant_row() output.  pf as in micro. */
 ALWAYS_INLINE void micro_q1(const int R, const int T, uint32_t type, const uint8_t *w, size_t ws, const float *x,
                             size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
     const size_t bb = block_bytes(type);
@@ -349,43 +350,9 @@ ALWAYS_INLINE void micro_q1(const int R, const int T, uint32_t type, const uint8
     }
 }
 
-/* nr rows of block format `type`, n <= FEW_N tokens: MR rows at a time (the
- * next rows prefetched), the tokens two at a time: 8 accumulators keep
- * enough FMA chains in flight, and two tokens' activations stay in L1. */
-ALWAYS_INLINE void rows_q1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K,
-                           float *y, size_t ys, const uint8_t *pf) {
-    for (int t = 0; t < n; t += 2) {
-        const float *xt = x + (size_t)t * (size_t)K;
-        float *yt = y + (size_t)t * ys;
-        const bool two = n - t >= 2;
-        if (nr == MR) {
-            if (two) micro_q1(MR, 2, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
-            else micro_q1(MR, 1, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
-            continue;
-        }
-        for (int r = 0; r < nr; r++) {
-            if (two) micro_q1(1, 2, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
-            else micro_q1(1, 1, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
-        }
-    }
-}
-
-static void rows_q8_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_q1(DTYPE_Q8_0, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q4_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_q1(DTYPE_Q4_0, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_q1(DTYPE_Q4_1, w, ws, nr, x, n, K, y, ys, pf);
-}
-
-/* One token against R (MR or 1) K-quant rows, dequantized in registers one
- * sub-block at a time: the same FMAs on the same values as micro() on the
- * dequant_row() output.  pf as in micro. */
+/* T (1 or 2) tokens against R (MR or 1) K-quant rows, dequantized in
+ * registers one sub-block at a time: the same FMAs on the same values as
+ * micro() on the dequant_row() output.  pf as in micro. */
 ALWAYS_INLINE void micro_k1(const int R, const int T, uint32_t type, const uint8_t *w, size_t ws, const float *x,
                             size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
     const size_t bb = k_block_bytes(type);
@@ -415,36 +382,59 @@ ALWAYS_INLINE void micro_k1(const int R, const int T, uint32_t type, const uint8
     }
 }
 
-/* nr K-quant rows, n <= FEW_N tokens (as rows_q1). */
-ALWAYS_INLINE void rows_k1(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K,
-                           float *y, size_t ys, const uint8_t *pf) {
+/* R rows x T tokens of a block format or K-quant (type: a constant after inlining). */
+ALWAYS_INLINE void micro_blk(const int R, const int T, uint32_t type, const uint8_t *w, size_t ws, const float *x,
+                             size_t xs, int64_t K, float *y, size_t ys, const uint8_t *pf) {
+    if (is_k_type(type)) micro_k1(R, T, type, w, ws, x, xs, K, y, ys, pf);
+    else micro_q1(R, T, type, w, ws, x, xs, K, y, ys, pf);
+}
+
+/* nr rows of block format or K-quant `type`, n <= FEW_N tokens: MR rows at
+ * a time (the next rows prefetched), the tokens two at a time: 8
+ * accumulators keep enough FMA chains in flight, and two tokens'
+ * activations stay in L1. */
+ALWAYS_INLINE void rows_blk(uint32_t type, const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K,
+                            float *y, size_t ys, const uint8_t *pf) {
     for (int t = 0; t < n; t += 2) {
         const float *xt = x + (size_t)t * (size_t)K;
         float *yt = y + (size_t)t * ys;
         const bool two = n - t >= 2;
         if (nr == MR) {
-            if (two) micro_k1(MR, 2, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
-            else micro_k1(MR, 1, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            if (two) micro_blk(MR, 2, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
+            else micro_blk(MR, 1, type, w, ws, xt, (size_t)K, K, yt, ys, pf);
             continue;
         }
         for (int r = 0; r < nr; r++) {
-            if (two) micro_k1(1, 2, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
-            else micro_k1(1, 1, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+            if (two) micro_blk(1, 2, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
+            else micro_blk(1, 1, type, w + (size_t)r * ws, ws, xt, (size_t)K, K, yt + r, ys, NULL);
         }
     }
 }
 
+static void rows_q8_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_blk(DTYPE_Q8_0, w, ws, nr, x, n, K, y, ys, pf);
+}
+static void rows_q4_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_blk(DTYPE_Q4_0, w, ws, nr, x, n, K, y, ys, pf);
+}
+static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
+                      const uint8_t *pf) {
+    rows_blk(DTYPE_Q4_1, w, ws, nr, x, n, K, y, ys, pf);
+}
+
 static void rows_q4_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q4_K, w, ws, nr, x, n, K, y, ys, pf);
+    rows_blk(DTYPE_Q4_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q5_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q5_K, w, ws, nr, x, n, K, y, ys, pf);
+    rows_blk(DTYPE_Q5_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 static void rows_q6_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                       const uint8_t *pf) {
-    rows_k1(DTYPE_Q6_K, w, ws, nr, x, n, K, y, ys, pf);
+    rows_blk(DTYPE_Q6_K, w, ws, nr, x, n, K, y, ys, pf);
 }
 
 /* ---- threads ---- */

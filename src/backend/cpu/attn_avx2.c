@@ -8,8 +8,8 @@
  * register tiles of 4 heads x 2 rows; the softmax weights come from a
  * vectorized exp; the V rows are made f32 once and the heads' accumulators
  * sweep them in tiles of 4 heads x 16 dims.  Tiles keep loads to about
- * half the FMAs (a load per FMA made the old step load-bound at a third of
- * the FMA rate).
+ * three per four FMAs (the untiled step loaded an operand per FMA and
+ * spent 1.4x as long on the same context).
  *
  * Determinism: the arithmetic depends only on the step's arguments (fixed
  * lane layout and reduction order), so attention stays bit-identical for

@@ -4,7 +4,8 @@ written by gen_model in about 30 s), teacher-forced over 96 random token ids.  T
 argmax must agree with the scalar path's (f32 arithmetic on dequantized weights, the oracle) at
 >= 99 % of positions: the default path (f32 arithmetic, FMA rounding only) and the opt-in 13-bit
 integer-activation path (KVLLM_ACT=int).  Measured: 100 % for both, max relative logit error
-1.4e-6 (default) and 8.5e-4 (int).  On a CPU without AVX2 the default path is the scalar path and agrees trivially.
+1.4e-6 (default) and 8.5e-4 (int).  On a CPU without AVX2 the default path is the scalar path and
+agrees trivially.
 """
 from __future__ import annotations
 

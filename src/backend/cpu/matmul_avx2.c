@@ -29,7 +29,8 @@
  * Block formats: Q8_0 / Q4_0 / Q4_1 are dequantized 32 elements (one block)
  * at a time (q * d is exact for 4- and 8-bit codes and an f16 d, so Q4_0's
  * (q - 8) d and Q4_1's q d + m take one FMA and round exactly as the
- * reference does; only a zero weight may differ in sign, which no sum sees); the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
+ * reference does; only a zero weight may differ in sign, which no sum
+ * sees); the K-quants Q4_K / Q5_K / Q6_K (super-blocks of 256) one
  * 32-element sub-block at a time, with the reference's arithmetic (Q4_K,
  * Q5_K: (d * sc) * q - dmin * m, whose product is exact, as one FMA;
  * Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to

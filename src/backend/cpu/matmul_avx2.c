@@ -371,9 +371,10 @@ ALWAYS_INLINE void micro_k1(const int R, const int T, uint32_t type, const uint8
             for (int r = 0; r < R; r++) {
                 deq_ksub(type, w + (size_t)r * ws + (size_t)i * bb, s, dl[r], ml[r], wv);
                 for (int t = 0; t < T; t++)
-                    for (int j = 0; j < 4; j++)
-                        acc[r][t] = _mm256_fmadd_ps(wv[j], T == 1 ? xv[j] : _mm256_loadu_ps(x + (size_t)t * xs + QK_K * i
-                                                                                          + 32 * s + 8 * j), acc[r][t]);
+                    for (int j = 0; j < 4; j++) {
+                        const float *xk = x + (size_t)t * xs + QK_K * i + 32 * s + 8 * j;
+                        acc[r][t] = _mm256_fmadd_ps(wv[j], T == 1 ? xv[j] : _mm256_loadu_ps(xk), acc[r][t]);
+                    }
             }
         }
     }

@@ -365,6 +365,8 @@ ALWAYS_INLINE void micro_k1(const int R, const int T, uint32_t type, const uint8
         if (pf)
             for (size_t o = 0; o < MR * bb; o += 64) _mm_prefetch((const char *)pf + (size_t)i * MR * bb + o, _MM_HINT_T0);
         for (int r = 0; r < R; r++) k_scales(type, w + (size_t)r * ws + (size_t)i * bb, dl[r], ml[r]);
+        /* unrolled, so each sub-block's shifts and offsets are constants */
+#pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
             if (T == 1)                          /* x read once per sub-block, shared by the R rows */
                 for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + QK_K * i + 32 * s + 8 * j);

@@ -11,11 +11,22 @@
 #include "core/threadpool.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Element types of KV storage (see docs: quantized on write, dequantized
  * inside attention). */
 enum kv_type { KV_F32 = 0, KV_F16, KV_BF16, KV_INT8, KV_FP8, KV_TYPE_COUNT_ };
+
+/* Bytes per stored element of type t (0 for an invalid type). */
+static inline size_t kv_elem_bytes(enum kv_type t) {
+    switch (t) {
+    case KV_F32: return 4;
+    case KV_F16: case KV_BF16: return 2;
+    case KV_INT8: case KV_FP8: return 1;
+    default: return 0;
+    }
+}
 
 /* One layer of the paged KV storage.  Block b, slot s, kv head h starts at
  * element ((b * block_size + s) * n_head_kv + h) * head_dim of k / v; for

@@ -14,15 +14,6 @@ static const char *const k_names[KV_TYPE_COUNT_] = {
     [KV_F32] = "f32", [KV_F16] = "f16", [KV_BF16] = "bf16", [KV_INT8] = "int8", [KV_FP8] = "fp8",
 };
 
-static size_t elem_bytes(enum kv_type t) {
-    switch (t) {
-    case KV_F32: return 4;
-    case KV_F16: case KV_BF16: return 2;
-    case KV_INT8: case KV_FP8: return 1;
-    default: return 0;
-    }
-}
-
 static bool has_scales(enum kv_type t) { return t == KV_INT8 || t == KV_FP8; }
 
 const char *kv_type_name(enum kv_type t) {
@@ -37,7 +28,7 @@ int kv_type_parse(const char *name) {
 }
 
 uint64_t paged_kv_bytes_per_token(enum kv_type type, int n_layer, int n_head_kv, int head_dim) {
-    uint64_t per_head = (uint64_t)head_dim * elem_bytes(type) + (has_scales(type) ? 4 : 0);
+    uint64_t per_head = (uint64_t)head_dim * kv_elem_bytes(type) + (has_scales(type) ? 4 : 0);
     return 2 * (uint64_t)n_layer * (uint64_t)n_head_kv * per_head;
 }
 
@@ -58,7 +49,7 @@ int paged_kv_init(struct paged_kv *c, enum kv_type type, int n_layer, int n_bloc
     bool ok = ckd_mul_u64(&pos, (uint64_t)n_blocks, (uint64_t)block_size) && pos <= INT32_MAX &&
               ckd_mul_u64(&rows, pos, (uint64_t)n_head_kv) &&
               ckd_mul_u64(&elems, rows, (uint64_t)head_dim) &&
-              ckd_mul_u64(&data, elems, elem_bytes(type)) && data <= UINT64_MAX - KV_ALIGN &&
+              ckd_mul_u64(&data, elems, kv_elem_bytes(type)) && data <= UINT64_MAX - KV_ALIGN &&
               (!has_scales(type) || (ckd_mul_u64(&scales, rows, 4) && scales <= UINT64_MAX - KV_ALIGN));
     if (ok) {
         data = round_up(data);
@@ -115,7 +106,7 @@ void paged_kv_copy_block(struct paged_kv *c, int32_t dst, int32_t src) {
     KV_ASSERT(dst >= 0 && dst < c->n_blocks && src >= 0 && src < c->n_blocks);
     if (dst == src) return;
     const size_t rows = (size_t)c->block_size * (size_t)c->n_head_kv;
-    const size_t bytes = rows * (size_t)c->head_dim * elem_bytes(c->type);
+    const size_t bytes = rows * (size_t)c->head_dim * kv_elem_bytes(c->type);
     for (int il = 0; il < c->n_layer; il++) {
         struct kv_layer_view *l = &c->layers[il];
         uint8_t *k = l->k, *v = l->v;

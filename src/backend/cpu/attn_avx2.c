@@ -232,8 +232,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
     const float *r[MAX_N];
     float rs[MAX_N];             /* per-position factor: score scale, then V scale */
 
-    static const int esize[KV_TYPE_COUNT_] = { 4, 2, 2, 1, 1 };
-    const size_t rb = (size_t)hd * (size_t)esize[kv->type];
+    const size_t rb = (size_t)hd * kv_elem_bytes(kv->type);
     /* the next step's K and V, one row per row read here: spread out, the
      * requests fit in the miss queues; a step of lead hides the latency */
     for (int jj = 0; jj < n; jj++) {

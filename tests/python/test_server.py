@@ -65,6 +65,23 @@ def test_health_and_models(srv):
     assert st == 200, body
 
 
+def test_hf_folder(kvllm, stories, run, tmp_path):
+    """A Hugging Face folder is served under its folder name, and a request without `model` goes to it."""
+    out = tmp_path / "stories-hf"
+    r = run("convert", stories["bin"], "--tokenizer", stories["tok"], "--to", "hf", "-o", str(out))
+    assert r.returncode == 0, r.describe()
+    s = Server(kvllm, "-m", str(out), "-t", "1")
+    try:
+        assert [m.id for m in client(s).models.list().data] == ["stories-hf"]
+        st, body = s.post("/v1/completions", {"prompt": [1], "max_tokens": 32, "temperature": 0})
+        assert st == 200, body
+        assert body["model"] == "stories-hf"
+        assert stories["text"].read_text().startswith(body["choices"][0]["text"]), body
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+
+
 def test_greedy_matches_reference(srv, stories):
     """BOS alone, greedy: the published llama2.c output of stories260K."""
     ref = stories["text"].read_text()

@@ -2,7 +2,8 @@
  * OpenAI-compatible server, in the style of vLLM's serving benchmark.
  *
  * Each request is a streaming /v1/completions call with a random prompt
- * (token ids when the server reports its vocab_size, random words otherwise),
+ * (token ids when the server reports its vocab size: kvllm's vocab_size or
+ * llama-server's meta.n_vocab; random words otherwise),
  * max_tokens from --gen-len, greedy, ignore_eos (so output lengths are what
  * was asked) and stream_options.include_usage (the final chunk carries the
  * exact token count).  Time to first token is measured to the first chunk
@@ -337,7 +338,10 @@ static bool discover(struct target *t) {
         m = json_object_array_get_idx(d, 0);
         if (!*t->model && json_object_object_get_ex(m, "id", &v))
             snprintf(t->model, sizeof t->model, "%s", json_object_get_string(v));
+        json_object *meta;
         if (json_object_object_get_ex(m, "vocab_size", &v)) t->vocab = json_object_get_int(v);
+        else if (json_object_object_get_ex(m, "meta", &meta) && json_object_object_get_ex(meta, "n_vocab", &v))
+            t->vocab = json_object_get_int(v);   /* llama-server's field: the same id prompts reach both servers */
         ok = *t->model != 0;
     }
     if (!ok) cli_error("bench serve: GET /v1/models did not name a model (status %d)", r ? r->status : 0);

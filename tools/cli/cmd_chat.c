@@ -30,7 +30,7 @@
 
 static const char *k_usage =
     "usage: kvllm chat -m MODEL [options]\n"
-    "  -m, --model PATH       GGUF file or llama2.c checkpoint\n"
+    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
     "  --chat-template FILE   Jinja chat template (default: the model's tokenizer.chat_template)\n"
     "  --system TEXT          a system message opening the conversation\n"

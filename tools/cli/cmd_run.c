@@ -11,7 +11,7 @@
 
 static const char *k_usage =
     "usage: kvllm run -m MODEL [options]\n"
-    "  -m, --model PATH       GGUF file or llama2.c checkpoint\n"
+    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
     "  -p, --prompt TEXT      prompt (default: BOS alone)\n"
     "  -n, --n-predict N      new tokens to generate (default 128)\n"

@@ -16,9 +16,9 @@
 
 static const char *k_usage =
     "usage: kvllm serve -m MODEL [options] [engine options]\n"
-    "  -m, --model PATH       GGUF file or llama2.c checkpoint\n"
+    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary for models without one\n"
-    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin)\n"
+    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin, or the folder name)\n"
     "  --host ADDR            address to listen on (default 127.0.0.1)\n"
     "  --port N               port (default 8080; 0 = any free port, printed on stderr)\n"
     "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*\n"

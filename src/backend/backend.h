@@ -28,16 +28,26 @@ static inline size_t kv_elem_bytes(enum kv_type t) {
     }
 }
 
-/* One layer of the paged KV storage.  Block b, slot s, kv head h starts at
- * element ((b * block_size + s) * n_head_kv + h) * head_dim of k / v; for
- * KV_INT8 and KV_FP8 its scale is k_scale / v_scale[(b * block_size + s) *
- * n_head_kv + h] (value = code * scale; int8 symmetric, fp8 e4m3). */
+/* One layer of the paged KV storage: rows of head_dim elements, laid out
+ * (block, kv head, offset in block) — see kv_row.  For KV_INT8 and KV_FP8
+ * row r's scale is k_scale / v_scale[r] (value = code * scale; int8
+ * symmetric, fp8 e4m3). */
 struct kv_layer_view {
     enum kv_type type;
     int block_size, n_head_kv, head_dim;
     void *k, *v;                /* (n_blocks, block_size, n_head_kv, head_dim) of type */
     float *k_scale, *v_scale;   /* (n_blocks, block_size, n_head_kv) for INT8/FP8, else NULL */
 };
+
+/* The row of slot (block * block_size + offset) and kv head h.  Head-major
+ * within a block: one head's positions in a block are a contiguous run
+ * (block_size * head_dim elements), which attention streams through, and
+ * the hardware prefetcher follows; position-major rows of all heads would
+ * put n_head_kv - 1 other heads' rows between two of its reads. */
+static inline size_t kv_row(const struct kv_layer_view *kv, size_t slot, int h) {
+    const size_t bs = (size_t)kv->block_size;
+    return (slot / bs * (size_t)kv->n_head_kv + (size_t)h) * bs + slot % bs;
+}
 
 /* Positions at which long contexts are split for parallel attention
  * (flash-decoding); split points need not fall on block boundaries and

@@ -78,7 +78,7 @@ static void ref_int(const struct tensor *w, const float *x, int n, float *y) {
 
 /* One (type, K, M) case: vs scalar for every n, then invariance. */
 static void check_case(const struct backends *B, uint32_t type, int64_t K, int64_t M) {
-    static const int ns[] = { 1, 3, 11, 17, 64 };
+    static const int ns[] = { 1, 3, 5, 11, 16, 17, 64 };
     struct tensor w = make_weight(type, K, M);
     float *x = malloc((size_t)MAX_N * (size_t)K * sizeof *x);
     float *ref = malloc((size_t)MAX_N * (size_t)M * sizeof *ref);
@@ -133,9 +133,10 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
         }
         CHECK_MSG(!bad, "%s K=%lld M=%lld threads=%d: %d tokens differ alone vs in n=64", dtype_name(type),
                   (long long)K, (long long)M, th + 1, bad);
-        /* ... and inside batches of 17 and 11 (the prefill path) and 3 (the few-token
-         * path of block formats: two tokens, then one) starting anywhere ... */
-        static const int starts[] = { 0, 1, 23, MAX_N - 17 }, sizes[] = { 17, 11, 3 };
+        /* ... and inside batches of 17, 16, 11 and 5 (the prefill path, ending
+         * on 2, 1, 2 and 2 tokens) and 3 (block formats: two tokens, then one)
+         * starting anywhere ... */
+        static const int starts[] = { 0, 1, 23, MAX_N - 17 }, sizes[] = { 17, 16, 11, 5, 3 };
         for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++)
             for (size_t s = 0; s < sizeof starts / sizeof *starts; s++) {
                 be->ops->matmul(be, out, &w, x + (size_t)starts[s] * K, sizes[z]);

@@ -203,7 +203,7 @@ static void seq_make(struct seq *q, struct store *s, int L, bool outliers) {
     q->vs = malloc((size_t)L * w * sizeof(double));
     for (int p = 0; p < L; p++)
         for (int h = 0; h < nkv; h++) {
-            size_t row = ((size_t)q->table[p / bs] * bs + (size_t)(p % bs)) * (size_t)nkv + (size_t)h;
+            size_t row = kv_row(&s->v, (size_t)q->table[p / bs] * bs + (size_t)(p % bs), h);
             for (int i = 0; i < hd; i++) {
                 q->ks[(size_t)p * w + (size_t)h * hd + i] = stored(&s->v, 0, row, i);
                 q->vs[(size_t)p * w + (size_t)h * hd + i] = stored(&s->v, 1, row, i);
@@ -474,12 +474,12 @@ static void test_store(struct threadpool *pool) {
                     const float *x = (kvs ? v : k) + (size_t)i * w + (size_t)h * hd;
                     if (slots[i] < 0) {
                         /* slot 15 (5 * 7 % 20) is used by no other token: still untouched */
-                        size_t row = (size_t)15 * nkv + (size_t)h;
+                        size_t row = kv_row(&s.v, 15, h);
                         touched += memcmp((const uint8_t *)(kvs ? s.v.v : s.v.k) + row * hd * elem_bytes((enum kv_type)type),
                                           "\xff\xff\xff\xff", 4) != 0;
                         continue;
                     }
-                    size_t row = (size_t)slots[i] * nkv + (size_t)h;
+                    size_t row = kv_row(&s.v, (size_t)slots[i], h);
                     float amax = 0;
                     for (int e = 0; e < hd; e++) amax = fabsf(x[e]) > amax ? fabsf(x[e]) : amax;
                     float sc = type == KV_INT8 ? amax / 127 : amax / 448;

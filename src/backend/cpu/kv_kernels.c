@@ -82,7 +82,7 @@ static void store_chunk(void *arg, long i, int ith) {
     const int nkv = kv->n_head_kv, hd = kv->head_dim;
     if (j->slots[i] < 0) return;
     for (int h = 0; h < nkv; h++) {
-        size_t row = (size_t)j->slots[i] * (size_t)nkv + (size_t)h;
+        size_t row = kv_row(kv, (size_t)j->slots[i], h);
         size_t src = (size_t)i * (size_t)nkv * (size_t)hd + (size_t)h * (size_t)hd;
         store_row(kv, kv->k, kv->k_scale, row, j->k + src);
         store_row(kv, kv->v, kv->v_scale, row, j->v + src);
@@ -204,10 +204,11 @@ static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
 }
 
 /* Rows of positions c .. c + n - 1 (kv head hk) into rows[]. */
-static void pa_rows(const int32_t *table, int bs, size_t nkv, int hk, int c, int n, size_t *rows) {
+static void pa_rows(const struct kv_layer_view *kv, const int32_t *table, int hk, int c, int n, size_t *rows) {
+    const int bs = kv->block_size;
     for (int jj = 0; jj < n; jj++) {
         const int p = c + jj;
-        rows[jj] = ((size_t)table[p / bs] * (size_t)bs + (size_t)(p % bs)) * nkv + (size_t)hk;
+        rows[jj] = kv_row(kv, (size_t)table[p / bs] * (size_t)bs + (size_t)(p % bs), hk);
     }
 }
 
@@ -260,7 +261,7 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
 static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const struct paged_attn_args *a = j->a;
     const struct kv_layer_view *kv = &a->kv;
-    const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv, bs = kv->block_size;
+    const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv;
     const int L = a->pos[t] + 1;
     /* sliding window: positions <= pos - window are skipped; a split wholly before the window stays
      * empty (m = -inf, l = 0) and weighs nothing in the merge */
@@ -283,12 +284,12 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     size_t rows[2][PA_CHUNK];
     int cur = 0, c0 = p0, n = p0 < p1 ? (p0 / cap + 1) * cap - p0 : 0;
     n = n < p1 - p0 ? n : p1 - p0;
-    if (n > 0) pa_rows(table, bs, (size_t)nkv, hk, c0, n, rows[cur]);
+    if (n > 0) pa_rows(kv, table, hk, c0, n, rows[cur]);
     while (n > 0) {
         const int c1 = c0 + n, nn = p1 - c1 < cap ? p1 - c1 : cap;
         /* the next step's rows, for the step to prefetch while it computes: blocks lie
          * anywhere in the pool, so the hardware prefetcher cannot guess them */
-        if (nn > 0) pa_rows(table, bs, (size_t)nkv, hk, c1, nn, rows[cur ^ 1]);
+        if (nn > 0) pa_rows(kv, table, hk, c1, nn, rows[cur ^ 1]);
         j->chunk(kv, rows[cur], n, g, q, a->scale, part0, pstride, sc, cap, rows[cur ^ 1], nn > 0 ? nn : 0);
         cur ^= 1;
         c0 = c1;

@@ -35,8 +35,8 @@ static inline size_t kv_elem_bytes(enum kv_type t) {
 struct kv_layer_view {
     enum kv_type type;
     int block_size, n_head_kv, head_dim;
-    void *k, *v;                /* (n_blocks, block_size, n_head_kv, head_dim) of type */
-    float *k_scale, *v_scale;   /* (n_blocks, block_size, n_head_kv) for INT8/FP8, else NULL */
+    void *k, *v;                /* (n_blocks, n_head_kv, block_size, head_dim) of type */
+    float *k_scale, *v_scale;   /* (n_blocks, n_head_kv, block_size) for INT8/FP8, else NULL */
 };
 
 /* The row of slot (block * block_size + offset) and kv head h.  Head-major

@@ -131,21 +131,17 @@ ALWAYS_INLINE void rows_all_tokens(enum wkind wk, const uint8_t *w, size_t ws, i
     }
 }
 
-/* One copy per weight kind, so the kind is resolved outside the hot loop. */
+/* One copy per weight kind or block type, so it is a constant in the hot loop. */
 typedef void rows_fn(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
                      const uint8_t *pf);
-static void rows_f32(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                     const uint8_t *pf) {
-    rows_all_tokens(WK_F32, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_f16(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                     const uint8_t *pf) {
-    rows_all_tokens(WK_F16, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_bf16(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_all_tokens(WK_BF16, w, ws, nr, x, n, K, y, ys, pf);
-}
+#define ROWS_FN(name, fn, kind)                                                                               \
+    static void name(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys, \
+                     const uint8_t *pf) {                                                                     \
+        fn(kind, w, ws, nr, x, n, K, y, ys, pf);                                                              \
+    }
+ROWS_FN(rows_f32, rows_all_tokens, WK_F32)
+ROWS_FN(rows_f16, rows_all_tokens, WK_F16)
+ROWS_FN(rows_bf16, rows_all_tokens, WK_BF16)
 
 /* ---- block formats: 32 weights dequantized as dtype_to_f32 does ---- */
 
@@ -408,31 +404,12 @@ ALWAYS_INLINE void rows_blk(uint32_t type, const uint8_t *w, size_t ws, int nr, 
     }
 }
 
-static void rows_q8_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q8_0, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q4_0(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q4_0, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q4_1(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q4_1, w, ws, nr, x, n, K, y, ys, pf);
-}
-
-static void rows_q4_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q4_K, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q5_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q5_K, w, ws, nr, x, n, K, y, ys, pf);
-}
-static void rows_q6_K(const uint8_t *w, size_t ws, int nr, const float *x, int n, int64_t K, float *y, size_t ys,
-                      const uint8_t *pf) {
-    rows_blk(DTYPE_Q6_K, w, ws, nr, x, n, K, y, ys, pf);
-}
+ROWS_FN(rows_q8_0, rows_blk, DTYPE_Q8_0)
+ROWS_FN(rows_q4_0, rows_blk, DTYPE_Q4_0)
+ROWS_FN(rows_q4_1, rows_blk, DTYPE_Q4_1)
+ROWS_FN(rows_q4_K, rows_blk, DTYPE_Q4_K)
+ROWS_FN(rows_q5_K, rows_blk, DTYPE_Q5_K)
+ROWS_FN(rows_q6_K, rows_blk, DTYPE_Q6_K)
 
 /* ---- threads ---- */
 

@@ -189,6 +189,8 @@ enum kvllm_finish {
     KVLLM_FINISH_STOP,      /* end-of-sequence token or a stop string */
     KVLLM_FINISH_LENGTH,    /* max_tokens reached, or the context is full */
     KVLLM_FINISH_ABORT,     /* kvllm_engine_abort */
+    KVLLM_FINISH_ERROR,     /* the engine failed this sequence (a step that could not run, a sampler
+                               that found no valid token); logged, no text */
 };
 
 /* Delivered on the engine thread, inside kvllm_engine_step. */

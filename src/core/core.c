@@ -1,4 +1,4 @@
-/* core.c — errors table, logging, file mapping, clocks, RNG. */
+/* core.c — errors table, logging, file mapping, clocks, RNG, output files. */
 #include "core.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,4 +132,159 @@ void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) LOG_ERR("out of memory allocating %zu x %zu bytes", n, size);
     return p;
+}
+
+/* ---- output files written whole or not at all ---- */
+
+int os_random_bytes(void *buf, size_t n) {
+    uint8_t *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = getrandom(p + got, n - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    if (got == n) return 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = 0;
+        while (got < n) {
+            ssize_t k = read(fd, p + got, n - got);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            got += (size_t)k;
+        }
+        close(fd);
+        if (got == n) return 0;
+    }
+    LOG_ERR("%s: neither getrandom nor /dev/urandom gave %zu random bytes", __func__, n);
+    return KVLLM_EIO;
+}
+
+static char *str_dup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = xmalloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* The directory part of path ("." when there is none), as a new string. */
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return str_dup(".");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *d = xmalloc(n + 1);
+    if (d) { memcpy(d, path, n); d[n] = 0; }
+    return d;
+}
+
+int out_file_open(struct out_file *o, const char *path) {
+    memset(o, 0, sizeof *o);
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) { LOG_ERR("%s: not a file name", path); return KVLLM_EIO; }
+    size_t dn = (size_t)(base - path), cap = strlen(path) + 32;
+    o->path = str_dup(path);
+    o->tmp = xmalloc(cap);
+    if (!o->path || !o->tmp) { out_file_abort(o); return KVLLM_ENOMEM; }
+    /* the existing target's permission bits, or those fopen would give (umask applies) */
+    struct stat st;
+    bool keep_mode = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    uint64_t r = 0;
+    int fd = -1;
+    for (int attempt = 0; fd < 0 && attempt < 16; attempt++) {
+        if (os_random_bytes(&r, sizeof r)) r = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull + (uint64_t)attempt;
+        snprintf(o->tmp, cap, "%.*s.%s.tmp-%06llx", (int)dn, path, base, (unsigned long long)(r & 0xffffff));
+        fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        LOG_ERR("%s: cannot create a temporary file beside it (%s): %s", path, o->tmp, strerror(errno));
+        free(o->tmp);
+        o->tmp = NULL;
+        out_file_abort(o);
+        return KVLLM_EIO;
+    }
+    if (keep_mode) (void)fchmod(fd, st.st_mode & 07777);
+    if (!(o->f = fdopen(fd, "wb"))) {
+        LOG_ERR("%s: cannot open: %s", o->tmp, strerror(errno));
+        close(fd);
+        out_file_abort(o);
+        return KVLLM_EIO;
+    }
+    return 0;
+}
+
+int out_file_finish(struct out_file *o) {
+    if (!o->f) return o->tmp ? 0 : KVLLM_EIO;
+    FILE *f = o->f;
+    o->f = NULL;
+    int err = 0;
+    if (ferror(f)) err = EIO;
+    if (fflush(f) != 0 && !err) err = errno;
+    if (fsync(fileno(f)) != 0 && !err) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err) return 0;
+    LOG_ERR("%s: write failed: %s", o->path, strerror(err));
+    out_file_abort(o);
+    return KVLLM_EIO;
+}
+
+int out_file_commit(struct out_file *o) {
+    int rc = out_file_finish(o);
+    if (rc) { out_file_abort(o); return rc; }
+    if (rename(o->tmp, o->path) != 0) {
+        LOG_ERR("%s: cannot rename %s into place: %s", o->path, o->tmp, strerror(errno));
+        out_file_abort(o);
+        return KVLLM_EIO;
+    }
+    free(o->tmp);
+    o->tmp = NULL; /* in place: nothing left to remove */
+    char *dir = dir_of(o->path);
+    int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) { (void)fsync(dfd); close(dfd); } /* durable rename; best effort */
+    free(dir);
+    out_file_abort(o);
+    return 0;
+}
+
+void out_file_abort(struct out_file *o) {
+    if (!o) return;
+    if (o->f) fclose(o->f);
+    if (o->tmp) unlink(o->tmp);
+    free(o->tmp);
+    free(o->path);
+    memset(o, 0, sizeof *o);
+}
+
+int out_file_write_all(const char *path, const void *data, size_t n) {
+    struct out_file o;
+    int rc = out_file_open(&o, path);
+    if (rc) return rc;
+    if (n && fwrite(data, 1, n, o.f) != n) {
+        LOG_ERR("%s: write failed: %s", path, strerror(errno));
+        out_file_abort(&o);
+        return KVLLM_EIO;
+    }
+    return out_file_commit(&o);
+}
+
+int out_path_check(const char *what, const char *out, const char *in) {
+    struct stat so, si;
+    if (!out || !in || stat(out, &so) != 0 || stat(in, &si) != 0) return 0;
+    if (so.st_dev == si.st_dev && so.st_ino == si.st_ino) {
+        LOG_ERR("%s: the output %s is the input %s; write to another path", what, out, in);
+        return KVLLM_EINVAL;
+    }
+    if (!S_ISDIR(so.st_mode)) return 0;
+    char *dir = dir_of(in);
+    struct stat sd;
+    bool inside = dir && stat(dir, &sd) == 0 && sd.st_dev == so.st_dev && sd.st_ino == so.st_ino;
+    free(dir);
+    if (inside) {
+        LOG_ERR("%s: the output folder %s holds the input %s; write to another folder", what, out, in);
+        return KVLLM_EINVAL;
+    }
+    return 0;
 }

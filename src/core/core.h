@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 /* Always-on invariant check (never compiled out): prints and aborts. */
 #define KV_ASSERT(cond)                                                      \
@@ -59,5 +60,55 @@ static inline uint32_t hash_bytes(const char *s, size_t n) {
 /* malloc/calloc that log on failure. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
+
+/* ---- output files written whole or not at all ---- */
+
+/* An output file that replaces its target only when complete.  The bytes go
+ * to a temporary file beside the target (".NAME.tmp-XXXXXX" in the same
+ * directory, so the rename is atomic); out_file_commit flushes, fsyncs and
+ * renames it over the target, then fsyncs the directory.  Until then the
+ * target is untouched: a full disk, an error or a process killed midway
+ * leaves the old file as it was (a killed process cannot remove its
+ * temporary file; every error path here does).  A target that already
+ * exists keeps its permission bits; a new one gets 0666 & ~umask, as fopen
+ * would give it.  Not for paths that are not regular files (devices, "-"). */
+struct out_file {
+    FILE *f;     /* write here; NULL once finished or aborted */
+    char *path;  /* the target (owned copy) */
+    char *tmp;   /* the temporary file (owned); NULL once renamed or removed */
+};
+
+/* Create the temporary file for path.  KVLLM_EIO (logged with the path and
+ * errno) or KVLLM_ENOMEM; *o is then zeroed and nothing was created. */
+int out_file_open(struct out_file *o, const char *path);
+
+/* Flush, fsync and close the temporary file: complete, not yet in place.
+ * KVLLM_EIO (logged) if any write failed (ferror), or flush/fsync/close
+ * failed (ENOSPC, EFBIG, EIO); the temporary file is then removed. */
+int out_file_finish(struct out_file *o);
+
+/* out_file_finish (if not done), then rename over the target and fsync its
+ * directory.  0: the target holds the new bytes.  KVLLM_EIO (logged): the
+ * target is unchanged and the temporary file removed.  Either way *o is
+ * released (out_file_abort after it is a no-op). */
+int out_file_commit(struct out_file *o);
+
+/* Drop the output: close and remove the temporary file, free, zero *o.
+ * NULL-safe and idempotent (also on a zeroed struct). */
+void out_file_abort(struct out_file *o);
+
+/* out_file_open + one write of n bytes + out_file_commit. */
+int out_file_write_all(const char *path, const void *data, size_t n);
+
+/* May out be written while in is being read?  KVLLM_EINVAL, logged as
+ * "<what>: OUT is the input", when out names the same file as in (same
+ * st_dev and st_ino, links followed) or is a directory that holds in
+ * (a writer filling a folder would replace files beside the input).  0 when
+ * either does not exist.  what prefixes the message (the command). */
+int out_path_check(const char *what, const char *out, const char *in);
+
+/* Fill buf with n bytes from the kernel's CSPRNG (getrandom, or
+ * /dev/urandom).  KVLLM_EIO (logged) if neither answers. */
+int os_random_bytes(void *buf, size_t n);
 
 #endif

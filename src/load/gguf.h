@@ -129,7 +129,10 @@ int gguf_add_tensor(struct gguf *g, const char *name, uint32_t type, uint32_t n_
  * NULL on OOM (logged). */
 void *gguf_alloc(struct gguf *g, size_t n);
 
-/* Write g to path as GGUF v3 (alignment from general.alignment or 32). */
+/* Write g to path as GGUF v3 (alignment from general.alignment or 32),
+ * through a temporary file beside path renamed into place when complete:
+ * on error (KVLLM_EIO, KVLLM_ENOMEM, logged) an existing file at path is
+ * left as it was and no temporary file remains. */
 int gguf_write(const struct gguf *g, const char *path);
 
 #endif

@@ -1,5 +1,7 @@
 /* gguf_write.c — serialize a struct gguf as GGUF v3: header, metadata,
- * tensor infos (offsets recomputed, aligned), padding, tensor data. */
+ * tensor infos (offsets recomputed, aligned), padding, tensor data.  The
+ * bytes go to a temporary file renamed over the target only when complete
+ * (out_file in core.h), so the target may even be the file g maps. */
 #include "load/gguf.h"
 
 #include <errno.h>
@@ -69,8 +71,10 @@ int gguf_write(const struct gguf *g, const char *path) {
     uint32_t a;
     if (gguf_get_u32(g, "general.alignment", &a) == 0 && a && !(a & (a - 1))) align = a;
 
-    FILE *f = fopen(path, "wb");
-    if (!f) { LOG_ERR("%s: cannot create: %s", path, strerror(errno)); return KVLLM_EIO; }
+    struct out_file of;
+    int rc = out_file_open(&of, path);
+    if (rc) return rc;
+    FILE *f = of.f;
     struct writer w = { f, true };
     w_bytes(&w, "GGUF", 4);
     w_u32(&w, 3);
@@ -95,7 +99,10 @@ int gguf_write(const struct gguf *g, const char *path) {
         off += g->tensors[i].n_bytes;
         w_pad(&w, &off, align);
     }
-    if (fclose(f) != 0) w.ok = false;
-    if (!w.ok) { LOG_ERR("%s: write failed: %s", path, strerror(errno)); remove(path); return KVLLM_EIO; }
-    return 0;
+    if (!w.ok) {
+        LOG_ERR("%s: write failed: %s", path, strerror(errno));
+        out_file_abort(&of); /* the target, if any, is untouched */
+        return KVLLM_EIO;
+    }
+    return out_file_commit(&of);
 }

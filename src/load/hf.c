@@ -772,13 +772,17 @@ static void fmt_float(char *buf, size_t cap, float v) {
     if (!strpbrk(buf, ".eEn")) strncat(buf, ".0", cap - strlen(buf) - 1);
 }
 
-static int write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (!f) { LOG_ERR("%s: cannot create: %s", path, strerror(errno)); return KVLLM_EIO; }
-    bool ok = fputs(text, f) >= 0;
-    if (fclose(f) != 0) ok = false;
-    if (!ok) { LOG_ERR("%s: write failed", path); return KVLLM_EIO; }
-    return 0;
+/* text written to a temporary file beside path, complete (fsynced) but not
+ * yet in place: the caller commits or aborts *o.  Errors logged, *o zeroed. */
+static int write_text(struct out_file *o, const char *path, const char *text) {
+    int rc = out_file_open(o, path);
+    if (rc) return rc;
+    if (fputs(text, o->f) < 0) {
+        LOG_ERR("%s: write failed: %s", path, strerror(errno));
+        out_file_abort(o);
+        return KVLLM_EIO;
+    }
+    return out_file_finish(o);
 }
 
 /* Hyper-parameters of a GGUF to write, read with its <arch>. prefix. */
@@ -855,7 +859,7 @@ static int read_w_hparams(const struct gguf *g, struct w_hparams *w) {
     return 0;
 }
 
-static int write_config(const char *path, const struct w_hparams *w, int64_t n_vocab, bool tied, const char *dt) {
+static int write_config(struct out_file *o, const char *path, const struct w_hparams *w, int64_t n_vocab, bool tied, const char *dt) {
     char eps_s[32], theta_s[32], rope_s[96], text[4096];
     fmt_float(eps_s, sizeof eps_s, w->eps);
     fmt_float(theta_s, sizeof theta_s, w->theta);
@@ -868,7 +872,7 @@ static int write_config(const char *path, const struct w_hparams *w, int64_t n_v
                  "  \"bos_token_id\": %u,\n  \"eos_token_id\": %u,\n  \"torch_dtype\": \"%s\"\n}\n",
                  w->E, w->L, w->H, w->FF, w->CTX, w->CTX, (long long)n_vocab, eps_s, tied ? "true" : "false", w->bos,
                  w->eos, dt);
-        return write_text(path, text);
+        return write_text(o, path, text);
     }
     const char *archs = w->arch == HF_QWEN2 ? "Qwen2ForCausalLM" : w->mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
     const char *type = w->arch == HF_QWEN2 ? "qwen2" : w->mistral ? "mistral" : "llama";
@@ -894,7 +898,7 @@ static int write_config(const char *path, const struct w_hparams *w, int64_t n_v
              archs, type, w->E, w->FF, w->L, w->H, w->HKV, w->E / w->H, w->CTX, (long long)n_vocab, eps_s, theta_s,
              rope_s, extra, w->arch == HF_QWEN2 ? "" : "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n",
              tied ? "true" : "false", w->bos, w->eos, dt);
-    return write_text(path, text);
+    return write_text(o, path, text);
 }
 
 /* Conv1D layout: GGUF rows of out (ne0 = in) -> HF (in, out) row-major. */
@@ -955,11 +959,11 @@ int hf_write(const struct gguf *g, const char *dir) {
         LOG_ERR("%s: cannot create directory: %s", dir, strerror(errno));
         rc = KVLLM_EIO;
     }
-    FILE *f = NULL;
-    if (!rc && !(f = fopen(st_path, "wb"))) {
-        LOG_ERR("%s: cannot create: %s", st_path, strerror(errno));
-        rc = KVLLM_EIO;
-    }
+    /* every file is staged (complete, fsynced) beside its target and renamed
+     * into place only once all of them, the tokenizer included, are written */
+    struct out_file f_st = { 0 }, f_cfg = { 0 }, f_gen = { 0 };
+    if (!rc) rc = out_file_open(&f_st, st_path);
+    FILE *f = f_st.f;
     if (!rc) rc = st_write_header(f, st_path, e, g->n_tensors);
     uint8_t *tmp = NULL;
     for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
@@ -982,17 +986,20 @@ int hf_write(const struct gguf *g, const char *dir) {
         }
     }
     free(tmp);
-    if (f && fclose(f) != 0 && !rc) {
-        LOG_ERR("%s: write failed", st_path);
-        rc = KVLLM_EIO;
-    }
-    if (!rc) rc = write_config(cfg_path, &w, emb->ne[1], tied, torch_dtype);
+    if (!rc) rc = out_file_finish(&f_st);
+    if (!rc) rc = write_config(&f_cfg, cfg_path, &w, emb->ne[1], tied, torch_dtype);
     if (!rc) {
         char text[256];
         snprintf(text, sizeof text, "{\n  \"bos_token_id\": %u,\n  \"eos_token_id\": %u\n}\n", w.bos, w.eos);
-        rc = write_text(gen_path, text);
+        rc = write_text(&f_gen, gen_path, text);
     }
     if (!rc) rc = hf_tokenizer_write(g, dir);
+    if (!rc) rc = out_file_commit(&f_st);
+    if (!rc) rc = out_file_commit(&f_cfg);
+    if (!rc) rc = out_file_commit(&f_gen);
+    out_file_abort(&f_gen); /* no-ops once committed */
+    out_file_abort(&f_cfg);
+    out_file_abort(&f_st);
     free(gen_path);
     free(cfg_path);
     free(st_path);

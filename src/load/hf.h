@@ -37,7 +37,10 @@ int hf_open(const char *dir, struct gguf **out);
  * model.safetensors (llama Q/K rows permuted back to the halves layout,
  * GPT-2 matrices back to Conv1D), and, when g carries a vocabulary,
  * tokenizer.json + tokenizer_config.json (hf_tokenizer_write).  Creates dir
- * if needed.  Errors logged with the path; the folder may be left partial. */
+ * if needed.  Every file is written to a temporary file beside it and
+ * renamed into place once all are complete: on error (logged with the path)
+ * the files already there are left as they were (tokenizer.json aside, if
+ * tokenizer_config.json alone fails) and no temporary file remains. */
 int hf_write(const struct gguf *g, const char *dir);
 
 /* ---- tokenizer.json (hf_tokenizer.c) ---- */
@@ -69,7 +72,9 @@ int hf_vocab_open(const char *path, struct gguf **out);
  * converter does), "gpt2" ones with the pre-tokenizer their
  * tokenizer.ggml.pre names (gpt-2, llama-bpe, smaug-bpe, qwen2, smollm,
  * starcoder...).  Returns 0 without writing when g has no vocabulary;
- * KVLLM_EUNSUPPORTED (logged) for a vocabulary it cannot express. */
+ * KVLLM_EUNSUPPORTED (logged) for a vocabulary it cannot express.  Both
+ * files are staged beside their targets and renamed into place when both
+ * are complete; on error neither target is touched. */
 int hf_tokenizer_write(const struct gguf *g, const char *dir);
 
 #endif

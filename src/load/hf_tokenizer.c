@@ -27,6 +27,7 @@
 #include "load/hf.h"
 #include "load/hf_internal.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -960,12 +961,22 @@ static int opt_id(const struct gguf *g, const char *key, int n) {
     return gguf_get_u32(g, key, &v) == 0 && v < (uint32_t)n ? (int)v : -1;
 }
 
-static int write_json(const char *path, json_object *o) {
-    if (json_object_to_file_ext(path, o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE) != 0) {
-        LOG_ERR("%s: cannot write: %s", path, json_util_get_last_err());
+/* o as JSON in a temporary file beside path, complete but not yet in place
+ * (the caller commits or aborts *f).  Errors logged, *f zeroed. */
+static int write_json(struct out_file *f, const char *path, json_object *o) {
+    size_t n = 0;
+    const char *text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
+                                                         &n);
+    memset(f, 0, sizeof *f);
+    if (!text) { LOG_ERR("%s: out of memory", path); return KVLLM_ENOMEM; }
+    int rc = out_file_open(f, path);
+    if (rc) return rc;
+    if (fwrite(text, 1, n, f->f) != n) {
+        LOG_ERR("%s: write failed: %s", path, strerror(errno));
+        out_file_abort(f);
         return KVLLM_EIO;
     }
-    return 0;
+    return out_file_finish(f);
 }
 
 static int write_tokenizer(struct wctx *w, const char *dir, bool spm, const struct known_pre *kp) {
@@ -1055,7 +1066,8 @@ static int write_tokenizer(struct wctx *w, const char *dir, bool spm, const stru
     json_object_object_add(model, "merges", merges);
     json_object_object_add(root, "model", model);
     char *tj = hf_path_join(dir, "tokenizer.json"), *tc = hf_path_join(dir, "tokenizer_config.json");
-    rc = tj && tc ? write_json(tj, root) : KVLLM_ENOMEM;
+    struct out_file f_tj = { 0 }, f_tc = { 0 };
+    rc = tj && tc ? write_json(&f_tj, tj, root) : KVLLM_ENOMEM;
     json_object_put(root);
 
     json_object *cfg = json_object_new_object();
@@ -1070,8 +1082,12 @@ static int write_tokenizer(struct wctx *w, const char *dir, bool spm, const stru
     struct gguf_str tpl;
     if (gguf_get_str(g, "tokenizer.chat_template", &tpl) == 0)
         json_object_object_add(cfg, "chat_template", jstrn(tpl));
-    if (!rc) rc = write_json(tc, cfg);
+    if (!rc) rc = write_json(&f_tc, tc, cfg);
     json_object_put(cfg);
+    if (!rc) rc = out_file_commit(&f_tj);
+    if (!rc) rc = out_file_commit(&f_tc);
+    out_file_abort(&f_tc); /* no-ops once committed */
+    out_file_abort(&f_tj);
     free(tj);
     free(tc);
     return rc;

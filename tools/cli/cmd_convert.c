@@ -6,6 +6,7 @@
  * tokenizer_config.json when there is a vocabulary: the folder then loads
  * with -m DIR alone).  Architectures: llama, mistral, qwen2, gpt2. */
 #include "cli.h"
+#include "core/core.h"
 #include "kvllm.h"
 #include "load/gguf.h"
 #include "load/hf.h"
@@ -45,6 +46,9 @@ int cmd_convert(int argc, char **argv) {
     }
     if (!in || !out) { cli_error("convert: IN and -o OUT are required (see kvllm convert --help)"); return 2; }
     if (strcmp(to, "gguf") && strcmp(to, "hf")) { cli_error("convert: --to must be gguf or hf, not '%s'", to); return 2; }
+    /* the output replaces its target only when complete (a temporary file
+     * renamed into place), but an output that is the input is refused anyway */
+    if (out_path_check("convert", out, in) || (tok && out_path_check("convert", out, tok))) return 1;
     struct gguf *g = NULL;
     int rc;
     if (gguf_is_gguf(in)) rc = gguf_open(in, &g);

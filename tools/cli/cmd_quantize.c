@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 
 static const char *k_usage =
     "usage: kvllm quantize IN.gguf OUT.gguf TYPE [-t N]\n"
@@ -136,11 +135,6 @@ static void human(char *b, size_t n, double bytes) {
     snprintf(b, n, bytes >= 1048576 ? "%.2f MiB" : "%.1f KiB", bytes >= 1048576 ? bytes / 1048576 : bytes / 1024);
 }
 
-static bool same_file(const char *a, const char *b) {
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 int cmd_quantize(int argc, char **argv) {
     const char *pos[3] = { NULL };
     int n_pos = 0;
@@ -170,7 +164,7 @@ int cmd_quantize(int argc, char **argv) {
                   pos[2]);
         return 2;
     }
-    if (same_file(in, out)) { cli_error("quantize: OUT must not be the input file %s", in); return 1; }
+    if (out_path_check("quantize", out, in)) return 1; /* OUT is written whole (gguf_write), but never over IN */
     if (!gguf_is_gguf(in)) { cli_error("%s: not a GGUF file", in); return 1; }
 
     struct gguf *src = NULL, *dst = NULL;

@@ -54,6 +54,14 @@ static void set_str(struct jctx *c, struct jscope *g, const char *name, const ch
     jscope_set(c, g, jstr_c(name), value ? jv_cstr(c, value) : jv_str(jstr_c("")));
 }
 
+/* A message's role or content: message text, every byte of it. */
+static struct jv message_text(struct jctx *c, const char *s) {
+    if (!s) return jv_none();
+    struct jv v = jv_cstr(c, s);
+    if (v.u.s.n) v.u.s = jstr_taint_all(c, v.u.s);
+    return v;
+}
+
 static void set_variables(struct jctx *c, const struct chat_template_params *p) {
     struct jscope *g = jscope_new(c, NULL);
     jglobals_add(c, g);
@@ -61,8 +69,8 @@ static void set_variables(struct jctx *c, const struct chat_template_params *p) 
     for (int i = 0; i < p->n_msgs; i++) {
         struct jv m = jv_dict(c);
         const struct kvllm_chat_message *src = &p->msgs[i];
-        jdict_set(c, m.u.d, jv_cstr(c, "role"), src->role ? jv_cstr(c, src->role) : jv_none());
-        jdict_set(c, m.u.d, jv_cstr(c, "content"), src->content ? jv_cstr(c, src->content) : jv_none());
+        jdict_set(c, m.u.d, jv_cstr(c, "role"), message_text(c, src->role));
+        jdict_set(c, m.u.d, jv_cstr(c, "content"), message_text(c, src->content));
         jlist_push(c, msgs.u.l, m);
     }
     jscope_set(c, g, jstr_c("messages"), msgs);
@@ -74,11 +82,20 @@ static void set_variables(struct jctx *c, const struct chat_template_params *p) 
 
 int chat_template_render(const char *tmpl, size_t len, const struct chat_template_params *p,
                          char **out, size_t *out_len) {
+    return chat_template_render_spans(tmpl, len, p, out, out_len, NULL, NULL);
+}
+
+int chat_template_render_spans(const char *tmpl, size_t len, const struct chat_template_params *p,
+                               char **out, size_t *out_len, struct chat_span **spans, size_t *n_spans) {
     *out = NULL;
     if (out_len) *out_len = 0;
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
     struct jctx *c = calloc(1, sizeof *c);
     if (!c) { LOG_ERR("chat template: out of memory"); return KVLLM_ENOMEM; }
     c->mem_cap = JINJA_MAX_MEM;
+    c->max_steps = p->max_steps ? p->max_steps : JINJA_MAX_STEPS;
+    c->max_out = p->max_output ? p->max_output : JINJA_MAX_OUTPUT;
     c->err_pos = NO_POS;
     if (setjmp(c->jmp)) {
         int rc = c->err_code;
@@ -110,12 +127,20 @@ int chat_template_render(const char *tmpl, size_t len, const struct chat_templat
     struct jnode *root = jparse(c, toks, n_toks);
     struct jbuf buf = { 0 };
     jrender(c, root, &buf);
+    size_t n_sp = spans && buf.t ? buf.t->n : 0;
+    struct chat_span *sp = n_sp ? malloc(n_sp * sizeof *sp) : NULL;
     char *s = malloc(buf.n + 1);
-    if (!s) jfail(c, NO_POS, KVLLM_ENOMEM, "out of memory for the %zu-byte result", buf.n);
+    if (!s || (n_sp && !sp)) {
+        free(s);
+        free(sp);
+        jfail(c, NO_POS, KVLLM_ENOMEM, "out of memory for the %zu-byte result", buf.n);
+    }
     if (buf.n) memcpy(s, buf.p, buf.n);
     s[buf.n] = 0;
+    for (size_t i = 0; i < n_sp; i++) sp[i] = (struct chat_span){ buf.t->s[i].off, buf.t->s[i].n };
     *out = s;
     if (out_len) *out_len = buf.n;
+    if (spans) { *spans = sp; *n_spans = n_sp; }
     jarena_free(c);
     free(c);
     return 0;

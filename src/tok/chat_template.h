@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct chat_template_params {
     const struct kvllm_chat_message *msgs;  /* role and content (content NULL: None) */
@@ -18,6 +19,12 @@ struct chat_template_params {
     /* The date strftime_now() sees, "YYYY-MM-DD" (midnight).  NULL: the
      * KVLLM_TEMPLATE_NOW environment variable if set, else the local time. */
     const char *now;
+    /* Budgets of the render (0: the defaults, 2,000,000 steps and 8 MiB):
+     * a step is an expression or statement evaluated, a loop iteration, a
+     * list item made or an item a builtin scans.  Exceeding one fails the
+     * render with KVLLM_ERANGE and a message naming the budget. */
+    uint64_t max_steps;
+    size_t max_output;
 };
 
 /* Render tmpl (len bytes, UTF-8) with the variables messages (a list of
@@ -28,8 +35,24 @@ struct chat_template_params {
  * is logged, "chat template LINE:COL: message", with the position in the
  * template: KVLLM_EINVAL for a malformed template, a Jinja runtime error
  * or raise_exception() (whose message is quoted), KVLLM_EUNSUPPORTED for a
- * construct this interpreter lacks, KVLLM_ENOMEM past 256 MiB. */
+ * construct this interpreter lacks, KVLLM_ERANGE past the step or output
+ * budget, KVLLM_ENOMEM past 256 MiB. */
 int chat_template_render(const char *tmpl, size_t len, const struct chat_template_params *p,
                          char **out, size_t *out_len);
+
+/* Bytes [off, off + len) of a rendering that came from message text. */
+struct chat_span {
+    size_t off, len;
+};
+
+/* chat_template_render, and where the message text (every role and
+ * content string, and whatever the template computed from them: see the
+ * taint rule in jinja.h) landed in the output: *spans (malloc'd, free();
+ * NULL when *n_spans is 0) sorted and disjoint.  Every other byte was
+ * written by the template itself (its text, literals, bos/eos tokens).
+ * spans may be NULL when they are not wanted.  Errors as
+ * chat_template_render, with *spans NULL and *n_spans 0. */
+int chat_template_render_spans(const char *tmpl, size_t len, const struct chat_template_params *p,
+                               char **out, size_t *out_len, struct chat_span **spans, size_t *n_spans);
 
 #endif

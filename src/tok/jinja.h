@@ -17,7 +17,20 @@
  * extensions=[loopcontrols]) with the default Undefined, and values behave
  * as the Python objects they stand for (str, int, float, list, tuple, dict,
  * generator).  Whatever the interpreter cannot reproduce exactly is an error
- * (KVLLM_EUNSUPPORTED), never a guess. */
+ * (KVLLM_EUNSUPPORTED), never a guess.
+ *
+ * Taint: every string knows which of its bytes came from message text (the
+ * role and content the caller passed), as spans (struct jtaint), so that the
+ * render can say which bytes of its output are the user's and the tokenizer
+ * can refuse to read control tokens there.  Spans follow bytes exactly
+ * through output, concatenation (+, ~), captures (macros, set blocks), join,
+ * trim/strip and the characters of a string; any other builtin whose input
+ * holds message text marks the whole string it returns (and every string of
+ * a list it returns) as message text, unless it declares its result exact
+ * (jprecise: it returns values it was given, unchanged).  Lists and dicts
+ * carry a flag saying whether anything inside them is message text.  The
+ * rule errs one way only: markup built from message text may be treated as
+ * text, message text never as markup. */
 #ifndef KVLLM_TOK_JINJA_H
 #define KVLLM_TOK_JINJA_H
 
@@ -29,14 +42,32 @@
 
 #define JINJA_MAX_DEPTH 400                    /* nested expressions / statements / macro calls */
 #define JINJA_MAX_MEM   ((size_t)256 << 20)    /* arena bytes per render */
+/* Default budgets of one render (chat_template_params can lower or raise
+ * them): a step is one expression or statement evaluated, one loop
+ * iteration, one list item made, or one item a builtin scans; the output is
+ * the rendered text (and any string built on the way).  Exceeding either
+ * fails the render (KVLLM_ERANGE). */
+#define JINJA_MAX_STEPS  ((uint64_t)2000000)
+#define JINJA_MAX_OUTPUT ((size_t)8 << 20)
 
 struct jctx;
 
 /* ---- strings and values ------------------------------------------------ */
 
+struct jspan { size_t off, n; };   /* bytes [off, off + n) */
+
+/* Message-text spans, sorted and disjoint, in the arena.  Shared by the
+ * strings cut from one growing buffer, so a reader only looks at the spans
+ * that start below its own length (and clips the last). */
+struct jtaint {
+    struct jspan *s;   /* (cap) */
+    size_t n, cap;
+};
+
 struct jstr {
     const char *p;   /* UTF-8, not NUL-terminated */
     size_t n;        /* bytes */
+    const struct jtaint *t;   /* message-text bytes; NULL: none */
 };
 
 enum jkind {
@@ -76,11 +107,13 @@ struct jlist {
     size_t n, cap;
     uint8_t shape;   /* enum jshape */
     bool consumed;   /* JL_GEN: already iterated (iterates as empty again) */
+    bool tainted;    /* an item holds message text (set by jlist_push) */
 };
 
 struct jdict {
     struct jv *k, *v;  /* (cap) each */
     size_t n, cap;
+    bool tainted;      /* a key or value holds message text (set by jdict_set) */
 };
 
 /* Arguments of a call, filter or test (the value filtered or tested is
@@ -181,6 +214,7 @@ struct jchunk;
 struct jbuf {                /* growable byte string in the arena */
     char *p;
     size_t n, cap;
+    struct jtaint *t;        /* message-text spans written so far (jb_put_str) */
 };
 
 struct jctx {
@@ -197,9 +231,13 @@ struct jctx {
     size_t src_len;
     /* evaluation */
     int depth;
+    uint64_t steps, max_steps;   /* work done, and the budget (jstep) */
+    size_t max_out;              /* bytes the output, or any string built, may reach */
+    struct jbuf *root_out;       /* the render's output buffer */
     struct jscope *globals;  /* render variables and global functions */
     struct jbuf *out;        /* current output (a macro or block set captures into its own) */
     struct tm now;           /* for strftime_now */
+    bool precise;            /* set by a builtin whose result's taint is exact (jprecise) */
 };
 
 /* ---- jinja_value.c: memory, errors, values ------------------------------ */
@@ -210,12 +248,18 @@ _Noreturn void jfail(struct jctx *c, uint32_t pos, int code, const char *fmt, ..
 void jpos_linecol(const struct jctx *c, uint32_t pos, int *line, int *col);
 void jdepth_enter(struct jctx *c, uint32_t pos);
 static inline void jdepth_leave(struct jctx *c) { c->depth--; }
+/* Charge n steps to the render's budget; past c->max_steps the render
+ * fails with KVLLM_ERANGE (a template looping for ever, or quadratic work). */
+_Noreturn void jfail_steps(struct jctx *c, uint32_t pos);
+static inline void jstep(struct jctx *c, uint32_t pos, uint64_t n) {
+    if ((c->steps += n) > c->max_steps) jfail_steps(c, pos);
+}
 
 void jarena_free(struct jctx *c);
 void *jalloc(struct jctx *c, size_t n);                       /* zeroed; fails the render when over budget */
 void *jalloc_array(struct jctx *c, size_t n, size_t size);
 struct jstr jstr_dup(struct jctx *c, const char *p, size_t n);
-static inline struct jstr jstr_c(const char *s) { struct jstr r = { s, 0 }; while (s[r.n]) r.n++; return r; }
+static inline struct jstr jstr_c(const char *s) { struct jstr r = { s, 0, NULL }; while (s[r.n]) r.n++; return r; }
 bool jstr_eq(struct jstr a, const char *s);
 static inline bool jstr_same(struct jstr a, struct jstr b) {
     return a.n == b.n && (a.n == 0 || __builtin_memcmp(a.p, b.p, a.n) == 0);
@@ -225,7 +269,29 @@ void jb_put(struct jctx *c, struct jbuf *b, const char *p, size_t n);
 static inline void jb_puts(struct jctx *c, struct jbuf *b, const char *s) { jb_put(c, b, s, __builtin_strlen(s)); }
 void jb_putc(struct jctx *c, struct jbuf *b, char ch);
 void jb_printf(struct jctx *c, struct jbuf *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static inline struct jstr jb_str(const struct jbuf *b) { struct jstr s = { b->p ? b->p : "", b->n }; return s; }
+static inline struct jstr jb_str(const struct jbuf *b) { struct jstr s = { b->p ? b->p : "", b->n, b->t }; return s; }
+
+/* ---- taint (message-text spans) ---- */
+
+/* Does any byte of s come from message text? */
+static inline bool jstr_tainted(struct jstr s) { return s.t && s.t->n && s.t->s[0].off < s.n; }
+/* Does v hold message text (a string's bytes, or anything inside a list,
+ * dict, namespace or bound method)?  O(1). */
+bool jv_tainted(struct jv v);
+/* Append s to b, its message-text spans with it. */
+void jb_put_str(struct jctx *c, struct jbuf *b, struct jstr s);
+/* Mark b's bytes [start, b->n) as message text. */
+void jb_taint_from(struct jctx *c, struct jbuf *b, size_t start);
+/* s with all its bytes marked as message text. */
+struct jstr jstr_taint_all(struct jctx *c, struct jstr s);
+/* Bytes [off, off + n) of s, with the spans that fall inside. */
+struct jstr jstr_sub(struct jctx *c, struct jstr s, size_t off, size_t n);
+/* A builtin's declaration that the taint of the value it returns is exact. */
+static inline void jprecise(struct jctx *c) { c->precise = true; }
+/* The taint rule for a builtin's result r given its inputs (self and
+ * arguments): unless the builtin called jprecise, a result computed from
+ * message text is message text, all of it. */
+struct jv jtaint_result(struct jctx *c, struct jv r, bool precise, struct jv self, const struct jargs *a);
 
 static inline struct jv jv_undef(struct jstr name) { struct jv v = { .kind = JK_UNDEF }; v.u.s = name; return v; }
 static inline struct jv jv_none(void) { struct jv v = { .kind = JK_NONE }; return v; }

@@ -51,9 +51,11 @@ struct jv jgetattr(struct jctx *c, uint32_t pos, struct jv obj, struct jstr name
     case JK_UNDEF: fail_undefined(c, pos, obj);
     case JK_DICT:
         if (jmethod_find(c, obj, name, &out)) return out;
+        jstep(c, pos, obj.u.d->n);   /* the lookup is linear */
         if (jdict_get_str(obj.u.d, name, &out)) return out;
         break;
     case JK_NS:
+        jstep(c, pos, obj.u.d->n);
         if (jdict_get_str(obj.u.d, name, &out)) return out;
         break;
     case JK_LOOP: return loop_attr(c, pos, obj.u.loop, name);
@@ -80,6 +82,7 @@ struct jv jgetitem(struct jctx *c, uint32_t pos, struct jv obj, struct jv key) {
     switch ((enum jkind)obj.kind) {
     case JK_UNDEF: fail_undefined(c, pos, obj);
     case JK_DICT:
+        jstep(c, pos, obj.u.d->n);   /* the lookup is linear */
         if (jdict_get(obj.u.d, key, &out)) return out;
         break;
     case JK_LIST: {
@@ -153,8 +156,7 @@ static struct jv get_slice(struct jctx *c, struct jscope *sc, const struct jnode
     if (obj.kind == JK_STR) {
         struct jbuf b = { 0 };
         for (size_t k = 0; k < cnt; k++) {
-            struct jstr ch = items[start + (int64_t)k * step].u.s;
-            jb_put(c, &b, ch.p, ch.n);
+            jb_put_str(c, &b, items[start + (int64_t)k * step].u.s);   /* each character with its taint */
         }
         struct jv r = jv_str(jb_str(&b));
         r.safe = obj.safe;
@@ -212,15 +214,17 @@ _Noreturn static void fail_overflow(struct jctx *c, uint32_t pos) {
 static struct jv repeat(struct jctx *c, uint32_t pos, struct jv seq, int64_t times) {
     if (times < 0) times = 0;
     if (seq.kind == JK_STR) {
+        if (!seq.u.s.n) return jv_str(jstr_c(""));   /* '' * 10**18 must not loop */
         struct jbuf b = { 0 };
         if (seq.u.s.n && (uint64_t)times > c->mem_cap / seq.u.s.n)
             jfail(c, pos, KVLLM_ENOMEM, "string repetition too large");
-        for (int64_t k = 0; k < times; k++) jb_put(c, &b, seq.u.s.p, seq.u.s.n);
+        for (int64_t k = 0; k < times; k++) jb_put_str(c, &b, seq.u.s);
         return jv_str(jb_str(&b));
     }
     if (seq.u.l->n && (uint64_t)times > c->mem_cap / (seq.u.l->n * sizeof(struct jv)))
         jfail(c, pos, KVLLM_ENOMEM, "list repetition too large");
     struct jv r = jv_list(c, seq.u.l->shape, 0);
+    if (!seq.u.l->n) return r;
     for (int64_t k = 0; k < times; k++)
         for (size_t i = 0; i < seq.u.l->n; i++) jlist_push(c, r.u.l, seq.u.l->v[i]);
     return r;
@@ -245,6 +249,7 @@ static struct jstr html_escape(struct jctx *c, struct jstr s) {
 struct jv jv_escape(struct jctx *c, uint32_t pos, struct jv v) {
     if (v.kind == JK_STR && v.safe) return v;
     struct jv r = jv_str(html_escape(c, jv_to_str(c, pos, v)));
+    if (jv_tainted(v) && r.u.s.n) r.u.s = jstr_taint_all(c, r.u.s);
     r.safe = true;
     return r;
 }
@@ -261,8 +266,8 @@ static struct jv add(struct jctx *c, uint32_t pos, struct jv a, struct jv b) {
         if (safe && !a.safe) a = jv_escape(c, pos, a);
         if (safe && !b.safe) b = jv_escape(c, pos, b);
         struct jbuf buf = { 0 };
-        jb_put(c, &buf, a.u.s.p, a.u.s.n);
-        jb_put(c, &buf, b.u.s.p, b.u.s.n);
+        jb_put_str(c, &buf, a.u.s);
+        jb_put_str(c, &buf, b.u.s);
         struct jv r = jv_str(jb_str(&buf));
         r.safe = safe;
         return r;
@@ -374,11 +379,13 @@ static bool contains(struct jctx *c, uint32_t pos, struct jv container, struct j
         return container.u.s.n >= item.u.s.n &&
                memmem(container.u.s.p, container.u.s.n, item.u.s.p, item.u.s.n) != NULL;
     case JK_LIST:
+        jstep(c, pos, container.u.l->n);   /* a linear scan */
         for (size_t i = 0; i < container.u.l->n; i++)
             if (jv_eq(container.u.l->v[i], item)) return true;
         return false;
     case JK_DICT: {
         struct jv unused;
+        jstep(c, pos, container.u.d->n);
         return jdict_get(container.u.d, item, &unused);
     }
     default:
@@ -469,7 +476,14 @@ static struct jv call_macro(struct jctx *c, uint32_t pos, const struct jmacro *m
 
 struct jv jcall(struct jctx *c, uint32_t pos, struct jv callee, const struct jargs *a) {
     switch ((enum jkind)callee.kind) {
-    case JK_FUNC: return callee.u.fn->fn(c, pos, callee.u.fn->self, a);
+    case JK_FUNC: {
+        bool saved = c->precise;
+        c->precise = false;
+        struct jv r = callee.u.fn->fn(c, pos, callee.u.fn->self, a);
+        bool precise = c->precise;
+        c->precise = saved;
+        return jtaint_result(c, r, precise, callee.u.fn->self, a);
+    }
     case JK_MACRO: return call_macro(c, pos, callee.u.m, a);
     case JK_UNDEF: fail_undefined(c, pos, callee);
     default: jfail(c, pos, KVLLM_EINVAL, "'%s' object is not callable", jv_type_name(callee));
@@ -487,6 +501,7 @@ static struct jv eval_filter(struct jctx *c, struct jscope *sc, const struct jno
 
 struct jv jeval(struct jctx *c, struct jscope *sc, const struct jnode *e) {
     struct jv r, l;
+    jstep(c, e->pos, 1);
     jdepth_enter(c, e->pos);
     switch ((enum jn_kind)e->kind) {
     case JN_CONST: r = e->k; break;
@@ -629,6 +644,7 @@ static int exec_for(struct jctx *c, struct jscope *sc, const struct jnode *s) {
     struct jv lv = { .kind = JK_LOOP };
     lv.u.loop = loop;
     for (size_t i = 0; i < n; i++) {
+        jstep(c, s->pos, 1);
         loop->i = i;
         struct jscope *it = jscope_new(c, sc);
         jscope_set(c, it, jstr_c("loop"), lv);
@@ -640,6 +656,7 @@ static int exec_for(struct jctx *c, struct jscope *sc, const struct jnode *s) {
 
 static int exec(struct jctx *c, struct jscope *sc, const struct jnode *s) {
     c->err_pos = s->pos;
+    jstep(c, s->pos, 1);
     switch ((enum jn_kind)s->kind) {
     case JS_DATA: jb_put(c, c->out, s->s.p, s->s.n); return FLOW_NORMAL;
     case JS_OUTPUT: {
@@ -697,5 +714,6 @@ static int exec_block(struct jctx *c, struct jscope *sc, struct jnode *const *bo
 
 void jrender(struct jctx *c, const struct jnode *root, struct jbuf *out) {
     c->out = out;
+    c->root_out = out;
     exec_block(c, jscope_new(c, c->globals), root->v, root->n);
 }

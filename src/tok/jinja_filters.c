@@ -6,6 +6,7 @@
  * Built-ins that exist in jinja2 but not here fail as unsupported. */
 #include "tok/jinja.h"
 #include "kvllm.h"
+#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,7 +23,7 @@ void jbind(struct jctx *c, uint32_t pos, const char *fname, const struct jargs *
     int np = 0;
     while (params[np]) np++;
     if (a->n_pos > np) jfail(c, pos, KVLLM_EINVAL, "%s() takes at most %d argument(s) (%d given)", fname, np, a->n_pos);
-    for (int i = 0; i < np; i++) out[i] = i < a->n_pos ? a->pos[i] : jv_undef((struct jstr){ jmissing, 0 });
+    for (int i = 0; i < np; i++) out[i] = i < a->n_pos ? a->pos[i] : jv_undef((struct jstr){ jmissing, 0, NULL });
     for (int k = 0; k < a->n_kw; k++) {
         int i = 0;
         while (i < np && !jstr_eq(a->kw[k], params[i])) i++;
@@ -55,6 +56,7 @@ void jsort(struct jctx *c, uint32_t pos, struct jv *items, const struct jv *keys
     size_t *idx = jalloc_array(c, n, sizeof *idx), *tmp = jalloc_array(c, n, sizeof *tmp);
     for (size_t i = 0; i < n; i++) idx[i] = i;
     for (size_t w = 1; w < n; w *= 2) {
+        jstep(c, pos, n);   /* a merge pass */
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
             size_t i = lo, j = mid, o = lo;
@@ -85,7 +87,7 @@ static struct jv attr_path(struct jctx *c, uint32_t pos, struct jv item, struct 
     size_t start = 0;
     for (size_t i = 0; i <= path.n; i++) {
         if (i < path.n && path.p[i] != '.') continue;
-        struct jstr part = { path.p + start, i - start };
+        struct jstr part = { path.p + start, i - start, NULL };
         struct jv key = jv_str(part);
         bool digits = part.n > 0;
         for (size_t k = 0; k < part.n; k++) digits &= part.p[k] >= '0' && part.p[k] <= '9';
@@ -351,7 +353,7 @@ static struct jv f_join(struct jctx *c, uint32_t pos, struct jv v, const struct 
     const struct jv *items = jv_iterate(c, pos, v, &n);
     struct jbuf b = { 0 };
     for (size_t i = 0; i < n; i++) {
-        if (i) jb_put(c, &b, sep.p, sep.n);
+        if (i) jb_put_str(c, &b, sep);
         struct jv item = jgiven(p[1]) && p[1].kind != JK_NONE ? attr_path(c, pos, items[i], p[1], jv_none()) : items[i];
         jv_write_str(c, pos, &b, item);
     }
@@ -504,6 +506,7 @@ static struct jv f_reverse(struct jctx *c, uint32_t pos, struct jv v, const stru
     const struct jv *items = jv_iterate(c, pos, v, &n);
     struct jv r = jv_list(c, gen ? JL_LIST : JL_GEN, n);
     for (size_t i = n; i-- > 0;) jlist_push(c, r.u.l, items[i]);
+    jprecise(c);   /* the items, unchanged */
     return r;
 }
 
@@ -614,39 +617,99 @@ static struct jv f_trim(struct jctx *c, uint32_t pos, struct jv v, const struct 
     struct jstr chars = { 0 };
     bool have = jgiven(p[0]) && p[0].kind != JK_NONE;
     if (have) chars = jarg_str(c, pos, "chars", p[0]);
-    struct jv r = jv_str(pystr_strip(jv_to_str(c, pos, v), have ? &chars : NULL, true, true));
+    struct jstr s = jv_to_str(c, pos, v), t = pystr_strip(s, have ? &chars : NULL, true, true);
+    struct jv r = jv_str(jstr_sub(c, s, (size_t)(t.p - s.p), t.n));   /* a substring keeps its spans */
     r.safe = v.kind == JK_STR && v.safe;
     return r;
 }
 
+/* A hash consistent with jv_eq (Python ==): equal values hash alike, so
+ * 1, 1.0 and True share a hash, as do equal strings, tuples and dicts. */
+static uint64_t hash_mix(uint64_t h, uint64_t x) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+static uint64_t jv_hash(struct jv v, int depth) {
+    if (depth > JINJA_MAX_DEPTH) return 0;   /* jv_eq calls these unequal anyway */
+    switch ((enum jkind)v.kind) {
+    case JK_BOOL: return (uint64_t)v.u.b;
+    case JK_INT: return (uint64_t)v.u.i;
+    case JK_FLOAT:
+        /* an integral float equals the int of the same value */
+        if (v.u.f == floor(v.u.f) && v.u.f >= -9223372036854775808.0 && v.u.f < 9223372036854775808.0)
+            return (uint64_t)(int64_t)v.u.f;
+        if (isnan(v.u.f)) return 0x7ff8;
+        { uint64_t bits; memcpy(&bits, &v.u.f, sizeof bits); return bits; }
+    case JK_STR: return hash_bytes(v.u.s.p, v.u.s.n) ^ ((uint64_t)v.u.s.n << 32);
+    case JK_LIST: {
+        uint64_t h = 0x11ull + v.u.l->n;
+        for (size_t i = 0; i < v.u.l->n; i++) h = hash_mix(h, jv_hash(v.u.l->v[i], depth + 1));
+        return h;
+    }
+    case JK_DICT: {   /* key order does not matter to == */
+        uint64_t h = 0x22ull + v.u.d->n;
+        for (size_t i = 0; i < v.u.d->n; i++)
+            h += hash_mix(jv_hash(v.u.d->k[i], depth + 1), jv_hash(v.u.d->v[i], depth + 1));
+        return h;
+    }
+    case JK_NS: return (uint64_t)(uintptr_t)v.u.d;
+    case JK_MACRO: return (uint64_t)(uintptr_t)v.u.m;
+    case JK_FUNC: return (uint64_t)(uintptr_t)v.u.fn;
+    case JK_LOOP: return (uint64_t)(uintptr_t)v.u.loop;
+    default: return (uint64_t)v.kind;   /* None, Undefined */
+    }
+}
+
+/* Linear in the items: a hash set of the keys seen (open addressing over
+ * indices into keys[]). */
 static struct jv f_unique(struct jctx *c, uint32_t pos, struct jv v, const struct jargs *a) {
     struct jv p[2];
     jbind(c, pos, "unique", a, (const char *const[]){ "case_sensitive", "attribute", NULL }, p);
     size_t n;
     const struct jv *items = jv_iterate(c, pos, v, &n);
-    struct jv r = gen_from(c, n), seen = jv_list(c, JL_LIST, n);
+    struct jv r = gen_from(c, n);
+    size_t n_slots = 16;
+    while (n_slots < 2 * n) n_slots *= 2;
+    struct jv *keys = jalloc_array(c, n ? n : 1, sizeof *keys);      /* (n_keys) distinct keys so far */
+    size_t *slots = jalloc_array(c, n_slots, sizeof *slots);         /* (n_slots) 1 + index in keys, 0 empty */
+    size_t n_keys = 0;
     for (size_t i = 0; i < n; i++) {
         struct jv k = jgiven(p[1]) && p[1].kind != JK_NONE ? attr_path(c, pos, items[i], p[1], jv_none()) : items[i];
         if (!arg_bool(p[0], false)) k = lower_if_str(c, pos, k);
+        jstep(c, pos, 1);
+        uint64_t h = jv_hash(k, 0);
+        h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;   /* spread the bits the mask keeps */
+        size_t at = (size_t)(h ^ (h >> 29)) & (n_slots - 1);
         bool dup = false;
-        for (size_t j = 0; j < seen.u.l->n && !dup; j++) dup = jv_eq(seen.u.l->v[j], k);
+        for (; slots[at] && !dup; at = (at + 1) & (n_slots - 1)) {
+            jstep(c, pos, 1);   /* colliding keys cost steps, never an unbounded hang */
+            dup = jv_eq(keys[slots[at] - 1], k);
+        }
         if (dup) continue;
-        jlist_push(c, seen.u.l, k);
+        keys[n_keys++] = k;
+        slots[at] = n_keys;
         jlist_push(c, r.u.l, items[i]);
     }
     return r;
 }
 
-static const struct { const char *name; jbuiltin fn; } k_filters[] = {
-    { "abs", f_abs }, { "capitalize", f_capitalize }, { "count", f_length }, { "d", f_default },
-    { "default", f_default }, { "dictsort", f_dictsort }, { "e", f_escape }, { "escape", f_escape },
-    { "first", f_first }, { "float", f_float }, { "forceescape", f_forceescape }, { "indent", f_indent },
-    { "int", f_int }, { "items", f_items }, { "join", f_join }, { "last", f_last }, { "length", f_length },
-    { "list", f_list }, { "lower", f_lower }, { "map", f_map }, { "max", f_max }, { "min", f_min },
-    { "reject", f_reject }, { "rejectattr", f_rejectattr }, { "replace", f_replace }, { "reverse", f_reverse },
-    { "round", f_round }, { "safe", f_safe }, { "select", f_select }, { "selectattr", f_selectattr },
-    { "sort", f_sort }, { "string", f_string }, { "sum", f_sum }, { "title", f_title }, { "tojson", f_tojson },
-    { "trim", f_trim }, { "unique", f_unique }, { "upper", f_upper },
+/* precise: the filter returns the values it was given unchanged (or
+ * computes its result's message-text spans exactly); any other filter's
+ * result is all message text when its input holds any (jtaint_result). */
+static const struct { const char *name; jbuiltin fn; bool precise; } k_filters[] = {
+    { "abs", f_abs, false }, { "capitalize", f_capitalize, false }, { "count", f_length, true },
+    { "d", f_default, true }, { "default", f_default, true }, { "dictsort", f_dictsort, true },
+    { "e", f_escape, true }, { "escape", f_escape, true }, { "first", f_first, true }, { "float", f_float, false },
+    { "forceescape", f_forceescape, true }, { "indent", f_indent, false }, { "int", f_int, false },
+    { "items", f_items, true }, { "join", f_join, true }, { "last", f_last, true }, { "length", f_length, true },
+    { "list", f_list, true }, { "lower", f_lower, false }, { "map", f_map, true }, { "max", f_max, true },
+    { "min", f_min, true }, { "reject", f_reject, true }, { "rejectattr", f_rejectattr, true },
+    { "replace", f_replace, false }, { "reverse", f_reverse, false }, { "round", f_round, false },
+    { "safe", f_safe, true }, { "select", f_select, true }, { "selectattr", f_selectattr, true },
+    { "sort", f_sort, true }, { "string", f_string, true }, { "sum", f_sum, false }, { "title", f_title, false },
+    { "tojson", f_tojson, false }, { "trim", f_trim, true }, { "unique", f_unique, true },
+    { "upper", f_upper, false },
 };
 
 /* jinja2 built-ins this interpreter does not implement */
@@ -727,9 +790,14 @@ TEST_FN(t_in) {
         if (v.kind != JK_STR) jfail(c, pos, KVLLM_EINVAL, "'in <string>' requires string as left operand");
         return jv_bool(!v.u.s.n || memmem(seq.u.s.p, seq.u.s.n, v.u.s.p, v.u.s.n) != NULL);
     }
-    if (seq.kind == JK_DICT) { struct jv unused; return jv_bool(jdict_get(seq.u.d, v, &unused)); }
+    if (seq.kind == JK_DICT) {
+        struct jv unused;
+        jstep(c, pos, seq.u.d->n);   /* a linear scan */
+        return jv_bool(jdict_get(seq.u.d, v, &unused));
+    }
     size_t n;
     const struct jv *items = jv_iterate(c, pos, seq, &n);
+    jstep(c, pos, n);
     for (size_t i = 0; i < n; i++)
         if (jv_eq(items[i], v)) return jv_bool(true);
     return jv_bool(false);
@@ -766,10 +834,16 @@ static const struct { const char *name; jbuiltin fn; } k_tests[] = {
 
 /* ---- lookup ---- */
 
+static int filter_index(struct jstr name) {
+    for (size_t i = 0; i < sizeof k_filters / sizeof *k_filters; i++)
+        if (jstr_eq(name, k_filters[i].name)) return (int)i;
+    return -1;
+}
+
 jbuiltin jfilter_find(struct jstr name, bool *unsupported) {
     *unsupported = false;
-    for (size_t i = 0; i < sizeof k_filters / sizeof *k_filters; i++)
-        if (jstr_eq(name, k_filters[i].name)) return k_filters[i].fn;
+    int at = filter_index(name);
+    if (at >= 0) return k_filters[at].fn;
     for (int i = 0; k_filters_missing[i]; i++)
         if (jstr_eq(name, k_filters_missing[i])) *unsupported = true;
     return NULL;
@@ -789,7 +863,12 @@ struct jv jcall_filter(struct jctx *c, uint32_t pos, struct jstr name, struct jv
         if (unsupported) jfail(c, pos, KVLLM_EUNSUPPORTED, "the '%.*s' filter is not supported", (int)name.n, name.p);
         jfail(c, pos, KVLLM_EINVAL, "no filter named '%.*s'", (int)name.n, name.p);
     }
-    return fn(c, pos, v, a);
+    bool saved = c->precise;
+    c->precise = false;
+    struct jv r = fn(c, pos, v, a);
+    bool precise = c->precise || k_filters[filter_index(name)].precise;
+    c->precise = saved;
+    return jtaint_result(c, r, precise, v, a);
 }
 
 bool jcall_test(struct jctx *c, uint32_t pos, struct jstr name, struct jv v, const struct jargs *a) {

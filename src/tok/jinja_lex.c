@@ -74,7 +74,7 @@ static size_t strip_before_tag(const struct lexer *L, const char *text, size_t l
 static void emit_data(struct lexer *L, size_t start, size_t len) {
     if (!len) return;
     struct jtoken *t = emit(L, JT_DATA, (uint32_t)start);
-    t->s = (struct jstr){ L->s + start, len };
+    t->s = (struct jstr){ L->s + start, len, NULL };
 }
 
 static bool at(const struct lexer *L, size_t i, const char *lit) {
@@ -346,7 +346,7 @@ static void lex_tag(struct lexer *L, bool is_block, uint32_t open_pos) {
             if (k < L->n && (uint8_t)L->s[k] >= 0x80)
                 jfail(c, (uint32_t)L->pos, KVLLM_EUNSUPPORTED, "non-ASCII names are not supported");
             struct jtoken *t = emit(L, JT_NAME, (uint32_t)L->pos);
-            t->s = (struct jstr){ L->s + L->pos, k - L->pos };
+            t->s = (struct jstr){ L->s + L->pos, k - L->pos, NULL };
             L->pos = k;
             continue;
         }

@@ -23,8 +23,9 @@ static const struct jstr *opt_chars(struct jctx *c, uint32_t pos, struct jv v, s
 static struct jv strip_impl(struct jctx *c, uint32_t pos, struct jv self, const struct jargs *a, bool l, bool r) {
     struct jv p[1];
     jbind(c, pos, "strip", a, (const char *const[]){ "chars", NULL }, p);
-    struct jstr store;
-    return jv_str(pystr_strip(self.u.s, opt_chars(c, pos, p[0], &store), l, r));
+    struct jstr store, t = pystr_strip(self.u.s, opt_chars(c, pos, p[0], &store), l, r);
+    jprecise(c);   /* a substring, with its spans */
+    return jv_str(jstr_sub(c, self.u.s, (size_t)(t.p - self.u.s.p), t.n));
 }
 
 METHOD(m_strip) { return strip_impl(c, pos, self, a, true, true); }
@@ -142,7 +143,7 @@ static struct jv fix_impl(struct jctx *c, uint32_t pos, struct jv self, const st
     jbind(c, pos, suffix ? "removesuffix" : "removeprefix", a, (const char *const[]){ "affix", NULL }, p);
     struct jstr x = jarg_str(c, pos, "affix", jgiven(p[0]) ? p[0] : jv_none()), s = self.u.s;
     if (x.n && x.n <= s.n && !memcmp(s.p + (suffix ? s.n - x.n : 0), x.p, x.n))
-        return jv_str((struct jstr){ s.p + (suffix ? 0 : x.n), s.n - x.n });
+        return jv_str((struct jstr){ s.p + (suffix ? 0 : x.n), s.n - x.n, NULL });
     return self;
 }
 
@@ -160,9 +161,10 @@ METHOD(m_join) {
         if (items[i].kind != JK_STR)
             jfail(c, pos, KVLLM_EINVAL, "sequence item %zu: expected str instance, %s found", i,
                   jv_type_name(items[i]));
-        if (i) jb_put(c, &b, self.u.s.p, self.u.s.n);
-        jb_put(c, &b, items[i].u.s.p, items[i].u.s.n);
+        if (i) jb_put_str(c, &b, self.u.s);
+        jb_put_str(c, &b, items[i].u.s);
     }
+    jprecise(c);   /* spans carried by jb_put_str */
     return jv_str(jb_str(&b));
 }
 
@@ -182,6 +184,7 @@ static struct jv view(struct jctx *c, uint32_t pos, struct jv self, const struct
             jlist_push(c, r.u.l, shape == JL_KEYS ? d->k[i] : d->v[i]);
         }
     }
+    jprecise(c);   /* the dict's keys and values, unchanged */
     return r;
 }
 
@@ -193,6 +196,8 @@ METHOD(m_get) {
     struct jv p[2], out;
     jbind(c, pos, "get", a, (const char *const[]){ "key", "default", NULL }, p);
     if (!jgiven(p[0])) jfail(c, pos, KVLLM_EINVAL, "get() needs a key");
+    jprecise(c);   /* a stored value or the default, unchanged */
+    jstep(c, pos, self.u.d->n);   /* the lookup is linear */
     if (jdict_get(self.u.d, p[0], &out)) return out;
     return jgiven(p[1]) ? p[1] : jv_none();
 }
@@ -203,6 +208,7 @@ METHOD(m_list_count) {
     struct jv p[1];
     jbind(c, pos, "count", a, (const char *const[]){ "value", NULL }, p);
     int64_t n = 0;
+    jstep(c, pos, self.u.l->n);   /* a linear scan */
     for (size_t i = 0; i < self.u.l->n; i++) n += jv_eq(self.u.l->v[i], p[0]);
     return jv_int(n);
 }
@@ -210,6 +216,7 @@ METHOD(m_list_count) {
 METHOD(m_list_index) {
     struct jv p[1];
     jbind(c, pos, "index", a, (const char *const[]){ "value", NULL }, p);
+    jstep(c, pos, self.u.l->n);   /* a linear scan */
     for (size_t i = 0; i < self.u.l->n; i++)
         if (jv_eq(self.u.l->v[i], p[0])) return jv_int((int64_t)i);
     jfail(c, pos, KVLLM_EINVAL, "value is not in list");
@@ -370,7 +377,7 @@ METHOD(g_strftime_now) {
         freelocale(cl);
         if (n || f.n == 1) break;
     }
-    return jv_str((struct jstr){ buf, n });
+    return jv_str((struct jstr){ buf, n, NULL });
 }
 
 METHOD(g_unsupported) {

@@ -164,11 +164,11 @@ struct jstr pystr_strip(struct jstr s, const struct jstr *chars, bool left, bool
             if (!in_set(utf8_next(s.p, hi, &i), chars)) keep = i;
         hi = keep;
     }
-    return (struct jstr){ s.p + lo, hi - lo };
+    return (struct jstr){ s.p + lo, hi - lo, NULL };
 }
 
 static void push_str(struct jctx *c, struct jv list, const char *p, size_t n) {
-    jlist_push(c, list.u.l, jv_str((struct jstr){ p, n }));
+    jlist_push(c, list.u.l, jv_str((struct jstr){ p, n, NULL }));
 }
 
 /* Byte offsets of each character start, plus s.n at the end. */
@@ -321,7 +321,7 @@ int64_t pystr_find(struct jstr s, struct jstr sub, bool last) {
             if (!sub.n || memcmp(s.p + i, sub.p, sub.n) == 0) { found = i; break; }
     }
     if (found == SIZE_MAX) return -1;
-    return (int64_t)utf8_count((struct jstr){ s.p, found });
+    return (int64_t)utf8_count((struct jstr){ s.p, found, NULL });
 }
 
 int64_t pystr_count(struct jstr s, struct jstr sub) {

@@ -61,7 +61,7 @@ void *jalloc_array(struct jctx *c, size_t n, size_t size) {
 struct jstr jstr_dup(struct jctx *c, const char *p, size_t n) {
     char *d = jalloc(c, n + 1);
     if (n) memcpy(d, p, n);
-    return (struct jstr){ d, n };
+    return (struct jstr){ d, n, NULL };
 }
 
 bool jstr_eq(struct jstr a, const char *s) {
@@ -92,6 +92,11 @@ void jpos_linecol(const struct jctx *c, uint32_t pos, int *line, int *col) {
     *col = k;
 }
 
+void jfail_steps(struct jctx *c, uint32_t pos) {
+    jfail(c, pos, KVLLM_ERANGE, "the render took more than %llu steps (the template's step budget; a loop that "
+          "does not end, or work quadratic in its input?)", (unsigned long long)c->max_steps);
+}
+
 void jdepth_enter(struct jctx *c, uint32_t pos) {
     if (++c->depth > JINJA_MAX_DEPTH)
         jfail(c, pos, KVLLM_EINVAL, "nesting deeper than %d (recursive macro?)", JINJA_MAX_DEPTH);
@@ -100,6 +105,10 @@ void jdepth_enter(struct jctx *c, uint32_t pos) {
 /* ---- byte buffers ---- */
 
 static void jb_reserve(struct jctx *c, struct jbuf *b, size_t extra) {
+    /* the output, and any string a template builds, stays under the output budget */
+    if (extra > c->max_out || b->n > c->max_out - extra)
+        jfail(c, c->err_pos, KVLLM_ERANGE, "%s larger than %zu bytes (the template's output budget)",
+              b == c->root_out ? "the output is" : "a string the template builds is", c->max_out);
     if (b->cap - b->n >= extra) return;
     if (extra > c->mem_cap) jfail(c, c->err_pos, KVLLM_ENOMEM, "string too large");
     size_t want = b->n + extra;
@@ -141,6 +150,96 @@ void jb_printf(struct jctx *c, struct jbuf *b, const char *fmt, ...) {
     vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap);
     va_end(ap);
     b->n += (size_t)n;
+}
+
+/* ---- taint ---- */
+
+/* Append span [off, off + n) to *t (allocated on first use); offsets only
+ * grow, so a span touching the last one extends it. */
+static void taint_add(struct jctx *c, struct jtaint **t, size_t off, size_t n) {
+    if (!n) return;
+    if (!*t) *t = jalloc(c, sizeof **t);
+    struct jtaint *x = *t;
+    if (x->n && x->s[x->n - 1].off + x->s[x->n - 1].n >= off) {
+        struct jspan *last = &x->s[x->n - 1];
+        if (off + n > last->off + last->n) last->n = off + n - last->off;
+        return;
+    }
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? x->cap * 2 : 4;
+        struct jspan *ns = jalloc_array(c, cap, sizeof *ns);
+        if (x->n) memcpy(ns, x->s, x->n * sizeof *ns);
+        x->s = ns;
+        x->cap = cap;
+    }
+    x->s[x->n++] = (struct jspan){ off, n };
+}
+
+/* Add the spans of s that overlap its bytes [from, to), shifted by -from + at. */
+static void taint_copy(struct jctx *c, struct jtaint **t, struct jstr s, size_t from, size_t to, size_t at) {
+    if (!s.t) return;
+    for (size_t i = 0; i < s.t->n && s.t->s[i].off < to; i++) {
+        size_t lo = s.t->s[i].off, hi = lo + s.t->s[i].n;
+        if (hi > s.n) hi = s.n;
+        if (lo < from) lo = from;
+        if (hi > to) hi = to;
+        if (lo < hi) taint_add(c, t, lo - from + at, hi - lo);
+    }
+}
+
+bool jv_tainted(struct jv v) {
+    switch ((enum jkind)v.kind) {
+    case JK_STR: return jstr_tainted(v.u.s);
+    case JK_LIST: return v.u.l->tainted;
+    case JK_DICT: case JK_NS: return v.u.d->tainted;
+    case JK_FUNC: return jv_tainted(v.u.fn->self);
+    default: return false;
+    }
+}
+
+void jb_put_str(struct jctx *c, struct jbuf *b, struct jstr s) {
+    size_t at = b->n;
+    jb_put(c, b, s.p, s.n);
+    if (jstr_tainted(s)) taint_copy(c, &b->t, s, 0, s.n, at);
+}
+
+void jb_taint_from(struct jctx *c, struct jbuf *b, size_t start) {
+    if (b->n > start) taint_add(c, &b->t, start, b->n - start);
+}
+
+struct jstr jstr_taint_all(struct jctx *c, struct jstr s) {
+    struct jtaint *t = NULL;
+    taint_add(c, &t, 0, s.n);
+    s.t = t;
+    return s;
+}
+
+struct jstr jstr_sub(struct jctx *c, struct jstr s, size_t off, size_t n) {
+    struct jstr r = { s.p + off, n, NULL };
+    if (jstr_tainted(s)) {
+        struct jtaint *t = NULL;
+        taint_copy(c, &t, s, off, off + n, 0);
+        r.t = t;
+    }
+    return r;
+}
+
+/* Every string of a list's items (one level) marked as message text. */
+static void taint_list_items(struct jctx *c, struct jlist *l) {
+    for (size_t i = 0; i < l->n; i++)
+        if (l->v[i].kind == JK_STR && l->v[i].u.s.n) l->v[i].u.s = jstr_taint_all(c, l->v[i].u.s);
+    l->tainted = true;
+}
+
+struct jv jtaint_result(struct jctx *c, struct jv r, bool precise, struct jv self, const struct jargs *a) {
+    if (precise) return r;
+    bool in = jv_tainted(self);
+    for (int i = 0; a && !in && i < a->n_pos; i++) in = jv_tainted(a->pos[i]);
+    for (int i = 0; a && !in && i < a->n_kw; i++) in = jv_tainted(a->kwv[i]);
+    if (!in) return r;
+    if (r.kind == JK_STR && r.u.s.n) r.u.s = jstr_taint_all(c, r.u.s);
+    else if (r.kind == JK_LIST) taint_list_items(c, r.u.l);
+    return r;
 }
 
 /* ---- UTF-8 ---- */
@@ -228,6 +327,8 @@ struct jv jv_func(struct jctx *c, const char *name, jbuiltin fn, struct jv self)
 }
 
 void jlist_push(struct jctx *c, struct jlist *l, struct jv v) {
+    jstep(c, c->err_pos, 1);
+    if (jv_tainted(v)) l->tainted = true;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 8;
         struct jv *nv = jalloc_array(c, cap, sizeof *nv);
@@ -257,9 +358,11 @@ static bool jdict_find(const struct jdict *d, struct jv key, size_t *at) {
 void jdict_set(struct jctx *c, struct jdict *d, struct jv key, struct jv val) {
     if (!hashable(key, 0)) jfail(c, c->err_pos, KVLLM_EINVAL, "unhashable type: '%s'", jv_type_name(key));
     size_t at;
+    jstep(c, c->err_pos, d->n);   /* the find is linear */
+    if (jv_tainted(key) || jv_tainted(val)) d->tainted = true;
     if (jdict_find(d, key, &at)) { d->v[at] = val; return; }
     if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 8;
+        size_t cap = d->cap ? d->cap * 2 : 4;   /* most dicts are scopes of a few names */
         struct jv *nk = jalloc_array(c, cap, sizeof *nk), *nv = jalloc_array(c, cap, sizeof *nv);
         if (d->n) { memcpy(nk, d->k, d->n * sizeof *nk); memcpy(nv, d->v, d->n * sizeof *nv); }
         d->k = nk;
@@ -559,8 +662,12 @@ void jv_write_str(struct jctx *c, uint32_t pos, struct jbuf *b, struct jv v) {
     case JK_BOOL: jb_puts(c, b, v.u.b ? "True" : "False"); return;
     case JK_INT: jb_printf(c, b, "%lld", (long long)v.u.i); return;
     case JK_FLOAT: jv_write_float(c, b, v.u.f); return;
-    case JK_STR: jb_put(c, b, v.u.s.p, v.u.s.n); return;
-    default: write_container(c, pos, b, v);
+    case JK_STR: jb_put_str(c, b, v.u.s); return;
+    default: {
+        size_t start = b->n;
+        write_container(c, pos, b, v);
+        if (jv_tainted(v)) jb_taint_from(c, b, start);   /* a repr holding message text is message text */
+    }
     }
 }
 
@@ -639,7 +746,11 @@ static size_t *json_key_order(struct jctx *c, uint32_t pos, const struct jdict *
     for (size_t i = 0; i < d->n; i++) {
         size_t j = i;
         if (sort)
-            while (j > 0 && jv_cmp(c, pos, d->k[i], d->k[ord[j - 1]]) < 0) { ord[j] = ord[j - 1]; j--; }
+            while (j > 0 && jv_cmp(c, pos, d->k[i], d->k[ord[j - 1]]) < 0) {
+                jstep(c, pos, 1);
+                ord[j] = ord[j - 1];
+                j--;
+            }
         ord[j] = i;
     }
     return ord;
@@ -716,7 +827,7 @@ const struct jv *jv_iterate(struct jctx *c, uint32_t pos, struct jv v, size_t *n
         for (size_t i = 0; i < v.u.s.n; k++) {
             size_t start = i;
             utf8_next(v.u.s.p, v.u.s.n, &i);
-            items[k] = jv_str((struct jstr){ v.u.s.p + start, i - start });
+            items[k] = jv_str(jstr_sub(c, v.u.s, start, i - start));
             items[k].safe = v.safe;
         }
         *n = cnt;

@@ -2,11 +2,14 @@
  * against the context, submit, then answer in one body or as server-sent
  * events), models, health and metrics.
  *
- * A completion request runs on its HTTP connection's thread: it blocks on
- * its job's queue (non-streaming) or inside the SSE content reader
- * (streaming), polling the socket so that a client that leaves has its
- * sequences aborted within ~50 ms, and so its KV blocks are released in the
- * engine's next step. */
+ * No handler blocks: once submitted, a completion request suspends its MHD
+ * connection whenever its job's queue is empty, and the engine thread
+ * resumes it — on every event for a stream (the SSE content reader), on the
+ * last finishing event for a whole response (handle_pending).  The
+ * connection watcher (http.c) cancels the job of a client that left, so its
+ * KV blocks are released within a step or two.  A sequence that ends in
+ * error (KVLLM_FINISH_ERROR) or is cut by shutdown ends a stream with an
+ * error event and [DONE], and a whole response with 500 or 503. */
 #include "server/server_internal.h"
 #include "server/job.h"
 #include "server/openai.h"
@@ -23,7 +26,25 @@ static int send_error(struct server *s, struct MHD_Connection *c, const struct o
                                  : e->status == 429 ? OUTCOME_BUSY : OUTCOME_CLIENT_ERROR);
     char *body = oai_error_json(e);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
+    /* a full queue drains in about a step: tell clients when to come back */
+    if (e->status == 429) return http_send_hdr(c, e->status, "application/json", body, "Retry-After", "1");
     return http_send(c, e->status, "application/json", body);
+}
+
+/* Why a job ended without a whole answer (0: it did not). */
+static int job_failure(struct job *j, const struct oai_resp *r, struct oai_error *e) {
+    bool error = false, aborted = false;
+    for (int c = 0; c < r->n_choices; c++) {
+        error |= r->choices[c].finish == KVLLM_FINISH_ERROR;
+        aborted |= r->choices[c].finish == KVLLM_FINISH_ABORT || r->choices[c].finish == KVLLM_FINISH_NONE;
+    }
+    if (error || job_lost(j))
+        return oai_error_set(e, 500, "engine_error", NULL, "the engine failed this request%s",
+                             job_lost(j) ? " (out of memory)" : "");
+    if (atomic_load(&j->shutdown))
+        return oai_error_set(e, 503, "server_shutdown", NULL, "the server is shutting down; the request was ended");
+    if (aborted) return oai_error_set(e, 503, "aborted", NULL, "the request was aborted");
+    return 0;
 }
 
 /* ---- prompts ---- */
@@ -105,28 +126,62 @@ static uint64_t splitmix64(uint64_t x) {
 
 struct stream {
     struct server *s;
+    struct MHD_Connection *c;
     struct job *j;
-    int fd;
     struct oai_resp resp;
     bool include_usage, ended;
+    enum metrics_outcome outcome;
     struct strbuf out;       /* SSE bytes not yet handed to MHD: out.s[off..len) */
     size_t off;
 };
 
+/* One event into SSE bytes.  A sequence that failed, or was aborted (by
+ * shutdown: a client that left reads nothing), ends the whole stream with an
+ * error event and [DONE]: OpenAI's clients raise on it, where a chunk with
+ * finish_reason null or "abort" would pass for a short answer. */
+static void stream_event(struct stream *st, struct job_event *e) {
+    if (e->finish != KVLLM_FINISH_ERROR && e->finish != KVLLM_FINISH_ABORT) {
+        oai_stream_event(&st->resp, e, &st->out);
+        return;
+    }
+    if (e->len) {   /* the text before the failure still counts */
+        e->finish = KVLLM_FINISH_NONE;
+        oai_stream_event(&st->resp, e, &st->out);
+    }
+    struct oai_error err = { 0 };
+    if (e->finish == KVLLM_FINISH_ERROR || job_lost(st->j)) oai_error_set(&err, 500, "engine_error", NULL, "the engine failed this request");
+    else if (atomic_load(&st->j->shutdown))
+        oai_error_set(&err, 503, "server_shutdown", NULL, "the server is shutting down; the request was ended");
+    else oai_error_set(&err, 503, "aborted", NULL, "the request was aborted");
+    st->outcome = err.status == 500 ? OUTCOME_SERVER_ERROR : OUTCOME_ABORTED;
+    oai_stream_error(&err, &st->out);
+    st->ended = true;
+    job_cancel(st->j);   /* the other choices have nobody left to read them */
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
     struct stream *st = cls;
     while (st->off == st->out.len) {
         if (st->ended) return -1;   /* MHD_CONTENT_READER_END_OF_STREAM */
         st->out.len = 0;
         st->off = 0;
-        if (st->resp.n_done == st->resp.n_choices) {
-            oai_stream_end(&st->resp, st->include_usage, &st->out);
-            st->ended = true;
-        } else {
-            struct job_event *e;
-            if (job_wait(st->j, st->fd, &e) == JOB_GONE) return -2;   /* END_WITH_ERROR: drop the connection */
-            oai_stream_event(&st->resp, e, &st->out);
+        if (atomic_load(&st->j->gone)) return -2;   /* END_WITH_ERROR: drop the connection */
+        struct job_event *e = job_pop(st->j);
+        if (e) {
+            stream_event(st, e);
             free(e);
+        } else if (job_lost(st->j)) {
+            struct job_event fail = { .finish = KVLLM_FINISH_ERROR };
+            stream_event(st, &fail);
+        } else if (st->resp.n_done == st->resp.n_choices) {
+            oai_stream_end(&st->resp, st->include_usage, &st->out);
+            st->outcome = OUTCOME_SUCCESS;
+            st->ended = true;
+        } else if (job_take_ping(st->j)) {
+            sb_puts(&st->out, ": ping\n\n");   /* a comment: probes a half-closed client */
+        } else if (job_suspend(st->j, st->c)) {
+            return 0;   /* the engine thread resumes us with the next event */
         }
         if (st->out.oom) return -2;
     }
@@ -137,19 +192,67 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-static bool any_aborted(const struct oai_resp *r) {
-    for (int c = 0; c < r->n_choices; c++)
-        if (r->choices[c].finish == KVLLM_FINISH_ABORT || r->choices[c].finish == KVLLM_FINISH_NONE) return true;
-    return false;
-}
-
 static void stream_free(void *cls) {
     struct stream *st = cls;
     job_release(st->j);
-    metrics_request(&st->s->metrics, st->ended && !any_aborted(&st->resp) ? OUTCOME_SUCCESS : OUTCOME_ABORTED);
+    metrics_request(&st->s->metrics, st->ended ? st->outcome : OUTCOME_ABORTED);
     oai_resp_deinit(&st->resp);
     sb_free(&st->out);
     free(st);
+}
+
+/* ---- whole responses ---- */
+
+struct whole {
+    struct job *j;
+    struct oai_resp resp;
+};
+
+void pending_free(void *pending) {
+    struct whole *w = pending;
+    if (!w) return;
+    job_release(w->j);
+    oai_resp_deinit(&w->resp);
+    free(w);
+}
+
+/* The answer once every choice finished (or the client left). */
+static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole *w) {
+    bool gone = atomic_load(&w->j->gone);
+    struct oai_error err = { 0 };
+    int failed = gone ? 0 : job_failure(w->j, &w->resp, &err);
+    char *out = gone || failed ? NULL : oai_resp_json(&w->resp);
+    pending_free(w);
+    if (gone) {
+        metrics_request(&s->metrics, OUTCOME_ABORTED);
+        return HTTP_NO;   /* nobody reads: close */
+    }
+    if (failed && err.status == 503) {
+        metrics_request(&s->metrics, OUTCOME_ABORTED);
+        char *body = oai_error_json(&err);
+        return body ? http_send(c, 503, "application/json", body) : HTTP_NO;
+    }
+    if (failed) return send_error(s, c, &err);
+    if (!out) return http_error(c, 500, NULL, NULL, "out of memory");
+    metrics_request(&s->metrics, OUTCOME_SUCCESS);
+    return http_send(c, 200, "application/json", out);
+}
+
+/* Fold in what has arrived; answer when complete, else suspend until the
+ * engine thread resumes the connection. */
+static int whole_step(struct server *s, struct MHD_Connection *c, struct whole *w, void **pending) {
+    for (;;) {
+        struct job_event *e;
+        while ((e = job_pop(w->j))) { oai_resp_add(&w->resp, e); free(e); }
+        if (w->resp.n_done == w->resp.n_choices || atomic_load(&w->j->gone) || job_lost(w->j)) break;
+        if (job_suspend(w->j, c)) { *pending = w; return HTTP_YES; }
+    }
+    *pending = NULL;
+    return whole_answer(s, c, w);
+}
+
+int handle_pending(struct server *s, struct MHD_Connection *c, void **pending) {
+    return whole_step(s, c, *pending, pending);
 }
 
 /* ---- completions and chat ---- */
@@ -203,35 +306,14 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
     return 0;
 }
 
-/* Non-streaming: collect every event, then answer in one body. */
-static int answer_whole(struct server *s, struct MHD_Connection *c, struct job *j, struct oai_resp *resp) {
-    int fd = http_conn_fd(c);
-    bool gone = false;
-    while (!gone && resp->n_done < resp->n_choices) {
-        struct job_event *e;
-        if (job_wait(j, fd, &e) == JOB_GONE) gone = true;
-        else { oai_resp_add(resp, e); free(e); }
-    }
-    job_release(j);
-    char *out = gone ? NULL : oai_resp_json(resp);
-    bool aborted = gone || any_aborted(resp);
-    oai_resp_deinit(resp);
-    if (aborted) {
-        metrics_request(&s->metrics, OUTCOME_ABORTED);
-        free(out);
-        /* the client left (nobody reads this) or the server is going down */
-        return http_error(c, 503, NULL, NULL, "the request was aborted (the server is shutting down)");
-    }
-    if (!out) return http_error(c, 500, NULL, NULL, "out of memory");
-    metrics_request(&s->metrics, OUTCOME_SUCCESS);
-    return http_send(c, 200, "application/json", out);
-}
-
-int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len) {
+int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len,
+                      bool http11, void **pending) {
     const double t_arrival = time_now();
     struct oai_error err = { 0 };
-    if (atomic_load(&s->state) != SRV_READY) {
-        oai_error_set(&err, 503, NULL, NULL, "the model is still loading");
+    int state = atomic_load(&s->state);
+    if (state != SRV_READY) {
+        if (state == SRV_LOADING) oai_error_set(&err, 503, NULL, NULL, "the model is still loading");
+        else oai_error_set(&err, 503, "server_shutdown", NULL, "the server is shutting down");
         return send_error(s, c, &err);
     }
     struct oai_request rq;
@@ -244,7 +326,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
     struct oai_resp resp = { 0 };
     int rc = ids && n_ids && max_tokens ? 0 : oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (!rc) rc = prepare(s, &rq, np, ids, n_ids, max_tokens, &err);
-    if (!rc && !(j = job_new(s, np, rq.n, s->n_vocab, rq.logprobs, t_arrival)))
+    if (!rc && !(j = job_new(s, np, rq.n, s->n_vocab, rq.logprobs, t_arrival, rq.stream)))
         rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (!rc) rc = submit(s, j, &rq, np, ids, n_ids, max_tokens, &err);
     if (!rc) {
@@ -267,14 +349,24 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
     bool stream = rq.stream, include_usage = rq.include_usage;
     oai_request_free(&rq);
     struct stream *st = !rc && stream ? calloc(1, sizeof *st) : NULL;
-    if (!rc && stream && !st) rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
+    struct whole *w = !rc && !stream ? calloc(1, sizeof *w) : NULL;
+    if (!rc && !st && !w) rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (rc) {
         if (j) job_release(j);   /* aborts whatever was queued */
         oai_resp_deinit(&resp);
         return send_error(s, c, &err);
     }
-    if (!stream) return answer_whole(s, c, j, &resp);
-    *st = (struct stream){ .s = s, .j = j, .fd = http_conn_fd(c), .resp = resp, .include_usage = include_usage };
+    j->http11 = http11;
+    http_watch(s, c, j);
+    /* shutdown began after the check above and may have missed this job:
+     * http_end_requests sets SRV_STOPPING before it collects the watched */
+    if (atomic_load(&s->state) == SRV_STOPPING) job_shutdown(j);
+    if (w) {
+        *w = (struct whole){ .j = j, .resp = resp };
+        return whole_step(s, c, w, pending);
+    }
+    *st = (struct stream){ .s = s, .c = c, .j = j, .resp = resp, .include_usage = include_usage,
+                           .outcome = OUTCOME_ABORTED };
     return http_stream(c, stream_read, st, stream_free);
 }
 
@@ -318,8 +410,8 @@ int handle_models(struct server *s, struct MHD_Connection *c, const char *id) {
 int handle_health(struct server *s, struct MHD_Connection *c) {
     int st = atomic_load(&s->state);
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "status",
-                           json_object_new_string(st == SRV_READY ? "ok" : st == SRV_LOADING ? "loading" : "stopping"));
+    json_object_object_add(o, "status", json_object_new_string(st == SRV_READY ? "ok" : st == SRV_LOADING ? "loading"
+                                                               : st == SRV_DRAINING ? "draining" : "stopping"));
     return send_json(c, st == SRV_READY ? 200 : 503, o);
 }
 

@@ -4,44 +4,52 @@
 #include "server/server_internal.h"
 #include "core/core.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
-struct job *job_new(struct server *s, int n_prompts, int n, int n_vocab, int logprobs, double t_arrival) {
+struct job *job_new(struct server *s, int n_prompts, int n, int n_vocab, int logprobs, double t_arrival, bool stream) {
     struct job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->subs = calloc((size_t)n_prompts, sizeof *j->subs);
     j->t_last = calloc((size_t)n_prompts * (size_t)n, sizeof *j->t_last);
     if (!j->subs || !j->t_last) { free(j->subs); free(j->t_last); free(j); return NULL; }
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->srv = s;
     j->refs = 1;
     atomic_init(&j->cancelled, false);
+    atomic_init(&j->gone, false);
+    atomic_init(&j->shutdown, false);
     j->tail = &j->head;
     j->n_prompts = n_prompts;
     j->n = n;
     j->n_vocab = n_vocab;
     j->logprobs = logprobs;
     j->t_arrival = t_arrival;
+    j->stream = stream;
+    j->n_left = n_prompts * n;
+    j->fd = -1;
     for (int k = 0; k < n_prompts; k++) j->subs[k] = (struct job_sub){ .job = j, .prompt = k };
+    atomic_fetch_add(&s->n_jobs, 1);
     return j;
 }
 
 static void job_free(struct job *j) {
     for (struct job_event *e = j->head, *nx; e; e = nx) { nx = e->next; free(e); }
-    pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
     free(j->subs);
     free(j->t_last);
     free(j);
 }
 
-static void job_unref(struct job *j) {
+void job_ref(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_unref(struct job *j) {
     pthread_mutex_lock(&j->mu);
     bool last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
@@ -54,9 +62,7 @@ int job_submit(struct job *j, int k, struct kvllm_request *r) {
     r->user = s;
     /* the engine's reference is taken first: events may arrive before
      * kvllm_engine_add returns */
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
+    job_ref(j);
     int rc = kvllm_engine_add(j->srv->engine, r, &s->id);
     if (rc) { job_unref(j); return rc; }
     s->added = true;
@@ -64,65 +70,107 @@ int job_submit(struct job *j, int k, struct kvllm_request *r) {
     return 0;
 }
 
-bool job_client_gone(int fd) {
-    if (fd < 0) return false;
-    char c;
-    ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (r == 0) return true;   /* orderly shutdown by the peer */
-    return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-}
-
-/* How often a waiting HTTP thread looks at its socket: the bound on how long
- * a vanished client's sequences keep running. */
-#define POLL_MS 50
-
-int job_wait(struct job *j, int fd, struct job_event **out) {
-    *out = NULL;
-    for (;;) {
-        /* look at the socket on a clock, not only when no event came: a
-         * non-streaming request gets events every step and would otherwise
-         * never notice that its client left */
-        double now = time_now();
-        if (now >= j->next_check) {
-            j->next_check = now + POLL_MS * 1e-3;
-            if (atomic_load(&j->srv->state) == SRV_STOPPING || job_client_gone(fd)) return JOB_GONE;
-        }
-        pthread_mutex_lock(&j->mu);
-        if (!j->head && !j->lost) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += POLL_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-        }
-        struct job_event *e = j->head;
-        if (e) {
-            j->head = e->next;
-            if (!j->head) j->tail = &j->head;
-            e->next = NULL;
-        }
-        /* an event we failed to queue would leave us waiting forever */
-        bool lost = j->lost && !e;
-        pthread_mutex_unlock(&j->mu);
-        if (e) { *out = e; return JOB_EVENT; }
-        if (lost) return JOB_GONE;
+struct job_event *job_pop(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    struct job_event *e = j->head;
+    if (e) {
+        j->head = e->next;
+        if (!j->head) j->tail = &j->head;
+        e->next = NULL;
     }
+    pthread_mutex_unlock(&j->mu);
+    return e;
 }
 
-void job_release(struct job *j) {
-    atomic_store(&j->cancelled, true);
+bool job_lost(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool lost = j->lost;
+    pthread_mutex_unlock(&j->mu);
+    return lost;
+}
+
+/* Resume the HTTP side if it waits (under mu). */
+static void wake_locked(struct job *j) {
+    if (!j->suspended) return;
+    j->suspended = false;
+    http_resume(j->conn);
+}
+
+bool job_suspend(struct job *j, struct MHD_Connection *c) {
+    pthread_mutex_lock(&j->mu);
+    /* checked under the lock the engine thread wakes us under, so a wake
+     * cannot fall between the check and the suspension */
+    bool wait = !j->head && !j->lost && !j->ping && !atomic_load(&j->gone) && j->n_left > 0;
+    if (wait) {
+        j->conn = c;
+        j->suspended = true;
+        http_suspend(c);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return wait;
+}
+
+bool job_take_ping(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool p = j->ping;
+    j->ping = false;
+    pthread_mutex_unlock(&j->mu);
+    return p;
+}
+
+void job_cancel(struct job *j) {
     bool kicked = false;
     pthread_mutex_lock(&j->mu);
     for (int k = 0; k < j->n_prompts; k++) {
         struct job_sub *s = &j->subs[k];
         if (s->added && s->n_finished < j->n) { kvllm_engine_abort(j->srv->engine, s->id); kicked = true; }
     }
+    pthread_mutex_unlock(&j->mu);
+    if (kicked) server_kick(j->srv);
+}
+
+void job_client_gone(struct job *j) {
+    atomic_store(&j->gone, true);
+    job_cancel(j);
+    pthread_mutex_lock(&j->mu);
+    wake_locked(j);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_shutdown(struct job *j) {
+    atomic_store(&j->shutdown, true);
+    job_cancel(j);
+}
+
+void job_probe(struct job *j) {
+    static const char k_continue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    pthread_mutex_lock(&j->mu);
+    if (!j->probed && j->stream) {
+        j->probed = j->ping = true;
+        wake_locked(j);
+    } else if (!j->probed && j->suspended) {
+        /* MHD leaves a suspended connection alone, so these bytes cannot
+         * interleave with its own; 1xx is not allowed to HTTP/1.0 clients,
+         * which are then never probed */
+        j->probed = true;
+        if (j->http11 && j->fd >= 0) (void)!send(j->fd, k_continue, sizeof k_continue - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    /* a whole response being written right now needs no probe; an
+     * unprobed job is looked at again on the watcher's next round */
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_release(struct job *j) {
+    http_unwatch(j->srv, j);
+    atomic_store(&j->cancelled, true);
+    job_cancel(j);
+    pthread_mutex_lock(&j->mu);
     struct job_event *e = j->head;
     j->head = NULL;
     j->tail = &j->head;
     pthread_mutex_unlock(&j->mu);
     while (e) { struct job_event *nx = e->next; free(e); e = nx; }
-    if (kicked) server_kick(j->srv);
+    atomic_fetch_sub(&j->srv->n_jobs, 1);
     job_unref(j);
 }
 
@@ -183,9 +231,12 @@ void job_on_event(const struct kvllm_event *ev, void *user) {
     if (!atomic_load(&j->cancelled)) {
         if (e) { *j->tail = e; j->tail = &e->next; e = NULL; }
         else j->lost = true;
-        pthread_cond_signal(&j->cv);
     }
-    if (ev->finish != KVLLM_FINISH_NONE && ++s->n_finished == j->n) drop = true;
+    if (ev->finish != KVLLM_FINISH_NONE) {
+        j->n_left--;
+        if (++s->n_finished == j->n) drop = true;
+    }
+    if (j->stream || j->n_left == 0 || j->lost) wake_locked(j);
     pthread_mutex_unlock(&j->mu);
     free(e);   /* cancelled meanwhile */
     if (drop) job_unref(j);

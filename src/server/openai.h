@@ -98,6 +98,9 @@ void oai_resp_add(struct oai_resp *r, const struct job_event *e);
 char *oai_resp_json(struct oai_resp *r);
 /* Streaming: the SSE chunk(s) for one event appended to out (maybe none). */
 void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strbuf *out);
+/* Streaming: a stream that ends in error: `data: {"error": {...}}` (the
+ * shape of oai_error_json) and "data: [DONE]". */
+void oai_stream_error(const struct oai_error *e, struct strbuf *out);
 /* Streaming: the usage chunk (when asked) and "data: [DONE]". */
 void oai_stream_end(struct oai_resp *r, bool include_usage, struct strbuf *out);
 

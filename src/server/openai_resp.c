@@ -297,6 +297,15 @@ void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strb
     note_event(r, e);
 }
 
+void oai_stream_error(const struct oai_error *e, struct strbuf *out) {
+    char *body = oai_error_json(e);
+    if (!body) { out->oom = true; return; }
+    sb_puts(out, "data: ");
+    sb_puts(out, body);
+    sb_puts(out, "\n\ndata: [DONE]\n\n");
+    free(body);
+}
+
 void oai_stream_end(struct oai_resp *r, bool include_usage, struct strbuf *out) {
     if (include_usage) {
         json_object *o = envelope(r, r->chat ? "chat.completion.chunk" : "text_completion");

@@ -6,10 +6,11 @@
  * kick it.  kvllm_engine_get_stats is not thread-safe, so the engine thread
  * snapshots the stats after every step for /metrics.
  *
- * Shutdown order matters: HTTP stops first (every connection thread sees
- * SRV_STOPPING within one poll interval and aborts its job), then the engine
- * thread runs until those aborts have been delivered and exits when idle, so
- * no job is left waiting for an event that will never come. */
+ * Shutdown order matters: requests still running are cancelled first and
+ * answered (the engine thread must still run to deliver their finishing
+ * events, and no connection may stay suspended when MHD stops), then HTTP
+ * stops, then the engine thread exits when idle, so no job is left waiting
+ * for an event that will never come. */
 #include "server/server_internal.h"
 #include "core/core.h"
 
@@ -87,12 +88,21 @@ int server_start(const struct server_params *p, struct server **out) {
     s->model_id = strdup(p->model_id ? p->model_id : "default");
     s->chat_template = dup_or_null(p->chat_template);
     s->max_body = p->max_body ? p->max_body : (size_t)1 << 20;
+    s->metrics_public = p->metrics_public;
+    s->header_timeout = p->header_timeout > 0 ? p->header_timeout : 10;
+    s->body_timeout = p->body_timeout > 0 ? p->body_timeout : 30;
+    s->idle_timeout = p->idle_timeout > 0 ? p->idle_timeout : 30;
+    s->max_conns = p->max_conns > 0 ? p->max_conns : 4096;
+    s->max_conns_per_client = p->max_conns_per_client > 0 ? p->max_conns_per_client : 1024;
     s->port = p->port;
     s->created = time(NULL);
     s->idle = true;
     atomic_init(&s->state, SRV_LOADING);
     atomic_init(&s->next_id, 1);
+    atomic_init(&s->n_jobs, 0);
+    atomic_init(&s->watch_stop, false);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->peers_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     metrics_init(&s->metrics);
     if (!s->host || !s->model_id || (p->api_key && *p->api_key && !s->api_key) || (p->chat_template && !s->chat_template)) {
@@ -122,9 +132,20 @@ int server_ready(struct server *s, struct kvllm_model *model, struct kvllm_engin
     return 0;
 }
 
+void server_drain(struct server *s) {
+    int ready = SRV_READY;
+    atomic_compare_exchange_strong(&s->state, &ready, SRV_DRAINING);
+}
+
+int server_running(struct server *s) { return atomic_load(&s->n_jobs); }
+
+/* How long server_stop waits for the answers of the requests it ends. */
+#define END_WAIT_S 5.0
+
 void server_stop(struct server *s) {
     if (!s) return;
     atomic_store(&s->state, SRV_STOPPING);
+    if (s->d && s->engine_started) http_end_requests(s, END_WAIT_S);
     http_stop(s);
     if (s->engine_started) {
         pthread_mutex_lock(&s->mu);
@@ -143,6 +164,7 @@ void server_free(struct server *s) {
     metrics_deinit(&s->metrics);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->peers_mu);
     free(s->host);
     free(s->api_key);
     free(s->model_id);

@@ -4,9 +4,12 @@
  *
  * Lifecycle: server_start brings HTTP up at once, so /health answers 503
  * while the caller loads the model; server_ready hands over the model and
- * engine and starts the engine thread; server_stop stops accepting, aborts
- * whatever runs and joins every thread; then the caller frees the engine and
- * model, and finally the server. */
+ * engine and starts the engine thread; server_drain (on SIGTERM) refuses new
+ * completions with 503 and makes /health say "draining" while the running
+ * ones finish (server_running counts them); server_stop ends what still runs
+ * (streams with an error event and [DONE], whole responses with 503), stops
+ * HTTP and joins every thread; then the caller frees the engine and model,
+ * and finally the server. */
 #ifndef KVLLM_SERVER_H
 #define KVLLM_SERVER_H
 
@@ -21,6 +24,12 @@ struct server_params {
     const char *model_id;       /* what /v1/models lists and requests may name */
     const char *chat_template;  /* template text; NULL: the model's own */
     size_t max_body;            /* request bodies above this get 413 (0: 1 MiB) */
+    bool metrics_public;        /* /metrics without the API key */
+    double header_timeout;      /* seconds from accept (or the previous answer) to complete headers (0: 10) */
+    double body_timeout;        /* seconds from the headers to a complete body (0: 30) */
+    double idle_timeout;        /* seconds a keep-alive or stalled connection may stay silent (0: 30) */
+    int max_conns;              /* connections; more are answered 503 (0: 4096, fewer if file descriptors are short) */
+    int max_conns_per_client;   /* connections from one address; more are answered 503 (0: 1024) */
 };
 
 struct server;
@@ -34,8 +43,16 @@ int server_port(const struct server *s);
  * server_stop); n_ctx is the engine's context length.  Starts the engine
  * thread.  Returns 0 or KVLLM_ENOMEM. */
 int server_ready(struct server *s, struct kvllm_model *model, struct kvllm_engine *engine, int n_ctx);
-/* Stop accepting, abort running requests, join the HTTP and engine threads.
- * Idempotent. */
+/* Refuse new completions (503) and report "draining" on /health; running
+ * requests go on.  Connections are still accepted, so clients and load
+ * balancers can see that. */
+void server_drain(struct server *s);
+/* Completion requests not yet answered in full (running, queued or still
+ * sending). */
+int server_running(struct server *s);
+/* End running requests (an error event and [DONE] for streams, 503 for
+ * whole responses; up to a few seconds for those answers to go out), stop
+ * HTTP, join the engine thread.  Idempotent. */
 void server_stop(struct server *s);
 /* NULL-safe; stops first if needed. */
 void server_free(struct server *s);

@@ -15,11 +15,19 @@
 struct MHD_Daemon;
 struct MHD_Connection;
 
-enum server_state { SRV_LOADING, SRV_READY, SRV_STOPPING };
+/* LOADING -> READY -> DRAINING (no new completions, /health 503) -> STOPPING
+ * (what still runs is ended: error event or 503) */
+enum server_state { SRV_LOADING, SRV_READY, SRV_DRAINING, SRV_STOPPING };
+
+struct peer;
+struct job;
 
 struct server {
     char *host, *api_key, *model_id, *chat_template;
     size_t max_body;
+    bool metrics_public;
+    double header_timeout, body_timeout, idle_timeout;   /* seconds */
+    int max_conns, max_conns_per_client;
     struct MHD_Daemon *d;
     int port;
     time_t created;
@@ -38,6 +46,16 @@ struct server {
     struct kvllm_engine_stats stats;  /* snapshot after each step (get_stats is engine-thread only) */
 
     struct metrics metrics;
+
+    /* connections (http.c): one peer per socket, for limits, deadlines and
+     * noticing a client that left while its request waits on the engine */
+    pthread_mutex_t peers_mu;         /* guards the list, every peer's fields and peer<->job links */
+    struct peer *peers;               /* doubly linked */
+    int n_peers;                      /* within the limits (over-limit peers are not counted) */
+    pthread_t watch_thread;
+    bool watch_started;
+    atomic_bool watch_stop;
+    atomic_int n_jobs;                /* completion requests not yet answered in full */
 };
 
 /* Wake the engine thread: a request was added or aborted. */
@@ -53,21 +71,49 @@ void server_clear_error(void);
 /* http.c: the MHD daemon. */
 int http_start(struct server *s);
 void http_stop(struct server *s);
+/* End every request still waiting on the engine (drain's last step): their
+ * jobs are cancelled as a shutdown, so streams end with an error event and
+ * [DONE], whole responses with 503.  Waits up to `wait_s` for the answers to
+ * go out, then wakes whatever is still suspended (MHD must not be stopped
+ * with a suspended connection). */
+void http_end_requests(struct server *s, double wait_s);
+/* Watch c's socket while j waits on the engine: a client that closed is
+ * noticed within a poll interval and j is cancelled.  Takes a job reference
+ * (dropped by http_unwatch or when the connection closes). */
+void http_watch(struct server *s, struct MHD_Connection *c, struct job *j);
+void http_unwatch(struct server *s, struct job *j);
+/* Suspend / resume a connection (resume is thread-safe; suspend only from
+ * MHD's callbacks for that connection). */
+void http_suspend(struct MHD_Connection *c);
+void http_resume(struct MHD_Connection *c);
+
+/* MHD_NO / MHD_YES, for files that do not include microhttpd.h: what an
+ * access handler returns (NO closes the connection). */
+enum { HTTP_NO = 0, HTTP_YES = 1 };
 
 /* handlers.c: one function per endpoint; each queues a response and returns
- * MHD's result. body is NUL-terminated (len bytes). */
-int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len);
+ * MHD's result. body is NUL-terminated (len bytes).  handle_completion may
+ * instead suspend the connection with its state in *pending: MHD calls the
+ * access handler again once the engine resumed it, which hands *pending to
+ * handle_pending (until that answers and clears it); pending_free drops the
+ * state of a connection that closed meanwhile.  http11: the request was
+ * HTTP/1.1 (an interim response may be sent to probe the client). */
+int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len,
+                      bool http11, void **pending);
+int handle_pending(struct server *s, struct MHD_Connection *c, void **pending);
+void pending_free(void *pending);
 int handle_models(struct server *s, struct MHD_Connection *c, const char *id);
 int handle_health(struct server *s, struct MHD_Connection *c);
 int handle_metrics(struct server *s, struct MHD_Connection *c);
 
 /* Responses (http.c).  http_send takes ownership of body (malloc'd). */
 int http_send(struct MHD_Connection *c, unsigned status, const char *content_type, char *body);
+/* The same with one extra header (hname NULL: none). */
+int http_send_hdr(struct MHD_Connection *c, unsigned status, const char *content_type, char *body,
+                  const char *hname, const char *hval);
 /* An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}}. */
 int http_error(struct MHD_Connection *c, unsigned status, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* The connection's socket (for noticing a disconnect while waiting). */
-int http_conn_fd(struct MHD_Connection *c);
 /* Queue a streaming (SSE) response read from `reader` (returns bytes, or -1
  * at the end, -2 to drop the connection); takes ownership of cls: free_cb
  * runs when the response is done or the client left, even on error. */

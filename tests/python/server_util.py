@@ -150,3 +150,115 @@ def raw_exchange(port: int, data: bytes, *, read: bool = True, timeout: float = 
 def http_status(raw: bytes) -> int:
     m = re.match(rb"HTTP/1\.[01] (\d{3})", raw)
     return int(m.group(1)) if m else 0
+
+
+# ---- appended for test_server_attack.py (and /metrics behind the API key) ----------------
+
+def _started_api_key(args: list[str]) -> str | None:
+    """The --api-key a server was started with (None: none)."""
+    for a, v in zip(args, args[1:]):
+        if a == "--api-key":
+            return v
+    return None
+
+
+def _metrics_with_key(self: Server) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}.  /metrics needs the API key unless the server runs with
+    --metrics-public: the key the server was started with is sent."""
+    key = _started_api_key(self.args)
+    st, _, raw = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else None)
+    assert st == 200, raw
+    out = {}
+    for line in raw.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+Server.metrics = _metrics_with_key   # type: ignore[method-assign]
+
+
+def raise_fd_limit(want: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards `want` (capped by the hard limit); the new soft limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    return soft
+
+
+def connect_from(port: int, source: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:
+    """A TCP connection to the server from a chosen loopback address (all of 127/8 is local on Linux): the
+    server sees it as another client, for per-client limits."""
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+
+
+def request_bytes(method: str, path: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None,
+                  version: str = "HTTP/1.1") -> bytes:
+    """A whole HTTP request as bytes (Host and Content-Length included unless given)."""
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    body = body or b""
+    h = {"Host": "x"} if version == "HTTP/1.1" else {}
+    if body or method == "POST":
+        h["Content-Length"] = str(len(body))
+    h.update(headers or {})
+    head = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+    return head.encode() + body
+
+
+def read_response(s: socket.socket, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP response (Content-Length, chunked, or until close) from a socket; interim 1xx
+    responses are skipped.  (status, lower-cased headers, body); status 0 if the peer closed first."""
+    s.settimeout(timeout)
+    buf = b""
+
+    def more() -> bool:
+        nonlocal buf
+        try:
+            b = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            return False
+        buf += b
+        return bool(b)
+
+    while True:
+        while b"\r\n\r\n" not in buf:
+            if not more():
+                return 0, {}, buf
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        if 100 <= status < 200:
+            continue
+        hdrs = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        break
+    if "content-length" in hdrs:
+        n = int(hdrs["content-length"])
+        while len(buf) < n and more():
+            pass
+        return status, hdrs, buf[:n]
+    if hdrs.get("transfer-encoding", "").lower() == "chunked":
+        out = b""
+        while True:
+            while b"\r\n" not in buf:
+                if not more():
+                    return status, hdrs, out
+            size_line, _, buf = buf.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            while len(buf) < size + 2:
+                if not more():
+                    return status, hdrs, out + buf
+            out += buf[:size]
+            buf = buf[size + 2:]
+            if size == 0:
+                return status, hdrs, out
+    while more():
+        pass
+    return status, hdrs, buf

@@ -15,6 +15,11 @@
  * shifts later entries of the probe run back (no tombstones), so a probe
  * may always stop at the first empty slot.
  *
+ * A hit is verified, never taken on the hash alone (block_pool_match): the
+ * block's tokens, its parent and the parent's generation must agree.  The
+ * generation of a block counts its allocations, so a parent evicted and
+ * refilled since no longer vouches for the children published after it.
+ *
  * Memory: one slab made in block_pool_init, all arrays point into it
  * (p->hash is its start); nothing is allocated afterwards. */
 #include "kv/block_pool.h"
@@ -22,10 +27,19 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define BP_MAX_BLOCKS (1 << 30) /* keeps ht_cap = 2^k <= 2^31 in uint32_t */
 
 /* ---- the hash map ---- */
+
+/* block_pool_set_hash_fn: the hash of pools initialized afterwards (tests). */
+static uint64_t (*g_hash_fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n);
+
+void block_pool_set_hash_fn(uint64_t (*fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n)) {
+    g_hash_fn = fn;
+}
 
 /* Home slot of a key: multiply-shift, so that weak keys (1, 2, 3, ...) spread too. */
 static uint32_t ht_home(const struct block_pool *p, uint64_t key) {
@@ -94,8 +108,13 @@ int block_pool_init(struct block_pool *p, int n_blocks, int block_size) {
     while (cap < 2u * (uint32_t)n_blocks) cap <<= 1;
     /* 8-byte arrays first, then the 4-byte ones: every array stays aligned. */
     size_t n = (size_t)n_blocks;
-    size_t bytes = (n + cap) * sizeof(uint64_t) + (3 * n + cap) * sizeof(int32_t);
-    uint8_t *slab = xmalloc(bytes);
+    uint64_t n_tok, bytes;
+    if (!ckd_mul_u64(&n_tok, n, (uint64_t)block_size) || !ckd_mul_u64(&bytes, n_tok + 6 * n + cap, 4) ||
+        !ckd_add_u64(&bytes, bytes, (uint64_t)(n + cap) * sizeof(uint64_t)) || bytes > SIZE_MAX / 2) {
+        LOG_ERR("%s: %d blocks of %d tokens do not fit in memory", __func__, n_blocks, block_size);
+        return KVLLM_ENOMEM;
+    }
+    uint8_t *slab = xmalloc((size_t)bytes);
     if (!slab) return KVLLM_ENOMEM;
     p->hash = (uint64_t *)slab;
     p->ht_key = p->hash + n;
@@ -103,6 +122,20 @@ int block_pool_init(struct block_pool *p, int n_blocks, int block_size) {
     p->prev = p->ref + n;
     p->next = p->prev + n;
     p->ht_val = p->next + n;
+    p->parent = p->ht_val + cap;
+    p->parent_gen = (uint32_t *)(p->parent + n);
+    p->gen = p->parent_gen + n;
+    p->tokens = (int32_t *)(p->gen + n);
+    memset(p->parent, 0xff, n * sizeof(int32_t));
+    memset(p->parent_gen, 0, n * sizeof(uint32_t));
+    memset(p->gen, 0, n * sizeof(uint32_t));
+    memset(p->tokens, 0, (size_t)n_tok * sizeof(int32_t));
+    if (os_random_bytes(&p->hash_key, sizeof p->hash_key) != 0) {
+        LOG_WARN("%s: no random key for the prefix-cache hash; using one from the clock (hits are still "
+                 "verified token by token)", __func__);
+        p->hash_key = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() ^ (uint64_t)(uintptr_t)slab;
+    }
+    p->hash_fn = g_hash_fn;
 
     p->n_blocks = n_blocks;
     p->block_size = block_size;
@@ -138,6 +171,8 @@ int32_t block_pool_alloc(struct block_pool *p) {
         p->hash[id] = 0;
         p->n_cached--;
     }
+    p->gen[id]++; /* new contents: children published under the old ones no longer match */
+    p->parent[id] = -1;
     p->ref[id] = 1;
     return id;
 }
@@ -171,14 +206,32 @@ int32_t block_pool_lookup(struct block_pool *p, uint64_t hash) {
     return p->ht_val[slot];
 }
 
-void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash) {
+int32_t block_pool_match(struct block_pool *p, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    KV_ASSERT(parent >= -1 && parent < p->n_blocks && tokens);
+    int32_t id = block_pool_lookup(p, hash);
+    if (id < 0) return -1;
+    const size_t bs = (size_t)p->block_size;
+    if (p->parent[id] != parent || (parent >= 0 && p->parent_gen[id] != p->gen[parent]) ||
+        memcmp(p->tokens + (size_t)id * bs, tokens, bs * sizeof *tokens) != 0) {
+        p->n_hits--; /* the hash matched; the block does not */
+        p->n_collisions++;
+        return -1;
+    }
+    return id;
+}
+
+void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens) {
     KV_ASSERT(id >= 0 && id < p->n_blocks);
-    KV_ASSERT(p->ref[id] > 0 && hash != 0);
+    KV_ASSERT(p->ref[id] > 0 && hash != 0 && tokens);
+    KV_ASSERT(parent >= -1 && parent < p->n_blocks && parent != id);
     if (p->hash[id] == hash) return;  /* already published under it */
     KV_ASSERT(p->hash[id] == 0);      /* a block has one prefix */
     if (ht_find(p, hash) >= 0) return; /* another block holds it: keep that one */
     ht_insert(p, hash, id);
     p->hash[id] = hash;
+    memcpy(p->tokens + (size_t)id * (size_t)p->block_size, tokens, (size_t)p->block_size * sizeof *tokens);
+    p->parent[id] = parent;
+    p->parent_gen[id] = parent >= 0 ? p->gen[parent] : 0;
 }
 
 /* ---- hashing ---- */
@@ -190,13 +243,23 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) {
+/* The key enters first and last: without it neither end of the chain can be
+ * computed, so a colliding block cannot be searched for offline. */
+uint64_t block_hash_keyed(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
     KV_ASSERT(n >= 0 && (tokens || n == 0));
-    uint64_t h = mix64(parent ^ 0x6A09E667F3BCC909ull);
+    uint64_t h = mix64(parent ^ key ^ 0x6A09E667F3BCC909ull);
     for (int i = 0; i < n; i++)
         h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x9E3779B97F4A7C15ull));
-    h = mix64(h ^ ((uint64_t)(uint32_t)n * 0xC2B2AE3D27D4EB4Full));
+    h = mix64(h ^ ((uint64_t)(uint32_t)n * 0xC2B2AE3D27D4EB4Full) ^ (key << 32 | key >> 32));
     return h ? h : 0x243F6A8885A308D3ull; /* 0 means "unpublished" */
+}
+
+uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) { return block_hash_keyed(0, parent, tokens, n); }
+
+uint64_t block_pool_hash(const struct block_pool *p, uint64_t parent, const int32_t *tokens) {
+    uint64_t h = p->hash_fn ? p->hash_fn(p->hash_key, parent, tokens, p->block_size)
+                            : block_hash_keyed(p->hash_key, parent, tokens, p->block_size);
+    return h ? h : 0x243F6A8885A308D3ull;
 }
 
 /* ---- invariants ---- */
@@ -226,6 +289,8 @@ bool block_pool_check(const struct block_pool *p) {
             BP_FAIL("held block %d (ref %d) is linked", id, p->ref[id]);
         if (p->hash[id] == 0) continue;
         n_published++;
+        if (p->parent[id] < -1 || p->parent[id] >= n || p->parent[id] == id)
+            BP_FAIL("published block %d has parent %d", id, p->parent[id]);
         int64_t slot = ht_find(p, p->hash[id]);
         if (slot < 0 || p->ht_val[slot] != id)
             BP_FAIL("block %d: hash %016llx maps to %d", id, (unsigned long long)p->hash[id],

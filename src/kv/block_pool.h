@@ -10,6 +10,18 @@
  * "cached": a later request with the same prefix can take it back
  * (block_pool_retain) until allocation evicts it.
  *
+ * A hash is never trusted alone (issue 15: an unkeyed 64-bit chain can be
+ * run backwards and a colliding block forged).  A published block keeps its
+ * tokens and the block it followed (its parent, with the parent's
+ * allocation generation), and block_pool_match returns it only when all
+ * three agree with the asking sequence: the tokens compared id by id, the
+ * parent being the block the asker itself matched (or holds) for the
+ * previous block, still holding what it held at publish time.  By
+ * induction a hit means the whole prefix is identical, whatever the hash
+ * does.  The chain is also keyed per pool with 64 random bits
+ * (getrandom), so a collision cannot be computed offline.  Tests replace
+ * the hash (block_pool_set_hash_fn) to force collisions.
+ *
  * "Ask, then do": block_pool_can_alloc says whether n allocations will
  * succeed, so a scheduler can decide before mutating anything.  Not
  * thread-safe: one engine thread owns the pool. */
@@ -30,11 +42,20 @@ struct block_pool {
     uint64_t *ht_key;         /* open-addressing map hash -> block (ht_cap slots) */
     int32_t *ht_val;
     uint32_t ht_cap;
+    int32_t *tokens;          /* (n_blocks, block_size) the token ids of each published block */
+    int32_t *parent;          /* (n_blocks) block before a published one in its prefix, -1 for a first block */
+    uint32_t *parent_gen;     /* (n_blocks) gen[parent] when published */
+    uint32_t *gen;            /* (n_blocks) bumped by every alloc: the block's contents were replaced */
+    uint64_t hash_key;        /* random per pool (process), mixed into every chain */
+    uint64_t (*hash_fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n); /* NULL: block_hash_keyed */
     uint64_t n_lookups, n_hits; /* prefix-cache statistics, in blocks */
+    uint64_t n_collisions;      /* lookups whose hash matched a block of other tokens or another prefix */
 };
 
 /* All blocks free, ids 0..n_blocks-1 in the free list in order.  All arrays
- * live in one allocation made here (nothing is allocated later).
+ * live in one allocation made here (nothing is allocated later).  The hash
+ * key comes from the kernel's CSPRNG (a warning and a clock-derived key if
+ * it cannot answer); hash_fn is the one set by block_pool_set_hash_fn.
  * KVLLM_EINVAL for n_blocks < 1, n_blocks > 2^30 or block_size < 1;
  * KVLLM_ENOMEM.  Both logged; *p is left zeroed. */
 int block_pool_init(struct block_pool *p, int n_blocks, int block_size);
@@ -55,21 +76,42 @@ void block_pool_retain(struct block_pool *p, int32_t id);
  * ref 0, or an invalid id, is a programming error (KV_ASSERT). */
 void block_pool_release(struct block_pool *p, int32_t id);
 
-/* The block published under hash (held or cached), or -1 (always for hash
- * 0).  Counts a lookup and, when found, a hit.  Changes nothing else: the
- * caller retains the block it wants to keep. */
+/* A prefix-cache hit: the block published under hash whose block_size
+ * tokens equal tokens and whose parent is parent (-1: a first block; else
+ * the block matched or held for the previous block of the same prefix,
+ * unchanged since).  Returns its id (held or cached), or -1: no block
+ * under hash (always for hash 0), or one that differs (a collision:
+ * counted in n_collisions).  Counts a lookup and, on success, a hit.
+ * Changes nothing else: the caller retains the block it wants to keep. */
+int32_t block_pool_match(struct block_pool *p, uint64_t hash, int32_t parent, const int32_t *tokens);
+
+/* The block published under hash, or -1, without any check of its tokens:
+ * for tests and reports only, never for reuse (see block_pool_match).
+ * Counts a lookup and, when found, a hit. */
 int32_t block_pool_lookup(struct block_pool *p, uint64_t hash);
 
-/* Publish a full, held block under hash (!= 0).  If another block already
- * holds that hash, nothing changes (the first one stays the cached copy);
+/* Publish a full, held block under hash (!= 0), keeping a copy of its
+ * block_size tokens and its parent (-1 for a first block, else the block
+ * before it in the publisher's table).  If another block already holds that
+ * hash, nothing changes (the first one stays the cached copy);
  * republishing a block under its own hash is a no-op.  Publishing a free
- * block, hash 0, or a second, different hash for one block is a programming
- * error (KV_ASSERT). */
-void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash);
+ * block, hash 0, a parent out of range or equal to id, or a second,
+ * different hash for one block is a programming error (KV_ASSERT). */
+void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens);
 
-/* Hash chain of a full block: parent (0 for the first block) and its tokens.
- * Never returns 0. */
+/* Hash chain of a full block under the pool's key: parent hash (0 for the
+ * first block) and its block_size tokens.  Never returns 0. */
+uint64_t block_pool_hash(const struct block_pool *p, uint64_t parent, const int32_t *tokens);
+
+/* The default chain: key, parent hash and n tokens.  block_hash is
+ * block_hash_keyed with key 0 (unkeyed: for tests).  Never return 0. */
+uint64_t block_hash_keyed(uint64_t key, uint64_t parent, const int32_t *tokens, int n);
 uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n);
+
+/* Tests only: pools initialized from now on hash with fn (NULL: the keyed
+ * default), e.g. one that maps every block to the same value to force
+ * collisions.  Process-wide; not thread-safe against block_pool_init. */
+void block_pool_set_hash_fn(uint64_t (*fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n));
 
 /* Counts for reports: held (ref > 0), cached (free, published), empty (free, unpublished). */
 static inline int block_pool_n_held(const struct block_pool *p) { return p->n_blocks - p->n_free; }

@@ -159,7 +159,7 @@ static void hash_blocks(const struct sched *s, struct seq *q, int n_full) {
     const int bs = s->pool->block_size;
     for (; q->n_hashed < n_full; q->n_hashed++) {
         uint64_t parent = q->n_hashed ? q->hashes[q->n_hashed - 1] : 0;
-        q->hashes[q->n_hashed] = block_hash(parent, q->tokens + (size_t)q->n_hashed * bs, bs);
+        q->hashes[q->n_hashed] = block_pool_hash(s->pool, parent, q->tokens + (size_t)q->n_hashed * bs);
     }
 }
 
@@ -169,13 +169,15 @@ static bool admit(struct sched *s, struct sched_batch *b, int budget) {
     const int bs = s->pool->block_size;
     if (s->n_running_reserved + q->n_reserved > s->cfg.max_seqs) return false;
     /* cached prefix: full blocks only, and never the last token (it gives the logits) */
-    /* hits are noted in q->blocks (unused while waiting), retained only on success */
+    /* hits are noted in q->blocks (unused while waiting), retained only on success;
+     * a hit is verified: its tokens, and its parent being the previous hit */
     int n_hit = 0, n_hit_free = 0;
     if (s->cfg.prefix_caching) {
         int n_full = (q->n_tokens - 1) / bs;
         hash_blocks(s, q, n_full);
         for (; n_hit < n_full; n_hit++) {
-            int32_t id = block_pool_lookup(s->pool, q->hashes[n_hit]);
+            int32_t id = block_pool_match(s->pool, q->hashes[n_hit], n_hit ? q->blocks[n_hit - 1] : -1,
+                                          q->tokens + (size_t)n_hit * bs);
             if (id < 0) break;
             q->blocks[n_hit] = id;
             n_hit_free += s->pool->ref[id] == 0;
@@ -237,8 +239,13 @@ void sched_commit(struct sched *s, const struct sched_batch *b) {
         int n_full = q->n_computed / bs;
         hash_blocks(s, q, n_full);
         for (; q->n_published < n_full; q->n_published++) {
-            int32_t id = q->blocks[q->n_published];
-            if (s->pool->hash[id] == 0) block_pool_publish(s->pool, id, q->hashes[q->n_published]);
+            const int k = q->n_published;
+            int32_t id = q->blocks[k], parent = k ? q->blocks[k - 1] : -1;
+            if (s->pool->hash[id] != 0) continue; /* a hit, or shared: published already */
+            /* a parent that is not the cached copy of its prefix (another block won that
+             * hash) could never be matched as the parent: its children stay unpublished */
+            if (parent >= 0 && s->pool->hash[parent] != q->hashes[k - 1]) continue;
+            block_pool_publish(s->pool, id, q->hashes[k], parent, q->tokens + (size_t)k * bs);
         }
     }
 }

@@ -14,7 +14,8 @@
  * With prefix caching, full blocks are published under the hash chain of
  * their tokens once computed, and an admitted sequence starts from the
  * longest chain of cached blocks (at least its last token is always
- * computed, to give logits).  A block shared with another sequence is copied
+ * computed, to give logits) whose tokens and parents match its own, block
+ * by block (block_pool_match): a hash collision is a miss, never a hit.  A block shared with another sequence is copied
  * before it is written (copy-on-write): the copies to make are part of the
  * step's output.  Single-threaded: the engine thread owns it. */
 #ifndef KVLLM_SCHEDULER_H

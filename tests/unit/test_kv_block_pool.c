@@ -102,7 +102,7 @@ static void test_prefix_cache(void) {
     for (int i = 0; i < 3; i++) {
         a[i] = block_pool_alloc(&p);
         CHECK(a[i] == i);
-        block_pool_publish(&p, a[i], ha[i]);
+        block_pool_publish(&p, a[i], ha[i], i ? a[i - 1] : -1, ta + i * BS);
         CHECK(p.hash[a[i]] == ha[i]);
     }
     CHECK(p.n_cached == 0); /* held, not cached */
@@ -129,7 +129,7 @@ static void test_prefix_cache(void) {
     CHECK(p.n_free == 6 && p.n_cached == 1); /* block 2 (ha[2]) still cached */
     b[2] = block_pool_alloc(&p);
     CHECK(b[2] == 3); /* an empty block goes before the cached one */
-    block_pool_publish(&p, b[2], hb[2]);
+    block_pool_publish(&p, b[2], hb[2], b[1], tb + 2 * BS);
     CHECK(block_pool_lookup(&p, ha[2]) == 2 && block_pool_lookup(&p, hb[2]) == 3);
     CHECK(p.n_lookups == 9 && p.n_hits == 5);
     CHECK(block_pool_check(&p));
@@ -162,10 +162,11 @@ static void test_publish_rules(void) {
     CHECK(block_pool_init(&p, 4, BS) == 0);
     int32_t x = block_pool_alloc(&p), y = block_pool_alloc(&p);
     uint64_t h = block_hash(0, NULL, 0);
-    block_pool_publish(&p, x, h);
-    block_pool_publish(&p, y, h); /* a second copy of the same prefix: ignored */
+    static const int32_t zt[BS];
+    block_pool_publish(&p, x, h, -1, zt);
+    block_pool_publish(&p, y, h, -1, zt); /* a second copy of the same prefix: ignored */
     CHECK(p.hash[x] == h && p.hash[y] == 0);
-    block_pool_publish(&p, x, h); /* republish: no-op */
+    block_pool_publish(&p, x, h, -1, zt); /* republish: no-op */
     CHECK(block_pool_lookup(&p, h) == x);
     block_pool_release(&p, y); /* unpublished: free but not cached */
     CHECK(p.n_cached == 0 && p.n_free == 3);
@@ -281,8 +282,9 @@ static void test_check_catches(void) {
     struct block_pool p;
     CHECK(block_pool_init(&p, 8, BS) == 0);
     int32_t a = block_pool_alloc(&p), b = block_pool_alloc(&p);
-    block_pool_publish(&p, a, 111);
-    block_pool_publish(&p, b, 222);
+    static const int32_t zt[BS];
+    block_pool_publish(&p, a, 111, -1, zt);
+    block_pool_publish(&p, b, 222, -1, zt);
     block_pool_release(&p, a);
     CHECK(block_pool_check(&p));
     kvllm_log_set(capture_log, NULL);
@@ -395,7 +397,8 @@ static void stress(int n_blocks, int n_ops, uint64_t seed) {
             int32_t id = handles[rng_u64(&r) % (uint64_t)n_handles];
             uint64_t h = keys[rng_u64(&r) % N_KEYS];
             if (m.hash[id] != 0 && m.hash[id] != h) continue; /* would be a programming error */
-            block_pool_publish(&p, id, h);
+            static const int32_t zt[BS];
+            block_pool_publish(&p, id, h, -1, zt);
             if (m.hash[id] == 0 && model_find(&m, h) < 0) m.hash[id] = h;
         }
         if (!block_pool_check(&p) || !same(&p, &m)) {
@@ -410,6 +413,84 @@ static void stress(int n_blocks, int n_ops, uint64_t seed) {
     block_pool_deinit(&p);
 }
 
+/* ---- forced collisions: a hit needs identical tokens and an identical prefix ---- */
+
+static uint64_t collide_all(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
+    (void)key; (void)parent; (void)tokens; (void)n;
+    return 42; /* every block of every prefix under one hash */
+}
+
+static void test_collisions(void) {
+    block_pool_set_hash_fn(collide_all);
+    struct block_pool p;
+    CHECK(block_pool_init(&p, 8, BS) == 0);
+    block_pool_set_hash_fn(NULL);
+    int32_t ta[3 * BS], tv[3 * BS];
+    for (int i = 0; i < 3 * BS; i++) ta[i] = 500 + i % BS; /* the attacker: one block, three times */
+    for (int i = 0; i < 3 * BS; i++) tv[i] = 700 + i;      /* the victim */
+    uint64_t h0 = block_pool_hash(&p, 0, ta);
+    CHECK(h0 == 42 && block_pool_hash(&p, h0, ta + BS) == 42 && block_pool_hash(&p, 0, tv) == 42);
+
+    /* the attacker's first block wins hash 42; its later blocks are duplicates */
+    int32_t a[3];
+    for (int i = 0; i < 3; i++) {
+        a[i] = block_pool_alloc(&p);
+        block_pool_publish(&p, a[i], 42, i ? a[i - 1] : -1, ta + i * BS);
+    }
+    CHECK(p.hash[a[0]] == 42 && p.hash[a[1]] == 0 && p.hash[a[2]] == 0);
+    for (int i = 2; i >= 0; i--) block_pool_release(&p, a[i]);
+    CHECK(block_pool_lookup(&p, 42) == a[0]); /* the bare hash would hand it to anyone */
+    uint64_t l0 = p.n_lookups, h0_hits = p.n_hits;
+
+    /* the victim's first block: same hash, other tokens: a miss */
+    CHECK(block_pool_match(&p, 42, -1, tv) == -1);
+    CHECK(p.n_collisions == 1);
+    /* one token off, in the last position: still a miss */
+    int32_t near[BS];
+    memcpy(near, ta, sizeof near);
+    near[BS - 1]++;
+    CHECK(block_pool_match(&p, 42, -1, near) == -1 && p.n_collisions == 2);
+    /* the attacker's own prefix: a hit */
+    CHECK(block_pool_match(&p, 42, -1, ta) == a[0]);
+    /* the same tokens as a second block (after a[0]): a[0] is a first block, so a miss */
+    CHECK(block_pool_match(&p, 42, a[0], ta + BS) == -1 && p.n_collisions == 3);
+    CHECK(p.n_lookups == l0 + 4 && p.n_hits == h0_hits + 1);
+    CHECK(block_pool_check(&p));
+    block_pool_deinit(&p);
+
+    /* a parent evicted and refilled no longer vouches for its children */
+    CHECK(block_pool_init(&p, 3, BS) == 0);
+    CHECK(p.hash_fn == NULL);
+    int32_t x = block_pool_alloc(&p), y = block_pool_alloc(&p);
+    block_pool_publish(&p, x, 100, -1, ta);
+    block_pool_publish(&p, y, 200, x, ta + BS);
+    CHECK(block_pool_match(&p, 200, x, ta + BS) == y);
+    CHECK(block_pool_match(&p, 200, -1, ta + BS) == -1); /* not a first block */
+    CHECK(block_pool_match(&p, 200, 2, ta + BS) == -1);  /* another parent */
+    block_pool_release(&p, x);                           /* list: 2 x */
+    CHECK(block_pool_alloc(&p) == 2 && block_pool_alloc(&p) == x); /* x evicted: new contents */
+    block_pool_publish(&p, x, 100, -1, ta);              /* ... even if the same tokens again */
+    CHECK(block_pool_match(&p, 100, -1, ta) == x);
+    CHECK(block_pool_match(&p, 200, x, ta + BS) == -1);
+    CHECK(block_pool_check(&p));
+    block_pool_deinit(&p);
+}
+
+/* The default hash is keyed per pool: the same tokens hash differently in two pools. */
+static void test_keyed_hash(void) {
+    struct block_pool p, q;
+    CHECK(block_pool_init(&p, 2, BS) == 0 && block_pool_init(&q, 2, BS) == 0);
+    int32_t t[BS] = { 1, 2, 3, 4 };
+    CHECK(p.hash_key != q.hash_key && p.hash_key != 0);
+    CHECK(block_pool_hash(&p, 0, t) == block_pool_hash(&p, 0, t));
+    CHECK(block_pool_hash(&p, 0, t) != block_pool_hash(&q, 0, t));
+    CHECK(block_pool_hash(&p, 0, t) != block_hash(0, t, BS));
+    CHECK(block_hash_keyed(0, 5, t, BS) == block_hash(5, t, BS));
+    CHECK(block_hash_keyed(p.hash_key, 5, t, BS) == block_pool_hash(&p, 5, t));
+    block_pool_deinit(&p);
+    block_pool_deinit(&q);
+}
+
 int main(void) {
     test_fresh_pool();
     test_reuse_order();
@@ -419,6 +500,8 @@ int main(void) {
     test_block_hash();
     test_init_errors();
     test_check_catches();
+    test_collisions();
+    test_keyed_hash();
     stress(64, 100000, 1);
     stress(7, 100000, 2);   /* ht_cap 16: long probe runs, many evictions */
     stress(33, 20000, 3);   /* ht_cap 128 */

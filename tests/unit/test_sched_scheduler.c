@@ -1,7 +1,9 @@
 /* test_sched_scheduler.c — the scheduler driven with fake sequences (no
  * model): admission, chunked prefill, decode, preemption order, prefix-cache
  * hits, copy-on-write forks, rejection; exact block ids throughout, and no
- * block left held at the end. */
+ * block left held at the end.  Prefix-cache poisoning: with the hash forced
+ * to collide, a fake KV store shows no sequence ever reads K/V computed for
+ * another prefix. */
 #include "check.h"
 #include "kvllm.h"
 #include "sched/scheduler.h"
@@ -220,6 +222,134 @@ static void test_random_workload(void) {
     for (int i = 0; i < 40; i++) seq_free(q[i]);
 }
 
+/* ---- prefix-cache poisoning: forced hash collisions never give a sequence
+ * K/V computed for other tokens.  A fake KV store: each slot holds the
+ * fingerprint of the exact prefix its position was computed for (FNV-1a,
+ * independent of the pool's hash); after every schedule, each sequence's
+ * computed positions must hold its own prefix's fingerprints. ---- */
+
+static uint64_t kv_fp[64 * BS]; /* (n_blocks * BS) fingerprint of the prefix each slot was computed with */
+
+static uint64_t prefix_fp(const int32_t *t, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ull;
+    return (h ^ (uint64_t)n) * 0x100000001b3ull;
+}
+
+static uint64_t collide_all(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
+    (void)key; (void)parent; (void)tokens; (void)n;
+    return 42;
+}
+
+/* Ignores the parent: equal blocks anywhere in any prompt collide. */
+static uint64_t collide_tokens_only(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
+    (void)key; (void)parent;
+    return prefix_fp(tokens, n) | 1;
+}
+
+/* One step with the fake KV store; returns the positions found holding another prefix's K/V. */
+static int step_kv(void) {
+    int bad = 0;
+    sched_schedule(&sch, &bat);
+    for (int k = 0; k < bat.n_copies; k++)
+        memcpy(&kv_fp[bat.copies[k][0] * BS], &kv_fp[bat.copies[k][1] * BS], BS * sizeof *kv_fp);
+    for (int i = 0; i < bat.n_seqs; i++) {
+        struct seq *q = bat.seqs[i];
+        for (int t = 0; t < q->n_computed; t++) /* what attention would read */
+            bad += kv_fp[q->blocks[t / BS] * BS + t % BS] != prefix_fp(q->tokens, t + 1);
+        for (int t = q->n_computed; t < q->n_computed + bat.n_new[i]; t++)
+            kv_fp[q->blocks[t / BS] * BS + t % BS] = prefix_fp(q->tokens, t + 1);
+    }
+    sched_commit(&sch, &bat);
+    for (int i = 0; i < bat.n_seqs; i++) {
+        struct seq *q = bat.seqs[i];
+        if (q->status == SEQ_RUNNING && q->n_computed == q->n_tokens && q->n_tokens < q->max_len)
+        {
+            q->tokens[q->n_tokens] = (int32_t)(q->n_tokens % 2); /* tiny alphabet: blocks repeat */
+            q->n_tokens++;
+        }
+    }
+    CHECK(block_pool_check(&pool));
+    return bad;
+}
+
+/* Many sequences over a two-token alphabet (BS 4: 16 distinct blocks, each
+ * seen under many prefixes and positions), through admission, prefix hits,
+ * preemption and recompute.  Returns the mismatched positions; *cached the
+ * prompt tokens served from the cache. */
+static int poison_workload(uint64_t (*fn)(uint64_t, uint64_t, const int32_t *, int), uint64_t *cached) {
+    block_pool_set_hash_fn(fn);
+    setup(12, 4, 9, true);
+    block_pool_set_hash_fn(NULL);
+    enum { N = 60 };
+    struct seq *q[N];
+    unsigned r = 11;
+    int added = 0, done = 0, steps = 0, bad = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t t[32];
+        r = r * 1103515245u + 12345u;
+        int np = 1 + (int)(r >> 8) % 16, max_len = np + 1 + (int)(r >> 16) % 12;
+        for (int k = 0; k < np; k++) {
+            r = r * 1103515245u + 12345u;
+            t[k] = (int32_t)((r >> 16) % 2);
+        }
+        q[i] = seq_new((uint64_t)i, t, np, max_len, BS);
+    }
+    while (done < N && steps < 100000) {
+        while (added < N && sched_add(&sch, q[added]) == 0) added++;
+        bad += step_kv();
+        steps++;
+        for (int i = 0; i < added; i++)
+            if (q[i]->status == SEQ_RUNNING && q[i]->n_tokens == q[i]->max_len && q[i]->n_computed == q[i]->n_tokens - 1) {
+                sched_finish(&sch, q[i]);
+                done++;
+            }
+    }
+    CHECK_MSG(done == N, "%d of %d finished in %d steps", done, N, steps);
+    CHECK(pool.n_free == 12 && block_pool_check(&pool));
+    *cached = sch.n_cached_tokens;
+    printf("poison workload: %d steps, %llu preemptions, %llu cached prompt tokens, %llu hash collisions "
+           "refused, %d positions with another prefix's K/V\n", steps, (unsigned long long)sch.n_preemptions,
+           (unsigned long long)sch.n_cached_tokens, (unsigned long long)pool.n_collisions, bad);
+    for (int i = 0; i < N; i++) seq_free(q[i]);
+    return bad;
+}
+
+static void test_prefix_poisoning(void) {
+    uint64_t cached;
+    /* the keyed hash: hits happen, all of them right */
+    CHECK(poison_workload(NULL, &cached) == 0);
+    CHECK(cached > 0);
+    /* every block under one hash: the only hits left are identical prefixes */
+    CHECK(poison_workload(collide_all, &cached) == 0);
+    CHECK(pool.n_collisions > 0);
+    /* the hash of a block's tokens alone: same tokens under another prefix collide */
+    CHECK(poison_workload(collide_tokens_only, &cached) == 0);
+    CHECK(pool.n_collisions > 0 && cached > 0);
+
+    /* the issue's attack, at scheduler level: a forged block under the victim's
+     * first hash; the victim's prompt is served from its own tokens only */
+    block_pool_set_hash_fn(collide_all);
+    setup(8, 4, 64, true);
+    block_pool_set_hash_fn(NULL);
+    struct seq *atk = mk(1, 9, 12, 500), *vic = mk(2, 9, 12, 0), *again = mk(3, 9, 12, 0);
+    CHECK(sched_add(&sch, atk) == 0);
+    CHECK(step_kv() == 0);
+    sched_finish(&sch, atk);
+    CHECK(pool.n_cached == 1); /* the attacker's first block holds hash 42 */
+    CHECK(sched_add(&sch, vic) == 0);
+    CHECK(step_kv() == 0);
+    CHECK(sch.n_cached_tokens == 0 && vic->n_computed == 9);
+    sched_finish(&sch, vic);
+    CHECK(sched_add(&sch, again) == 0); /* the attacker's block still holds 42: no hit, no harm */
+    CHECK(step_kv() == 0 && sch.n_cached_tokens == 0);
+    sched_finish(&sch, again);
+    CHECK(pool.n_free == 8 && block_pool_check(&pool));
+    seq_free(atk);
+    seq_free(vic);
+    seq_free(again);
+}
+
 int main(void) {
     test_admit_decode_chunk();
     test_preemption();
@@ -227,6 +357,7 @@ int main(void) {
     test_fork_cow();
     test_rejection_and_limits();
     test_random_workload();
+    test_prefix_poisoning();
     block_pool_deinit(&pool);
     sched_deinit(&sch);
     sched_batch_deinit(&bat);

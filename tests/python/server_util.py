@@ -210,11 +210,12 @@ def request_bytes(method: str, path: str, body: bytes | dict | None = None, head
     return head.encode() + body
 
 
-def read_response(s: socket.socket, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
-    """Read one HTTP response (Content-Length, chunked, or until close) from a socket; interim 1xx
-    responses are skipped.  (status, lower-cased headers, body); status 0 if the peer closed first."""
+def read_response(s: socket.socket, timeout: float = 10.0, prefix: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP response (Content-Length, chunked, or until close) from a socket, `prefix` being what
+    was already read of it; interim 1xx responses are skipped.  (status, lower-cased headers, body); status
+    0 if the peer closed first."""
     s.settimeout(timeout)
-    buf = b""
+    buf = prefix
 
     def more() -> bool:
         nonlocal buf

@@ -1,0 +1,433 @@
+"""`kvllm serve` under attack (issue 15, item 6), over real sockets against the binary.
+
+- slowloris: 1,100 sockets trickling header bytes neither stop another client from being served within a
+  second nor cost the server a thread each, and are closed once --header-timeout passes;
+- a trickled body is cut at --body-timeout; connections past --max-connections or
+  --max-connections-per-client are answered 503 (not reset);
+- a client that pipelines bytes after its request and closes is seen as gone (its sequences aborted, its KV
+  blocks back) within a second; a half-closed client (shutdown(SHUT_WR), as `nc -N`) gets its whole answer;
+- SIGTERM drains: /health says "draining", new completions get 503, running requests that fit the grace
+  period finish, the rest end with an SSE error event and [DONE] (streams) or 503; exit 0;
+- the smaller ones: Retry-After on 429, HTTP/1.1 without Host and duplicate Content-Length refused, 401
+  before 404/405, /metrics behind the key unless --metrics-public, the key compared whole;
+- a sequence the engine failed (KVLLM_FINISH_ERROR: here a model whose logits are all NaN) is answered 500,
+  or ends its stream with an error event and [DONE].
+
+Servers run with -t 1 (see test_server.py).  The slow model is test_server.py's random GQA model: ~2 ms a
+token, so an 8000-token request runs long enough to be cut.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gen_model import ModelConfig, write_model
+from server_util import (Server, connect_from, raise_fd_limit, read_response, request_bytes)
+
+LONG = {"max_tokens": 8000, "ignore_eos": True, "temperature": 0}
+
+
+def stories_args(stories) -> list:
+    return ["-m", stories["bin"], "--tokenizer", stories["tok"], "-t", "1"]
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tmp_path_factory):
+    cfg = ModelConfig(n_vocab=2048, n_embd=256, n_layer=6, n_head=8, n_head_kv=2, n_ff=768, n_ctx=8192)
+    return write_model(tmp_path_factory.mktemp("attack") / "gqa.gguf", cfg, seed=5)
+
+
+def gqa_args(path) -> list:
+    return ["-m", path, "-t", "1", "--alias", "gqa", "--kv-mem", "64M"]
+
+
+@pytest.fixture(scope="module")
+def gqa_srv(kvllm, gqa_model):
+    s = Server(kvllm, *gqa_args(gqa_model))
+    yield s
+    rc, err = s.stop()
+    assert rc == 0, err[-4000:]
+
+
+def stopped_ok(s: Server) -> None:
+    rc, err = s.stop()
+    assert rc == 0, err[-4000:]
+
+
+def send_request(port: int, body: dict, path: str = "/v1/completions", extra: bytes = b"",
+                 source: str = "127.0.0.1") -> socket.socket:
+    k = connect_from(port, source)
+    k.sendall(request_bytes("POST", path, body) + extra)
+    return k
+
+
+def wait_metric(s: Server, pred, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = s.metrics()
+        if pred(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.02)
+
+
+def thread_count(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1
+
+
+def timed_get(port: int, path: str, source: str) -> tuple[int, float]:
+    t0 = time.monotonic()
+    k = connect_from(port, source, timeout=5)
+    try:
+        k.sendall(request_bytes("GET", path))
+        st, _, _ = read_response(k, timeout=5)
+    finally:
+        k.close()
+    return st, time.monotonic() - t0
+
+
+# ---- slowloris and connection limits ----------------------------------------------------
+
+N_TRICKLE = 1100
+
+
+def test_slowloris(kvllm, stories):
+    """1,100 sockets trickle header bytes: another client's /health and completions are answered within a
+    second throughout, the server holds no thread per socket, and the trickling sockets are closed once
+    --header-timeout (3 s here) has passed, however steadily they trickle."""
+    if raise_fd_limit(N_TRICKLE + 200) < N_TRICKLE + 100:
+        pytest.skip("this machine's hard RLIMIT_NOFILE is below 1,200 descriptors")
+    s = Server(kvllm, *stories_args(stories), "--header-timeout", "3")
+    socks: list[socket.socket] = []
+    try:
+        threads_idle = thread_count(s.proc.pid)
+        t_open = time.monotonic()
+        for i in range(N_TRICKLE):
+            k = connect_from(s.port, "127.0.0.1", timeout=5)
+            k.sendall(b"GET /health HTTP/1.1\r\nHo")
+            socks.append(k)
+        worst = 0.0
+        threads_max = 0
+        stop = time.monotonic() + 2.0          # trickle below the header timeout, serving a client meanwhile
+        while time.monotonic() < stop:
+            for k in socks:
+                try:
+                    k.send(b"x")
+                except OSError:
+                    pass
+            st, dt = timed_get(s.port, "/health", "127.0.0.2")
+            assert st == 200, st
+            worst = max(worst, dt)
+            k = connect_from(s.port, "127.0.0.2", timeout=5)
+            t0 = time.monotonic()
+            k.sendall(request_bytes("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 8}))
+            st, _, body = read_response(k, timeout=5)
+            k.close()
+            assert st == 200, body
+            worst = max(worst, time.monotonic() - t0)
+            threads_max = max(threads_max, thread_count(s.proc.pid))
+            time.sleep(0.2)
+        print(f"slowloris: {N_TRICKLE} trickling sockets; slowest other-client answer {worst:.3f} s; "
+              f"server threads {threads_idle} idle, at most {threads_max} under attack")
+        assert worst < 1.0
+        assert threads_max < threads_idle + 16, (threads_idle, threads_max)
+        # past the header deadline every trickling socket is closed by the server
+        deadline = t_open + 3.0 + 3.0
+        closed = 0
+        for k in socks:
+            k.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                while True:
+                    k.send(b"x")
+                    if k.recv(4096) == b"":
+                        break
+            except socket.timeout:
+                continue
+            except OSError:
+                pass
+            closed += 1
+        print(f"slowloris: {closed} of {N_TRICKLE} closed by the server {time.monotonic() - t_open:.1f} s "
+              f"after they opened")
+        assert closed == N_TRICKLE
+        assert timed_get(s.port, "/health", "127.0.0.1")[0] == 200
+    finally:
+        for k in socks:
+            k.close()
+        stopped_ok(s)
+
+
+def test_body_timeout(kvllm, stories):
+    """A body trickled a byte at a time is cut at --body-timeout; a slow but steady client within it is
+    served."""
+    s = Server(kvllm, *stories_args(stories), "--body-timeout", "1.5")
+    try:
+        body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
+        k = connect_from(s.port)
+        k.sendall(request_bytes("POST", "/v1/completions", body)[:-len(body)])
+        t0 = time.monotonic()
+        k.settimeout(0.3)
+        cut = None
+        for i in range(len(body)):
+            try:
+                k.send(body[i:i + 1])
+                if k.recv(4096) == b"":
+                    cut = time.monotonic() - t0
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                cut = time.monotonic() - t0
+                break
+        k.close()
+        print(f"body trickled: cut after {cut} s (--body-timeout 1.5)")
+        assert cut is not None and 1.4 < cut < 3.0, cut
+        k = connect_from(s.port)                        # the same body in two halves, 0.5 s apart
+        raw = request_bytes("POST", "/v1/completions", body)
+        k.sendall(raw[:-10])
+        time.sleep(0.5)
+        k.sendall(raw[-10:])
+        assert read_response(k)[0] == 200
+        k.close()
+    finally:
+        stopped_ok(s)
+
+
+def test_connection_limits(kvllm, stories):
+    """Past --max-connections-per-client one address is answered 503 (with Retry-After) while another is
+    served; past --max-connections everybody new is answered 503, not reset; closing frees the slots."""
+    s = Server(kvllm, *stories_args(stories), "--max-connections", "12", "--max-connections-per-client", "5")
+    idle: list[socket.socket] = []
+    try:
+        idle += [connect_from(s.port, "127.0.0.3") for _ in range(5)]
+        time.sleep(0.2)
+        k = connect_from(s.port, "127.0.0.3")
+        k.sendall(request_bytes("GET", "/health"))
+        st, h, body = read_response(k)
+        k.close()
+        assert st == 503 and h.get("retry-after") and "connections" in json.loads(body)["error"]["message"], body
+        assert timed_get(s.port, "/health", "127.0.0.4")[0] == 200
+        idle += [connect_from(s.port, "127.0.0.5") for _ in range(4)]
+        idle += [connect_from(s.port, "127.0.0.6") for _ in range(3)]   # 5 + 4 + 3: all 12 taken
+        time.sleep(0.2)
+        for src in ("127.0.0.8", "127.0.0.9"):
+            k = connect_from(s.port, src)
+            k.sendall(request_bytes("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2}))
+            st, h, body = read_response(k)
+            k.close()
+            assert st == 503 and "retry-after" in h, (st, body)
+        for k in idle:
+            k.close()
+        idle.clear()
+        time.sleep(0.3)
+        assert timed_get(s.port, "/health", "127.0.0.3")[0] == 200
+        assert timed_get(s.port, "/health", "127.0.0.8")[0] == 200
+    finally:
+        for k in idle:
+            k.close()
+        stopped_ok(s)
+
+
+# ---- clients that leave, and clients that half-close -------------------------------------
+
+def test_pipelined_then_closed_is_aborted(gqa_srv):
+    """Clients whose requests are running pipeline more bytes and close: every sequence is aborted and
+    every KV block is back within a second (recv(MSG_PEEK) saw the pipelined bytes, never the close)."""
+    s = gqa_srv
+    before = s.metrics()['kvllm_requests_total{outcome="aborted"}']
+    socks = [send_request(s.port, {"prompt": f"pipelined {i}", **LONG, "stream": i % 4 == 0}) for i in range(12)]
+    m = wait_metric(s, lambda m: m["kvllm_requests_running"] == 12, 10)
+    assert m["kvllm_requests_running"] == 12 and m['kvllm_kv_blocks{state="held"}'] > 0, m
+    t0 = time.monotonic()
+    for k in socks:
+        k.sendall(request_bytes("GET", "/health"))      # the next request, pipelined
+        k.close()
+    m = wait_metric(s, lambda m: m['kvllm_kv_blocks{state="held"}'] == 0, 5)
+    dt = time.monotonic() - t0
+    print(f"pipelined-then-closed: 12 requests aborted, blocks back {dt:.3f} s after the close")
+    assert m['kvllm_kv_blocks{state="held"}'] == 0 and m["kvllm_requests_running"] == 0, m
+    assert dt < 1.0
+    assert wait_metric(s, lambda m: m['kvllm_requests_total{outcome="aborted"}'] - before == 12, 2)[
+        'kvllm_requests_total{outcome="aborted"}'] - before == 12
+
+
+def test_half_close_gets_the_answer(gqa_srv):
+    """shutdown(SHUT_WR) after the request, as `nc -N` does, is not a disconnect: a whole response and a
+    stream both arrive complete."""
+    s = gqa_srv
+    k = send_request(s.port, {"prompt": "half", "max_tokens": 300, "ignore_eos": True, "temperature": 0})
+    k.shutdown(socket.SHUT_WR)
+    st, _, body = read_response(k, timeout=60)
+    k.close()
+    assert st == 200, body
+    r = json.loads(body)
+    assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 300, r
+    k = send_request(s.port, {"prompt": "half", "max_tokens": 300, "ignore_eos": True, "temperature": 0,
+                              "stream": True})
+    k.shutdown(socket.SHUT_WR)
+    st, _, body = read_response(k, timeout=60)
+    k.close()
+    events = [ln[6:] for ln in body.decode().split("\n") if ln.startswith("data: ")]
+    assert st == 200 and events[-1] == "[DONE]", body[-300:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == r["choices"][0]["text"]
+
+
+# ---- SIGTERM: drain ------------------------------------------------------------------------
+
+def test_sigterm_drains(kvllm, gqa_model):
+    """SIGTERM with 8 long streams, a long and a short whole request running: /health says draining (503),
+    new completions get 503, the short request finishes within --shutdown-timeout, every stream ends with
+    an error event and [DONE], the long whole request gets 503, and the server exits 0."""
+    s = Server(kvllm, *gqa_args(gqa_model), "--shutdown-timeout", "2")
+    streams = [send_request(s.port, {"prompt": f"stream {i}", **LONG, "stream": True}) for i in range(8)]
+    long_whole = send_request(s.port, {"prompt": "long", **LONG})
+    got = []
+    for k in streams:                                   # every stream is under way
+        k.settimeout(30)
+        b = b""
+        while b"data: " not in b:
+            more = k.recv(4096)
+            assert more, b
+            b += more
+        got.append(b)
+    wait_metric(s, lambda m: m["kvllm_requests_running"] == 9, 10)
+    short = send_request(s.port, {"prompt": "short", "max_tokens": 60, "ignore_eos": True})
+    results: dict = {}
+
+    def read_all(name, k, prefix=b""):
+        results[name] = read_response(k, timeout=30, prefix=prefix)
+
+    readers = [threading.Thread(target=read_all, args=(f"s{i}", k, got[i])) for i, k in enumerate(streams)]
+    readers += [threading.Thread(target=read_all, args=("long", long_whole)),
+                threading.Thread(target=read_all, args=("short", short))]
+    for t in readers:
+        t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    k = connect_from(s.port)
+    k.sendall(request_bytes("GET", "/health"))
+    st, _, body = read_response(k)
+    k.close()
+    assert st == 503 and json.loads(body)["status"] == "draining", (st, body)
+    k = send_request(s.port, {"prompt": "late", "max_tokens": 2})
+    st, _, body = read_response(k)
+    k.close()
+    assert st == 503 and "shutting down" in json.loads(body)["error"]["message"], body
+    s.proc.wait(30)
+    dt = time.monotonic() - t0
+    for t in readers:
+        t.join(10)
+    rc, err = s.stop()
+    print(f"SIGTERM: exit {rc} {dt:.2f} s after the signal (--shutdown-timeout 2)")
+    assert rc == 0, err[-3000:]
+    assert 1.9 < dt < 8, dt
+    st, _, body = results["short"]
+    assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == 60, body
+    st, _, body = results["long"]
+    assert st == 503 and json.loads(body)["error"]["code"] == "server_shutdown", body
+    for i in range(8):
+        st, _, body = results[f"s{i}"]
+        events = [ln[6:] for ln in body.decode().split("\n") if ln.startswith("data: ")]
+        assert st == 200 and len(events) > 3 and events[-1] == "[DONE]", body[-400:]
+        assert "error" in json.loads(events[-2]) and "shutting down" in events[-2], events[-2]
+        assert all("choices" in json.loads(e) for e in events[:-2])
+
+
+# ---- the smaller ones ---------------------------------------------------------------------
+
+def test_protocol_and_auth(kvllm, stories):
+    """HTTP/1.1 without Host and duplicate Content-Length: 400.  With --api-key, every path but /health
+    answers 401 before any 404 / 405, /metrics included; the key is compared whole."""
+    s = Server(kvllm, *stories_args(stories), "--api-key", "sekret-key")
+    key = {"Authorization": "Bearer sekret-key"}
+    try:
+        def raw(data: bytes) -> tuple[int, dict, bytes]:
+            k = connect_from(s.port)
+            k.sendall(data)
+            r = read_response(k)
+            k.close()
+            return r
+
+        st, _, body = raw(b"GET /health HTTP/1.1\r\n\r\n")
+        assert st == 400 and "Host" in json.loads(body)["error"]["message"], body
+        assert raw(b"GET /health HTTP/1.0\r\n\r\n")[0] == 200          # HTTP/1.0 needs no Host
+        body = json.dumps({"prompt": "Once", "max_tokens": 2}).encode()
+        dup = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret-key\r\n"
+               b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(body), len(body)) + body)
+        st, h, out = raw(dup)
+        assert st == 400 and "Content-Length" in json.loads(out)["error"]["message"], out
+        assert h.get("connection") == "close"
+        for method, path, authed in [("GET", "/nope", 404), ("DELETE", "/v1/completions", 405),
+                                     ("GET", "/v1/completions", 405), ("GET", "/v1/models/x", 404),
+                                     ("GET", "/metrics", 200), ("GET", "/v1/models", 200)]:
+            st, _, out = s.request(method, path)
+            assert st == 401 and json.loads(out)["error"]["code"] == "invalid_api_key", (method, path, st, out)
+            assert s.request(method, path, headers=key)[0] == authed, (method, path)
+        assert s.request("GET", "/health")[0] == 200
+        for wrong in ["sekret-ke", "sekret-key2", "sekret-kex", "Sekret-key", "", "x" * 200]:
+            st = s.request("GET", "/v1/models", headers={"Authorization": f"Bearer {wrong}"})[0]
+            assert st == 401, wrong
+    finally:
+        stopped_ok(s)
+    s = Server(kvllm, *stories_args(stories), "--api-key", "sekret-key", "--metrics-public")
+    try:
+        st, _, out = s.request("GET", "/metrics")
+        assert st == 200 and b"kvllm_requests_total" in out
+        assert s.request("GET", "/v1/models")[0] == 401
+    finally:
+        stopped_ok(s)
+
+
+def test_queue_full_retry_after(kvllm, gqa_model):
+    """A full queue answers 429 with Retry-After."""
+    s = Server(kvllm, *gqa_args(gqa_model), "--max-seqs", "1", "--max-queue", "1")
+    socks = []
+    try:
+        socks = [send_request(s.port, {"prompt": f"hold {i}", **LONG}) for i in range(2)]
+        wait_metric(s, lambda m: m["kvllm_requests_running"] == 1 and m["kvllm_requests_waiting"] == 1, 10)
+        st, h, body = s.request("POST", "/v1/completions", {"prompt": "more", "max_tokens": 2})
+        assert st == 429 and h.get("retry-after", "").isdigit(), (st, h, body)
+        assert json.loads(body)["error"]["code"] == "queue_full"
+    finally:
+        for k in socks:
+            k.close()
+        stopped_ok(s)
+
+
+# ---- a sequence the engine failed -----------------------------------------------------------
+
+def test_engine_error_answers_500(kvllm, tmp_path):
+    """All logits NaN: the sampler finds no token, the engine finishes the sequence with
+    KVLLM_FINISH_ERROR; a whole response is a 500 with an OpenAI error, a stream ends with an error event
+    and [DONE]."""
+    cfg = ModelConfig(n_vocab=256, n_embd=64, n_layer=1, n_head=4, n_head_kv=4, n_ff=128, n_ctx=256)
+    nan = np.full((cfg.n_vocab, cfg.n_embd), np.nan, dtype=np.float32)
+    path = write_model(tmp_path / "nan.gguf", cfg, seed=1, tensors={"output.weight": nan})
+    s = Server(kvllm, "-m", path, "-t", "1", "--alias", "nan")
+    try:
+        st, _, body = s.request("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4})
+        e = json.loads(body)
+        assert st == 500 and e["error"]["type"] == "server_error" and e["error"]["code"] == "engine_error", body
+        st, _, body = s.request("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "stream": True})
+        events = [ln[6:] for ln in body.decode().split("\n") if ln.startswith("data: ")]
+        assert st == 200 and events[-1] == "[DONE]" and len(events) >= 2, body
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "engine_error" and err["message"], err
+        m = s.metrics()
+        assert m['kvllm_requests_total{outcome="server_error"}'] == 2, m
+        assert s.wait_blocks_released()['kvllm_kv_blocks{state="held"}'] == 0
+    finally:
+        stopped_ok(s)

@@ -312,6 +312,7 @@ static inline bool jv_is_num(struct jv v) { return v.kind == JK_INT || v.kind ==
 
 const char *jv_type_name(struct jv v);                       /* Python's type name */
 bool jv_truthy(struct jv v);
+bool jv_hashable(struct jv v);                               /* a dict key / set member in Python */
 bool jv_eq(struct jv a, struct jv b);                        /* Python == */
 int jv_cmp(struct jctx *c, uint32_t pos, struct jv a, struct jv b);  /* Python <, error if unordered */
 double jv_num(struct jv v);                                   /* int, float or bool as a double */

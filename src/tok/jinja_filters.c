@@ -677,6 +677,7 @@ static struct jv f_unique(struct jctx *c, uint32_t pos, struct jv v, const struc
     for (size_t i = 0; i < n; i++) {
         struct jv k = jgiven(p[1]) && p[1].kind != JK_NONE ? attr_path(c, pos, items[i], p[1], jv_none()) : items[i];
         if (!arg_bool(p[0], false)) k = lower_if_str(c, pos, k);
+        if (!jv_hashable(k)) jfail(c, pos, KVLLM_EINVAL, "unhashable type: '%s'", jv_type_name(k));   /* a set */
         jstep(c, pos, 1);
         uint64_t h = jv_hash(k, 0);
         h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;   /* spread the bits the mask keeps */

@@ -339,6 +339,10 @@ void jlist_push(struct jctx *c, struct jlist *l, struct jv v) {
     l->v[l->n++] = v;
 }
 
+static bool hashable(struct jv v, int depth);
+
+bool jv_hashable(struct jv v) { return hashable(v, 0); }
+
 static bool hashable(struct jv v, int depth) {
     if (v.kind == JK_LIST) {
         if (v.u.l->shape != JL_TUPLE || depth > JINJA_MAX_DEPTH) return false;

@@ -396,6 +396,96 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
     return tok_spm_encode(t, text, len, add_bos, parse_special, ids, n_max);
 }
 
+/* ---- encoding with plain spans: control-token text read as text there ---- */
+
+struct span_enc {
+    const struct tokenizer *t;
+    const char *base;              /* the whole text: spans are offsets into it */
+    const struct tok_span *plain;  /* (n_plain) sorted, disjoint */
+    size_t n_plain;
+    int32_t *ids;                  /* (n_max), may be NULL when n_max is 0 */
+    int n_max, n;                  /* n: ids produced so far (may exceed n_max) */
+};
+
+/* Does [off, off + n) overlap a plain span? */
+static bool overlaps_plain(const struct span_enc *e, size_t off, size_t n) {
+    size_t lo = 0, hi = e->n_plain;   /* first span ending after off */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->plain[mid].off + e->plain[mid].len <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < e->n_plain && e->plain[lo].off < off + n;
+}
+
+static int emit_id(struct span_enc *e, int32_t id) {
+    if (e->n == INT32_MAX) return KVLLM_ERANGE;
+    if (e->ids && e->n < e->n_max) e->ids[e->n] = id;
+    e->n++;
+    return 0;
+}
+
+/* A run with no special piece left to cut: encoded as text (user-defined
+ * pieces would still be matched, but none remain). */
+static int emit_text(struct span_enc *e, const char *s, size_t n) {
+    if (!n) return 0;
+    int room = e->ids && e->n < e->n_max ? e->n_max - e->n : 0;
+    int k = tokenizer_encode(e->t, s, n, false, false, room ? e->ids + e->n : NULL, room);
+    if (k < 0) return k;
+    if (k > INT32_MAX - e->n) return KVLLM_ERANGE;
+    e->n += k;
+    return 0;
+}
+
+/* text[0, len) (at offset text - e->base), cut at the special pieces from
+ * index k of t->special on, longest first, as spm.c and bpe.c cut: a
+ * user-defined piece anywhere, a control or unknown piece only where it
+ * overlaps no plain span. */
+static int encode_cut(struct span_enc *e, const char *text, size_t len, int k) {
+    const struct tokenizer *t = e->t;
+    for (; k < t->n_special; k++) {
+        int32_t id = t->special[k];
+        size_t plen;
+        const char *piece = tok_piece(t, id, &plen);
+        bool anywhere = t->types[id] == TOK_USER_DEFINED;
+        int rc = 0;
+        size_t pos = 0, from = 0;
+        bool cut = false;
+        const char *hit;
+        while (rc == 0 && from < len && (hit = memmem(text + from, len - from, piece, plen)) != NULL) {
+            size_t at = (size_t)(hit - text);
+            if (!anywhere && overlaps_plain(e, (size_t)(text - e->base) + at, plen)) {
+                from = at + 1;   /* message text: not a control token */
+                continue;
+            }
+            cut = true;
+            if (at > pos) rc = encode_cut(e, text + pos, at - pos, k + 1);
+            if (rc == 0) rc = emit_id(e, id);
+            pos = from = at + plen;
+        }
+        if (!cut) continue;
+        if (rc == 0 && pos < len) rc = encode_cut(e, text + pos, len - pos, k + 1);
+        return rc;
+    }
+    return emit_text(e, text, len);
+}
+
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                           const struct tok_span *plain, size_t n_plain, int32_t *ids, int n_max) {
+    struct span_enc e = { t, text, plain, n_plain, ids, ids ? n_max : 0, 0 };
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].off > len || plain[i].len > len - plain[i].off ||
+            (i > 0 && plain[i].off < plain[i - 1].off + plain[i - 1].len)) {
+            LOG_ERR("plain span %zu [%zu, +%zu) is out of order or past the %zu-byte text", i, plain[i].off,
+                    plain[i].len, len);
+            return KVLLM_EINVAL;
+        }
+    int rc = 0;
+    if (add_bos && t->add_bos && t->bos >= 0) rc = emit_id(&e, t->bos);
+    if (rc == 0) rc = encode_cut(&e, text, len, 0);
+    return rc < 0 ? rc : e.n;
+}
+
 /* ---- queries ---- */
 
 int tokenizer_n_vocab(const struct tokenizer *t) { return t->n_vocab; }

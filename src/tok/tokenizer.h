@@ -46,6 +46,24 @@ const char *tokenizer_piece(const struct tokenizer *t, int id);
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
                      bool add_bos, bool parse_special, int32_t *ids, int n_max);
 
+/* A byte range [off, off + len) of a text. */
+struct tok_span {
+    size_t off, len;
+};
+
+/* tokenizer_encode with parse_special, except inside the `plain` spans
+ * (sorted, disjoint; n_plain may be 0): control and unknown token text
+ * that overlaps one is read as text, as parse_special=false would read it
+ * (user-defined token text is matched everywhere, as always).  The text is
+ * cut at exactly the special pieces tokenizer_encode would cut at, less
+ * those, so with no control-token text inside a span the ids are those of
+ * tokenizer_encode(parse_special=true).  Used for chat renderings whose
+ * message text must not turn into control tokens.  Returns the full count
+ * (ids as tokenizer_encode), or KVLLM_EINVAL (logged) for spans out of order
+ * or past the text, or another negative error. */
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                           const struct tok_span *plain, size_t n_plain, int32_t *ids, int n_max);
+
 /* Bytes of one token: '▁' -> ' ', <0xNN> -> byte, CONTROL/UNKNOWN -> "".
  * If prev is BOS or -1 (the start of the text) and the vocab adds a space
  * prefix, the leading space is dropped, as SentencePiece decoders do; pass

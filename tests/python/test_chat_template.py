@@ -227,6 +227,10 @@ UNIT_CASES = r"""
 ===
 {{ {'b':1,'a':2}|dictsort }}{{ {'b':1,'a':2}|dictsort(by='value') }}{{ {'b':1,'a':2}|items|list }}{{ [1,1,2,'a','A']|unique|list }}{{ [1,2,3]|reverse|list }}{{ 'abc'|reverse }}
 ===
+{{ [1, 1.0, true, 2, (1, 2), (1, 2), none, none, 'a', 'A', 'a']|unique|list }}{{ ['a', 'A']|unique(case_sensitive=true)|list }}{{ [{'n': 'x'}, {'n': 'X'}, {'n': 'y'}]|unique(attribute='n')|map(attribute='n')|list }}
+===
+{{ [[1], [1]]|unique|list }}
+===
 {{ {'a': 'é', 'b': [1, 2.5, none, true], 'c': {'d': "q\"\n"}}|tojson }}|{{ {'a': 1, 'b': [1, 2]}|tojson(indent=2) }}|{{ [1, {'x': []}, {}]|tojson(indent=4) }}|{{ 'é'|tojson(ensure_ascii=true) }}|{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ [1, 2]|tojson(separators=(',', ':')) }}|{{ {'a': 1}|tojson(indent='\t') }}|{{ {1: 2, true: 3, none: 4}|tojson }}|{{ '<&>'|tojson }}|{{ 1.0|tojson }}|{{ '😀\x01'|tojson(ensure_ascii=true) }}
 ===
 {{ 1 is number }}{{ true is number }}{{ 1.0 is integer }}{{ 1 is integer }}{{ true is boolean }}{{ 'a' is iterable }}{{ {} is sequence }}{{ {} is mapping }}{{ none is none }}{{ 1 is true }}{{ true is true }}{{ false is false }}{{ 1.5 is float }}{{ 'x' is string }}{{ x is undefined }}{{ [] is iterable }}{{ 5 is iterable }}
@@ -454,6 +458,33 @@ def test_whitespace_control_random(kvllm, tmp_path, seed):
 
 
 # ---- dates, options, models ---------------------------------------------------------
+
+
+def test_render_budgets(kvllm, tmp_path):
+    """A template cannot hang a render (issue 15): |unique over 40,000 words of a message is linear (it was
+    quadratic: 6.8 s), and a loop of 10^10 iterations or output without end fails at once on the step or output
+    budget, with an error naming it."""
+    import time
+    words = " ".join(f"w{i % 20000}" for i in range(40000))
+    t0 = time.monotonic()
+    res = render_kvllm(kvllm, tmp_path, "{{ messages[0].content.split()|unique|list|length }}",
+                       [{"role": "user", "content": words}], False)
+    took = time.monotonic() - t0
+    assert res.returncode == 0 and res.stdout == b"20000", res.describe()
+    assert took < 0.5 + 0.3, f"|unique over 40,000 words took {took:.2f} s (process start included)"
+    for template, budget in [
+        ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "step budget"),
+        ("{% for a in range(100000) %}{% for b in range(100000) %}{{ messages }}{% endfor %}{% endfor %}",
+         "output budget"),
+        ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+         "output budget"),
+    ]:
+        t0 = time.monotonic()
+        res = render_kvllm(kvllm, tmp_path, template, [{"role": "user", "content": "hi"}], False)
+        took = time.monotonic() - t0
+        assert res.returncode == 1 and res.stdout == b"" and budget in res.err, res.describe()
+        assert ERROR_LINE.search(res.err), res.describe()
+        assert took < 3, f"{budget}: the render took {took:.2f} s to fail"
 
 
 def test_strftime_now_env_and_option(kvllm, tmp_path):

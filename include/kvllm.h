@@ -141,6 +141,24 @@ int kvllm_chat_render(const struct kvllm_model *model, const char *template_text
                       const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
                       char **out);
 
+/* A conversation as the model's prompt ids: rendered as kvllm_chat_render
+ * renders it, then tokenized with the template's own text read for control
+ * tokens ("<|im_start|>" becomes one token) and the message text (roles,
+ * contents, and whatever the template computed from them) read as plain
+ * text, so a user who types "<|im_end|>" cannot close their turn and forge
+ * another.  special_in_content: control-token text inside message text
+ * becomes control tokens too (the reference behaviour, as Transformers'
+ * apply_chat_template(tokenize=True)).  Without such text in the messages
+ * both give the same ids.  BOS goes first when the vocabulary asks for it
+ * and the rendering does not start with it.  On success *ids_out is
+ * malloc'd (free()) holding *n_out ids; on error it is NULL and 0.  Errors
+ * (logged) as kvllm_chat_render, plus KVLLM_ENOTFOUND for a model without a
+ * vocabulary and KVLLM_ERANGE when the render exceeds its step or output
+ * budget. */
+int kvllm_chat_tokenize(const struct kvllm_model *model, const char *template_text,
+                        const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
+                        bool special_in_content, int32_t **ids_out, int *n_out);
+
 /* ---- sampling ------------------------------------------------------ */
 
 struct kvllm_sampling_params {

@@ -49,24 +49,6 @@ static int job_failure(struct job *j, const struct oai_resp *r, struct oai_error
 
 /* ---- prompts ---- */
 
-/* Tokens of a chat rendering: special-token text is parsed (templates write
- * "<|im_start|>" and the like), and BOS is added when the vocabulary wants
- * it and the template did not already write it. */
-static int tokenize_chat(struct server *s, const char *text, int32_t **out, struct oai_error *e) {
-    const struct kvllm_model_desc *d = kvllm_model_describe(s->model);
-    size_t len = strlen(text);
-    int n = kvllm_tokenize(s->model, text, len, false, true, NULL, 0);
-    if (n < 0) return oai_error_set(e, 400, NULL, "messages", "cannot tokenize the conversation: %s", server_last_error());
-    int32_t *ids = malloc((size_t)(n + 1) * sizeof *ids);
-    if (!ids) return oai_error_set(e, 500, NULL, NULL, "out of memory");
-    kvllm_tokenize(s->model, text, len, false, true, ids + 1, n);
-    bool bos = d->add_bos && d->token_bos >= 0 && !(n > 0 && ids[1] == d->token_bos);
-    if (bos) ids[0] = d->token_bos;
-    else memmove(ids, ids + 1, (size_t)n * sizeof *ids);
-    *out = ids;
-    return n + bos;
-}
-
 /* Prompt k of a completions request as ids (malloc'd). Returns the count or -1. */
 static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **out, struct oai_error *e) {
     if (!p->text) {
@@ -285,19 +267,18 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
         return oai_error_set(err, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
                          rq->model, s->model_id);
     if (rq->chat) {
-        char *text = NULL;
+        /* rendered and tokenized: message text stays text unless --special-in-content */
         server_clear_error();
-        int cr = kvllm_chat_render(s->model, s->chat_template, rq->msgs, rq->n_msgs, true, &text);
+        int cr = kvllm_chat_tokenize(s->model, s->chat_template, rq->msgs, rq->n_msgs, true, s->special_in_content,
+                                     &ids[0], &n_ids[0]);
         if (cr == KVLLM_ENOTFOUND)
             return oai_error_set(err, 400, "no_chat_template", "messages",
                              "this model has no chat template; start the server with --chat-template FILE, or use "
                              "/v1/completions");
+        if (cr == KVLLM_ENOMEM) return oai_error_set(err, 500, NULL, NULL, "out of memory");
         if (cr)
             return oai_error_set(err, 400, "chat_template", "messages", "cannot apply the chat template (%s): %s",
                              kvllm_strerror(cr), *server_last_error() ? server_last_error() : "no detail");
-        n_ids[0] = tokenize_chat(s, text, &ids[0], err);
-        free(text);
-        if (n_ids[0] < 0) return -1;
     }
     for (int k = 0; !rq->chat && k < np; k++)
         if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], &ids[k], err)) < 0) return -1;

@@ -87,6 +87,7 @@ int server_start(const struct server_params *p, struct server **out) {
     s->api_key = dup_or_null(p->api_key && *p->api_key ? p->api_key : NULL);
     s->model_id = strdup(p->model_id ? p->model_id : "default");
     s->chat_template = dup_or_null(p->chat_template);
+    s->special_in_content = p->special_in_content;
     s->max_body = p->max_body ? p->max_body : (size_t)1 << 20;
     s->metrics_public = p->metrics_public;
     s->header_timeout = p->header_timeout > 0 ? p->header_timeout : 10;

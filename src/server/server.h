@@ -24,6 +24,8 @@ struct server_params {
     const char *model_id;       /* what /v1/models lists and requests may name */
     const char *chat_template;  /* template text; NULL: the model's own */
     size_t max_body;            /* request bodies above this get 413 (0: 1 MiB) */
+    bool special_in_content;    /* control-token text in chat messages becomes control tokens (the
+                                 * reference behaviour); default: read as text (kvllm_chat_tokenize) */
     bool metrics_public;        /* /metrics without the API key */
     double header_timeout;      /* seconds from accept (or the previous answer) to complete headers (0: 10) */
     double body_timeout;        /* seconds from the headers to a complete body (0: 30) */

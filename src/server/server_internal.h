@@ -25,6 +25,7 @@ struct job;
 struct server {
     char *host, *api_key, *model_id, *chat_template;
     size_t max_body;
+    bool special_in_content;          /* kvllm_chat_tokenize's flag (--special-in-content) */
     bool metrics_public;
     double header_timeout, body_timeout, idle_timeout;   /* seconds */
     int max_conns, max_conns_per_client;

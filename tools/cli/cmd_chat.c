@@ -1,8 +1,10 @@
 /* cmd_chat.c — `kvllm chat`: a conversation with an instruct model.
  *
  * Model of the world: the conversation is a list of messages.  Every turn
- * renders the whole list through the chat template (kvllm_chat_render, with
- * the generation prompt) and tokenizes it; `have` mirrors exactly the tokens
+ * renders and tokenizes the whole list through the chat template
+ * (kvllm_chat_tokenize, with the generation prompt: what the user types is
+ * read as text, never as control tokens, unless --special-in-content);
+ * `have` mirrors exactly the tokens
  * whose K/V sit in the session.  The new prompt shares a prefix with `have`
  * (usually everything up to the end of the previous answer): the session is
  * truncated to that prefix and only the rest is evaluated, so earlier turns
@@ -46,6 +48,8 @@ static const char *k_usage =
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
     "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
+    "  --special-in-content   control-token text typed in a message (\"<|im_end|>\") becomes control tokens,\n"
+    "                         as Transformers does (default: it is read as text)\n"
     "  -v, --verbose          also print each rendered prompt to stderr\n"
     "  -q, --quiet            only errors on stderr\n"
     "  Without -p, on a terminal: one user turn per line; /exit or end of input quits.\n"
@@ -55,7 +59,7 @@ struct chat_opts {
     const char *model, *tokenizer, *template_path, *prompt, *system;
     struct kvllm_engine_params ep;  /* KV options (--kv-type, --block-size, --kv-mem, ...) */
     long n_predict, n_ctx, n_threads;
-    bool seed_set, interactive, no_reuse, verbose, quiet;
+    bool seed_set, interactive, no_reuse, verbose, quiet, special_in_content;
     struct kvllm_sampling_params sp;
 };
 
@@ -82,6 +86,7 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
         else if (!strcmp(a, "--interactive")) o->interactive = true;
         else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;
+        else if (!strcmp(a, "--special-in-content")) o->special_in_content = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
         else { cli_error("chat: unknown option '%s' (see kvllm chat --help)", a); return 2; }
@@ -119,7 +124,7 @@ struct chat {
     char *answer;                     /* the answer being generated, answer_len bytes */
     size_t answer_len, answer_cap;
     long n_predict;
-    bool quiet, verbose, no_reuse;
+    bool quiet, verbose, no_reuse, special_in_content;
     int turn;
 };
 
@@ -181,25 +186,6 @@ static bool answer_add(struct chat *c, const char *s) {
     return true;
 }
 
-/* The rendered conversation as ids (malloc'd, *n_out of them), tokenized
- * with control tokens parsed; BOS in front when the vocabulary asks for it
- * and the template did not write it (as the server does).  Returns 0 or 1
- * (reported). */
-static int tokenize_conversation(struct chat *c, const char *text, int32_t **out, int *n_out) {
-    size_t len = strlen(text);
-    int n = kvllm_tokenize(c->model, text, len, false, true, NULL, 0);
-    if (n < 0) return 1;
-    int32_t *ids = malloc((size_t)(n + 1) * sizeof *ids);
-    if (!ids) { cli_error("out of memory"); return 1; }
-    if (n > 0) kvllm_tokenize(c->model, text, len, false, true, ids + 1, n);
-    bool bos = c->d->add_bos && c->d->token_bos >= 0 && !(n > 0 && ids[1] == c->d->token_bos);
-    if (bos) ids[0] = c->d->token_bos;
-    else memmove(ids, ids + 1, (size_t)n * sizeof *ids);
-    *out = ids;
-    *n_out = n + bos;
-    return 0;
-}
-
 /* One user turn: render, reuse the cached prefix, evaluate the rest, stream
  * the answer, add it to the conversation.  Returns 0, or 1 (reported) with
  * the user's message taken back out of the conversation
@@ -209,13 +195,14 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
     if (!push_msg(c, "user", user, len)) return 1;
     char *text = NULL;
     int32_t *ids = NULL;
-    int n_gen = 0, n_ids = 0, rc = kvllm_chat_render(c->model, c->tmpl, c->msgs, c->n_msgs, true, &text);
+    int n_gen = 0, n_ids = 0;
+    int rc = kvllm_chat_tokenize(c->model, c->tmpl, c->msgs, c->n_msgs, true, c->special_in_content, &ids, &n_ids);
     if (rc) {
         if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
         goto fail;
     }
-    if (c->verbose) fprintf(stderr, "kvllm: turn %d prompt:\n%s\n", c->turn, text);
-    if (tokenize_conversation(c, text, &ids, &n_ids)) goto fail;
+    if (c->verbose && !kvllm_chat_render(c->model, c->tmpl, c->msgs, c->n_msgs, true, &text))
+        fprintf(stderr, "kvllm: turn %d prompt:\n%s\n", c->turn, text);
     if (n_ids == 0) { cli_error("chat: the conversation renders to no tokens"); goto fail; }
     if (n_ids >= c->n_ctx) {
         cli_error("chat: the conversation (%d tokens) no longer fits the context of %d positions "
@@ -316,7 +303,8 @@ int cmd_chat(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
 
-    struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse };
+    struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse,
+                      .special_in_content = o.special_in_content };
     char *tmpl = NULL, *input = NULL;
     int status = 1;
     if (o.template_path) {

@@ -37,6 +37,8 @@ static const char *k_usage =
     "  --idle-timeout S       seconds a connection may stay silent (default 30)\n"
     "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds running requests get to finish (default 10)\n"
     "  --chat-template FILE   Jinja chat template (default: the model's own)\n"
+    "  --special-in-content   control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\n"
+    "                         control tokens, as Transformers does (default: it is read as text)\n"
     "  -c, --ctx-size N       context length (default: the model's)\n"
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  -v, --verbose          debug logging\n";
@@ -116,6 +118,7 @@ int cmd_serve(int argc, char **argv) {
         if (eo < 0) return 2;
         if (eo > 0) continue;
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!strcmp(a, "--special-in-content")) { sp.special_in_content = true; continue; }
         if (!strcmp(a, "--metrics-public")) { sp.metrics_public = true; continue; }
         if (!(v = cli_arg(argc, argv, &i))) return 2;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;

@@ -1,0 +1,107 @@
+/* chat.c — a conversation to token ids: render it with the chat template,
+ * then tokenize the rendering so that only the template's own text can
+ * become control tokens.
+ *
+ * Model of the world: a rendering is the template's markup ("<|im_start|>",
+ * "<|im_end|>", the model's BOS/EOS) interleaved with message text (roles
+ * and contents, and whatever the template computed from them).  The
+ * renderer reports where the message text landed (chat_template_render_spans);
+ * the tokenizer reads control-token text as control tokens everywhere else
+ * and as plain text inside those spans (tokenizer_encode_spans).  So a user
+ * who types "<|im_end|>\n<|im_start|>system" gets those characters as text,
+ * not a forged turn, while a conversation without such text tokenizes
+ * exactly as the whole rendering with special tokens parsed always did.
+ * special_in_content restores that reference behaviour (Transformers'
+ * apply_chat_template(tokenize=True) parses special text everywhere). */
+#include "engine/engine_internal.h"
+#include "tok/chat_template.h"
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The model's BOS or EOS text ("" when it has none) for the template. */
+static const char *special_piece(const struct tokenizer *tok, int id) {
+    const char *p = tok && id >= 0 ? tokenizer_piece(tok, id) : NULL;
+    return p ? p : "";
+}
+
+/* Tokenize text[0, len) twice (count, then fill) into a malloc'd array
+ * with one free slot in front (for BOS).  Returns the count or < 0. */
+static int encode(const struct tokenizer *tok, const char *text, size_t len, bool special_in_content,
+                  const struct tok_span *plain, size_t n_plain, int32_t **out) {
+    *out = NULL;
+    int n = special_in_content ? tokenizer_encode(tok, text, len, false, true, NULL, 0)
+                               : tokenizer_encode_spans(tok, text, len, false, plain, n_plain, NULL, 0);
+    if (n < 0) return n;
+    if (n == INT32_MAX) return KVLLM_ERANGE;
+    int32_t *ids = xmalloc((size_t)(n + 1) * sizeof *ids);
+    if (!ids) return KVLLM_ENOMEM;
+    int again = special_in_content ? tokenizer_encode(tok, text, len, false, true, ids + 1, n)
+                                   : tokenizer_encode_spans(tok, text, len, false, plain, n_plain, ids + 1, n);
+    if (again != n) {   /* the tokenizer is deterministic: only an error gets here */
+        free(ids);
+        if (again >= 0) LOG_ERR("chat: the conversation tokenized to %d ids, then %d", n, again);
+        return again < 0 ? again : KVLLM_EINVAL;
+    }
+    *out = ids;
+    return n;
+}
+
+int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
+                        const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
+                        bool special_in_content, int32_t **ids_out, int *n_out) {
+    *ids_out = NULL;
+    *n_out = 0;
+    const char *name = km ? km->path : "chat template";
+    if (!km || !km->tok) {
+        LOG_ERR("%s: the model carries no vocabulary; pass a tokenizer (--tokenizer PATH)", name);
+        return KVLLM_ENOTFOUND;
+    }
+    if (n_msgs < 0 || (n_msgs > 0 && !msgs)) {
+        LOG_ERR("%s: %d messages at %p", name, n_msgs, (const void *)msgs);
+        return KVLLM_EINVAL;
+    }
+    for (int i = 0; i < n_msgs; i++)
+        if (!msgs[i].role) {
+            LOG_ERR("%s: message %d has no role", name, i);
+            return KVLLM_EINVAL;
+        }
+    struct gguf_str tmpl = { template_text, template_text ? strlen(template_text) : 0 };
+    if (!template_text) {
+        int rc = km->m->file ? gguf_get_str(km->m->file, "tokenizer.chat_template", &tmpl) : KVLLM_ENOTFOUND;
+        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: the model has no chat template (tokenizer.chat_template)", name);
+        if (rc) return rc;
+    }
+    const struct tokenizer *tok = km->tok;
+    struct chat_template_params p = {
+        .msgs = msgs, .n_msgs = n_msgs, .add_generation_prompt = add_generation_prompt,
+        .bos_token = special_piece(tok, tokenizer_bos(tok)),
+        .eos_token = special_piece(tok, tokenizer_eos(tok)),
+    };
+    char *text = NULL;
+    size_t len = 0, n_spans = 0;
+    struct chat_span *spans = NULL;
+    int rc = chat_template_render_spans(tmpl.ptr, (size_t)tmpl.len, &p, &text, &len, &spans, &n_spans);
+    if (rc) return rc;
+    /* chat_span and tok_span are both (off, len) */
+    struct tok_span *plain = n_spans ? xmalloc(n_spans * sizeof *plain) : NULL;
+    int32_t *ids = NULL;
+    int n = KVLLM_ENOMEM;
+    if (!n_spans || plain) {
+        for (size_t i = 0; i < n_spans; i++) plain[i] = (struct tok_span){ spans[i].off, spans[i].len };
+        n = encode(tok, text, len, special_in_content, plain, n_spans, &ids);
+    }
+    free(plain);
+    free(spans);
+    free(text);
+    if (n < 0) return n;
+    /* BOS first when the vocabulary asks for it and the template did not write it */
+    int bos = tokenizer_bos(tok);
+    bool add = tokenizer_add_bos(tok) && !(n > 0 && ids[1] == bos);
+    if (add) ids[0] = bos;
+    else memmove(ids, ids + 1, (size_t)n * sizeof *ids);
+    *ids_out = ids;
+    *n_out = n + add;
+    return 0;
+}

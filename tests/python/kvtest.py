@@ -61,6 +61,23 @@ def run_cli(binary: str | Path, *args, timeout: float = DEFAULT_TIMEOUT, stdin: 
     return Result(argv, p.returncode, p.stdout, p.stderr)
 
 
+def cpu_lacks(*flags: str) -> list[str]:
+    """The flags of /proc/cpuinfo (e.g. "avx2", "fma", "f16c") this machine lacks.  A test may skip only on
+    what the machine lacks, read here independently of kvllm's own detection (which is under test)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return list(flags)
+    have: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            have.update(line.split(":", 1)[1].split())
+    return [f for f in flags if f not in have]
+
+
+AVX2_FLAGS = ("avx2", "fma", "f16c")  # what kvllm's avx2 kernel set needs
+
+
 def assert_no_sanitizer(res: Result) -> None:
     for m in SANITIZER_MARKERS:
         assert m not in res.err, f"sanitizer report ({m}):\n{res.describe()}"

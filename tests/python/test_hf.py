@@ -319,10 +319,7 @@ def test_stories260k_via_hf(kvllm, stories, tmp_path):
     a = run_cli(kvllm, "tokenize", "-m", out, "--ids", text, timeout=TIMEOUT)
     b = run_cli(kvllm, "tokenize", "--tokenizer", stories["tok"], "--ids", text, timeout=TIMEOUT)
     assert a.returncode == 0 and a.out == b.out and len(a.out.split()) > 10, a.describe()
-    try:  # HF `tokenizers` reads the written tokenizer.json to the same ids
-        import tokenizers
-    except ImportError:
-        return
+    import tokenizers  # HF `tokenizers` (pinned) reads the written tokenizer.json to the same ids
     assert parse_ids(a.out) == tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids
 
 
@@ -394,7 +391,7 @@ def test_convert_byte_level_vocab_and_template(kvllm, shared, tmp_path, pre):
     """A folder whose tokenizer.json is GPT-2's byte-level BPE (made by HF `tokenizers`) and whose
     tokenizer_config.json has a chat template: -> GGUF (tokenizer.ggml.* keys, tokenizer.chat_template)
     -> HF again: the rewritten tokenizer.json gives HF `tokenizers` the ids kvllm gives."""
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers  # pinned in tests/requirements.txt: missing fails, never skips
     from test_tokenizer_json import CUSTOM_PRE, make_gpt2
     cfg = ModelConfig(n_vocab=50257, n_embd=32, n_layer=1, n_head=4, n_head_kv=4, n_ff=64, n_ctx=128, arch="gpt2",
                       tied=True, name="gpt2-bytes")

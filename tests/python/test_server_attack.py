@@ -396,8 +396,11 @@ def test_queue_full_retry_after(kvllm, gqa_model):
     s = Server(kvllm, *gqa_args(gqa_model), "--max-seqs", "1", "--max-queue", "1")
     socks = []
     try:
-        socks = [send_request(s.port, {"prompt": f"hold {i}", **LONG}) for i in range(2)]
-        wait_metric(s, lambda m: m["kvllm_requests_running"] == 1 and m["kvllm_requests_waiting"] == 1, 10)
+        socks.append(send_request(s.port, {"prompt": "hold 0", **LONG}))     # admitted: the queue is empty again
+        wait_metric(s, lambda m: m["kvllm_requests_running"] == 1, 10)
+        socks.append(send_request(s.port, {"prompt": "hold 1", **LONG}))     # queued: the queue is full
+        m = wait_metric(s, lambda m: m["kvllm_requests_running"] == 1 and m["kvllm_requests_waiting"] == 1, 10)
+        assert m["kvllm_requests_running"] == 1 and m["kvllm_requests_waiting"] == 1, m
         st, h, body = s.request("POST", "/v1/completions", {"prompt": "more", "max_tokens": 2})
         assert st == 429 and h.get("retry-after", "").isdigit(), (st, h, body)
         assert json.loads(body)["error"]["code"] == "queue_full"

@@ -181,13 +181,18 @@ static char *dir_of(const char *path) {
 
 int out_file_open(struct out_file *o, const char *path) {
     memset(o, 0, sizeof *o);
+    /* a symbolic link stays one: the file it points to is what gets replaced */
+    struct stat lst;
+    char *real = lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) ? realpath(path, NULL) : NULL;
+    o->path = real ? real : str_dup(path);
+    if (!o->path) return KVLLM_ENOMEM;
+    path = o->path;
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
-    if (!*base) { LOG_ERR("%s: not a file name", path); return KVLLM_EIO; }
+    if (!*base) { LOG_ERR("%s: not a file name", path); out_file_abort(o); return KVLLM_EIO; }
     size_t dn = (size_t)(base - path), cap = strlen(path) + 32;
-    o->path = str_dup(path);
     o->tmp = xmalloc(cap);
-    if (!o->path || !o->tmp) { out_file_abort(o); return KVLLM_ENOMEM; }
+    if (!o->tmp) { out_file_abort(o); return KVLLM_ENOMEM; }
     /* the existing target's permission bits, or those fopen would give (umask applies) */
     struct stat st;
     bool keep_mode = stat(path, &st) == 0 && S_ISREG(st.st_mode);

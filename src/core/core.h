@@ -71,7 +71,9 @@ void *xcalloc(size_t n, size_t size);
  * leaves the old file as it was (a killed process cannot remove its
  * temporary file; every error path here does).  A target that already
  * exists keeps its permission bits; a new one gets 0666 & ~umask, as fopen
- * would give it.  Not for paths that are not regular files (devices, "-"). */
+ * would give it; a target that is a symbolic link stays one (the file it
+ * points to is replaced).  Not for paths that are not regular files
+ * (devices, "-"). */
 struct out_file {
     FILE *f;     /* write here; NULL once finished or aborted */
     char *path;  /* the target (owned copy) */

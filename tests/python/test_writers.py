@@ -171,3 +171,13 @@ def test_write_keeps_mode_and_replaces_whole(kvllm, gguf_model, tmp_path):
     assert sha(target) == sha(fresh)
     assert target.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_write_through_symlink_keeps_link(kvllm, gguf_model, tmp_path):
+    """A target that is a symbolic link stays one; the file it points to gets the new bytes."""
+    real = tmp_path / "real.gguf"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.gguf"
+    os.symlink(real.name, link)
+    run_cli(kvllm, "convert", gguf_model, "-o", link).check_ok()
+    assert link.is_symlink() and sha(real) == sha(gguf_model)

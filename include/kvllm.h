@@ -35,7 +35,8 @@ extern "C" {
     X(KVLLM_ENOTFOUND,   -6,  "not found")                                  \
     X(KVLLM_ERANGE,      -7,  "does not fit")                               \
     X(KVLLM_ECPU,        -8,  "CPU lacks a required feature")                \
-    X(KVLLM_EBUSY,       -9,  "queue full")
+    X(KVLLM_EBUSY,       -9,  "queue full")                                 \
+    X(KVLLM_EBACKEND,   -10,  "backend failure (a kernel or device error)")
 
 enum kvllm_err {
 #define KVLLM_X_(name, code, msg) name = code,
@@ -75,8 +76,16 @@ struct kvllm_model_params {
 /* Defaults: no tokenizer override, all threads. */
 struct kvllm_model_params kvllm_model_default_params(void);
 
-/* Load a GGUF file or a llama2.c checkpoint (weights stay memory-mapped).
- * On error *out is NULL and nothing is left open. */
+/* Load a GGUF file, a llama2.c checkpoint or a Hugging Face folder
+ * (safetensors + config.json + tokenizer.json); the backend places the
+ * weights (the CPU keeps them memory-mapped).  KVLLM_BACKEND=strict selects
+ * the strict test backend, KVLLM_CPU the kernel set.  On error *out is NULL
+ * and nothing is left open.
+ *
+ * Threads: a loaded model is immutable.  Any number of engines and
+ * sessions, on any threads, may use one model at once, and kvllm_tokenize,
+ * kvllm_detokenize and kvllm_chat_render may be called on it from any
+ * thread; free it only after all of them are freed. */
 int kvllm_model_load(const char *path, const struct kvllm_model_params *params,
                      struct kvllm_model **out);
 void kvllm_model_free(struct kvllm_model *model);
@@ -89,13 +98,14 @@ struct kvllm_model_desc {
     int token_bos, token_eos;   /* -1 when absent */
     bool add_bos;
     uint64_t n_params;
-    uint64_t weight_bytes;
+    uint64_t weight_bytes;     /* in the file */
+    uint64_t placed_bytes;     /* where the backend keeps them (mapped or copied) */
     const char *weight_type;   /* dtype holding most weight bytes ("F32", "Q8_0", ...) */
 };
 /* Pointer valid for the model's lifetime. */
 const struct kvllm_model_desc *kvllm_model_describe(const struct kvllm_model *model);
 
-/* Name of the CPU kernel set in use ("scalar", ...). */
+/* Name of the backend and kernel set in use ("scalar", "avx2", "strict/avx2"). */
 const char *kvllm_model_backend(const struct kvllm_model *model);
 
 /* ---- tokenizer ----------------------------------------------------- */
@@ -220,7 +230,7 @@ struct kvllm_event {
     enum kvllm_finish finish;
     int n_prompt, n_generated, n_cached;  /* n_cached: prompt tokens served by the prefix cache */
     const float *logits;    /* (n_vocab) the distribution `token` was sampled from, before any
-                               sampling transform; NULL for events without a token */
+                               sampling transform, when the request set want_logits; else NULL */
 };
 typedef void (*kvllm_event_fn)(const struct kvllm_event *ev, void *user);
 
@@ -235,6 +245,7 @@ struct kvllm_request {
     const char *const *stop;  /* stop strings (copied), n_stop of them */
     int n_stop;
     bool no_text;           /* skip detokenization (events carry ids only) */
+    bool want_logits;       /* events carry the logits (logprobs, dumps); otherwise logits stay in the backend */
     kvllm_event_fn on_event;
     void *user;
 };
@@ -251,10 +262,15 @@ void kvllm_engine_free(struct kvllm_engine *e);
  * queue is full; KVLLM_EINVAL for bad parameters. */
 int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *r, uint64_t *id);
 /* Abort a request (its sequences get a FINISH_ABORT event at the next step
- * and their blocks are released in it); thread-safe; unknown ids ignored. */
-void kvllm_engine_abort(struct kvllm_engine *e, uint64_t id);
+ * and their blocks are released in it); thread-safe; unknown ids ignored.
+ * KVLLM_ENOMEM (logged) when the abort could not be recorded. */
+int kvllm_engine_abort(struct kvllm_engine *e, uint64_t id);
 /* Run one step: one forward pass over a batch mixing decode tokens and
- * prefill chunks.  Returns the tokens computed (0 when idle) or < 0. */
+ * prefill chunks.  Returns the tokens computed (0 when idle).  A step whose
+ * ops fail ends the requests it computed with KVLLM_FINISH_ERROR events
+ * (counted in stats.failed_steps); the engine goes on with the others.
+ * Threads: one engine is stepped by one thread at a time; engines over the
+ * same model may step on different threads at once. */
 int kvllm_engine_step(struct kvllm_engine *e);
 /* No request running, waiting or in the inbox (engine thread, as get_stats). */
 bool kvllm_engine_idle(struct kvllm_engine *e);
@@ -267,6 +283,7 @@ struct kvllm_engine_stats {
     double kv_util_sum, kv_waste_sum;          /* per-step sums of held/total and (allocated-used)/allocated */
     double kv_waste_ideal_sum;                 /* per-step sum of the waste if only last blocks were partial */
     uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
+    uint64_t failed_steps;                     /* steps whose ops failed (their requests got FINISH_ERROR) */
 };
 /* Engine-thread state: call it from the thread that steps the engine (or
  * between steps); other threads must take their own snapshot there. */
@@ -285,7 +302,10 @@ struct kvllm_session_params {
                                                   n_ctx positions), batch tokens; the rest is ignored */
 };
 
-/* A private engine with a pool sized for one sequence of n_ctx positions. */
+/* A private engine with a pool sized for one sequence of n_ctx positions;
+ * its sequence goes through the engine's scheduler and step like any
+ * request.  One thread at a time per session; sessions over one model may
+ * run on different threads at once. */
 int kvllm_session_new(struct kvllm_model *model, const struct kvllm_session_params *p,
                       struct kvllm_session **out);
 void kvllm_session_free(struct kvllm_session *s);
@@ -298,7 +318,8 @@ void kvllm_session_truncate(struct kvllm_session *s, int pos);
 /* Evaluate n tokens at positions n_past .. n_past+n-1, appending their K/V
  * (in chunks of max_batch).  logits (may be NULL) receives n_vocab floats
  * for the last token, or, with all_logits, n * n_vocab floats.  Fails with
- * KVLLM_ERANGE, changing nothing, when the tokens do not fit. */
+ * KVLLM_ERANGE, changing nothing, when the tokens do not fit; with
+ * KVLLM_EBACKEND when a step failed (the session is then empty). */
 int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n,
                        bool all_logits, float *logits);
 

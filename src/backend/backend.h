@@ -1,21 +1,44 @@
-/* backend.h — the kernels the model is computed with, as a struct of
- * function pointers chosen once at start-up (scalar reference now; SIMD and
- * CUDA backends plug in here without touching model code).
+/* backend.h — the compute layer under the model: where weights, KV storage
+ * and activations live, and the ops that compute with them.
+ *
+ * Model of the world (the shape of ggml-backend, kept small):
+ *   struct backend      a device and its kernel set.  Created once per model,
+ *                       immutable afterwards: any number of engines on any
+ *                       threads share it.  It places the weights (keeps the
+ *                       file mapping, repacks, or uploads) and allocates
+ *                       buffers of its own memory.
+ *   struct backend_buf  memory owned by the backend (host RAM for the CPU,
+ *                       device memory for a GPU).  Host code holds the
+ *                       pointers into it and passes them to ops, uploads and
+ *                       downloads, but never reads or writes through them:
+ *                       the strict backend (KVLLM_BACKEND=strict) makes
+ *                       every such access outside an op crash.
+ *   struct backend_ctx  an execution context, i.e. a stream: per-engine
+ *                       mutable state (thread pool, scratch sized at
+ *                       creation for the largest step).  Ops are issued in
+ *                       order on a context; each returns 0 or a KVLLM_E*
+ *                       code, and the first failure is also kept as the
+ *                       context's status until backend_sync reads it.  One
+ *                       thread uses a context at a time.
  *
  * Batch invariance: every kernel computes a row's result with arithmetic
- * that depends on that row alone (same reduction order for 1 token or 512),
- * so a sequence's output never depends on what else shares the batch. */
+ * that depends on that row alone (same reduction order for 1 token or 512,
+ * no reduction split across threads), so a sequence's output never depends
+ * on what else shares the batch or on the thread count.
+ *
+ * Adding a backend: fill a struct backend_ops (every member is required),
+ * return a struct backend from a constructor, and run the per-op harness
+ * (tests/unit/test_backend_ops.c) against the scalar reference. */
 #ifndef KVLLM_BACKEND_H
 #define KVLLM_BACKEND_H
 
-#include "core/threadpool.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Element types of KV storage (see docs: quantized on write, dequantized
- * inside attention). */
+/* Element types of KV storage (quantized on write, dequantized inside
+ * attention). */
 enum kv_type { KV_F32 = 0, KV_F16, KV_BF16, KV_INT8, KV_FP8, KV_TYPE_COUNT_ };
 
 /* Bytes per stored element of type t (0 for an invalid type). */
@@ -28,10 +51,10 @@ static inline size_t kv_elem_bytes(enum kv_type t) {
     }
 }
 
-/* One layer of the paged KV storage: rows of head_dim elements, laid out
- * (block, kv head, offset in block) — see kv_row.  For KV_INT8 and KV_FP8
- * row r's scale is k_scale / v_scale[r] (value = code * scale; int8
- * symmetric, fp8 e4m3). */
+/* One layer of the paged KV storage (backend memory): rows of head_dim
+ * elements, laid out (block, kv head, offset in block) — see kv_row.  For
+ * KV_INT8 and KV_FP8 row r's scale is k_scale / v_scale[r] (value = code *
+ * scale; int8 symmetric, fp8 e4m3). */
 struct kv_layer_view {
     enum kv_type type;
     int block_size, n_head_kv, head_dim;
@@ -54,92 +77,166 @@ static inline size_t kv_row(const struct kv_layer_view *kv, size_t slot, int h) 
  * depend only on the context length, never on the batch. */
 #define PAGED_ATTN_SPLIT 1024
 
-/* Causal attention of n tokens, each of its own sequence, over paged K/V. */
+/* Causal attention of n tokens from any number of sequences over paged K/V.
+ * Every pointer is backend memory. */
 struct paged_attn_args {
     int n_tokens, n_head, n_head_kv, head_dim;
     const float *q;               /* (n_tokens, n_head * head_dim), RoPE applied */
     const int32_t *pos;           /* (n_tokens): token t attends positions 0 .. pos[t] of its sequence */
-    const int32_t *const *tables; /* (n_tokens): block table of t's sequence (position p is in block tables[t][p / block_size]) */
+    const int32_t *seq;           /* (n_tokens): row of t's sequence in block_table */
+    const int32_t *block_table;   /* (n_seqs, max_blocks) dense: position p of the sequence in row r is in
+                                     block block_table[r * max_blocks + p / block_size] */
+    int max_blocks;
     struct kv_layer_view kv;
     float scale;                  /* usually 1 / sqrt(head_dim) */
     int window;                   /* > 0: token t attends only positions > pos[t] - window (sliding window) */
     float *out;                   /* (n_tokens, n_head * head_dim) */
-    float *partials;              /* scratch: paged_attn_scratch_floats() floats */
 };
 
-/* Scratch floats paged_attention needs for n_tokens tokens whose contexts
- * are at most max_ctx positions long. */
-static inline uint64_t paged_attn_scratch_floats(int n_tokens, int n_head, int head_dim, int max_ctx) {
-    uint64_t splits = ((uint64_t)max_ctx + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT;
-    return (uint64_t)n_tokens * (uint64_t)n_head * splits * ((uint64_t)head_dim + 2);
-}
-
-/* Rotary embedding settings (backend_ops.rope_ext). */
+/* Rotary embedding settings (backend_ops.rope). */
 struct rope_params {
     int n_rot;                    /* rotated dims at the start of each head (even) */
     float theta;                  /* base: pair i turns by pos * freq_scale * theta^(-2i / n_rot) */
     float freq_scale;             /* linear position scaling; 0 is read as 1 */
-    const float *freq_factors;    /* (n_rot / 2) or NULL: pair i's angle is divided by freq_factors[i] (Llama 3) */
+    const struct tensor *freq_factors;  /* (n_rot / 2) f32 or NULL: pair i's angle is divided by
+                                           freq_factors[i] (Llama 3) */
     bool neox;                    /* false: adjacent pairs (x[2i], x[2i+1]) (GGUF llama);
                                      true: halves (x[i], x[i + n_rot/2]) (GGUF qwen2, "NEOX") */
 };
 
-struct backend;
+/* The largest step a context must run without allocating. */
+struct backend_ctx_params {
+    int n_threads;                /* >= 1 */
+    int max_tokens;               /* tokens per step */
+    int max_ctx;                  /* longest context attention reads */
+    int n_head, head_dim;         /* attention shape (scratch for split contexts) */
+    int64_t max_cols;             /* longest weight row */
+};
 
+struct backend_buf {
+    void *data;                   /* backend memory: never dereferenced by host code */
+    size_t size;
+};
+
+struct backend;
+struct backend_ctx;
+
+/* All members are required.  Ops, uploads and downloads on one context run
+ * in issue order; a backend may run them asynchronously, so host memory
+ * handed to an upload or download must stay valid (and unread, for a
+ * download) until backend_sync returns.  Every pointer argument named y, x,
+ * g, u, ids, pos, slots or inside an args struct is backend memory. */
 struct backend_ops {
-    const char *name;
+    const char *name;             /* "scalar", "avx2", "strict/avx2", ... */
+
+    /* ---- memory (any thread) ---- */
+    /* A buffer of at least bytes (64-byte aligned, zeroed).  KVLLM_ENOMEM logged. */
+    int (*buf_alloc)(struct backend *be, size_t bytes, struct backend_buf *out);
+    void (*buf_free)(struct backend *be, struct backend_buf *b);   /* NULL-safe, zeroes *b */
+    /* Place n weight tensors (data in host memory, e.g. the file mapping)
+     * where the kernels want them: each ts[i]->data is rewritten to the
+     * placed copy (or left as the mapping).  Tensors with data == NULL are
+     * skipped.  *placed_bytes: the bytes they take where they live. */
+    int (*place_weights)(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed_bytes);
+
+    /* ---- execution contexts ---- */
+    int (*ctx_new)(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out);
+    void (*ctx_free)(struct backend_ctx *c);
+    /* host -> backend and backend -> host copies of bytes */
+    int (*upload)(struct backend_ctx *c, void *dst, const void *src, size_t bytes);
+    int (*download)(struct backend_ctx *c, void *dst, const void *src, size_t bytes);
+    /* Wait for everything issued; the context's first error since the last sync. */
+    int (*sync)(struct backend_ctx *c);
+
+    /* ---- ops ---- */
     /* y (n, w->ne1) = x (n, w->ne0) · wᵀ */
-    void (*matmul)(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
-    /* y (n, w->ne0) = rows ids of w, as f32 */
-    void (*get_rows)(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n);
-    /* y (n, dim) = x / rms(x) * w, per row */
-    void (*rmsnorm)(struct backend *be, float *y, const float *x, const float *w, int n, int dim, float eps);
-    /* rotate adjacent pairs (GGUF llama layout) of the first n_rot dims of each head, in place */
-    void (*rope)(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
-                 const int32_t *pos, float theta);
+    int (*matmul)(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+    /* y (n, w->ne0) = rows ids[0 .. n) of w, as f32 */
+    int (*get_rows)(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
+    /* y (n, dim) = rows ids[0 .. n) of x (f32 rows of dim) */
+    int (*gather_rows)(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim);
+    /* y (n, dim) = x / rms(x) * w, per row; w (dim) f32 */
+    int (*rmsnorm)(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim,
+                   float eps);
+    /* y (n, dim) = (x - mean(x)) / sqrt(var(x) + eps) * w + b, per row; b may be NULL */
+    int (*layernorm)(struct backend_ctx *c, float *y, const float *x, const struct tensor *w,
+                     const struct tensor *b, int n, int dim, float eps);
+    /* rotate the first n_rot dims of each head of x (n, n_head * head_dim) in place, as p says */
+    int (*rope)(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+                const struct rope_params *p);
+    /* y (n, dim) += b (dim) f32, per row */
+    int (*add_bias)(struct backend_ctx *c, float *y, const struct tensor *b, int n, int dim);
+    /* y (n) += x */
+    int (*add)(struct backend_ctx *c, float *y, const float *x, long n);
+    /* g (n) = silu(g) * u */
+    int (*swiglu)(struct backend_ctx *c, float *g, const float *u, long n);
+    /* x (n) = gelu(x), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    int (*gelu)(struct backend_ctx *c, float *x, long n);
     /* store n tokens' K and V rows (n, n_head_kv * head_dim) at slots
      * (block * block_size + offset; negative: skipped), converting to the
      * storage type */
-    void (*kv_store)(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
-                     const float *k, const float *v, int n);
-    void (*paged_attention)(struct backend *be, const struct paged_attn_args *a);
-    /* g (n) = silu(g) * u */
-    void (*swiglu)(struct backend *be, float *g, const float *u, long n);
-    /* y (n) += x */
-    void (*add)(struct backend *be, float *y, const float *x, long n);
-    /* rope with the settings of p (rope is rope_ext with no factors, adjacent pairs), in place */
-    void (*rope_ext)(struct backend *be, float *x, int n, int n_head, int head_dim, const int32_t *pos,
-                     const struct rope_params *p);
-    /* y (n, dim) = (x - mean(x)) / sqrt(var(x) + eps) * w + b, per row; b may be NULL */
-    void (*layernorm)(struct backend *be, float *y, const float *x, const float *w, const float *b, int n, int dim,
-                      float eps);
-    /* y (n, dim) += b (dim), per row */
-    void (*add_bias)(struct backend *be, float *y, const float *b, int n, int dim);
-    /* x (n) = gelu(x), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-    void (*gelu)(struct backend *be, float *x, long n);
+    int (*kv_store)(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
+                    const float *k, const float *v, int n);
+    int (*paged_attention)(struct backend_ctx *c, const struct paged_attn_args *a);
+    /* copy-on-write: for each of n pairs (dst, src) (host memory), block src
+     * to block dst in every one of the n_layer layers */
+    int (*copy_blocks)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
+                       const int32_t (*pairs)[2], int n);
 };
 
 struct backend {
     const struct backend_ops *ops;
-    struct threadpool *pool;
-    float *scratch;       /* per-thread row buffers: n_threads * scratch_cols floats */
-    int64_t scratch_cols;
-    enum act_mode { ACT_F32 = 0, ACT_INT } act;   /* see backend_cpu_new */
-    void *act_buf;        /* integer activations, grown on demand */
-    size_t act_buf_bytes;
+};
+
+/* The common head of every context. */
+struct backend_ctx {
+    const struct backend_ops *ops;
+    struct backend *be;
+    int status;                   /* first error since the last sync (0: none) */
+    /* test hook: when fail_after reaches 0 counting down one per op, that op
+     * fails with fail_code (an injected device or kernel error) */
+    long fail_after;
+    int fail_code;
 };
 
 /* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers;
- * otherwise "scalar" or "avx2".  Fails with KVLLM_ECPU (logged) for a kind
- * this build or CPU lacks.  max_cols: longest weight row.
+ * otherwise "scalar" or "avx2".  strict: the same kernels behind the wall
+ * described above (tests).  Fails with KVLLM_ECPU (logged) for a kind this
+ * build or CPU lacks.
  *
  * Activations (SIMD sets): f32 arithmetic on dequantized weights by
  * default.  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
  * activations quantized to 13-bit integer codes per block of 32 (integer
  * dot products: single-stream decode of large Q4 models about 1.6x faster,
  * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  The choice is
- * per process, never per batch, so results stay batch-invariant. */
-int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out);
-void backend_free(struct backend *be);
+ * per backend, never per batch, so results stay batch-invariant. */
+int backend_cpu_new(const char *kind, bool strict, struct backend **out);
+/* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU; "strict": the
+ * strict CPU backend) with kernel set kind. */
+int backend_new_from_env(const char *kind, struct backend **out);
+void backend_free(struct backend *be);   /* after every buffer and context it made is freed */
+
+static inline int backend_ctx_new(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out) {
+    return be->ops->ctx_new(be, p, out);
+}
+static inline void backend_ctx_free(struct backend_ctx *c) { if (c) c->ops->ctx_free(c); }
+
+/* Issue an op: the test hook, then the op; a failure is kept as the
+ * context's status.  Use as BE_OP(c, matmul, y, w, x, n). */
+static inline int backend_op_enter_(struct backend_ctx *c) {
+    if (c->status) return c->status;
+    if (c->fail_after > 0 && --c->fail_after == 0) return c->status = c->fail_code;
+    return 0;
+}
+#define BE_OP(c, op, ...) \
+    (backend_op_enter_(c) ? (c)->status : ((c)->status = (c)->ops->op((c), __VA_ARGS__)))
+
+/* Wait for the context and return (and clear) its status. */
+static inline int backend_sync(struct backend_ctx *c) {
+    int rc = c->ops->sync(c);
+    if (!rc) rc = c->status;
+    c->status = 0;
+    return rc;
+}
 
 #endif

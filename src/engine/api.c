@@ -51,7 +51,7 @@ int kvllm_model_load(const char *path, const struct kvllm_model_params *params, 
         .n_rot = hp->n_rot, .n_ctx_train = hp->n_ctx_train, .rope_theta = hp->rope_theta, .norm_eps = hp->norm_eps,
         .token_bos = km->tok ? tokenizer_bos(km->tok) : -1, .token_eos = km->tok ? tokenizer_eos(km->tok) : -1,
         .add_bos = km->tok ? tokenizer_add_bos(km->tok) : false,
-        .n_params = km->m->n_params, .weight_bytes = km->m->weight_bytes,
+        .n_params = km->m->n_params, .weight_bytes = km->m->weight_bytes, .placed_bytes = km->m->placed_bytes,
         .weight_type = dtype_name(km->m->main_type),
     };
     *out = km;

@@ -1,7 +1,8 @@
-/* paged_kv.c — the KV storage: one zeroed allocation holding, for every
- * layer in turn, K data, V data, and (8-bit types) K scales and V scales,
- * each sub-array starting on a 64-byte boundary.  Views in `layers` point
- * into it; the block pool decides which blocks hold what. */
+/* paged_kv.c — the KV storage: one zeroed backend buffer holding, for
+ * every layer in turn, K data, V data, and (8-bit types) K scales and V
+ * scales, each sub-array starting on a 64-byte boundary (buffers are
+ * 64-byte aligned).  Views in `layers` point into it; the block pool decides
+ * which blocks hold what. */
 #include "kv/paged_kv.h"
 #include "core/core.h"
 
@@ -34,8 +35,31 @@ uint64_t paged_kv_bytes_per_token(enum kv_type type, int n_layer, int n_head_kv,
 
 static uint64_t round_up(uint64_t x) { return (x + KV_ALIGN - 1) / KV_ALIGN * KV_ALIGN; }
 
-int paged_kv_init(struct paged_kv *c, enum kv_type type, int n_layer, int n_blocks, int block_size,
-                  int n_head_kv, int head_dim) {
+/* Per layer: rows = positions * heads; data = rows * head_dim * elem;
+ * scales = rows * 4 (8-bit types); every sub-array rounded up to 64. */
+static bool layout(enum kv_type type, int n_layer, int n_blocks, int block_size, int n_head_kv, int head_dim,
+                   uint64_t *data, uint64_t *scales, uint64_t *total) {
+    uint64_t pos, rows, elems, layer;
+    *scales = 0;
+    bool ok = ckd_mul_u64(&pos, (uint64_t)n_blocks, (uint64_t)block_size) && pos <= INT32_MAX &&
+              ckd_mul_u64(&rows, pos, (uint64_t)n_head_kv) &&
+              ckd_mul_u64(&elems, rows, (uint64_t)head_dim) &&
+              ckd_mul_u64(data, elems, kv_elem_bytes(type)) && *data <= UINT64_MAX - KV_ALIGN &&
+              (!has_scales(type) || (ckd_mul_u64(scales, rows, 4) && *scales <= UINT64_MAX - KV_ALIGN));
+    if (!ok) return false;
+    *data = round_up(*data);
+    *scales = round_up(*scales);
+    return ckd_add_u64(&layer, *data, *data) && ckd_add_u64(&layer, layer, 2 * *scales) &&
+           ckd_mul_u64(total, layer, (uint64_t)n_layer) && *total <= SIZE_MAX - KV_ALIGN;
+}
+
+uint64_t paged_kv_bytes(enum kv_type type, int n_layer, int n_blocks, int block_size, int n_head_kv, int head_dim) {
+    uint64_t data, scales, total;
+    return layout(type, n_layer, n_blocks, block_size, n_head_kv, head_dim, &data, &scales, &total) ? total : 0;
+}
+
+int paged_kv_init(struct paged_kv *c, struct backend *be, enum kv_type type, int n_layer, int n_blocks,
+                  int block_size, int n_head_kv, int head_dim) {
     memset(c, 0, sizeof *c);
     if ((unsigned)type >= KV_TYPE_COUNT_ || n_layer <= 0 || n_blocks <= 0 || block_size <= 0 ||
         n_head_kv <= 0 || head_dim <= 0) {
@@ -43,32 +67,18 @@ int paged_kv_init(struct paged_kv *c, enum kv_type type, int n_layer, int n_bloc
                 (int)type, n_layer, n_blocks, block_size, n_head_kv, head_dim);
         return KVLLM_EINVAL;
     }
-    /* per layer: rows = positions * heads; data = rows * head_dim * elem;
-     * scales = rows * 4 (8-bit types); every sub-array rounded up to 64 */
-    uint64_t pos, rows, elems, data, scales = 0, layer, total;
-    bool ok = ckd_mul_u64(&pos, (uint64_t)n_blocks, (uint64_t)block_size) && pos <= INT32_MAX &&
-              ckd_mul_u64(&rows, pos, (uint64_t)n_head_kv) &&
-              ckd_mul_u64(&elems, rows, (uint64_t)head_dim) &&
-              ckd_mul_u64(&data, elems, kv_elem_bytes(type)) && data <= UINT64_MAX - KV_ALIGN &&
-              (!has_scales(type) || (ckd_mul_u64(&scales, rows, 4) && scales <= UINT64_MAX - KV_ALIGN));
-    if (ok) {
-        data = round_up(data);
-        scales = round_up(scales);
-        ok = ckd_add_u64(&layer, data, data) && ckd_add_u64(&layer, layer, 2 * scales) &&
-             ckd_mul_u64(&total, layer, (uint64_t)n_layer) && total <= SIZE_MAX - KV_ALIGN;
-    }
-    if (!ok) {
+    uint64_t data, scales, total;
+    if (!layout(type, n_layer, n_blocks, block_size, n_head_kv, head_dim, &data, &scales, &total)) {
         LOG_ERR("%s: KV storage of %d layers x %d blocks x %d positions x %d heads x %d does not fit",
                 __func__, n_layer, n_blocks, block_size, n_head_kv, head_dim);
         return KVLLM_ERANGE;
     }
-    /* calloc: large allocations come as lazily zeroed pages; align by hand */
-    c->mem = calloc(1, (size_t)total + KV_ALIGN);
+    c->be = be;
     c->layers = calloc((size_t)n_layer, sizeof *c->layers);
-    if (!c->mem || !c->layers) {
+    int rc = c->layers ? be->ops->buf_alloc(be, (size_t)total, &c->mem) : KVLLM_ENOMEM;
+    if (rc) {
         LOG_ERR("%s: out of memory allocating %llu bytes of KV storage (%s, %d layers, %d blocks of %d)",
-                __func__, (unsigned long long)total + KV_ALIGN, kv_type_name(type), n_layer, n_blocks,
-                block_size);
+                __func__, (unsigned long long)total, kv_type_name(type), n_layer, n_blocks, block_size);
         paged_kv_deinit(c);
         return KVLLM_ENOMEM;
     }
@@ -78,7 +88,7 @@ int paged_kv_init(struct paged_kv *c, enum kv_type type, int n_layer, int n_bloc
     c->block_size = block_size;
     c->n_head_kv = n_head_kv;
     c->head_dim = head_dim;
-    uint8_t *p = c->mem + (KV_ALIGN - (uintptr_t)c->mem % KV_ALIGN) % KV_ALIGN;
+    uint8_t *p = c->mem.data;   /* addresses only: never dereferenced here */
     for (int il = 0; il < n_layer; il++) {
         struct kv_layer_view *l = &c->layers[il];
         l->type = type;
@@ -97,24 +107,7 @@ int paged_kv_init(struct paged_kv *c, enum kv_type type, int n_layer, int n_bloc
 
 void paged_kv_deinit(struct paged_kv *c) {
     if (!c) return;
-    free(c->mem);
+    if (c->be) c->be->ops->buf_free(c->be, &c->mem);
     free(c->layers);
     memset(c, 0, sizeof *c);
-}
-
-void paged_kv_copy_block(struct paged_kv *c, int32_t dst, int32_t src) {
-    KV_ASSERT(dst >= 0 && dst < c->n_blocks && src >= 0 && src < c->n_blocks);
-    if (dst == src) return;
-    const size_t rows = (size_t)c->block_size * (size_t)c->n_head_kv;
-    const size_t bytes = rows * (size_t)c->head_dim * kv_elem_bytes(c->type);
-    for (int il = 0; il < c->n_layer; il++) {
-        struct kv_layer_view *l = &c->layers[il];
-        uint8_t *k = l->k, *v = l->v;
-        memcpy(k + (size_t)dst * bytes, k + (size_t)src * bytes, bytes);
-        memcpy(v + (size_t)dst * bytes, v + (size_t)src * bytes, bytes);
-        if (l->k_scale) {
-            memcpy(l->k_scale + (size_t)dst * rows, l->k_scale + (size_t)src * rows, rows * sizeof(float));
-            memcpy(l->v_scale + (size_t)dst * rows, l->v_scale + (size_t)src * rows, rows * sizeof(float));
-        }
-    }
 }

@@ -293,6 +293,31 @@ static int load_tensors(struct loader *L) {
     return 0;
 }
 
+/* Every tensor of the model, for the backend to place in one call; the
+ * tied output is the embedding itself and is re-pointed afterwards. */
+static int place_weights(struct model *m) {
+    const int per_layer = 18, n_max = 6 + per_layer * m->hp.n_layer;
+    struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
+    if (!ts) return KVLLM_ENOMEM;
+    int n = 0;
+    struct tensor *top[] = { &m->tok_embd, &m->pos_embd, &m->rope_freqs, &m->output_norm, &m->output_norm_b,
+                             m->tied_output ? NULL : &m->output };
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]) ts[n++] = top[i];
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        struct llama_layer *l = &m->layers[il];
+        struct tensor *lt[] = { &l->attn_norm, &l->attn_norm_b, &l->wq, &l->wk, &l->wv, &l->bq, &l->bk, &l->bv,
+                                &l->wo, &l->bo, &l->ffn_norm, &l->ffn_norm_b, &l->ffn_gate, &l->ffn_up,
+                                &l->ffn_up_b, &l->ffn_down, &l->ffn_down_b };
+        _Static_assert(sizeof lt / sizeof lt[0] <= 18, "per_layer");
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
+    }
+    int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
+    free(ts);
+    if (!rc && m->tied_output) m->output = m->tok_embd;
+    return rc;
+}
+
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out) {
     *out = NULL;
     struct model *m = xcalloc(1, sizeof *m);
@@ -318,10 +343,9 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
     if (!rc) rc = load_tensors(&L);
     for (uint32_t t = 0; t < DTYPE_COUNT_; t++)
         if (L.type_bytes[t] > L.type_bytes[m->main_type]) m->main_type = t;
-    if (!rc) {
-        int64_t max_cols = m->hp.n_ff > m->hp.n_embd ? m->hp.n_ff : m->hp.n_embd;
-        rc = backend_cpu_new(cpu_kind, n_threads > 0 ? n_threads : cpu_count(), max_cols, &m->be);
-    }
+    m->n_threads = n_threads > 0 ? n_threads : cpu_count();
+    if (!rc) rc = backend_new_from_env(cpu_kind, &m->be);
+    if (!rc) rc = place_weights(m);
     if (rc) { model_free(m); return rc; }
     *out = m;
     return 0;
@@ -338,7 +362,7 @@ int model_check_ctx(const struct model *m, int n_ctx) {
 
 void model_free(struct model *m) {
     if (!m) return;
-    backend_free(m->be);
+    backend_free(m->be);   /* the placed weights with it */
     free(m->layers);
     gguf_free(m->file);
     free(m);

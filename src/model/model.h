@@ -1,9 +1,15 @@
-/* model.h — a loaded model: hyper-parameters from metadata, weight views
- * into the file mapping, and the backend that computes with them.
+/* model.h — a loaded model: hyper-parameters from metadata, weights placed
+ * by the backend that computes with them, and the forward pass.
  *
- * The forward pass takes a batch of tokens at consecutive positions of one
- * sequence, appends their K/V to the cache and returns logits; prefill is a
- * batch of many tokens, decode a batch of one, computed identically per row. */
+ * A loaded model is immutable: any number of engines on any threads may
+ * run model_forward on it at once, each with its own execution context,
+ * activation buffers and KV storage.  Model code never dereferences weight,
+ * KV or activation memory: it only hands backend pointers to ops.
+ *
+ * The forward pass takes a batch of tokens from any number of sequences,
+ * appends their K/V to the cache and computes logits for the rows that
+ * need them; prefill is a batch of many tokens, decode a batch of one per
+ * sequence, computed identically per row. */
 #ifndef KVLLM_MODEL_H
 #define KVLLM_MODEL_H
 
@@ -24,7 +30,8 @@ struct model_hparams {
  * struct model (norm type, positions, biases, activation). */
 enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_GPT2 };
 
-/* Optional tensors (biases, rope_freqs, position_embd) have data == NULL when absent. */
+/* Optional tensors (biases, rope_freqs, position_embd) have data == NULL
+ * when absent.  Every data pointer is backend memory once loaded. */
 struct llama_layer {
     struct tensor attn_norm;  /* (n_embd) f32 */
     struct tensor attn_norm_b;/* (n_embd) f32, LayerNorm models */
@@ -60,14 +67,18 @@ struct model {
     struct tensor output;         /* (n_vocab, n_embd); tok_embd when tied */
     bool tied_output;
     struct llama_layer *layers;   /* (n_layer) */
-    struct backend *be;           /* owned */
+    struct backend *be;           /* owned; immutable once the weights are placed */
+    int n_threads;                /* default threads of an execution context */
     uint64_t n_params, weight_bytes;
+    uint64_t placed_bytes;        /* what the placed weights take where the backend keeps them */
     uint32_t main_type;           /* dtype holding most weight bytes */
 };
 
-/* Open a GGUF file or llama2.c checkpoint and validate every key and
- * tensor the architecture needs.  cpu_kind: KVLLM_CPU value (NULL: best).
- * Errors are logged with the path and the offending key/tensor. */
+/* Open a GGUF file, llama2.c checkpoint or Hugging Face folder, validate
+ * every key and tensor the architecture needs, and have the backend
+ * (KVLLM_BACKEND, kernel set cpu_kind = KVLLM_CPU, NULL: best) place the
+ * weights.  n_threads: the contexts' default (<= 0: all CPUs).  Errors are
+ * logged with the path and the offending key/tensor. */
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
 void model_free(struct model *m);
 
@@ -77,35 +88,43 @@ void model_free(struct model *m);
  * sizing anything; model_forward asserts positions are in range. */
 int model_check_ctx(const struct model *m, int n_ctx);
 
-/* One step's tokens, from any number of sequences. */
+/* One step's tokens, from any number of sequences.  Every array is
+ * backend memory (uploaded by the engine); the counts are host values. */
 struct batch {
     int n_tokens;
     const int32_t *tokens;         /* (n_tokens) */
     const int32_t *pos;            /* (n_tokens) position of each token in its sequence */
     const int32_t *slots;          /* (n_tokens) where its K/V go: block * block_size + offset */
-    const int32_t *const *tables;  /* (n_tokens) block table of its sequence */
+    const int32_t *seq;            /* (n_tokens) its sequence's row in block_table */
+    const int32_t *block_table;    /* (n_seqs, max_blocks) dense block tables */
+    int max_blocks;
     int n_logits;
     const int32_t *logit_rows;     /* (n_logits) ascending rows whose logits are wanted */
 };
 
-/* Activation buffers for batches of up to n_max tokens whose contexts are
- * at most max_ctx positions long; sized once, reused every step. */
+/* Activation buffers (backend memory) for batches of up to n_max tokens,
+ * n_logits_max of them with logits; sized once, reused every step. */
 struct forward_buf {
-    int n_max, max_ctx;
+    struct backend *be;
+    struct backend_buf mem;
+    int n_max, n_logits_max;
     float *x, *xn, *q, *k, *v, *att, *gate, *up;  /* (n_max, width) each */
-    float *partials;                              /* paged-attention scratch */
+    float *logits;                                /* (n_logits_max, n_vocab) */
 };
-int forward_buf_init(struct forward_buf *b, const struct model_hparams *hp, int n_max, int max_ctx);
+int forward_buf_init(struct forward_buf *b, struct backend *be, const struct model_hparams *hp, int n_max,
+                     int n_logits_max);
 void forward_buf_deinit(struct forward_buf *b);
 /* Bytes forward_buf_init allocates. */
-uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max, int max_ctx);
+uint64_t forward_buf_bytes(const struct model_hparams *hp, int n_max, int n_logits_max);
 
-/* Evaluate a batch (n_tokens <= b->n_max, positions < b->max_ctx, and
- * < n_ctx_train for learned-position models): K/V of
- * every token are stored at its slot in kv (n_layer views) before attention,
- * and logits (n_logits, n_vocab) are written for the requested rows.  The
- * arithmetic of a row depends only on its token, position and context. */
-void model_forward(struct model *m, const struct kv_layer_view *kv, struct forward_buf *b, const struct batch *bt,
-                   float *logits);
+/* Issue the ops of a batch on context c (n_tokens <= b->n_max, n_logits <=
+ * b->n_logits_max, positions < n_ctx_train for learned-position models):
+ * K/V of every token are stored at its slot in kv (n_layer views) before
+ * attention, and logits (n_logits, n_vocab) are written to b->logits.  The
+ * arithmetic of a row depends only on its token, position and context.
+ * Returns 0 or the first op's error (the context's status); results are
+ * ready after backend_sync(c). */
+int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
+                  const struct forward_buf *b, const struct batch *bt);
 
 #endif

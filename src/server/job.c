@@ -60,6 +60,7 @@ int job_submit(struct job *j, int k, struct kvllm_request *r) {
     struct job_sub *s = &j->subs[k];
     r->on_event = job_on_event;
     r->user = s;
+    r->want_logits = j->logprobs >= 0;   /* logits leave the engine only for logprobs */
     /* the engine's reference is taken first: events may arrive before
      * kvllm_engine_add returns */
     job_ref(j);

@@ -9,6 +9,7 @@
 #include "check.h"
 
 #include "backend/backend.h"
+#include "be_util.h"
 #include "backend/cpu/cpu_features.h"
 #include "core/core.h"
 
@@ -47,7 +48,7 @@ static double rel_err(const float *out, const float *ref, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-struct backends { struct backend *scalar, *avx2[2]; /* avx2 with 1 and 2 threads */ };
+struct backends { struct backend_ctx *scalar, *avx2[2]; /* avx2 with 1 and 2 threads */ };
 
 /* The integer path's arithmetic in double: activations quantized per block
  * of 32 as matmul_int_avx2.c does (d = amax / 4095, codes rounded to nearest
@@ -102,7 +103,7 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
             /* integer activations: each block's rounding (half a step of amax /
              * 4095, uniform) gives about 1.3e-4 relative on these uniform inputs;
              * that it is only this rounding is checked exactly against ref_int */
-            const enum act_mode am = B->avx2[th]->act;
+            const enum act_mode am = cpu_ctx_of(B->avx2[th])->act;
             const bool ia = cpu_matmul_int_supports(type, K) &&
                             am == ACT_INT;
             if (ia) tol = M == 1 ? 5e-3 : 1e-3;   /* M = 1: one dot product, cancellation */
@@ -124,7 +125,7 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
     CHECK_MSG(memcmp(full[0], full[1], (size_t)MAX_N * yrow) == 0, "%s K=%lld M=%lld: 1 vs 2 threads differ",
               dtype_name(type), (long long)K, (long long)M);
     for (int th = 0; th < 2; th++) {
-        struct backend *be = B->avx2[th];
+        struct backend_ctx *be = B->avx2[th];
         /* ... equals each token alone ... */
         int bad = 0;
         for (int t = 0; t < MAX_N; t++) {
@@ -168,19 +169,19 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
 
 static void test_kinds(bool have_avx2) {
     struct backend *be = (struct backend *)1;
-    CHECK(backend_cpu_new("scalar", 1, 64, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
+    CHECK(backend_cpu_new("scalar", false, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
     backend_free(be);
     be = (struct backend *)1;
-    CHECK(backend_cpu_new(NULL, 1, 64, &be) == 0 && be);
+    CHECK(backend_cpu_new(NULL, false, &be) == 0 && be);
     if (be) CHECK(strcmp(be->ops->name, have_avx2 ? "avx2" : "scalar") == 0);
     backend_free(be);
-    CHECK(backend_cpu_new("", 1, 64, &be) == 0 && be);
+    CHECK(backend_cpu_new("", false, &be) == 0 && be);
     if (be) CHECK(strcmp(be->ops->name, have_avx2 ? "avx2" : "scalar") == 0);
     backend_free(be);
     /* the avx2 table overrides matmul and attention and inherits the rest */
-    if (have_avx2 && backend_cpu_new("avx2", 1, 64, &be) == 0) {
+    if (have_avx2 && backend_cpu_new("avx2", false, &be) == 0) {
         struct backend *sc = NULL;
-        CHECK(backend_cpu_new("scalar", 1, 64, &sc) == 0);
+        CHECK(backend_cpu_new("scalar", false, &sc) == 0);
         CHECK(be->ops->matmul != sc->ops->matmul && be->ops->paged_attention != sc->ops->paged_attention);
         CHECK(be->ops->rope == sc->ops->rope && be->ops->kv_store == sc->ops->kv_store &&
               be->ops->get_rows == sc->ops->get_rows && be->ops->swiglu == sc->ops->swiglu);
@@ -190,10 +191,10 @@ static void test_kinds(bool have_avx2) {
     fprintf(stderr, "(the next errors are expected)\n");
     /* avx512 and amx are not implemented: refused whatever the CPU */
     be = (struct backend *)1;
-    CHECK(backend_cpu_new("avx512", 1, 64, &be) == KVLLM_ECPU && be == NULL);
-    CHECK(backend_cpu_new("amx", 1, 64, &be) == KVLLM_ECPU && be == NULL);
-    CHECK(backend_cpu_new("bogus", 1, 64, &be) == KVLLM_ECPU && be == NULL);
-    if (!have_avx2) CHECK(backend_cpu_new("avx2", 1, 64, &be) == KVLLM_ECPU && be == NULL);
+    CHECK(backend_cpu_new("avx512", false, &be) == KVLLM_ECPU && be == NULL);
+    CHECK(backend_cpu_new("amx", false, &be) == KVLLM_ECPU && be == NULL);
+    CHECK(backend_cpu_new("bogus", false, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_avx2) CHECK(backend_cpu_new("avx2", false, &be) == KVLLM_ECPU && be == NULL);
     backend_free(NULL);
 }
 
@@ -208,11 +209,11 @@ int main(void) {
         return check_report("test_backend_matmul");
     }
     struct backends B = { 0 };
-    CHECK(backend_cpu_new("scalar", 1, MAX_K, &B.scalar) == 0);
-    CHECK(backend_cpu_new("avx2", 1, MAX_K, &B.avx2[0]) == 0);
-    CHECK(backend_cpu_new("avx2", 2, MAX_K, &B.avx2[1]) == 0);
+    CHECK((B.scalar = tb_new("scalar", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    CHECK((B.avx2[0] = tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    CHECK((B.avx2[1] = tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
     if (!B.scalar || !B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
-    if (threadpool_size(B.avx2[1]->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
+    if (threadpool_size(cpu_ctx_of(B.avx2[1])->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 
     static const uint32_t types[] = { DTYPE_F32, DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
                                       DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
@@ -225,14 +226,22 @@ int main(void) {
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
         }
     /* the block types again with integer activations (KVLLM_ACT=int) */
-    B.avx2[0]->act = B.avx2[1]->act = ACT_INT;
+    /* the integer activations' buffer is sized at creation: new contexts */
+    tb_free(B.avx2[0]);
+    tb_free(B.avx2[1]);
+    setenv("KVLLM_ACT", "int", 1);
+    CHECK((B.avx2[0] = tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    CHECK((B.avx2[1] = tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    unsetenv("KVLLM_ACT");
+    if (!B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
+    CHECK(cpu_ctx_of(B.avx2[0])->act == ACT_INT && cpu_ctx_of(B.avx2[1])->act == ACT_INT);
     for (size_t it = 0; it < sizeof types / sizeof *types; it++)
         for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
             if (Ks[ik] % dtype_block_elems(types[it]) || !cpu_matmul_int_supports(types[it], Ks[ik])) continue;
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
         }
-    backend_free(B.scalar);
-    backend_free(B.avx2[0]);
-    backend_free(B.avx2[1]);
+    tb_free(B.scalar);
+    tb_free(B.avx2[0]);
+    tb_free(B.avx2[1]);
     return check_report("test_backend_matmul");
 }

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
+#include "be_util.h"
 #include "core/core.h"
 #include "tensor/dtype.h"
 
@@ -189,14 +190,16 @@ static void seq_make(struct seq *q, struct store *s, int L, bool outliers) {
         }
     int32_t *slots = malloc((size_t)L * sizeof *slots);
     for (int p = 0; p < L; p++) slots[p] = q->table[p / bs] * bs + p % bs;
-    struct backend be = { .pool = NULL };
+    struct backend_ctx *be = tb_new("scalar", false, 1, 64, 300, 1, 1, 1);
+    KV_ASSERT(be);
     /* store in uneven pieces, like prefill chunks then decode */
     for (int p = 0; p < L;) {
         int n = 1 + rnd_int(300);
         n = n < L - p ? n : L - p;
-        cpu_kv_store(&be, &s->v, slots + p, q->k + (size_t)p * w, q->v + (size_t)p * w, n);
+        cpu_kv_store(be, &s->v, slots + p, q->k + (size_t)p * w, q->v + (size_t)p * w, n);
         p += n;
     }
+    tb_free(be);
     free(slots);
     /* what the storage holds, read back through the table with dtype.h's converters */
     q->ks = malloc((size_t)L * w * sizeof(double));
@@ -248,27 +251,32 @@ static double rel_err(const float *out, const double *ref, int n) {
 }
 
 /* The kernel under test: the scalar one, then the AVX2 one where the CPU has it. */
-static void (*g_pa)(struct backend *, const struct paged_attn_args *) = cpu_paged_attention;
+static int (*g_pa)(struct backend_ctx *, const struct paged_attn_args *) = cpu_paged_attention;
 
-/* Run paged attention for tokens (seqs[t], pos[t]) with queries q. */
-static void run_pa(struct threadpool *pool, const struct store *s, int n_head, int n, struct seq *const *seqs,
+/* Run paged attention for tokens (seqs[t], pos[t]) with queries q, on nth
+ * threads, through a dense block table (row t: seqs[t]'s table). */
+static void run_pa(int nth, const struct store *s, int n_head, int n, struct seq *const *seqs,
                    const int32_t *pos, const float *q, float *out) {
-    const int hd = s->v.head_dim;
+    const int hd = s->v.head_dim, bs = s->v.block_size;
     int max_ctx = 1;
-    const int32_t **tables = malloc((size_t)n * sizeof *tables);
-    for (int t = 0; t < n; t++) { tables[t] = seqs[t]->table; max_ctx = pos[t] + 1 > max_ctx ? pos[t] + 1 : max_ctx; }
-    uint64_t nf = paged_attn_scratch_floats(n, n_head, hd, max_ctx);
-    float *partials = malloc(nf * sizeof(float));
-    for (uint64_t i = 0; i < nf; i++) partials[i] = NAN;   /* must all be written before read */
+    for (int t = 0; t < n; t++) max_ctx = pos[t] + 1 > max_ctx ? pos[t] + 1 : max_ctx;
+    const int max_blocks = (max_ctx + bs - 1) / bs;
+    int32_t *table = calloc((size_t)n * (size_t)max_blocks, sizeof *table), *seq = malloc((size_t)n * sizeof *seq);
+    for (int t = 0; t < n; t++) {
+        memcpy(table + (size_t)t * max_blocks, seqs[t]->table, (size_t)((pos[t] + bs) / bs) * sizeof *table);
+        seq[t] = t;
+    }
     struct paged_attn_args a = {
         .n_tokens = n, .n_head = n_head, .n_head_kv = s->v.n_head_kv, .head_dim = hd,
-        .q = q, .pos = pos, .tables = (const int32_t *const *)tables, .kv = s->v,
-        .scale = 1.0f / sqrtf((float)hd), .out = out, .partials = partials,
+        .q = q, .pos = pos, .seq = seq, .block_table = table, .max_blocks = max_blocks, .kv = s->v,
+        .scale = 1.0f / sqrtf((float)hd), .out = out,
     };
-    struct backend be = { .pool = pool };
-    g_pa(&be, &a);
-    free(partials);
-    free(tables);
+    struct backend_ctx *c = tb_new("scalar", false, nth, 64, n, max_ctx, n_head, hd);
+    KV_ASSERT(c);
+    CHECK(g_pa(c, &a) == 0);
+    tb_free(c);
+    free(table);
+    free(seq);
 }
 
 static float *rand_q(int n, int n_head, int hd) {
@@ -296,7 +304,7 @@ static const double k_bound_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0.4 
 static double g_err_store[KV_TYPE_COUNT_], g_err_f32in[KV_TYPE_COUNT_];
 static double g_err_pre[KV_TYPE_COUNT_], g_err_pre_in[KV_TYPE_COUNT_];
 
-static void test_accuracy(struct threadpool *pool) {
+static void test_accuracy(int pool) {
     /* g = 1, 4, 4, 3 and 6: every head-tile width of the AVX2 step (4, 3, 2, 1) */
     static const int heads[5][2] = { { 4, 4 }, { 8, 2 }, { 4, 1 }, { 6, 2 }, { 12, 2 } };
     static const int hds[2] = { 64, 48 }, bss[2] = { 16, 7 };
@@ -353,7 +361,7 @@ static const struct { int n_head, nkv, hd, bs, pre0[2], pre_n[2]; } k_inv_cfg[3]
     { 80, 1, 32, 80, { 1021, 0 }, { 6, 4 } },
 };
 
-static void test_invariance(struct threadpool *pools[3]) {
+static void test_invariance(const int pools[3]) {
     static const int ctx[9] = { 1, 300, 1024, 17, 2049, 1025, 3000, 5, 2048 };
     for (int type = 0; type < KV_TYPE_COUNT_; type++)
         for (int bi = 0; bi < 3; bi++) {
@@ -449,7 +457,7 @@ static void test_invariance(struct threadpool *pools[3]) {
 
 /* ---- kv_store rounding ---- */
 
-static void test_store(struct threadpool *pool) {
+static void test_store(int nth) {
     const int nkv = 3, hd = 40, bs = 5, n = 12, w = nkv * hd;
     for (int type = 0; type < KV_TYPE_COUNT_; type++) {
         struct store s;
@@ -464,8 +472,10 @@ static void test_store(struct threadpool *pool) {
         int32_t slots[12];
         for (int i = 0; i < n; i++) slots[i] = (i * 7) % (4 * bs);          /* scattered */
         slots[5] = -1;                                                       /* padding: skipped */
-        struct backend be = { .pool = pool };
-        cpu_kv_store(&be, &s.v, slots, k, v, n);
+        struct backend_ctx *be = tb_new("scalar", false, nth, 64, n, 1, 1, 1);
+        KV_ASSERT(be);
+        cpu_kv_store(be, &s.v, slots, k, v, n);
+        tb_free(be);
         int bad = 0, bad_scale = 0, touched = 0;
         double worst = 0;
         for (int i = 0; i < n; i++)
@@ -520,7 +530,7 @@ int main(void) {
     uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)(time_now() * 1e6);
     printf("  seed %llu (KVLLM_TEST_SEED to repeat)\n", (unsigned long long)seed);
     rng_seed(&g_rng, seed);
-    struct threadpool *pools[3] = { threadpool_new(1), threadpool_new(2), threadpool_new(3) };
+    const int pools[3] = { 1, 2, 3 };   /* threads */
     test_fp8();
     test_store(pools[1]);
     test_accuracy(pools[1]);
@@ -535,6 +545,5 @@ int main(void) {
     } else {
         printf("  SKIP avx2 step: not built or the CPU lacks AVX2/FMA/F16C\n");
     }
-    for (int i = 0; i < 3; i++) threadpool_free(pools[i]);
     return check_report("test_backend_paged_attn");
 }

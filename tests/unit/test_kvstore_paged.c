@@ -1,5 +1,7 @@
 /* test_kvstore_paged.c — the paged KV storage: layout and alignment of every
- * type, block copies (data and scales) for copy-on-write, sizes, errors. */
+ * type, block copies (the backend's copy_blocks op: data and scales) for
+ * copy-on-write, sizes, errors.  The CPU backend's memory is host memory,
+ * so the test may fill and read it directly. */
 #include "check.h"
 #include "kv/paged_kv.h"
 #include "core/core.h"
@@ -7,9 +9,16 @@
 #include <string.h>
 int main(void) {
     struct paged_kv c;
+    struct backend *be = NULL;
+    CHECK(backend_cpu_new("scalar", false, &be) == 0);
+    if (!be) return check_report("test_kvstore_paged");
+    struct backend_ctx_params cp = { .n_threads = 1, .max_tokens = 1, .max_ctx = 1, .n_head = 1, .head_dim = 1,
+                                     .max_cols = 1 };
+    struct backend_ctx *ctx = NULL;
+    CHECK(backend_ctx_new(be, &cp, &ctx) == 0);
     for (int t = 0; t < KV_TYPE_COUNT_; t++) {
         CHECK(kv_type_parse(kv_type_name(t)) == t);
-        int rc = paged_kv_init(&c, t, 3, 10, 7, 3, 40);
+        int rc = paged_kv_init(&c, be, t, 3, 10, 7, 3, 40);
         CHECK(rc == 0);
         if (rc) continue;
         size_t esz = t == 0 ? 4 : t < 3 ? 2 : 1;
@@ -24,7 +33,8 @@ int main(void) {
             /* mark block 4 distinctly */
             memset((char *)l->k + 4 * n / 10, 0x55, n / 10);
         }
-        paged_kv_copy_block(&c, 8, 4);
+        const int32_t pairs[2][2] = { { 8, 4 }, { 6, 6 } };   /* the second copies a block onto itself: nothing */
+        CHECK(BE_OP(ctx, copy_blocks, c.layers, c.n_layer, pairs, 2) == 0 && backend_sync(ctx) == 0);
         for (int il = 0; il < 3; il++) {
             struct kv_layer_view *l = &c.layers[il];
             size_t n = (size_t)10 * 7 * 3 * 40 * esz;
@@ -39,8 +49,11 @@ int main(void) {
     CHECK(paged_kv_bytes_per_token(KV_F16, 32, 8, 128) == 2ull * 32 * 8 * 256);
     CHECK(paged_kv_bytes_per_token(KV_INT8, 32, 8, 128) == 2ull * 32 * 8 * 132);
     CHECK(kv_type_parse("fp16") == -1 && kv_type_parse(NULL) == -1 && strcmp(kv_type_name(99), "?") == 0);
-    CHECK(paged_kv_init(&c, KV_F32, 1000, 1 << 30, 1 << 20, 64, 128) == KVLLM_ERANGE);
-    CHECK(paged_kv_init(&c, KV_F32, 1000, 1 << 20, 16, 64, 128) == KVLLM_ENOMEM);
-    CHECK(paged_kv_init(&c, KV_F32, 0, 1, 16, 64, 128) == KVLLM_EINVAL);
+    CHECK(paged_kv_init(&c, be, KV_F32, 1000, 1 << 30, 1 << 20, 64, 128) == KVLLM_ERANGE);
+    CHECK(paged_kv_init(&c, be, KV_F32, 1000, 1 << 20, 16, 64, 128) == KVLLM_ENOMEM);
+    CHECK(paged_kv_init(&c, be, KV_F32, 0, 1, 16, 64, 128) == KVLLM_EINVAL);
+    CHECK(paged_kv_bytes(KV_F16, 2, 3, 16, 4, 64) == 2ull * 2 * 3 * 16 * 4 * 64 * 2);
+    backend_ctx_free(ctx);
+    backend_free(be);
     return check_report("test_kvstore_paged");
 }

@@ -112,7 +112,7 @@ int cmd_batch(int argc, char **argv) {
         tags[r] = (struct req_tag){ &b, r };
         struct kvllm_request q = { .prompt = ids + off[r], .n_prompt = off[r + 1] - off[r], .max_tokens = (int)max_tokens,
                                    .sampling = sp, .n = (int)n_per, .ignore_eos = true, .no_text = true,
-                                   .on_event = on_event, .user = &tags[r] };
+                                   .want_logits = logits_path != NULL, .on_event = on_event, .user = &tags[r] };
         rc = kvllm_engine_add(e, &q, NULL);
     }
     while (!rc && !kvllm_engine_idle(e)) rc = kvllm_engine_step(e) < 0;

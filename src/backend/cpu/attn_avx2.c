@@ -254,18 +254,15 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
     values(g, part0, pstride, hd, r, sc, n, cap);
 }
 
-void cpu_paged_attention_avx2(struct backend *be, const struct paged_attn_args *a) {
-    if (a->head_dim % 8 != 0 || a->head_dim > MAX_HD) {
-        cpu_paged_attention(be, a);
-        return;
-    }
-    cpu_paged_attention_with(be, a, chunk_avx2);
+int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a) {
+    if (a->head_dim % 8 != 0 || a->head_dim > MAX_HD) return cpu_paged_attention(c, a);
+    return cpu_paged_attention_with(c, a, chunk_avx2);
 }
 
 #else /* not an x86-64 build with the AVX2 flags */
 
-void cpu_paged_attention_avx2(struct backend *be, const struct paged_attn_args *a) {
-    cpu_paged_attention(be, a);
+int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a) {
+    return cpu_paged_attention(c, a);
 }
 
 #endif

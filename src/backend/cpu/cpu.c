@@ -1,183 +1,143 @@
-/* cpu.c — the portable scalar CPU backend: f32 arithmetic on dequantized
- * weights.  It is the reference every faster kernel is checked against.
- * backend_cpu_new also picks the kernel set at run time: a faster set is a
- * copy of the scalar table with some ops overridden (cpu_features.h).
- *
- * Threading splits output rows (matmul) or (token, kv head, split) items
- * (paged attention, kv_kernels.c) into contiguous ranges; no reduction is ever split
- * across threads, so results do not depend on the thread count either. */
+/* cpu.c — the CPU backend object: the kernel set chosen at run time (the
+ * scalar table of cpu_ops.c, with faster ops overriding entries when the
+ * CPU has them), host memory for buffers, weights left in the file mapping,
+ * and execution contexts (a thread pool and scratch each, sized at
+ * creation: nothing is allocated while a step runs). */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Fixed-order dot product: 8 lanes, combined pairwise, then the tail. */
-static float dot_f32(const float *a, const float *b, int64_t n) {
-    float s[8] = { 0 };
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
-    float t = 0;
-    for (; i < n; i++) t += a[i] * b[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
-}
+#define CPU_ALIGN 64
 
-/* ---- matmul ---- */
+/* ---- memory ---- */
 
-struct matmul_job {
-    struct backend *be;
-    float *y;
-    const struct tensor *w;
-    const float *x;
-    int n;
-};
-
-/* Rows processed together so that a block of dequantized rows is reused
- * across all tokens while it is hot in cache. */
-#define MM_ROWS 4
-
-/* Row blocks per chunk of work (threadpool_run_chunks). */
-#define MM_CHUNK_BLOCKS 8
-
-static void matmul_chunk(void *arg, long c, int ith) {
-    struct matmul_job *j = arg;
-    const struct tensor *w = j->w;
-    const int64_t K = w->ne0, M = w->ne1;
-    const long r0 = c * MM_CHUNK_BLOCKS * MM_ROWS, r1 = r0 + MM_CHUNK_BLOCKS * MM_ROWS > M ? M
-                                                                                       : r0 + MM_CHUNK_BLOCKS * MM_ROWS;
-    float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols;
-    for (long r = r0; r < r1; r += MM_ROWS) {
-        int nr = (int)(r1 - r < MM_ROWS ? r1 - r : MM_ROWS);
-        const float *rows[MM_ROWS];
-        for (int k = 0; k < nr; k++) {
-            if (w->type == DTYPE_F32) {
-                rows[k] = tensor_row(w, r + k);
-            } else {
-                dtype_to_f32(w->type, tensor_row(w, r + k), buf + (size_t)k * K, K);
-                rows[k] = buf + (size_t)k * K;
-            }
-        }
-        for (int t = 0; t < j->n; t++) {
-            const float *xt = j->x + (size_t)t * K;
-            float *yt = j->y + (size_t)t * M;
-            for (int k = 0; k < nr; k++) yt[r + k] = dot_f32(rows[k], xt, K);
-        }
+/* Buffers are calloc'd (large ones come as lazily zeroed pages) and
+ * aligned by hand; the header just below data remembers the block. */
+static int cpu_buf_alloc(struct backend *be, size_t bytes, struct backend_buf *out) {
+    memset(out, 0, sizeof *out);
+    if (bytes > SIZE_MAX - 2 * CPU_ALIGN) return KVLLM_ERANGE;
+    uint8_t *raw = calloc(1, bytes + 2 * CPU_ALIGN);
+    if (!raw) {
+        LOG_ERR("out of memory allocating a backend buffer of %zu bytes", bytes);
+        return KVLLM_ENOMEM;
     }
+    uint8_t *p = raw + CPU_ALIGN + (CPU_ALIGN - (uintptr_t)(raw + CPU_ALIGN) % CPU_ALIGN) % CPU_ALIGN;
+    memcpy(p - sizeof raw, &raw, sizeof raw);
+    out->data = p;
+    out->size = bytes;
+    return 0;
 }
 
-static void cpu_matmul(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
-    KV_ASSERT(w->ne0 * MM_ROWS <= be->scratch_cols);
-    struct matmul_job j = { be, y, w, x, n };
-    const long per = MM_CHUNK_BLOCKS * MM_ROWS;
-    threadpool_run_chunks(be->pool, (w->ne1 + per - 1) / per, matmul_chunk, &j);
+static void cpu_buf_free(struct backend *be, struct backend_buf *b) {
+    if (!b || !b->data) return;
+    uint8_t *raw;
+    memcpy(&raw, (uint8_t *)b->data - sizeof raw, sizeof raw);
+    free(raw);
+    memset(b, 0, sizeof *b);
 }
 
-static void cpu_get_rows(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n) {
+/* The mapping is where the kernels read weights from: nothing to do. */
+static int cpu_place_weights(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+    *placed = 0;
     for (int i = 0; i < n; i++)
-        dtype_to_f32(w->type, tensor_row(w, ids[i]), y + (size_t)i * w->ne0, w->ne0);
+        if (ts[i]->data) *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
+    return 0;
 }
 
-static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int dim, float eps) {
-    for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * dim;
-        float *yt = y + (size_t)t * dim;
-        float ss = dot_f32(xt, xt, dim);
-        float s = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) yt[i] = xt[i] * s * w[i];
+/* ---- contexts ---- */
+
+static void cpu_ctx_free(struct backend_ctx *c) {
+    if (!c) return;
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    threadpool_free(cc->pool);
+    free(cc->scratch);
+    free(cc->act_buf);
+    free(cc->partials);
+    free(cc->pa_off);
+    free(cc->pa_merge);
+    free(cc);
+}
+
+static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out) {
+    *out = NULL;
+    struct cpu_backend *b = cpu_backend_of(be);
+    int n_threads = p->n_threads > 0 ? p->n_threads : cpu_count();
+    if (n_threads > cpu_count()) {
+        /* workers spin between kernels: more of them than cores only makes
+         * them wait for each other's time slices */
+        LOG_WARN("%d threads requested but only %d CPUs are online: using %d", n_threads, cpu_count(), cpu_count());
+        n_threads = cpu_count();
     }
-}
-
-static void cpu_rope_ext(struct backend *be, float *x, int n, int n_head, int head_dim, const int32_t *pos,
-                         const struct rope_params *p) {
-    const int n_rot = p->n_rot, half = n_rot / 2;
-    const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
-    for (int t = 0; t < n; t++) {
-        float *xt = x + (size_t)t * n_head * head_dim;
-        for (int i = 0; i < half; i++) {
-            /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            double ang = (double)pos[t] * pow((double)p->theta, -2.0 * i / (double)n_rot);
-            if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
-            if (p->freq_factors) ang /= (double)p->freq_factors[i];
-            float c = (float)cos(ang), s = (float)sin(ang);
-            for (int h = 0; h < n_head; h++) {
-                float *q = xt + (size_t)h * head_dim + (size_t)i * step;
-                float a = q[0], b = q[other];
-                q[0] = a * c - b * s;
-                q[other] = a * s + b * c;
-            }
-        }
+    const int max_tokens = p->max_tokens > 0 ? p->max_tokens : 1, max_ctx = p->max_ctx > 0 ? p->max_ctx : 1;
+    const uint64_t n_part = paged_attn_scratch_floats(max_tokens, p->n_head, p->head_dim, max_ctx);
+    if (n_part > SIZE_MAX / 8 || p->max_cols <= 0 || (uint64_t)p->max_cols > (1u << 30)) return KVLLM_ERANGE;
+    struct cpu_ctx *cc = xcalloc(1, sizeof *cc);
+    if (!cc) return KVLLM_ENOMEM;
+    cc->base = (struct backend_ctx){ .ops = be->ops, .be = be };
+    cc->pool = threadpool_new(n_threads);
+    const int nth = cc->pool ? threadpool_size(cc->pool) : 1;
+    _Static_assert(CPU_AVX2_MM_ROWS <= CPU_MM_ROWS, "avx2 matmul scratch");
+    cc->scratch_cols = (int64_t)CPU_MM_ROWS * p->max_cols;
+    cc->scratch = xmalloc((size_t)nth * (size_t)cc->scratch_cols * sizeof(float));
+    cc->act = b->act;
+    cc->act_buf_bytes = b->act == ACT_INT ? (size_t)max_tokens * cpu_matmul_int_row_bytes(p->max_cols) : 0;
+    cc->act_buf = cc->act_buf_bytes ? aligned_alloc(32, (cc->act_buf_bytes + 31) & ~(size_t)31) : NULL;
+    cc->max_tokens = max_tokens;
+    cc->max_ctx = max_ctx;
+    cc->n_partials = (size_t)n_part;
+    cc->partials = xmalloc(((size_t)n_part ? (size_t)n_part : 1) * sizeof(float));
+    cc->pa_off = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_off);
+    cc->pa_merge = xmalloc((size_t)max_tokens * sizeof *cc->pa_merge);
+    if (!cc->pool || !cc->scratch || (cc->act_buf_bytes && !cc->act_buf) || !cc->partials || !cc->pa_off ||
+        !cc->pa_merge) {
+        cpu_ctx_free(&cc->base);
+        return KVLLM_ENOMEM;
     }
+    *out = &cc->base;
+    return 0;
 }
 
-static void cpu_rope(struct backend *be, float *x, int n, int n_head, int head_dim, int n_rot,
-                     const int32_t *pos, float theta) {
-    const struct rope_params p = { .n_rot = n_rot, .theta = theta };
-    cpu_rope_ext(be, x, n, n_head, head_dim, pos, &p);
+/* Host memory: a copy is all a transfer is, and ops finish before they return. */
+static int cpu_upload(struct backend_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return 0;
 }
-
-static void cpu_layernorm(struct backend *be, float *y, const float *x, const float *w, const float *b, int n,
-                          int dim, float eps) {
-    for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * dim;
-        float *yt = y + (size_t)t * dim;
-        float sum = 0;
-        for (int i = 0; i < dim; i++) sum += xt[i];
-        const float mean = sum / (float)dim;
-        float var = 0;
-        for (int i = 0; i < dim; i++) var += (xt[i] - mean) * (xt[i] - mean);
-        const float s = 1.0f / sqrtf(var / (float)dim + eps);
-        for (int i = 0; i < dim; i++) yt[i] = (xt[i] - mean) * s * w[i] + (b ? b[i] : 0.0f);
-    }
+static int cpu_download(struct backend_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return 0;
 }
-
-static void cpu_add_bias(struct backend *be, float *y, const float *b, int n, int dim) {
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
-}
-
-static void cpu_gelu(struct backend *be, float *x, long n) {
-    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
-    for (long i = 0; i < n; i++) {
-        float v = x[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
-    }
-}
-
-static void cpu_swiglu(struct backend *be, float *g, const float *u, long n) {
-    for (long i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-static void cpu_add(struct backend *be, float *y, const float *x, long n) {
-    for (long i = 0; i < n; i++) y[i] += x[i];
-}
+static int cpu_sync(struct backend_ctx *c) { return 0; }
 
 static const struct backend_ops k_scalar_ops = {
     .name = "scalar",
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .place_weights = cpu_place_weights,
+    .ctx_new = cpu_ctx_new,
+    .ctx_free = cpu_ctx_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .sync = cpu_sync,
     .matmul = cpu_matmul,
     .get_rows = cpu_get_rows,
+    .gather_rows = cpu_gather_rows,
     .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
-    .rope_ext = cpu_rope_ext,
     .layernorm = cpu_layernorm,
+    .rope = cpu_rope,
     .add_bias = cpu_add_bias,
-    .gelu = cpu_gelu,
-    .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .gelu = cpu_gelu,
     .kv_store = cpu_kv_store,
     .paged_attention = cpu_paged_attention,
+    .copy_blocks = cpu_copy_blocks,
 };
 
 /* ---- kernel sets ---- */
-
-/* A backend and its own ops table (the scalar table, then overrides). */
-struct cpu_backend {
-    struct backend be;   /* first: backend_free frees this address */
-    struct backend_ops ops;
-};
 
 static const char *const k_kinds = "scalar, avx2, avx512, amx";
 
@@ -225,42 +185,43 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
     return KVLLM_ECPU;
 }
 
-int backend_cpu_new(const char *kind, int n_threads, int64_t max_cols, struct backend **out) {
+int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     *out = NULL;
     struct backend_ops ops;
     int rc = cpu_ops_for(kind, &ops);
     if (rc) return rc;
-    if (n_threads > cpu_count()) {
-        /* workers spin between kernels: more of them than cores only makes
-         * them wait for each other's time slices */
-        LOG_WARN("%d threads requested but only %d CPUs are online: using %d", n_threads, cpu_count(), cpu_count());
-        n_threads = cpu_count();
-    }
-    struct cpu_backend *cb = xcalloc(1, sizeof *cb);
-    if (!cb) return KVLLM_ENOMEM;
-    struct backend *be = &cb->be;
-    cb->ops = ops;
-    be->ops = &cb->ops;
-    be->pool = threadpool_new(n_threads);
-    be->scratch_cols = max_cols;
-    int nth = threadpool_size(be->pool);
-    /* per thread: MM_ROWS dequantized rows (the AVX2 matmul uses as many) */
-    _Static_assert(CPU_AVX2_MM_ROWS <= MM_ROWS, "avx2 matmul scratch");
-    be->scratch = be->pool ? xmalloc((size_t)nth * MM_ROWS * (size_t)max_cols * sizeof(float)) : NULL;
-    if (!be->pool || !be->scratch) { backend_free(be); return KVLLM_ENOMEM; }
-    be->scratch_cols = (int64_t)MM_ROWS * max_cols;
+    struct cpu_backend *b = xcalloc(1, sizeof *b);
+    if (!b) return KVLLM_ENOMEM;
+    b->kernels = ops;
+    b->ops = ops;
+    b->be.ops = &b->ops;
     const char *act = getenv("KVLLM_ACT");
-    be->act = act && strcmp(act, "int") == 0 ? ACT_INT : ACT_F32;
+    b->act = act && strcmp(act, "int") == 0 ? ACT_INT : ACT_F32;
     if (act && *act && strcmp(act, "int") != 0 && strcmp(act, "f32") != 0)
         LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, int); using f32", act);
-    *out = be;
+    pthread_mutex_init(&b->wall_mu, NULL);
+    if (strict) {
+        b->strict = true;
+        cpu_strict_ops(b);
+    }
+    *out = &b->be;
     return 0;
+}
+
+int backend_new_from_env(const char *kind, struct backend **out) {
+    const char *name = getenv("KVLLM_BACKEND");
+    if (!name || !*name || strcmp(name, "cpu") == 0) return backend_cpu_new(kind, false, out);
+    if (strcmp(name, "strict") == 0) return backend_cpu_new(kind, true, out);
+    *out = NULL;
+    LOG_ERR("KVLLM_BACKEND=%s: unknown backend (valid: cpu, strict)", name);
+    return KVLLM_EINVAL;
 }
 
 void backend_free(struct backend *be) {
     if (!be) return;
-    threadpool_free(be->pool);
-    free(be->scratch);
-    free(be->act_buf);
-    free(be);
+    struct cpu_backend *b = cpu_backend_of(be);
+    if (b->strict) cpu_wall_remove(b, NULL);   /* the placed weights */
+    free(b->regions);
+    pthread_mutex_destroy(&b->wall_mu);
+    free(b);
 }

@@ -22,13 +22,16 @@ bool cpu_avx2_built(void);
 
 /* AVX2 + FMA + F16C kernels (matmul_avx2.c).  Same contract as the scalar
  * ops in backend.h; call only when cpu_features_get() reports avx2, fma and
- * f16c.  cpu_matmul_avx2 needs be->scratch_cols >= CPU_AVX2_MM_ROWS * ne0. */
+ * f16c.  cpu_matmul_avx2 needs scratch_cols >= CPU_AVX2_MM_ROWS * ne0. */
 #define CPU_AVX2_MM_ROWS 4
-void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
+int cpu_matmul_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
 
 /* The integer path (matmul_int_avx2.c): whether it takes weights of type
- * with rows of K, and the matmul itself (same contract as ops.matmul). */
+ * with rows of K, the bytes one quantized activation row of K takes (the
+ * context sizes its buffer with it), and the matmul itself (same contract
+ * as ops.matmul; n at most the context's max_tokens). */
 bool cpu_matmul_int_supports(uint32_t type, int64_t K);
-void cpu_matmul_int_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n);
+size_t cpu_matmul_int_row_bytes(int64_t K);
+int cpu_matmul_int_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
 
 #endif

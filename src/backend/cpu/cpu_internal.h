@@ -1,28 +1,84 @@
-/* cpu_internal.h — what the CPU backend's files share: the paged KV kernels
- * (kv_kernels.c) that cpu.c puts in its ops tables, and the branch-free
- * element converters those kernels dequantize with. */
+/* cpu_internal.h — what the CPU backend's files share: the backend and
+ * context objects, the paged KV kernels (kv_kernels.c) that cpu.c puts in
+ * its ops tables, and the branch-free element converters those kernels
+ * dequantize with. */
 #ifndef KVLLM_CPU_INTERNAL_H
 #define KVLLM_CPU_INTERNAL_H
 
 #include "backend/backend.h"
+#include "core/threadpool.h"
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Activation arithmetic of the SIMD matmul (see backend_cpu_new). */
+enum act_mode { ACT_F32 = 0, ACT_INT };
+
+/* Rows of a weight matrix dequantized together into a thread's scratch
+ * (the scalar and AVX2 matmuls use as many). */
+#define CPU_MM_ROWS 4
+
+/* The CPU backend: immutable after creation except for the strict wall,
+ * whose region list is guarded by its mutex. */
+struct cpu_backend {
+    struct backend be;            /* first: the struct backend * handed out is this address */
+    struct backend_ops ops;       /* the table be.ops points to */
+    struct backend_ops kernels;   /* the kernel set itself (strict: what the wall wraps) */
+    enum act_mode act;
+    bool strict;
+    char name[24];                /* "strict/avx2" */
+    /* strict: every buffer and the placed weights, PROT_NONE outside ops */
+    pthread_mutex_t wall_mu;
+    struct cpu_region { void *p; size_t n; } *regions;
+    int n_regions, cap_regions;
+};
+
+/* An execution context: everything a step mutates, sized at creation. */
+struct cpu_ctx {
+    struct backend_ctx base;      /* first */
+    struct threadpool *pool;
+    float *scratch;               /* per thread: scratch_cols floats (CPU_MM_ROWS dequantized rows) */
+    int64_t scratch_cols;
+    enum act_mode act;
+    void *act_buf;                /* integer activations of max_tokens rows */
+    size_t act_buf_bytes;
+    int max_tokens, max_ctx;
+    float *partials;              /* paged attention: paged_attn_scratch_floats() */
+    size_t n_partials;
+    long *pa_off;                 /* (max_tokens + 1) */
+    int *pa_merge;                /* (max_tokens) */
+};
+
+static inline struct cpu_ctx *cpu_ctx_of(struct backend_ctx *c) { return (struct cpu_ctx *)(void *)c; }
+static inline struct cpu_backend *cpu_backend_of(struct backend *be) { return (struct cpu_backend *)(void *)be; }
+
+/* Scratch floats paged attention needs for n_tokens tokens whose contexts
+ * are at most max_ctx positions long. */
+static inline uint64_t paged_attn_scratch_floats(int n_tokens, int n_head, int head_dim, int max_ctx) {
+    uint64_t splits = ((uint64_t)max_ctx + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT;
+    return (uint64_t)n_tokens * (uint64_t)n_head * splits * ((uint64_t)head_dim + 2);
+}
+
+/* The strict backend's ops table wrapping b->kernels (strict.c). */
+void cpu_strict_ops(struct cpu_backend *b);
+/* Register a region with the wall (strict only); it is protected at once. */
+int cpu_wall_add(struct cpu_backend *b, void *p, size_t n);
+void cpu_wall_remove(struct cpu_backend *b, void *p);
 
 /* backend_ops.kv_store: quantize n tokens' K and V rows (n, n_head_kv *
  * head_dim) into slots[i] (block * block_size + offset); a negative slot is
  * skipped (padding).  int8: scale = amax / 127 per (position, head), codes
  * round(x / scale); fp8: scale = amax / 448, codes f32_to_fp8_e4m3(x / scale);
  * an all-zero row gets scale 0 and codes 0. */
-void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
-                  const float *k, const float *v, int n);
+int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
+                 const float *k, const float *v, int n);
 
 /* backend_ops.paged_attention (see struct paged_attn_args).  head_dim is at
- * most CPU_PAGED_ATTN_MAX_HEAD_DIM; a->partials must hold
- * paged_attn_scratch_floats(n_tokens, n_head, head_dim, max_ctx) floats with
- * max_ctx >= every pos[t] + 1.  Results are bit-identical for any thread
- * count and any batch composition. */
+ * most CPU_PAGED_ATTN_MAX_HEAD_DIM; n_tokens at most the context's
+ * max_tokens and every pos[t] below its max_ctx (KVLLM_ERANGE otherwise).
+ * Results are bit-identical for any thread count and any batch composition. */
 #define CPU_PAGED_ATTN_MAX_HEAD_DIM 1024
-void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a);
+int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a);
 
 /* Most positions per online-softmax step. */
 #define CPU_PA_CHUNK 64
@@ -46,11 +102,11 @@ typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int
 
 /* paged_attention with a given step kernel (the item, split and merge
  * structure of kv_kernels.c around it). */
-void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *a, pa_chunk_fn *chunk);
+int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk);
 
 /* paged_attention with the AVX2 step (attn_avx2.c); call only when
  * cpu_features_get() reports avx2, fma and f16c. */
-void cpu_paged_attention_avx2(struct backend *be, const struct paged_attn_args *a);
+int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a);
 
 /* Exact, branch-free (vectorizable) equivalents of f16_to_f32 and
  * fp8_e4m3_to_f32: no subnormal floating-point operands, so neither DAZ nor

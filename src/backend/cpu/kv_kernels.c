@@ -3,7 +3,7 @@
  *
  * Model of the world.  Token t attends positions 0 .. L-1 (L = pos[t] + 1)
  * of its own sequence (with a sliding window W > 0: only L-W .. L-1),
- * whose position p lives in block tables[t][p / block_size], slot
+ * whose position p lives in block block_table[seq[t]][p / block_size], slot
  * p % block_size.  The context is cut into splits at
  * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
  * it walks the split's positions in chunks that end at multiples of
@@ -11,7 +11,7 @@
  * its rows from the blocks it spans), and, for all g = n_head / n_head_kv
  * query heads sharing that kv head at once, keeps a running max m, sum l
  * and accumulator acc (online softmax, rescaled once per chunk), each K/V
- * row dequantized once for the g heads.  Items leave (m, l, acc) in a->partials; a merge step combines a
+ * row dequantized once for the g heads.  Items leave (m, l, acc) in the context's partials; a merge step combines a
  * token's splits in ascending order (log-sum-exp) and normalizes.
  *
  * Determinism.  Chunk and split boundaries depend only on L, the window and
@@ -89,11 +89,12 @@ static void store_chunk(void *arg, long i, int ith) {
     }
 }
 
-void cpu_kv_store(struct backend *be, const struct kv_layer_view *kv, const int32_t *slots,
-                  const float *k, const float *v, int n) {
-    if (n <= 0) return;
+int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
+                 const float *k, const float *v, int n) {
+    if (n <= 0) return 0;
     struct store_job j = { kv, slots, k, v, n };
-    threadpool_run_chunks(be->pool, n, store_chunk, &j);
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, n, store_chunk, &j);
+    return 0;
 }
 
 /* ---- paged attention ---- */
@@ -174,12 +175,13 @@ struct pa_job {
     pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
     const long *item_off;     /* (n_tokens + 1): first item of each token */
     const int *merge_tok;     /* the tokens with more than one split, in order */
+    float *partials;          /* the context's scratch */
 };
 
 /* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
 static inline float *pa_partial(const struct pa_job *j, int t, int h, int s) {
     const struct paged_attn_args *a = j->a;
-    return a->partials + (((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)j->s_max + (size_t)s) *
+    return j->partials + (((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)j->s_max + (size_t)s) *
                          ((size_t)a->head_dim + 2);
 }
 
@@ -268,7 +270,7 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     int p0, p1;
     pa_split_range(a, L, s, &p0, &p1);
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
-    const int32_t *table = a->tables[t];
+    const int32_t *table = a->block_table + (size_t)a->seq[t] * (size_t)a->max_blocks;
     const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)hk * (size_t)g) * (size_t)hd; /* (g, hd) */
     const size_t pstride = (size_t)j->s_max * ((size_t)hd + 2);   /* next head's partial */
     float *part0 = pa_partial(j, t, hk * g, s);                     /* (g) x [m, l, acc[hd]] */
@@ -323,32 +325,40 @@ static void pa_merge_chunk(void *arg, long c, int ith) {
     for (int h = 0; h < j->a->n_head; h++) pa_merge(j, t, h, ns);
 }
 
-void cpu_paged_attention_with(struct backend *be, const struct paged_attn_args *a, pa_chunk_fn *chunk) {
+int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk) {
+    struct cpu_ctx *cc = cpu_ctx_of(c);
     KV_ASSERT(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= PA_SCORES);
     KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
     KV_ASSERT(a->n_head_kv == a->kv.n_head_kv && a->kv.block_size > 0);
-    if (a->n_tokens <= 0) return;
-    struct pa_job j = { a, 1, chunk, NULL, NULL };
-    long *off = xmalloc(((size_t)a->n_tokens + 1) * sizeof *off);
-    int *merge = xmalloc((size_t)a->n_tokens * sizeof *merge);
-    KV_ASSERT(off && merge);
+    if (a->n_tokens <= 0) return 0;
+    if (a->n_tokens > cc->max_tokens) {
+        LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
+        return KVLLM_ERANGE;
+    }
+    struct pa_job j = { a, 1, chunk, NULL, NULL, cc->partials };
+    long *off = cc->pa_off;
+    int *merge = cc->pa_merge;
     long n_merge = 0;
     off[0] = 0;
     for (int t = 0; t < a->n_tokens; t++) {
-        KV_ASSERT(a->pos[t] >= 0);
+        if (a->pos[t] < 0 || a->pos[t] >= cc->max_ctx) {
+            LOG_ERR("paged attention at position %d: the context was sized for %d", a->pos[t], cc->max_ctx);
+            return KVLLM_ERANGE;
+        }
         int ns = pa_n_split(a->pos[t] + 1);
         j.s_max = ns > j.s_max ? ns : j.s_max;
         off[t + 1] = off[t] + (long)a->n_head_kv * ns;
         if (ns > 1) merge[n_merge++] = t;
     }
+    KV_ASSERT(paged_attn_scratch_floats(a->n_tokens, a->n_head, a->head_dim, j.s_max * PAGED_ATTN_SPLIT) <=
+              cc->n_partials);
     j.item_off = off;
     j.merge_tok = merge;
-    threadpool_run_chunks(be->pool, off[a->n_tokens], pa_items_chunk, &j);
-    if (n_merge) threadpool_run_chunks(be->pool, n_merge, pa_merge_chunk, &j);
-    free(off);
-    free(merge);
+    threadpool_run_chunks(cc->pool, off[a->n_tokens], pa_items_chunk, &j);
+    if (n_merge) threadpool_run_chunks(cc->pool, n_merge, pa_merge_chunk, &j);
+    return 0;
 }
 
-void cpu_paged_attention(struct backend *be, const struct paged_attn_args *a) {
-    cpu_paged_attention_with(be, a, pa_chunk_scalar);
+int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a) {
+    return cpu_paged_attention_with(c, a, pa_chunk_scalar);
 }

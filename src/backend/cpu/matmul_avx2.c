@@ -38,6 +38,7 @@
  * Q6_K: (d * sc) * (q - 32)), so the f32 weights are bit-identical to
  * dtype_to_f32's and the FMA order over k is the one described above. */
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_internal.h"
 #include "core/core.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -414,7 +415,7 @@ ROWS_FN(rows_q6_K, rows_blk, DTYPE_Q6_K)
 /* ---- threads ---- */
 
 struct mm_job {
-    struct backend *be;
+    struct cpu_ctx *cc;
     float *y;               /* (n, M) */
     const struct tensor *w; /* (M, K) */
     const float *x;         /* (n, K) */
@@ -432,7 +433,7 @@ static void mm_chunk(void *arg, long c, int ith) {
     const int64_t K = w->ne0, M = w->ne1;
     const int64_t nblk = (M + MR - 1) / MR;
     const long b0 = c * MM_CHUNK, b1 = b0 + MM_CHUNK < nblk ? b0 + MM_CHUNK : (long)nblk;
-    float *buf = j->be->scratch + (size_t)ith * (size_t)j->be->scratch_cols; /* (MR, K) */
+    float *buf = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols; /* (MR, K) */
     const bool f16 = w->type == DTYPE_F16, bf16 = w->type == DTYPE_BF16;
     const bool blocks = w->type == DTYPE_Q8_0 || w->type == DTYPE_Q4_0 || w->type == DTYPE_Q4_1 || is_k_type(w->type);
     /* In place (F32; F16/BF16 widened in registers; block formats
@@ -461,21 +462,20 @@ static void mm_chunk(void *arg, long c, int ith) {
     }
 }
 
-void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
-    if (be->act == ACT_INT && cpu_matmul_int_supports(w->type, w->ne0)) {
-        cpu_matmul_int_avx2(be, y, w, x, n);
-        return;
-    }
-    KV_ASSERT(w->ne0 * MR <= be->scratch_cols);
-    struct mm_job j = { be, y, w, x, n };
-    threadpool_run_chunks(be->pool, ((w->ne1 + MR - 1) / MR + MM_CHUNK - 1) / MM_CHUNK, mm_chunk, &j);
+int cpu_matmul_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    if (cc->act == ACT_INT && cpu_matmul_int_supports(w->type, w->ne0)) return cpu_matmul_int_avx2(c, y, w, x, n);
+    KV_ASSERT(w->ne0 * MR <= cc->scratch_cols);
+    struct mm_job j = { cc, y, w, x, n };
+    threadpool_run_chunks(cc->pool, ((w->ne1 + MR - 1) / MR + MM_CHUNK - 1) / MM_CHUNK, mm_chunk, &j);
+    return 0;
 }
 
 #else /* not an x86-64 build with the AVX2 flags: the kernel set is absent */
 
 bool cpu_avx2_built(void) { return false; }
 
-void cpu_matmul_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+int cpu_matmul_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     KV_ASSERT(!"cpu_matmul_avx2: not built");
 }
 

@@ -27,6 +27,7 @@
  * tokens at a time: 4 rows x 1 token per micro-tile for a single token (the
  * next rows prefetched), else 1 row x 4 tokens. */
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_internal.h"
 #include "core/core.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -157,7 +158,7 @@ ALWAYS_INLINE __m256i block_dot(const __m256i w[2], const int16_t *x) {
 }
 
 struct int_job {
-    struct backend *be;
+    struct cpu_ctx *cc;
     float *y;               /* (n, M) */
     const struct tensor *w; /* (M, K) */
     const float *x;         /* (n, K) */
@@ -292,26 +293,28 @@ static void mm_chunk(void *arg, long u, int ith) {
     for (int t0 = 0; t0 < j->n; t0 += TB) sw(j, r0, nr, t0, j->n - t0 < TB ? j->n : t0 + TB);
 }
 
-void cpu_matmul_int_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
-    struct int_job j = { be, y, w, x, n, qrow_layout(w->ne0), NULL };
-    const size_t need = (size_t)n * j.l.bytes;
-    if (need > be->act_buf_bytes) {
-        free(be->act_buf);
-        be->act_buf = aligned_alloc(32, need);
-        be->act_buf_bytes = be->act_buf ? need : 0;
-        KV_ASSERT(be->act_buf);
+size_t cpu_matmul_int_row_bytes(int64_t K) { return qrow_layout(K).bytes; }
+
+int cpu_matmul_int_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    struct int_job j = { cc, y, w, x, n, qrow_layout(w->ne0), NULL };
+    if ((size_t)n * j.l.bytes > cc->act_buf_bytes) {   /* sized at creation for the largest step */
+        LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)w->ne0);
+        return KVLLM_ERANGE;
     }
-    j.q = be->act_buf;
+    j.q = cc->act_buf;
     if (n <= 4) for (int t = 0; t < n; t++) quant_chunk(&j, t, 0);   /* cheaper than waking the threads */
-    else threadpool_run_chunks(be->pool, n, quant_chunk, &j);
-    threadpool_run_chunks(be->pool, (w->ne1 + RB - 1) / RB, mm_chunk, &j);
+    else threadpool_run_chunks(cc->pool, n, quant_chunk, &j);
+    threadpool_run_chunks(cc->pool, (w->ne1 + RB - 1) / RB, mm_chunk, &j);
+    return 0;
 }
 
 #else
 
 bool cpu_matmul_int_supports(uint32_t type, int64_t K) { return false; }
+size_t cpu_matmul_int_row_bytes(int64_t K) { return 0; }
 
-void cpu_matmul_int_avx2(struct backend *be, float *y, const struct tensor *w, const float *x, int n) {
+int cpu_matmul_int_avx2(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     KV_ASSERT(!"cpu_matmul_int_avx2: not built");
 }
 

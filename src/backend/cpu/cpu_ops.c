@@ -1,0 +1,193 @@
+/* cpu_ops.c — the portable scalar ops: f32 arithmetic on dequantized
+ * weights.  They are the reference every faster kernel, and every other
+ * backend, is checked against (tests/unit/test_backend_ops.c).
+ *
+ * Threading splits output rows (matmul) or (token, kv head, split) items
+ * (paged attention, kv_kernels.c) into contiguous ranges; no reduction is
+ * ever split across threads, so results do not depend on the thread count
+ * either. */
+#include "backend/cpu/cpu_ops.h"
+#include "core/core.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Fixed-order dot product: 8 lanes, combined pairwise, then the tail. */
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float s[8] = { 0 };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float t = 0;
+    for (; i < n; i++) t += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+}
+
+/* ---- matmul ---- */
+
+struct matmul_job {
+    struct cpu_ctx *cc;
+    float *y;
+    const struct tensor *w;
+    const float *x;
+    int n;
+};
+
+/* Row blocks per chunk of work (threadpool_run_chunks); CPU_MM_ROWS rows
+ * are dequantized together so that they are reused across all tokens while
+ * hot in cache. */
+#define MM_CHUNK_BLOCKS 8
+
+static void matmul_chunk(void *arg, long c, int ith) {
+    struct matmul_job *j = arg;
+    const struct tensor *w = j->w;
+    const int64_t K = w->ne0, M = w->ne1, per = MM_CHUNK_BLOCKS * CPU_MM_ROWS;
+    const long r0 = c * per, r1 = r0 + per > M ? M : r0 + per;
+    float *buf = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols;
+    for (long r = r0; r < r1; r += CPU_MM_ROWS) {
+        int nr = (int)(r1 - r < CPU_MM_ROWS ? r1 - r : CPU_MM_ROWS);
+        const float *rows[CPU_MM_ROWS];
+        for (int k = 0; k < nr; k++) {
+            if (w->type == DTYPE_F32) {
+                rows[k] = tensor_row(w, r + k);
+            } else {
+                dtype_to_f32(w->type, tensor_row(w, r + k), buf + (size_t)k * K, K);
+                rows[k] = buf + (size_t)k * K;
+            }
+        }
+        for (int t = 0; t < j->n; t++) {
+            const float *xt = j->x + (size_t)t * K;
+            float *yt = j->y + (size_t)t * M;
+            for (int k = 0; k < nr; k++) yt[r + k] = dot_f32(rows[k], xt, K);
+        }
+    }
+}
+
+int cpu_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    KV_ASSERT(w->ne0 * CPU_MM_ROWS <= cc->scratch_cols);
+    struct matmul_job j = { cc, y, w, x, n };
+    const long per = MM_CHUNK_BLOCKS * CPU_MM_ROWS;
+    threadpool_run_chunks(cc->pool, (w->ne1 + per - 1) / per, matmul_chunk, &j);
+    return 0;
+}
+
+/* ---- row-wise ops ---- */
+
+int cpu_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= w->ne1) {
+            LOG_ERR("get_rows: row %d of a %lld-row tensor", ids[i], (long long)w->ne1);
+            return KVLLM_ERANGE;
+        }
+        dtype_to_f32(w->type, tensor_row(w, ids[i]), y + (size_t)i * w->ne0, w->ne0);
+    }
+    return 0;
+}
+
+int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memmove(y + (size_t)i * dim, x + (size_t)ids[i] * dim, (size_t)dim * sizeof *y);
+    return 0;
+}
+
+int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt, int n, int dim,
+                float eps) {
+    const float *w = wt->data;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *yt = y + (size_t)t * dim;
+        float ss = dot_f32(xt, xt, dim);
+        float s = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) yt[i] = xt[i] * s * w[i];
+    }
+    return 0;
+}
+
+int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt,
+                  const struct tensor *bt, int n, int dim, float eps) {
+    const float *w = wt->data, *b = bt ? bt->data : NULL;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *yt = y + (size_t)t * dim;
+        float sum = 0;
+        for (int i = 0; i < dim; i++) sum += xt[i];
+        const float mean = sum / (float)dim;
+        float var = 0;
+        for (int i = 0; i < dim; i++) var += (xt[i] - mean) * (xt[i] - mean);
+        const float s = 1.0f / sqrtf(var / (float)dim + eps);
+        for (int i = 0; i < dim; i++) yt[i] = (xt[i] - mean) * s * w[i] + (b ? b[i] : 0.0f);
+    }
+    return 0;
+}
+
+int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+             const struct rope_params *p) {
+    const int n_rot = p->n_rot, half = n_rot / 2;
+    const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
+    const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
+    for (int t = 0; t < n; t++) {
+        float *xt = x + (size_t)t * n_head * head_dim;
+        for (int i = 0; i < half; i++) {
+            /* angle in double: positions reach 10^5 and f32 would lose the phase */
+            double ang = (double)pos[t] * pow((double)p->theta, -2.0 * i / (double)n_rot);
+            if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
+            if (ff) ang /= (double)ff[i];
+            float cs = (float)cos(ang), sn = (float)sin(ang);
+            for (int h = 0; h < n_head; h++) {
+                float *q = xt + (size_t)h * head_dim + (size_t)i * step;
+                float a = q[0], b = q[other];
+                q[0] = a * cs - b * sn;
+                q[other] = a * sn + b * cs;
+            }
+        }
+    }
+    return 0;
+}
+
+int cpu_add_bias(struct backend_ctx *c, float *y, const struct tensor *bt, int n, int dim) {
+    const float *b = bt->data;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+    return 0;
+}
+
+int cpu_gelu(struct backend_ctx *c, float *x, long n) {
+    const float k = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    for (long i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    }
+    return 0;
+}
+
+int cpu_swiglu(struct backend_ctx *c, float *g, const float *u, long n) {
+    for (long i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return 0;
+}
+
+int cpu_add(struct backend_ctx *c, float *y, const float *x, long n) {
+    for (long i = 0; i < n; i++) y[i] += x[i];
+    return 0;
+}
+
+int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
+                    const int32_t (*pairs)[2], int n) {
+    for (int i = 0; i < n; i++) {
+        const int32_t dst = pairs[i][0], src = pairs[i][1];
+        if (dst == src) continue;
+        for (int il = 0; il < n_layer; il++) {
+            const struct kv_layer_view *l = &layers[il];
+            const size_t rows = (size_t)l->block_size * (size_t)l->n_head_kv;
+            const size_t bytes = rows * (size_t)l->head_dim * kv_elem_bytes(l->type);
+            uint8_t *k = l->k, *v = l->v;
+            memcpy(k + (size_t)dst * bytes, k + (size_t)src * bytes, bytes);
+            memcpy(v + (size_t)dst * bytes, v + (size_t)src * bytes, bytes);
+            if (l->k_scale) {
+                memcpy(l->k_scale + (size_t)dst * rows, l->k_scale + (size_t)src * rows, rows * sizeof(float));
+                memcpy(l->v_scale + (size_t)dst * rows, l->v_scale + (size_t)src * rows, rows * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,24 @@
+/* cpu_ops.h — the scalar CPU ops (cpu_ops.c, kv_kernels.c): the reference
+ * kernel set, with the contracts of struct backend_ops.  A faster set is a
+ * copy of this table with some entries replaced (cpu.c). */
+#ifndef KVLLM_CPU_OPS_H
+#define KVLLM_CPU_OPS_H
+
+#include "backend/cpu/cpu_internal.h"
+
+int cpu_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+int cpu_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
+int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim);
+int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim, float eps);
+int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, const struct tensor *b,
+                  int n, int dim, float eps);
+int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+             const struct rope_params *p);
+int cpu_add_bias(struct backend_ctx *c, float *y, const struct tensor *b, int n, int dim);
+int cpu_gelu(struct backend_ctx *c, float *x, long n);
+int cpu_swiglu(struct backend_ctx *c, float *g, const float *u, long n);
+int cpu_add(struct backend_ctx *c, float *y, const float *x, long n);
+int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
+                    const int32_t (*pairs)[2], int n);
+
+#endif

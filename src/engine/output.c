@@ -1,0 +1,138 @@
+/* output.c — the stage after the forward pass: a sequence's logits are
+ * sampled (or, for a session, left where they were downloaded), the token
+ * is appended, detokenized into complete UTF-8 text, stop strings are
+ * matched and withheld while they may still begin, and events go to the
+ * request's callback.  Failures here (memory for withheld text, a sampler
+ * that finds no valid token) end the sequence with KVLLM_FINISH_ERROR: an
+ * error always reaches the caller, never a silent stop or a cut text. */
+#include "engine/engine_internal.h"
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void emit(struct kvllm_engine *e, struct seq *q, int32_t token, const char *text, size_t len,
+                 enum kvllm_finish fin) {
+    struct seq_ctx *c = q->owner;
+    struct request *r = c->req;
+    const float *logits = token >= 0 && r->want_logits ? e->cur_logits : NULL;
+    if (len + 1 > e->cap_text) {
+        char *t = realloc(e->text, len + 1);
+        if (t) {
+            e->text = t;
+            e->cap_text = len + 1;
+        } else {   /* never deliver a cut text: the sequence ends with an error instead */
+            LOG_ERR("request %llu: no memory for %zu bytes of event text", (unsigned long long)r->id, len);
+            len = 0;
+            token = -1;
+            logits = NULL;
+            fin = KVLLM_FINISH_ERROR;
+        }
+    }
+    if (len) memcpy(e->text, text, len);
+    e->text[len] = 0;
+    struct kvllm_event ev = { .request = r->id, .index = c->index, .token = token, .text = e->text, .finish = fin,
+                              .n_prompt = q->n_prompt, .n_generated = c->n_generated, .n_cached = r->n_cached,
+                              .logits = logits };
+    if (r->on_event) r->on_event(&ev, r->user);
+}
+
+void output_finish_seq(struct kvllm_engine *e, struct seq *q, int32_t token, const char *text, size_t len,
+                       enum kvllm_finish fin) {
+    struct seq_ctx *c = q->owner;
+    if (c->done) return;
+    if (q->status != SEQ_FINISHED) sched_finish(&e->sched, q);
+    c->done = true;
+    c->req->n_done++;
+    if (fin == KVLLM_FINISH_ERROR) c->req->failed = true;
+    emit(e, q, token, text, len, fin);
+}
+
+/* Append s to the withheld text of c; false when memory runs out. */
+static bool hold(struct seq_ctx *c, const char *s, size_t n) {
+    if (c->n_held + n + 1 > c->cap_held) {
+        size_t cap = (c->n_held + n + 1) * 2;
+        char *h = realloc(c->held, cap);
+        if (!h) return false;
+        c->held = h;
+        c->cap_held = cap;
+    }
+    memcpy(c->held + c->n_held, s, n);
+    c->n_held += n;
+    return true;
+}
+
+/* Longest suffix of the held text that is a proper prefix of a stop string. */
+static size_t stop_prefix_tail(const struct request *r, const char *s, size_t n) {
+    size_t best = 0;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t ls = strlen(r->stop[i]);
+        for (size_t k = ls > n ? n : ls - 1; k > best; k--)
+            if (!memcmp(s + n - k, r->stop[i], k)) { best = k; break; }
+    }
+    return best;
+}
+
+static void fail_seq(struct kvllm_engine *e, struct seq *q, const char *what) {
+    LOG_ERR("request %llu: %s", (unsigned long long)((struct seq_ctx *)q->owner)->req->id, what);
+    output_finish_seq(e, q, -1, "", 0, KVLLM_FINISH_ERROR);
+}
+
+/* A sampled token: append, detokenize, check stops and limits, emit. */
+static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok) {
+    struct seq_ctx *c = q->owner;
+    struct request *r = c->req;
+    const int eos = e->km->tok ? tokenizer_eos(e->km->tok) : -1;
+    if (tok < 0) { fail_seq(e, q, "the sampler found no valid token (every logit NaN or -inf)"); return; }
+    if (tok == eos && !r->ignore_eos) {
+        const char *rest = c->has_detok ? detok_flush(&c->detok) : "";
+        if (rest && !hold(c, rest, strlen(rest))) { fail_seq(e, q, "out of memory holding text"); return; }
+        output_finish_seq(e, q, -1, c->held ? c->held : "", c->n_held, KVLLM_FINISH_STOP);
+        return;
+    }
+    int32_t prev = q->tokens[q->n_tokens - 1];
+    q->tokens[q->n_tokens++] = tok;
+    c->n_generated++;
+    bool at_limit = c->n_generated >= r->max_tokens || q->n_tokens >= q->max_len;
+    if (!c->has_detok) {
+        if (at_limit) output_finish_seq(e, q, tok, "", 0, KVLLM_FINISH_LENGTH);
+        else emit(e, q, tok, "", 0, KVLLM_FINISH_NONE);
+        return;
+    }
+    const char *piece = detok_push(&c->detok, prev, tok);
+    bool ok = !piece || hold(c, piece, strlen(piece));
+    if (ok && at_limit) {
+        const char *rest = detok_flush(&c->detok);
+        ok = !rest || hold(c, rest, strlen(rest));
+    }
+    if (!ok) { fail_seq(e, q, "out of memory holding text"); return; }
+    for (int i = 0; i < r->n_stop; i++) {
+        if (!*r->stop[i] || !c->n_held) continue;
+        c->held[c->n_held] = 0;
+        char *hit = strstr(c->held, r->stop[i]);
+        if (hit) { output_finish_seq(e, q, tok, c->held, (size_t)(hit - c->held), KVLLM_FINISH_STOP); return; }
+    }
+    size_t keep = at_limit ? 0 : stop_prefix_tail(r, c->held, c->n_held);
+    size_t out = c->n_held - keep;
+    if (at_limit) output_finish_seq(e, q, tok, c->held, out, KVLLM_FINISH_LENGTH);
+    else emit(e, q, tok, c->held, out, KVLLM_FINISH_NONE);
+    memmove(c->held, c->held + out, keep);
+    c->n_held = keep;
+}
+
+void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits) {
+    struct seq_ctx *c = q->owner;
+    struct request *r = c->req;
+    if (c->done || r->aborted) return;
+    e->cur_logits = logits;
+    /* the first sample of a request with n > 1: fork the others off the
+     * prompt's blocks; each draws its own first token from these logits */
+    if (c->index == 0 && r->n > 1 && !r->forked) {
+        r->forked = true;
+        for (int i = 1; i < r->n; i++) {
+            sched_fork(&e->sched, q, r->seqs[i]);
+            accept_token(e, r->seqs[i], kvllm_sampler_sample(r->ctx[i].smp, logits, q->tokens, q->n_tokens));
+        }
+    }
+    accept_token(e, q, kvllm_sampler_sample(c->smp, logits, q->tokens, q->n_tokens));
+}

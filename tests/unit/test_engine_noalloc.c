@@ -1,0 +1,96 @@
+/* test_engine_noalloc.c — nothing is allocated inside a step: every
+ * buffer is sized when the engine and its requests are created.  The test
+ * counts calls to malloc, calloc, realloc and aligned allocations made by
+ * any thread while an engine decodes in steady state (4 requests with stop
+ * strings and text, after their prompts) and requires 0.
+ *
+ * Counting: in a plain build the test defines the allocator functions
+ * itself (they forward to glibc's __libc_* entry points); under
+ * AddressSanitizer, which owns malloc, through its malloc hook. */
+#include "check.h"
+#include "kvllm.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+static atomic_int g_counting, g_allocs;
+
+static void note(size_t n) {
+    if (atomic_load(&g_counting)) atomic_fetch_add(&g_allocs, 1);
+    (void)n;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/allocator_interface.h>
+static void hook_malloc(const volatile void *p, size_t n) { (void)p; note(n); }
+static void hook_free(const volatile void *p) { (void)p; }
+static void install(void) { __sanitizer_install_malloc_and_free_hooks(hook_malloc, hook_free); }
+#else
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+void *malloc(size_t n) { note(n); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { note(a * b); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { note(n); return __libc_realloc(p, n); }
+void *aligned_alloc(size_t al, size_t n) { note(n); return __libc_memalign(al, n); }
+int posix_memalign(void **p, size_t al, size_t n) { note(n); *p = __libc_memalign(al, n); return *p ? 0 : 12; }
+static void install(void) {}
+#endif
+
+static int g_tokens;
+static void on_event(const struct kvllm_event *ev, void *user) {
+    (void)user;
+    if (ev->token >= 0) g_tokens++;   /* no allocation here either */
+}
+
+int main(void) {
+    install();
+    char path[512], tok[512];
+    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
+    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.tokenizer_path = tok;
+    mp.n_threads = 2;
+    struct kvllm_model *m = NULL;
+    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    if (!m) return check_report("test_engine_noalloc");
+    struct kvllm_engine *e = NULL;
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    ep.n_ctx = 256;
+    ep.kv_tokens = 1024;
+    CHECK(kvllm_engine_new(m, &ep, &e) == 0);
+    if (!e) return check_report("test_engine_noalloc");
+    static const char *stops[] = { "zebra-never", "Once upon a time in a galaxy" };
+    for (int k = 0; k < 4; k++) {
+        char prompt[64];
+        snprintf(prompt, sizeof prompt, "Once upon a time %d", k);
+        struct kvllm_request q = { .prompt_text = prompt, .max_tokens = 200, .n = 1 + (k == 3),
+                                   .sampling = kvllm_sampling_default_params(), .ignore_eos = true,
+                                   .stop = stops, .n_stop = 2, .want_logits = k == 0, .on_event = on_event };
+        q.sampling.seed = (uint64_t)k;
+        CHECK(kvllm_engine_add(e, &q, NULL) == 0);
+    }
+    /* the counter sees allocations: adding a request makes some */
+    atomic_store(&g_counting, 1);
+    struct kvllm_request q0 = { .prompt_text = "Lily", .max_tokens = 150, .n = 1,
+                                .sampling = kvllm_sampling_default_params(), .on_event = on_event };
+    CHECK(kvllm_engine_add(e, &q0, NULL) == 0);
+    atomic_store(&g_counting, 0);
+    CHECK_MSG(atomic_load(&g_allocs) > 0, "the allocation counter saw nothing while a request was added");
+    atomic_store(&g_allocs, 0);
+    for (int i = 0; i < 8; i++) kvllm_engine_step(e);   /* prompts, forks, first tokens */
+    const int before = g_tokens;
+    atomic_store(&g_counting, 1);
+    int steps = 0;
+    for (; steps < 100 && !kvllm_engine_idle(e); steps++) kvllm_engine_step(e);
+    atomic_store(&g_counting, 0);
+    const int n_alloc = atomic_load(&g_allocs);
+    CHECK_MSG(n_alloc == 0, "%d allocations in %d steady-state decode steps", n_alloc, steps);
+    CHECK(g_tokens - before >= 4 * steps);
+    printf("  %d decode steps, %d tokens: %d allocations\n", steps, g_tokens - before, n_alloc);
+    kvllm_engine_free(e);
+    kvllm_model_free(m);
+    return check_report("test_engine_noalloc");
+}

@@ -23,6 +23,8 @@ static void emit(struct kvllm_engine *e, struct seq *q, int32_t token, const cha
             e->cap_text = len + 1;
         } else {   /* never deliver a cut text: the sequence ends with an error instead */
             LOG_ERR("request %llu: no memory for %zu bytes of event text", (unsigned long long)r->id, len);
+            if (!c->done) { output_finish_seq(e, q, -1, "", 0, KVLLM_FINISH_ERROR); return; }
+            r->failed = true;   /* already finishing: this last event says error */
             len = 0;
             token = -1;
             logits = NULL;

@@ -63,7 +63,12 @@ static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **ou
     int n = kvllm_tokenize(s->model, p->text, p->len, true, false, NULL, 0);
     if (n < 0) return oai_error_set(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
     if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return oai_error_set(e, 500, NULL, NULL, "out of memory");
-    kvllm_tokenize(s->model, p->text, p->len, true, false, *out, n);
+    int n2 = kvllm_tokenize(s->model, p->text, p->len, true, false, *out, n);
+    if (n2 != n) {   /* the same text twice must give the same ids: an engine fault, not the client's */
+        free(*out);
+        *out = NULL;
+        return oai_error_set(e, 500, NULL, NULL, "tokenizing the prompt gave %d ids, then %d", n, n2);
+    }
     return n;
 }
 

@@ -4,12 +4,23 @@
 #   make demo     bootstrap, build, generate text from the default model, then answer one
 #                 chat turn with SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh;
 #                 skipped with a note when it cannot be downloaded)
+#   make fuzz     the libFuzzer targets (tests/fuzz), each for FUZZ_SECONDS (60)
+#   make soak     SOAK_REQUESTS (3000) requests against the ASan kvllm serve (tests/soak)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+CLANG_BUILD ?= build-clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+# make test's share of fuzzing: seconds per target
+FUZZ_CI_SECONDS ?= 20
+FUZZ_TARGETS := gguf hf tokenizer_json jinja openai
+# the unit tests that run threads, built and run under ThreadSanitizer
+TSAN_TESTS := test_core_threadpool test_engine_threads test_engine_share test_engine_faults
 JOBS       ?= $(shell nproc)
 SHARED     ?= $(abspath ../shared)
 
-.PHONY: all build asan bootstrap test demo clean
+.PHONY: all build asan tsan clang fuzz-build fuzz fuzz-ci bootstrap test demo clean
 
 all: build
 
@@ -23,16 +34,51 @@ asan:
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVLLM_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# ThreadSanitizer build of the threaded unit tests (and kvllm, for a short serve run).
+tsan:
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLLM_SANITIZE=thread >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) kvllm
+
+# Everything again with clang and -Werror (gcc's build above keeps its warnings as warnings).
+clang:
+	@cmake -S . -B $(CLANG_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Release -DKVLLM_WERROR=ON >/dev/null
+	@cmake --build $(CLANG_BUILD) -j $(JOBS)
+
+# libFuzzer targets (clang, -fsanitize=fuzzer,address,undefined).  New inputs go to
+# $(FUZZ_BUILD)/corpus/<target>, crashes to $(FUZZ_BUILD)/crash-<target>-*; the committed
+# seeds and regression inputs (tests/fuzz/corpus/<target>) are read, never written.
+fuzz-build:
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLLM_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; log=$(FUZZ_BUILD)/fuzz-$$t.log; \
+	  ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
+	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t >$$log 2>&1; rc=$$?; \
+	  echo "fuzz_$$t ($(FUZZ_SECONDS) s): $$(grep -E '^#[0-9]+ +DONE' $$log | tail -1)"; \
+	  if [ $$rc -ne 0 ]; then tail -40 $$log; echo "fuzz_$$t failed (rc $$rc): the input is in $(FUZZ_BUILD)/crash-$$t-*"; exit 1; fi; \
+	done
+
+# make test's short run: every committed corpus file replayed (ctest), then FUZZ_CI_SECONDS per target
+fuzz-ci: fuzz-build
+	cd $(FUZZ_BUILD) && ASAN_OPTIONS=allocator_may_return_null=1 ctest --output-on-failure -R '^fuzz_replay_'
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
+
 bootstrap:
 	@bash scripts/bootstrap.sh
 
-test: bootstrap asan build
+test: bootstrap asan tsan build
 	# tests that ask for absurd allocations expect NULL, not an ASan abort
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=allocator_may_return_null=1 ctest --output-on-failure -j $(JOBS) -R '^unit_'
+	# the threaded unit tests under ThreadSanitizer: any report fails the test
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) \
+	  -R '^unit_($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: bootstrap build
 	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED) $(abspath models)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(CLANG_BUILD) $(FUZZ_BUILD)

@@ -2,10 +2,12 @@
  * prints where and why; main() returns check_report(). */
 #ifndef KVLLM_CHECK_H
 #define KVLLM_CHECK_H
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static int check_failures_, check_count_;
+/* atomic: the threaded tests CHECK from several threads at once (ThreadSanitizer build) */
+static atomic_int check_failures_, check_count_;
 
 #define CHECK(cond) do { check_count_++; if (!(cond)) { check_failures_++; \
     fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
@@ -19,7 +21,8 @@ static inline const char *check_shared_dir(void) {
 }
 
 static inline int check_report(const char *name) {
-    printf("%s: %d checks, %d failed\n", name, check_count_, check_failures_);
-    return check_failures_ ? 1 : 0;
+    const int n = atomic_load(&check_count_), failed = atomic_load(&check_failures_);
+    printf("%s: %d checks, %d failed\n", name, n, failed);
+    return failed ? 1 : 0;
 }
 #endif

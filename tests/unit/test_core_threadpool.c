@@ -21,12 +21,12 @@ static void chunk_fn(void *arg, long c, int ith) {
     atomic_fetch_add(&x->sum, c);
 }
 
-struct static_ctx { atomic_int calls[16]; int nth_seen; };
+struct static_ctx { atomic_int calls[16]; atomic_int nth_seen; };
 
 static void static_fn(void *arg, int ith, int nth) {
     struct static_ctx *x = arg;
     atomic_fetch_add(&x->calls[ith], 1);
-    x->nth_seen = nth;   /* same value from every thread */
+    atomic_store(&x->nth_seen, nth);   /* same value from every thread (atomic: they all store it) */
 }
 
 static void exercise(int n_threads, int runs, struct rng *g) {
@@ -41,7 +41,7 @@ static void exercise(int n_threads, int runs, struct rng *g) {
             memset(&sx, 0, sizeof sx);
             threadpool_run(p, static_fn, &sx);
             for (int i = 0; i < threadpool_size(p); i++) bad_static += atomic_load(&sx.calls[i]) != 1;
-            bad_static += sx.nth_seen != threadpool_size(p);
+            bad_static += atomic_load(&sx.nth_seen) != threadpool_size(p);
             continue;
         }
         const long n = (long)((uint32_t)rng_u64(g) % 50 == 0 ? (uint32_t)rng_u64(g) % MAX_CHUNKS : (uint32_t)rng_u64(g) % 40);

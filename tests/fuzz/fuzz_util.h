@@ -17,13 +17,13 @@
 /* The line that separates the parts of an input (seed files use it too). */
 #define FUZZ_SEP "\n--8<--\n"
 
-static void fuzz_log_quiet(enum kvllm_log_level level, const char *msg, void *user) {
+static inline void fuzz_log_quiet(enum kvllm_log_level level, const char *msg, void *user) {
     (void)level; (void)msg; (void)user;
 }
 
 /* A folder of our own under TMPDIR (or /tmp), made once per process;
  * removed at exit only when empty, which the targets keep it. */
-static const char *fuzz_dir(void) {
+static inline const char *fuzz_dir(void) {
     static char dir[256];
     if (!dir[0]) {
         const char *t = getenv("TMPDIR");
@@ -34,7 +34,7 @@ static const char *fuzz_dir(void) {
 }
 
 /* Write data to fuzz_dir()/name; the full path goes into path (cap bytes). */
-static void fuzz_write(const char *name, const uint8_t *data, size_t size, char *path, size_t cap) {
+static inline void fuzz_write(const char *name, const uint8_t *data, size_t size, char *path, size_t cap) {
     snprintf(path, cap, "%s/%s", fuzz_dir(), name);
     FILE *f = fopen(path, "wb");
     if (!f) { perror(path); abort(); }
@@ -42,7 +42,7 @@ static void fuzz_write(const char *name, const uint8_t *data, size_t size, char 
     if (fclose(f) != 0) { perror(path); abort(); }
 }
 
-static void fuzz_unlink(const char *name) {
+static inline void fuzz_unlink(const char *name) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", fuzz_dir(), name);
     unlink(path);
@@ -50,7 +50,7 @@ static void fuzz_unlink(const char *name) {
 
 /* Split data at the first FUZZ_SEP: part one [data, *n1), part two after
  * the separator (*p2, *n2); without a separator part two is empty. */
-static void fuzz_split(const uint8_t *data, size_t size, size_t *n1, const uint8_t **p2, size_t *n2) {
+static inline void fuzz_split(const uint8_t *data, size_t size, size_t *n1, const uint8_t **p2, size_t *n2) {
     const size_t ls = sizeof FUZZ_SEP - 1;
     const uint8_t *s = size >= ls ? memmem(data, size, FUZZ_SEP, ls) : NULL;
     if (!s) { *n1 = size; *p2 = data + size; *n2 = 0; return; }
@@ -60,7 +60,7 @@ static void fuzz_split(const uint8_t *data, size_t size, size_t *n1, const uint8
 }
 
 /* A NUL-terminated malloc'd copy (the parsers want C strings). */
-static char *fuzz_strndup(const uint8_t *p, size_t n) {
+static inline char *fuzz_strndup(const uint8_t *p, size_t n) {
     char *s = malloc(n + 1);
     if (!s) abort();
     memcpy(s, p, n);
@@ -68,7 +68,7 @@ static char *fuzz_strndup(const uint8_t *p, size_t n) {
     return s;
 }
 
-static void fuzz_quiet(void) {
+static inline void fuzz_quiet(void) {
     if (!getenv("KVLLM_FUZZ_LOG")) kvllm_log_set(fuzz_log_quiet, NULL);
 }
 #endif

@@ -1,0 +1,1419 @@
+/* test_backend_ops.c — every op of every backend on this machine against the
+ * scalar reference, in the manner of llama.cpp's test-backend-ops.
+ *
+ * Backends: "scalar" (the reference), "avx2" (where the CPU has AVX2, FMA
+ * and F16C; otherwise a SKIP line naming what is missing), the same two
+ * kernel sets behind the strict wall ("strict/scalar", "strict/avx2"), and
+ * avx2 with integer activations ("avx2+act=int", KVLLM_ACT=int).  A future
+ * backend joins the list in main() and must pass the same table.
+ * Shapes: row lengths not a multiple of 8 for float weights, 1-40 tokens,
+ * GQA ratios 1/2/3/4/6/8, head_dim 8-128 (multiples of 8, odd ones among
+ * them, and any size now and then), block sizes 1/5/16/32, every KV type,
+ * every weight type the loader accepts, contexts across the 1024-position
+ * split, sliding windows, rope neox or not with freq factors and scales.
+ * Every case draws fresh random inputs of random shapes and goes through
+ * each backend's own memory as the engine does: weights placed with
+ * place_weights (from host data), buffers from buf_alloc, inputs put in with
+ * upload, ops issued with BE_OP, results read with download and
+ * backend_sync.  Host code that touched backend memory directly would crash
+ * on the strict backends, so they prove the harness itself device-clean.
+ *
+ * Each case's output is compared, as ‖out − ref‖ / ‖ref‖ over the whole
+ * output (absolute when ‖ref‖ = 0; a NaN or Inf is an infinite error), with
+ *   1. the scalar backend's output: exact (0) for the same kernels (scalar,
+ *      strict/scalar), the "SIMD" bound below for another kernel set;
+ *   2. its twin without the wall (strict/X vs X): bit-identical, always;
+ *   3. a double-precision reference written here from the math (the "ref"
+ *      column; "-": none, the scalar backend is the oracle).
+ *
+ * op               SIMD   ref     notes
+ * matmul           1e-5   -       FMA vs multiply-add; 5e-5 when the output has under 8
+ *                                 values (one dot product's cancellation dominates the norm);
+ *                                 integer activations 1e-3 (5e-3), 13-bit codes per block
+ * get_rows         0      0       ref: dtype.h's dequantizer (tested in test_tensor_dtype)
+ * gather_rows      0      0       a copy
+ * rmsnorm          2e-6   2e-6    f32 sum of squares over <= 300 values
+ * layernorm        2e-5   2e-5    inputs offset by up to 3 sigma: the f32 mean's rounding
+ *                                 shifts every value alike (3.6e-6 seen in 800 cases)
+ * rope             1e-6   1e-6    angles in double, cos/sin rounded to f32; positions to 131072
+ * add_bias, add    0      1e-7    one f32 rounding (< 2^-24 relative)
+ * swiglu, gelu     1e-6   1e-6    expf / tanhf, |x| up to 30; gelu's denominator is
+ *                                 max(‖ref‖, ‖x‖): the tanh form's 1 + tanh(u) cancels for
+ *                                 x < 0, leaving an error ~|x| 2^-24 however small gelu(x) is
+ * kv_store         0      bytes   stored bytes identical everywhere; against the math: f32 exact,
+ *                                 f16 / bf16 the dtype.h rounding, int8 / fp8 scale = amax / 127
+ *                                 (448) and every code within half a step; the dequantized rows
+ *                                 within k_store_bound of the inputs
+ * paged_attention  per KV type    k_pa_simd (SIMD vs scalar, both over the same stored values),
+ *                                 k_pa_stored (vs double softmax over the stored values),
+ *                                 k_pa_input (vs double softmax over the unquantized K/V:
+ *                                 the quantization error, bounds from test_backend_paged_attn.c)
+ * copy_blocks      0      bytes   every byte of K, V and scales: dst blocks = src blocks, the rest
+ *                                 untouched
+ * Also: the error returns (paged attention over more tokens than the
+ * context's max_tokens or past its max_ctx, get_rows out of range:
+ * KVLLM_ERANGE, kept as the context's status until backend_sync) and the
+ * BE_OP fail hook (fail_after / fail_code).
+ *
+ * Prints one line per (backend, op): cases and worst errors; every failure
+ * names the backend, op and shape.  Seeded from the clock unless
+ * KVLLM_TEST_SEED is set; the seed is printed.  About 6-9 s in a release
+ * build on 2 cores; a third of the cases in -O0 / sanitizer builds. */
+#include "check.h"
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "be_util.h"
+#include "core/core.h"
+#include "tensor/dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- tolerances ---- */
+
+enum op {
+    OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
+    OP_GELU, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_COUNT
+};
+
+static const struct {
+    const char *name;
+    double simd;   /* another kernel set vs scalar */
+    double ref;    /* any backend vs the double reference; < 0: none */
+} k_tol[OP_COUNT] = {
+    [OP_MATMUL] = { "matmul", 1e-5, -1 },
+    [OP_GET_ROWS] = { "get_rows", 0, 0 },
+    [OP_GATHER_ROWS] = { "gather_rows", 0, 0 },
+    [OP_RMSNORM] = { "rmsnorm", 2e-6, 2e-6 },
+    [OP_LAYERNORM] = { "layernorm", 2e-5, 2e-5 },
+    [OP_ROPE] = { "rope", 1e-6, 1e-6 },
+    [OP_ADD_BIAS] = { "add_bias", 0, 1e-7 },
+    [OP_ADD] = { "add", 0, 1e-7 },
+    [OP_SWIGLU] = { "swiglu", 1e-6, 1e-6 },
+    [OP_GELU] = { "gelu", 1e-6, 1e-6 },
+    [OP_KV_STORE] = { "kv_store", 0, 0 },          /* per type: k_store_bound */
+    [OP_PAGED_ATTN] = { "paged_attention", 0, 0 }, /* per type: k_pa_* */
+    [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
+};
+#define MATMUL_SIMD_FEW 5e-5   /* outputs of fewer than 8 values */
+/* matmul with integer activations (KVLLM_ACT=int, the types it takes):
+ * each block of 32 rounded to 13-bit codes, ~1e-4 relative (test_backend_matmul.c
+ * checks that this rounding is all) */
+#define MATMUL_INT 1e-3
+#define MATMUL_INT_FEW 5e-3
+
+static const char *const k_kv_names[KV_TYPE_COUNT_] = { "f32", "f16", "bf16", "int8", "fp8" };
+/* kv_store: ‖dequantized stored rows − inputs‖ / ‖inputs‖, provable: half an
+ * ulp (f16 2^-11, bf16 2^-8 relative; f16 values below 2^-14 add at most
+ * half a subnormal step, 2^-25, each: k_store_abs), int8 half a step of
+ * amax / 127 per element (‖err‖ <= sqrt(head_dim) amax / 254, 0.045 for
+ * 128), fp8 2^-4 relative plus subnormal steps of 2^-10 scale. */
+static const double k_store_bound[KV_TYPE_COUNT_] = { 0, 0x1p-11, 0x1p-8, 0.045, 0.075 };
+static const double k_store_abs[KV_TYPE_COUNT_] = { 0, 0x1p-25, 0, 0, 0 };
+/* paged attention, SIMD vs scalar over the same stored values: f32 rounding
+ * of the scores and sums in another order. */
+static const double k_pa_simd[KV_TYPE_COUNT_] = { 2e-5, 2e-5, 2e-5, 2e-5, 2e-5 };
+/* vs a double softmax over the stored values: f32 arithmetic only. */
+static const double k_pa_stored[KV_TYPE_COUNT_] = { 2e-5, 2e-5, 2e-5, 2e-5, 2e-5 };
+/* vs the unquantized inputs: the quantization error.  Gaussian K/V: the
+ * maxima seen over 1,200 cases (random scales up to 1.5 / sqrt(head_dim),
+ * contexts from 1) were f16 4.6e-4, bf16 3.5e-3, int8 1.5e-2, fp8 4.9e-2;
+ * the bounds are about 3x that (test_backend_paged_attn.c's, widened for
+ * int8 and fp8).  K with outlier channels: its bounds (seen: 1.3e-3, 7.3e-3,
+ * 4.8e-2, 4.4e-2).  A wrong scale or row gives ~1. */
+static const double k_pa_input[KV_TYPE_COUNT_] = { 1e-5, 1.5e-3, 1e-2, 4e-2, 0.15 };
+static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0.4 };
+
+/* ---- backends ---- */
+
+#define MAX_BE 5
+#define MAX_TOKENS 40         /* tokens per step: contexts are sized for it */
+#define MAX_CTX 2200          /* longest attention context */
+#define MAX_COLS 1024         /* longest weight row */
+#define MAX_HEADS 32
+#define MAX_HEAD_DIM 128
+
+struct tbe {
+    const char *name;         /* the ops table's name, or a label ("avx2+act=int") */
+    struct backend_ctx *c;    /* tb_new: the context on a backend of its own */
+    struct backend *be;
+    bool simd;                /* another kernel set than the scalar reference */
+    bool act_int;             /* KVLLM_ACT=int: Q8_0 / Q4_0 / Q4_1 matmuls on 13-bit activations */
+    int twin;                 /* the same kernels without the wall, or -1 */
+};
+
+static struct tbe g_be[MAX_BE];
+static int g_nbe;
+
+/* Worst errors per (backend, op). */
+static struct stat_ {
+    long cases;
+    double vs_scalar, vs_ref, vs_input;
+} g_st[MAX_BE][OP_COUNT];
+static double g_pa_worst[MAX_BE][KV_TYPE_COUNT_][3];   /* vs scalar, stored, input */
+static double g_store_worst[KV_TYPE_COUNT_];
+
+static struct rng g_rng;
+
+/* Cases per op: a third in unoptimized or sanitizer builds (make test runs
+ * the unit tests under ASan at -O0, about 10x slower). */
+#if !defined(__OPTIMIZE__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CASES(n) (((n) + 2) / 3)
+#else
+#define CASES(n) (n)
+#endif
+
+static int rnd(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
+static int rnd_in(int lo, int hi) { return lo + rnd(hi - lo + 1); }
+static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
+
+static float gauss(void) {
+    float u, v, r;
+    do {
+        u = urand();
+        v = urand();
+        r = u * u + v * v;
+    } while (r >= 1 || r == 0);
+    return u * sqrtf(-2 * logf(r) / r);
+}
+
+static void *xnew(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    KV_ASSERT(p);
+    return p;
+}
+
+static double dmax(double a, double b) { return a > b ? a : b; }   /* errors are never NaN (INFINITY) */
+
+/* ‖out − ref‖ / max(‖ref‖, floor) (absolute when that is 0); INFINITY on
+ * NaN / Inf.  floor > 0 only for gelu (see the table). */
+static double g_den_floor;
+
+static double rel_err_f(const float *out, const float *ref, size_t n) {
+    double num = 0, den = g_den_floor * g_den_floor;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)out[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    if (!isfinite(num) || !isfinite(den)) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double rel_err_d(const float *out, const double *ref, size_t n) {
+    double num = 0, den = g_den_floor * g_den_floor;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)out[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    if (!isfinite(num) || !isfinite(den)) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- backend memory: the only way in and out ---- */
+
+/* A buffer of bytes on b holding a copy of src (NULL: as allocated, zeroed). */
+static struct backend_buf buf_up(struct tbe *b, const void *src, size_t bytes) {
+    struct backend_buf buf;
+    int rc = b->be->ops->buf_alloc(b->be, bytes ? bytes : 1, &buf);
+    KV_ASSERT(rc == 0 && buf.data && buf.size >= bytes);
+    if (src && bytes) CHECK(b->c->ops->upload(b->c, buf.data, src, bytes) == 0);
+    return buf;
+}
+
+static void buf_down(struct tbe *b, void *dst, const struct backend_buf *buf, size_t bytes) {
+    if (bytes) CHECK(b->c->ops->download(b->c, dst, buf->data, bytes) == 0);
+}
+
+static void buf_drop(struct tbe *b, struct backend_buf *buf) {
+    b->be->ops->buf_free(b->be, buf);
+    CHECK(buf->data == NULL);
+}
+
+/* Wait for b's context: the ops' return rc_op and the sync must both be 0. */
+static void sync_ok(struct tbe *b, int rc_op, const char *desc) {
+    int rc = backend_sync(b->c);
+    CHECK_MSG(rc_op == 0 && rc == 0, "%s: %s: op returned %d, sync %d", b->name, desc, rc_op, rc);
+}
+
+/* Copies of n host tensors placed by b (one place_weights call, as at model
+ * load); the caller frees the array.  Host data stays owned by the caller
+ * and must outlive b (the CPU backend may keep pointing at it). */
+static struct tensor *place(struct tbe *b, const struct tensor *host, int n) {
+    struct tensor *ts = xnew((size_t)n * sizeof *ts), **pp = xnew((size_t)n * sizeof *pp);
+    uint64_t want = 0, placed = 0;
+    for (int i = 0; i < n; i++) {
+        ts[i] = host[i];
+        pp[i] = &ts[i];
+        want += host[i].data ? (uint64_t)host[i].ne1 * host[i].row_bytes : 0;
+    }
+    CHECK_MSG(b->be->ops->place_weights(b->be, pp, n, &placed) == 0, "%s: place_weights", b->name);
+    CHECK_MSG(placed >= want, "%s: %llu bytes placed for %llu", b->name, (unsigned long long)placed,
+              (unsigned long long)want);
+    free(pp);
+    return ts;
+}
+
+/* An f32 vector tensor (1, n) with host data (owned by the caller). */
+static struct tensor vec_tensor(const float *data, int n) {
+    return (struct tensor){ .type = DTYPE_F32, .ne0 = n, .ne1 = 1, .row_bytes = (size_t)n * 4, .data = data };
+}
+
+/* The SIMD bound of the integer-activation backend (< 0: tol_simd), set
+ * around judge() for the matmuls it computes on integer activations. */
+static double g_tol_act_int = -1;
+
+/* Record case outputs outs[b] (n floats each) of op: each against the scalar
+ * backend's (outs[0]), its twin's, and ref (double, NULL: none) within
+ * tol_ref. */
+static void judge(enum op op, float *const *outs, size_t n, const double *ref, double tol_simd, double tol_ref,
+                  const char *desc) {
+    for (int i = 0; i < g_nbe; i++) {
+        struct stat_ *s = &g_st[i][op];
+        s->cases++;
+        const double e = rel_err_f(outs[i], outs[0], n);
+        const double tol = !g_be[i].simd ? 0 : g_be[i].act_int && g_tol_act_int >= 0 ? g_tol_act_int : tol_simd;
+        CHECK_MSG(e <= tol, "%s %s vs scalar: rel err %.3g > %.3g", g_be[i].name, desc, e, tol);
+        s->vs_scalar = dmax(s->vs_scalar, e);
+        if (g_be[i].twin >= 0)
+            CHECK_MSG(memcmp(outs[i], outs[g_be[i].twin], n * sizeof(float)) == 0, "%s %s: differs from %s",
+                      g_be[i].name, desc, g_be[g_be[i].twin].name);
+        if (ref) {
+            const double er = rel_err_d(outs[i], ref, n);
+            CHECK_MSG(er <= tol_ref, "%s %s vs double reference: rel err %.3g > %.3g", g_be[i].name, desc, er,
+                      tol_ref);
+            s->vs_ref = dmax(s->vs_ref, er);
+        }
+    }
+}
+
+/* ---- matmul and get_rows: every weight type the loader accepts ---- */
+
+static const uint32_t k_wtypes[] = { DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
+                                     DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+#define N_WTYPES ((int)(sizeof k_wtypes / sizeof *k_wtypes))
+
+/* A row length for type: float types any (mostly not a multiple of 8),
+ * blocks 1..12 of 32, super-blocks 1..3 of 256. */
+static int64_t rand_K(uint32_t type) {
+    const int be = dtype_block_elems(type);
+    if (be == 1) {
+        int64_t K = rnd_in(1, 300);
+        return K % 8 == 0 && rnd(4) ? K + 1 + rnd(7) : K;
+    }
+    return (int64_t)be * (be == 32 ? rnd_in(1, 12) : rnd_in(1, 3));
+}
+
+/* A random (M, K) weight of type; data malloc'd (the caller frees it). */
+static struct tensor rand_weight(uint32_t type, int64_t K, int64_t M) {
+    uint64_t rb = 0;
+    KV_ASSERT(dtype_row_bytes(type, (uint64_t)K, &rb));
+    float *row = xnew((size_t)K * sizeof *row);
+    uint8_t *data = xnew((size_t)rb * (size_t)M);
+    const float amp = ldexpf(1, rnd_in(-4, 3));
+    for (int64_t r = 0; r < M; r++) {
+        for (int64_t k = 0; k < K; k++) row[k] = urand() * amp;
+        dtype_from_f32(type, row, data + (size_t)r * rb, K);
+    }
+    free(row);
+    return (struct tensor){ .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = data };
+}
+
+#define N_MM_PER_TYPE 24
+
+static void test_matmul(void) {
+    const int nc = N_WTYPES * CASES(N_MM_PER_TYPE);
+    struct tensor *w = xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
+    for (int i = 0; i < nc; i++) {
+        const uint32_t type = k_wtypes[i % N_WTYPES];
+        w[i] = rand_weight(type, rand_K(type), rnd(8) ? rnd_in(1, 67) : rnd_in(1, 4));
+    }
+    for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], w, nc);
+    for (int i = 0; i < nc; i++) {
+        const int64_t K = w[i].ne0, M = w[i].ne1;
+        const int n = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
+        float *x = xnew((size_t)n * (size_t)K * sizeof *x), *outs[MAX_BE];
+        for (int64_t e = 0; e < n * K; e++) x[e] = gauss();
+        char desc[128];
+        snprintf(desc, sizeof desc, "matmul %s K=%lld M=%lld n=%d", dtype_name(w[i].type), (long long)K,
+                 (long long)M, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * (size_t)M * sizeof(float));
+            struct backend_buf bx = buf_up(t, x, (size_t)n * (size_t)K * 4), by = buf_up(t, NULL, (size_t)n * (size_t)M * 4);
+            int rc = BE_OP(t->c, matmul, by.data, &placed[b][i], bx.data, n);
+            buf_down(t, outs[b], &by, (size_t)n * (size_t)M * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &bx);
+            buf_drop(t, &by);
+        }
+        const bool few = n * M < 8;
+        if (cpu_matmul_int_supports(w[i].type, K)) g_tol_act_int = few ? MATMUL_INT_FEW : MATMUL_INT;
+        judge(OP_MATMUL, outs, (size_t)n * (size_t)M, NULL, few ? MATMUL_SIMD_FEW : k_tol[OP_MATMUL].simd, 0, desc);
+        g_tol_act_int = -1;
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(x);
+    }
+    for (int b = 0; b < g_nbe; b++) free(placed[b]);
+    for (int i = 0; i < nc; i++) free((void *)w[i].data);
+    free(w);
+}
+
+#define N_GR_PER_TYPE 10
+
+static void test_get_rows(void) {
+    const int nc = N_WTYPES * CASES(N_GR_PER_TYPE);
+    struct tensor *w = xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
+    for (int i = 0; i < nc; i++) {
+        const uint32_t type = k_wtypes[i % N_WTYPES];
+        w[i] = rand_weight(type, rand_K(type), rnd_in(1, 50));
+    }
+    for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], w, nc);
+    for (int i = 0; i < nc; i++) {
+        const int64_t K = w[i].ne0, M = w[i].ne1;
+        const int n = rnd_in(1, MAX_TOKENS);
+        int32_t *ids = xnew((size_t)n * sizeof *ids);
+        for (int t = 0; t < n; t++) ids[t] = rnd((int)M);
+        float *row = xnew((size_t)K * sizeof *row), *outs[MAX_BE];
+        double *ref = xnew((size_t)n * (size_t)K * sizeof *ref);
+        for (int t = 0; t < n; t++) {
+            dtype_to_f32(w[i].type, tensor_row(&w[i], ids[t]), row, K);
+            for (int64_t e = 0; e < K; e++) ref[(size_t)t * K + e] = row[e];
+        }
+        char desc[128];
+        snprintf(desc, sizeof desc, "get_rows %s K=%lld M=%lld n=%d", dtype_name(w[i].type), (long long)K,
+                 (long long)M, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * (size_t)K * sizeof(float));
+            struct backend_buf bi = buf_up(t, ids, (size_t)n * 4), by = buf_up(t, NULL, (size_t)n * (size_t)K * 4);
+            int rc = BE_OP(t->c, get_rows, by.data, &placed[b][i], bi.data, n);
+            buf_down(t, outs[b], &by, (size_t)n * (size_t)K * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &bi);
+            buf_drop(t, &by);
+        }
+        judge(OP_GET_ROWS, outs, (size_t)n * (size_t)K, ref, k_tol[OP_GET_ROWS].simd, k_tol[OP_GET_ROWS].ref, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(ids);
+        free(row);
+        free(ref);
+    }
+    /* a row out of range: KVLLM_ERANGE, kept until backend_sync */
+    fprintf(stderr, "(the next get_rows errors are expected)\n");
+    for (int b = 0; b < g_nbe; b++) {
+        struct tbe *t = &g_be[b];
+        const int32_t bad[2][2] = { { 0, (int32_t)w[0].ne1 }, { -1, 0 } };
+        for (int k = 0; k < 2; k++) {
+            struct backend_buf bi = buf_up(t, bad[k], sizeof bad[k]), by = buf_up(t, NULL, 2 * (size_t)w[0].ne0 * 4);
+            int rc = BE_OP(t->c, get_rows, by.data, &placed[b][0], bi.data, 2);
+            int rs = backend_sync(t->c);
+            CHECK_MSG(rc == KVLLM_ERANGE && rs == KVLLM_ERANGE, "%s get_rows of row %d of %lld: returned %d, sync %d",
+                      t->name, bad[k][1 - k], (long long)w[0].ne1, rc, rs);
+            CHECK(t->c->status == 0);
+            buf_drop(t, &bi);
+            buf_drop(t, &by);
+        }
+    }
+    for (int b = 0; b < g_nbe; b++) free(placed[b]);
+    for (int i = 0; i < nc; i++) free((void *)w[i].data);
+    free(w);
+}
+
+/* ---- row-wise and elementwise ops ---- */
+
+static void test_gather_rows(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const int dim = rnd_in(1, 300), m = rnd_in(1, 50), n = rnd_in(1, MAX_TOKENS);
+        float *x = xnew((size_t)m * dim * sizeof *x), *outs[MAX_BE];
+        int32_t *ids = xnew((size_t)n * sizeof *ids);
+        double *ref = xnew((size_t)n * dim * sizeof *ref);
+        for (long e = 0; e < (long)m * dim; e++) x[e] = gauss();
+        for (int t = 0; t < n; t++) {
+            ids[t] = rnd(m);
+            for (int e = 0; e < dim; e++) ref[(size_t)t * dim + e] = x[(size_t)ids[t] * dim + e];
+        }
+        char desc[96];
+        snprintf(desc, sizeof desc, "gather_rows dim=%d rows=%d n=%d", dim, m, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            struct backend_buf bx = buf_up(t, x, (size_t)m * dim * 4), bi = buf_up(t, ids, (size_t)n * 4),
+                               by = buf_up(t, NULL, (size_t)n * dim * 4);
+            int rc = BE_OP(t->c, gather_rows, by.data, bx.data, bi.data, n, dim);
+            buf_down(t, outs[b], &by, (size_t)n * dim * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &bx);
+            buf_drop(t, &bi);
+            buf_drop(t, &by);
+        }
+        judge(OP_GATHER_ROWS, outs, (size_t)n * dim, ref, k_tol[OP_GATHER_ROWS].simd, k_tol[OP_GATHER_ROWS].ref, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(x);
+        free(ids);
+        free(ref);
+    }
+}
+
+/* rmsnorm (layer = false) or layernorm (with or without a bias) of nc cases. */
+static void test_norm(bool layer, int nc) {
+    const enum op op = layer ? OP_LAYERNORM : OP_RMSNORM;
+    struct { int n, dim; float eps; bool bias; float *x, *w, *bv; } *cs = xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = xnew((size_t)nc * 2 * sizeof *host), *placed[MAX_BE];
+    for (int i = 0; i < nc; i++) {
+        cs[i].n = rnd_in(1, MAX_TOKENS);
+        cs[i].dim = rnd(6) ? rnd_in(1, 300) : rnd_in(1, 8);
+        cs[i].eps = rnd(2) ? 1e-5f : 1e-6f;
+        cs[i].bias = layer && rnd(3);
+        const int n = cs[i].n, dim = cs[i].dim;
+        cs[i].x = xnew((size_t)n * dim * sizeof(float));
+        cs[i].w = xnew((size_t)dim * sizeof(float));
+        cs[i].bv = xnew((size_t)dim * sizeof(float));
+        const float amp = ldexpf(1, rnd_in(-6, 6)), off = layer ? urand() * 3 * amp : 0;
+        for (long e = 0; e < (long)n * dim; e++) cs[i].x[e] = gauss() * amp + off;
+        for (int e = 0; e < dim; e++) { cs[i].w[e] = 1 + 0.2f * gauss(); cs[i].bv[e] = 0.1f * gauss(); }
+        host[2 * i] = vec_tensor(cs[i].w, dim);
+        host[2 * i + 1] = vec_tensor(cs[i].bias ? cs[i].bv : NULL, dim);   /* data NULL: skipped */
+    }
+    for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, 2 * nc);
+    for (int i = 0; i < nc; i++) {
+        const int n = cs[i].n, dim = cs[i].dim;
+        double *ref = xnew((size_t)n * dim * sizeof *ref);
+        for (int t = 0; t < n; t++) {
+            const float *x = cs[i].x + (size_t)t * dim;
+            double mean = 0, ss = 0;
+            if (layer) {
+                for (int e = 0; e < dim; e++) mean += x[e];
+                mean /= dim;
+            }
+            for (int e = 0; e < dim; e++) ss += ((double)x[e] - mean) * ((double)x[e] - mean);
+            const double s = 1 / sqrt(ss / dim + (double)cs[i].eps);
+            for (int e = 0; e < dim; e++)
+                ref[(size_t)t * dim + e] = ((double)x[e] - mean) * s * cs[i].w[e] + (cs[i].bias ? cs[i].bv[e] : 0.0);
+        }
+        char desc[96];
+        snprintf(desc, sizeof desc, "%s n=%d dim=%d eps=%g%s", k_tol[op].name, n, dim, cs[i].eps,
+                 layer ? (cs[i].bias ? " bias" : " no bias") : "");
+        float *outs[MAX_BE];
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            struct backend_buf bx = buf_up(t, cs[i].x, (size_t)n * dim * 4), by = buf_up(t, NULL, (size_t)n * dim * 4);
+            const struct tensor *w = &placed[b][2 * i], *bt = cs[i].bias ? &placed[b][2 * i + 1] : NULL;
+            int rc = layer ? BE_OP(t->c, layernorm, by.data, bx.data, w, bt, n, dim, cs[i].eps)
+                           : BE_OP(t->c, rmsnorm, by.data, bx.data, w, n, dim, cs[i].eps);
+            buf_down(t, outs[b], &by, (size_t)n * dim * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &bx);
+            buf_drop(t, &by);
+        }
+        judge(op, outs, (size_t)n * dim, ref, k_tol[op].simd, k_tol[op].ref, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(ref);
+    }
+    for (int b = 0; b < g_nbe; b++) free(placed[b]);
+    for (int i = 0; i < nc; i++) { free(cs[i].x); free(cs[i].w); free(cs[i].bv); }
+    free(cs);
+    free(host);
+}
+
+static void test_rope(int nc) {
+    static const float thetas[] = { 10000.0f, 500000.0f, 1000000.0f };
+    static const float fscales[] = { 0.0f, 1.0f, 0.25f, 0.5f, 0.125f };
+    struct { int n, n_head, hd, n_rot; struct rope_params p; float *x, *ff; int32_t *pos; } *cs =
+        xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
+    for (int i = 0; i < nc; i++) {
+        cs[i].n = rnd_in(1, MAX_TOKENS);
+        cs[i].n_head = rnd_in(1, 8);
+        cs[i].hd = rnd(4) ? 2 * rnd_in(4, 64) : rnd_in(3, 128);          /* sometimes odd */
+        cs[i].n_rot = rnd(3) ? cs[i].hd / 2 * 2 : 2 * rnd_in(1, cs[i].hd / 2);   /* partial rotation */
+        const int n = cs[i].n, w = cs[i].n_head * cs[i].hd, half = cs[i].n_rot / 2;
+        cs[i].x = xnew((size_t)n * w * sizeof(float));
+        cs[i].pos = xnew((size_t)n * sizeof(int32_t));
+        cs[i].ff = xnew((size_t)half * sizeof(float));
+        for (long e = 0; e < (long)n * w; e++) cs[i].x[e] = gauss();
+        const int maxpos = rnd(4) ? 4096 : 131072;
+        for (int t = 0; t < n; t++) cs[i].pos[t] = rnd(maxpos);
+        const bool has_ff = rnd(3) == 0;
+        for (int e = 0; e < half; e++) cs[i].ff[e] = 1 + 31 * rng_f32(&g_rng);
+        host[i] = vec_tensor(has_ff ? cs[i].ff : NULL, half);
+        cs[i].p = (struct rope_params){ .n_rot = cs[i].n_rot, .theta = thetas[rnd(3)], .freq_scale = fscales[rnd(5)],
+                                        .neox = rnd(2) };
+    }
+    for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, nc);
+    for (int i = 0; i < nc; i++) {
+        const int n = cs[i].n, nh = cs[i].n_head, hd = cs[i].hd, n_rot = cs[i].n_rot, half = n_rot / 2;
+        const size_t len = (size_t)n * nh * hd;
+        const struct rope_params *p = &cs[i].p;
+        const bool has_ff = host[i].data != NULL;
+        /* the math: pair i of each head, (x[i], x[i + n_rot/2]) for neox and
+         * (x[2i], x[2i+1]) otherwise, turns by pos * freq_scale * theta^(-2i/n_rot) / ff[i] */
+        double *ref = xnew(len * sizeof *ref);
+        for (size_t e = 0; e < len; e++) ref[e] = cs[i].x[e];
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nh; h++)
+                for (int k = 0; k < half; k++) {
+                    double ang = (double)cs[i].pos[t] * (p->freq_scale != 0 ? (double)p->freq_scale : 1.0) *
+                                 pow((double)p->theta, -2.0 * k / n_rot);
+                    if (has_ff) ang /= (double)cs[i].ff[k];
+                    const size_t a = (size_t)t * nh * hd + (size_t)h * hd + (size_t)(p->neox ? k : 2 * k);
+                    const size_t o = a + (size_t)(p->neox ? half : 1);
+                    const double xa = cs[i].x[a], xo = cs[i].x[o];
+                    ref[a] = xa * cos(ang) - xo * sin(ang);
+                    ref[o] = xa * sin(ang) + xo * cos(ang);
+                }
+        char desc[160];
+        snprintf(desc, sizeof desc, "rope n=%d heads=%d head_dim=%d n_rot=%d %s theta=%g freq_scale=%g%s", n, nh, hd,
+                 n_rot, p->neox ? "neox" : "normal", p->theta, p->freq_scale, has_ff ? " freq_factors" : "");
+        float *outs[MAX_BE];
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            struct rope_params pb = *p;
+            pb.freq_factors = has_ff ? &placed[b][i] : NULL;
+            outs[b] = xnew(len * sizeof(float));
+            struct backend_buf bx = buf_up(t, cs[i].x, len * 4), bp = buf_up(t, cs[i].pos, (size_t)n * 4);
+            int rc = BE_OP(t->c, rope, bx.data, n, nh, hd, bp.data, &pb);
+            buf_down(t, outs[b], &bx, len * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &bx);
+            buf_drop(t, &bp);
+        }
+        judge(OP_ROPE, outs, len, ref, k_tol[OP_ROPE].simd, k_tol[OP_ROPE].ref, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(ref);
+    }
+    for (int b = 0; b < g_nbe; b++) free(placed[b]);
+    for (int i = 0; i < nc; i++) { free(cs[i].x); free(cs[i].ff); free(cs[i].pos); }
+    free(cs);
+    free(host);
+}
+
+static void test_add_bias(int nc) {
+    struct { int n, dim; float *y, *bias; } *cs = xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
+    for (int i = 0; i < nc; i++) {
+        cs[i].n = rnd_in(1, MAX_TOKENS);
+        cs[i].dim = rnd_in(1, 300);
+        cs[i].y = xnew((size_t)cs[i].n * cs[i].dim * sizeof(float));
+        cs[i].bias = xnew((size_t)cs[i].dim * sizeof(float));
+        for (long e = 0; e < (long)cs[i].n * cs[i].dim; e++) cs[i].y[e] = gauss();
+        for (int e = 0; e < cs[i].dim; e++) cs[i].bias[e] = gauss();
+        host[i] = vec_tensor(cs[i].bias, cs[i].dim);
+    }
+    for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, nc);
+    for (int i = 0; i < nc; i++) {
+        const int n = cs[i].n, dim = cs[i].dim;
+        double *ref = xnew((size_t)n * dim * sizeof *ref);
+        for (int t = 0; t < n; t++)
+            for (int e = 0; e < dim; e++)
+                ref[(size_t)t * dim + e] = (double)cs[i].y[(size_t)t * dim + e] + (double)cs[i].bias[e];
+        char desc[96];
+        snprintf(desc, sizeof desc, "add_bias n=%d dim=%d", n, dim);
+        float *outs[MAX_BE];
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            struct backend_buf by = buf_up(t, cs[i].y, (size_t)n * dim * 4);
+            int rc = BE_OP(t->c, add_bias, by.data, &placed[b][i], n, dim);
+            buf_down(t, outs[b], &by, (size_t)n * dim * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &by);
+        }
+        judge(OP_ADD_BIAS, outs, (size_t)n * dim, ref, k_tol[OP_ADD_BIAS].simd, k_tol[OP_ADD_BIAS].ref, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(ref);
+    }
+    for (int b = 0; b < g_nbe; b++) free(placed[b]);
+    for (int i = 0; i < nc; i++) { free(cs[i].y); free(cs[i].bias); }
+    free(cs);
+    free(host);
+}
+
+/* add (y += x), swiglu (g = silu(g) * u) and gelu (x = gelu(x)) on n
+ * values, some of them large (|x| up to 30: saturation). */
+static void test_elementwise(enum op op, int nc) {
+    for (int i = 0; i < nc; i++) {
+        const long n = rnd(3) ? rnd_in(1, 5000) : rnd_in(1, 9);
+        float *a = xnew((size_t)n * sizeof *a), *bv = xnew((size_t)n * sizeof *bv), *outs[MAX_BE];
+        double *ref = xnew((size_t)n * sizeof *ref);
+        const float amp = op == OP_ADD ? ldexpf(1, rnd_in(-8, 8)) : 3.0f;
+        for (long e = 0; e < n; e++) {
+            a[e] = gauss() * amp;
+            bv[e] = gauss() * amp;
+            if (op != OP_ADD && rnd(50) == 0) a[e] = urand() * 30;
+        }
+        for (long e = 0; e < n; e++) {
+            const double x = a[e], y = bv[e];
+            switch (op) {
+            case OP_ADD: ref[e] = x + y; break;
+            case OP_SWIGLU: ref[e] = x / (1 + exp(-x)) * y; break;
+            default: ref[e] = 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))); break;
+            }
+        }
+        char desc[64];
+        snprintf(desc, sizeof desc, "%s n=%ld", k_tol[op].name, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = xnew((size_t)n * sizeof(float));
+            struct backend_buf ba = buf_up(t, a, (size_t)n * 4), bb = buf_up(t, bv, (size_t)n * 4);
+            int rc = op == OP_ADD      ? BE_OP(t->c, add, ba.data, bb.data, n)
+                     : op == OP_SWIGLU ? BE_OP(t->c, swiglu, ba.data, bb.data, n)
+                                       : BE_OP(t->c, gelu, ba.data, n);
+            buf_down(t, outs[b], &ba, (size_t)n * 4);
+            sync_ok(t, rc, desc);
+            buf_drop(t, &ba);
+            buf_drop(t, &bb);
+        }
+        /* gelu's tanh form cancels in 1 + tanh(..) for x < 0: its error is
+         * ~|x| 2^-24 however small gelu(x) is, so it is measured against ‖x‖ too */
+        double xx = 0;
+        for (long e = 0; op == OP_GELU && e < n; e++) xx += (double)a[e] * a[e];
+        g_den_floor = sqrt(xx);
+        judge(op, outs, (size_t)n, ref, k_tol[op].simd, k_tol[op].ref, desc);
+        g_den_floor = 0;
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(a);
+        free(bv);
+        free(ref);
+    }
+}
+
+/* ---- paged KV: storage made through the backend ---- */
+
+/* Host image of one layer's pool: n_blocks blocks of (n_head_kv,
+ * block_size, head_dim) elements of type, scales for int8 / fp8. */
+struct pool_img {
+    enum kv_type type;
+    int n_blocks, bs, nkv, hd;
+    size_t rows, data_bytes, scale_bytes;   /* per K (and per V) */
+    uint8_t *k, *v;
+    float *ks, *vs;                         /* NULL for float types */
+};
+
+static void pool_init(struct pool_img *p, enum kv_type type, int n_blocks, int bs, int nkv, int hd) {
+    *p = (struct pool_img){ .type = type, .n_blocks = n_blocks, .bs = bs, .nkv = nkv, .hd = hd };
+    p->rows = (size_t)n_blocks * (size_t)bs * (size_t)nkv;
+    p->data_bytes = p->rows * (size_t)hd * kv_elem_bytes(type);
+    p->scale_bytes = type == KV_INT8 || type == KV_FP8 ? p->rows * sizeof(float) : 0;
+    p->k = xnew(p->data_bytes);
+    p->v = xnew(p->data_bytes);
+    p->ks = p->scale_bytes ? xnew(p->scale_bytes) : NULL;
+    p->vs = p->scale_bytes ? xnew(p->scale_bytes) : NULL;
+}
+
+static void pool_fill(struct pool_img *p, int byte) {
+    memset(p->k, byte, p->data_bytes);
+    memset(p->v, byte, p->data_bytes);
+    if (p->ks) { memset(p->ks, byte, p->scale_bytes); memset(p->vs, byte, p->scale_bytes); }
+}
+
+static void pool_deinit(struct pool_img *p) { free(p->k); free(p->v); free(p->ks); free(p->vs); }
+
+/* The pool on backend t: buffers holding img's bytes, and the view of them. */
+struct pool_dev { struct backend_buf k, v, ks, vs; struct kv_layer_view view; };
+
+static void pool_up(struct tbe *t, const struct pool_img *img, struct pool_dev *d) {
+    d->k = buf_up(t, img->k, img->data_bytes);
+    d->v = buf_up(t, img->v, img->data_bytes);
+    memset(&d->ks, 0, sizeof d->ks);
+    memset(&d->vs, 0, sizeof d->vs);
+    if (img->scale_bytes) {
+        d->ks = buf_up(t, img->ks, img->scale_bytes);
+        d->vs = buf_up(t, img->vs, img->scale_bytes);
+    }
+    d->view = (struct kv_layer_view){ .type = img->type, .block_size = img->bs, .n_head_kv = img->nkv,
+                                      .head_dim = img->hd, .k = d->k.data, .v = d->v.data,
+                                      .k_scale = d->ks.data, .v_scale = d->vs.data };
+}
+
+/* Download into img (read after the next sync). */
+static void pool_down(struct tbe *t, const struct pool_dev *d, struct pool_img *img) {
+    buf_down(t, img->k, &d->k, img->data_bytes);
+    buf_down(t, img->v, &d->v, img->data_bytes);
+    if (img->scale_bytes) {
+        buf_down(t, img->ks, &d->ks, img->scale_bytes);
+        buf_down(t, img->vs, &d->vs, img->scale_bytes);
+    }
+}
+
+static void pool_drop(struct tbe *t, struct pool_dev *d) {
+    buf_drop(t, &d->k);
+    buf_drop(t, &d->v);
+    if (d->ks.data) buf_drop(t, &d->ks);
+    if (d->vs.data) buf_drop(t, &d->vs);
+}
+
+static bool pool_equal(const struct pool_img *a, const struct pool_img *b) {
+    return memcmp(a->k, b->k, a->data_bytes) == 0 && memcmp(a->v, b->v, a->data_bytes) == 0 &&
+           (!a->scale_bytes || (memcmp(a->ks, b->ks, a->scale_bytes) == 0 && memcmp(a->vs, b->vs, a->scale_bytes) == 0));
+}
+
+/* Element i of stored row `row` of K (is_v false) or V, dequantized with dtype.h. */
+static double pool_elem(const struct pool_img *p, bool is_v, size_t row, int i) {
+    const uint8_t *base = is_v ? p->v : p->k;
+    const size_t e = row * (size_t)p->hd + (size_t)i;
+    uint16_t h;
+    switch (p->type) {
+    case KV_F32: { float f; memcpy(&f, base + 4 * e, 4); return f; }
+    case KV_F16: memcpy(&h, base + 2 * e, 2); return f16_to_f32(h);
+    case KV_BF16: memcpy(&h, base + 2 * e, 2); return bf16_to_f32(h);
+    case KV_INT8: return (double)(int8_t)base[e] * (is_v ? p->vs : p->ks)[row];
+    case KV_FP8: return (double)fp8_e4m3_to_f32(base[e]) * (is_v ? p->vs : p->ks)[row];
+    default: return NAN;
+    }
+}
+
+static size_t pool_row(const struct pool_img *p, size_t slot, int h) {
+    const struct kv_layer_view v = { .block_size = p->bs, .n_head_kv = p->nkv };
+    return kv_row(&v, slot, h);
+}
+
+
+/* Stored row (slot, head h) of K (is_v false) or V in p against its input x
+ * (head_dim values), by each type's math; adds the squared error and the
+ * input's squared norm to *num and *den.  Returns the number of values off. */
+static int store_check_row(const struct pool_img *p, bool is_v, size_t slot, int h, const float *x, double *num,
+                           double *den) {
+    const size_t row = pool_row(p, slot, h);
+    const uint8_t *codes = (is_v ? p->v : p->k) + row * (size_t)p->hd;
+    float amax = 0, sc = 0;
+    int bad = 0;
+    for (int i = 0; i < p->hd; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    if (p->type == KV_INT8 || p->type == KV_FP8) {
+        sc = amax / (p->type == KV_INT8 ? 127.0f : 448.0f);
+        bad += (is_v ? p->vs : p->ks)[row] != sc;
+    }
+    for (int i = 0; i < p->hd; i++) {
+        const double y = pool_elem(p, is_v, row, i), d = y - (double)x[i];
+        *num += d * d;
+        *den += (double)x[i] * (double)x[i];
+        switch (p->type) {
+        case KV_F32: bad += y != x[i]; break;
+        case KV_F16: bad += y != f16_to_f32(f32_to_f16(x[i])); break;
+        case KV_BF16: bad += y != bf16_to_f32(f32_to_bf16(x[i])); break;
+        /* half a step, plus the f32 rounding of x / scale (127 * 2^-24 steps) */
+        case KV_INT8: bad += sc != 0 ? fabs(d) > (0.5 + 1e-5) * sc : y != 0; break;
+        case KV_FP8: bad += sc != 0 ? codes[i] != f32_to_fp8_e4m3(x[i] / sc) : codes[i] != 0; break;
+        default: bad++;
+        }
+    }
+    return bad;
+}
+
+/* Whether the bytes of row (slot, h) of K and V (and scales) still hold the fill byte. */
+static bool pool_row_untouched(const struct pool_img *p, size_t slot, int h, int byte) {
+    const size_t row = pool_row(p, slot, h), rb = (size_t)p->hd * kv_elem_bytes(p->type);
+    for (size_t i = 0; i < rb; i++)
+        if (p->k[row * rb + i] != (uint8_t)byte || p->v[row * rb + i] != (uint8_t)byte) return false;
+    if (p->scale_bytes) {
+        uint32_t a, b, f = 0x01010101u * (uint8_t)byte;
+        memcpy(&a, &p->ks[row], 4);
+        memcpy(&b, &p->vs[row], 4);
+        if (a != f || b != f) return false;
+    }
+    return true;
+}
+
+static const int k_block_sizes[4] = { 1, 5, 16, 32 };
+
+/* kv_store on its own: scattered slots, padding (-1) skipped, rows of
+ * widely different magnitude (and all-zero ones), every slot not named
+ * left as it was. */
+static void test_kv_store(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const enum kv_type type = (enum kv_type)(i % KV_TYPE_COUNT_);
+        const int nkv = rnd_in(1, 4), hd = rnd(3) ? rnd_in(1, 128) : 8 * rnd_in(1, 16), bs = k_block_sizes[rnd(4)];
+        const int n = rnd_in(1, MAX_TOKENS), w = nkv * hd, n_blocks = (n + bs - 1) / bs + rnd_in(0, 2);
+        const int n_slots = n_blocks * bs;
+        int32_t *perm = xnew((size_t)n_slots * sizeof *perm), *slots = xnew((size_t)n * sizeof *slots);
+        for (int s = 0; s < n_slots; s++) perm[s] = s;
+        for (int s = n_slots - 1; s > 0; s--) { int j = rnd(s + 1), x = perm[s]; perm[s] = perm[j]; perm[j] = x; }
+        for (int t = 0; t < n; t++) slots[t] = rnd(8) ? perm[t] : -1;
+        float *k = xnew((size_t)n * w * sizeof *k), *v = xnew((size_t)n * w * sizeof *v);
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nkv; h++) {
+                const float ak = rnd(8) ? ldexpf(1, rnd_in(-12, 12)) : 0, av = ldexpf(1, rnd_in(-12, 12));
+                for (int e = 0; e < hd; e++) {
+                    k[(size_t)t * w + (size_t)h * hd + e] = gauss() * ak;
+                    v[(size_t)t * w + (size_t)h * hd + e] = gauss() * av;
+                }
+            }
+        struct pool_img img0, out[MAX_BE];
+        pool_init(&img0, type, n_blocks, bs, nkv, hd);
+        pool_fill(&img0, 0xff);
+        char desc[128];
+        snprintf(desc, sizeof desc, "kv_store %s kv_heads=%d head_dim=%d block_size=%d n=%d", k_kv_names[type], nkv,
+                 hd, bs, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            struct pool_dev d;
+            pool_init(&out[b], type, n_blocks, bs, nkv, hd);
+            pool_up(t, &img0, &d);
+            struct backend_buf bs_ = buf_up(t, slots, (size_t)n * 4), bk = buf_up(t, k, (size_t)n * w * 4),
+                               bv = buf_up(t, v, (size_t)n * w * 4);
+            int rc = BE_OP(t->c, kv_store, &d.view, bs_.data, bk.data, bv.data, n);
+            pool_down(t, &d, &out[b]);
+            sync_ok(t, rc, desc);
+            pool_drop(t, &d);
+            buf_drop(t, &bs_);
+            buf_drop(t, &bk);
+            buf_drop(t, &bv);
+        }
+        for (int b = 0; b < g_nbe; b++) {
+            struct stat_ *s = &g_st[b][OP_KV_STORE];
+            s->cases++;
+            const bool same = pool_equal(&out[b], &out[0]);
+            CHECK_MSG(same, "%s %s: stored bytes differ from scalar's", g_be[b].name, desc);
+            s->vs_scalar = dmax(s->vs_scalar, same ? 0 : INFINITY);
+            if (g_be[b].twin >= 0)
+                CHECK_MSG(pool_equal(&out[b], &out[g_be[b].twin]), "%s %s: stored bytes differ from %s's", g_be[b].name,
+                          desc, g_be[g_be[b].twin].name);
+            double num = 0, den = 0;
+            int bad = 0, touched = 0, count = 0;
+            bool *used = xnew((size_t)n_slots * sizeof *used);
+            memset(used, 0, (size_t)n_slots * sizeof *used);
+            for (int tk = 0; tk < n; tk++) {
+                if (slots[tk] < 0) continue;
+                used[slots[tk]] = true;
+                count += 2 * w;
+                for (int h = 0; h < nkv; h++) {
+                    bad += store_check_row(&out[b], false, (size_t)slots[tk], h, k + (size_t)tk * w + (size_t)h * hd,
+                                           &num, &den);
+                    bad += store_check_row(&out[b], true, (size_t)slots[tk], h, v + (size_t)tk * w + (size_t)h * hd,
+                                           &num, &den);
+                }
+            }
+            for (int sl = 0; sl < n_slots; sl++)
+                for (int h = 0; h < nkv && !used[sl]; h++) touched += !pool_row_untouched(&out[b], (size_t)sl, h, 0xff);
+            free(used);
+            const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+            CHECK_MSG(bad == 0, "%s %s: %d stored values or scales off their type's rounding", g_be[b].name, desc, bad);
+            CHECK_MSG(touched == 0, "%s %s: %d rows of slots not stored to were written", g_be[b].name, desc, touched);
+            const double bound = k_store_bound[type] + (den > 0 ? k_store_abs[type] * sqrt(count / den) : 0);
+            CHECK_MSG(e <= bound, "%s %s: stored rows vs inputs: rel err %.3g > %.3g", g_be[b].name, desc, e, bound);
+            s->vs_ref = dmax(s->vs_ref, e);
+            g_store_worst[type] = dmax(g_store_worst[type], e);
+        }
+        for (int b = 0; b < g_nbe; b++) pool_deinit(&out[b]);
+        pool_deinit(&img0);
+        free(perm);
+        free(slots);
+        free(k);
+        free(v);
+    }
+}
+
+/* Plain softmax attention in double of token query qrow (n_head * hd) at
+ * position pos over K/V rows (positions, nkv * hd) of its sequence, with
+ * positions before lo masked (sliding window). */
+static void ref_attention(const double *K, const double *V, int nkv, int hd, int n_head, const float *qrow, int lo,
+                          int pos, double scale, double *out) {
+    const int g = n_head / nkv, w = nkv * hd;
+    double *sc = xnew((size_t)(pos + 1) * sizeof *sc);
+    for (int h = 0; h < n_head; h++) {
+        const int hk = h / g;
+        double mx = -INFINITY, sum = 0;
+        for (int p = lo; p <= pos; p++) {
+            const double *kr = K + (size_t)p * w + (size_t)hk * hd;
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += (double)qrow[h * hd + i] * kr[i];
+            sc[p] = d * scale;
+            mx = sc[p] > mx ? sc[p] : mx;
+        }
+        for (int p = lo; p <= pos; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
+        for (int i = 0; i < hd; i++) out[h * hd + i] = 0;
+        for (int p = lo; p <= pos; p++) {
+            const double *vr = V + (size_t)p * w + (size_t)hk * hd;
+            for (int i = 0; i < hd; i++) out[h * hd + i] += sc[p] / sum * vr[i];
+        }
+    }
+    free(sc);
+}
+
+#define PA_MAX_SEQS 4
+
+/* kv_store then paged attention: 1-4 sequences, each with a decode token
+ * or a prefill chunk ending at its last position, tokens in random order;
+ * shuffled blocks, a dense block table padded with a block never stored
+ * (NaN bytes: reading it, or any slot not stored, poisons the output). */
+static void test_paged_attention(int nc) {
+    static const int gs[6] = { 1, 2, 3, 4, 6, 8 };
+    for (int ci = 0; ci < nc; ci++) {
+        const enum kv_type type = (enum kv_type)(ci % KV_TYPE_COUNT_);
+        const int g = gs[rnd(6)], nkv = rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
+        const int hd = rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128), bs = k_block_sizes[rnd(4)], w = nkv * hd;
+        const bool long_ctx = rnd(6) == 0, outliers = rnd(4) == 0;
+        const int n_seqs = rnd_in(1, PA_MAX_SEQS);
+        int L[PA_MAX_SEQS], chunk[PA_MAX_SEQS], n = 0, max_L = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            L[s] = long_ctx && s == 0 ? rnd_in(1000, MAX_CTX - 100) : rnd_in(1, rnd(3) ? 64 : 300);
+            const int left = MAX_TOKENS - n - (n_seqs - s - 1), cap = long_ctx && s == 0 ? 4 : left;
+            chunk[s] = rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            n += chunk[s];
+            max_L = L[s] > max_L ? L[s] : max_L;
+        }
+        const int window = rnd(3) == 0 ? rnd_in(1, max_L) : 0;
+        const float scale = 1.0f / sqrtf((float)hd) * (rnd(4) ? 1.0f : 0.5f + rng_f32(&g_rng));
+
+        /* blocks: shuffled; the last one is the poison block */
+        int nb[PA_MAX_SEQS], nb_total = 1, max_blocks = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            nb[s] = (L[s] + bs - 1) / bs;
+            nb_total += nb[s];
+            max_blocks = nb[s] > max_blocks ? nb[s] : max_blocks;
+        }
+        nb_total += rnd_in(0, 2);
+        max_blocks += rnd_in(0, 2);
+        int32_t *perm = xnew((size_t)nb_total * sizeof *perm);
+        for (int b = 0; b < nb_total; b++) perm[b] = b;
+        for (int b = nb_total - 1; b > 0; b--) { int j = rnd(b + 1), x = perm[b]; perm[b] = perm[j]; perm[j] = x; }
+        const int32_t poison = perm[nb_total - 1];
+        int32_t *table = xnew((size_t)n_seqs * max_blocks * sizeof *table);
+        for (int s = 0, next = 0; s < n_seqs; s++)
+            for (int b = 0; b < max_blocks; b++) table[(size_t)s * max_blocks + b] = b < nb[s] ? perm[next++] : poison;
+
+        /* K/V of each sequence (unquantized), and the rows to store in random order with padding rows */
+        float *kin[PA_MAX_SEQS], *vin[PA_MAX_SEQS];
+        int n_store = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            kin[s] = xnew((size_t)L[s] * w * sizeof(float));
+            vin[s] = xnew((size_t)L[s] * w * sizeof(float));
+            for (long e = 0; e < (long)L[s] * w; e++) { kin[s][e] = gauss(); vin[s][e] = gauss(); }
+            for (int p = 0; p < L[s] && outliers; p++)
+                for (int h = 0; h < nkv; h++) {
+                    kin[s][(size_t)p * w + (size_t)h * hd + (size_t)(h * 5 % hd)] *= 8;
+                    if (p % 13 == 0) kin[s][(size_t)p * w + (size_t)h * hd + (size_t)((h * 5 + 1 + p % 7) % hd)] *= 8;
+                }
+            n_store += L[s];
+        }
+        const int n_pad = rnd_in(0, 3);
+        n_store += n_pad;
+        int32_t *slots = xnew((size_t)n_store * sizeof *slots);
+        float *ks = xnew((size_t)n_store * w * sizeof *ks), *vs = xnew((size_t)n_store * w * sizeof *vs);
+        int32_t *order = xnew((size_t)n_store * sizeof *order);
+        for (int r = 0; r < n_store; r++) order[r] = r;
+        for (int r = n_store - 1; r > 0; r--) { int j = rnd(r + 1), x = order[r]; order[r] = order[j]; order[j] = x; }
+        for (int r = 0, s = 0, p = 0; r < n_store; r++) {
+            const int dst = order[r];
+            if (s < n_seqs) {
+                slots[dst] = table[(size_t)s * max_blocks + p / bs] * bs + p % bs;
+                memcpy(ks + (size_t)dst * w, kin[s] + (size_t)p * w, (size_t)w * sizeof *ks);
+                memcpy(vs + (size_t)dst * w, vin[s] + (size_t)p * w, (size_t)w * sizeof *vs);
+                if (++p == L[s]) { s++; p = 0; }
+            } else {
+                slots[dst] = -1;
+                for (int e = 0; e < w; e++) ks[(size_t)dst * w + e] = vs[(size_t)dst * w + e] = NAN;
+            }
+        }
+
+        /* tokens: each sequence's chunk, shuffled */
+        float *q = xnew((size_t)n * n_head * hd * sizeof *q);
+        int32_t *pos = xnew((size_t)n * sizeof *pos), *seq = xnew((size_t)n * sizeof *seq);
+        for (int s = 0, t = 0; s < n_seqs; s++)
+            for (int c = 0; c < chunk[s]; c++, t++) { seq[t] = s; pos[t] = L[s] - chunk[s] + c; }
+        for (int t = n - 1; t > 0; t--) {
+            int j = rnd(t + 1), x = pos[t];
+            pos[t] = pos[j]; pos[j] = x;
+            x = seq[t]; seq[t] = seq[j]; seq[j] = x;
+        }
+        for (long e = 0; e < (long)n * n_head * hd; e++) q[e] = gauss();
+
+        char desc[200];
+        snprintf(desc, sizeof desc,
+                 "paged_attention %s heads=%d/%d head_dim=%d block_size=%d seqs=%d ctx=%d..%d tokens=%d window=%d%s",
+                 k_kv_names[type], n_head, nkv, hd, bs, n_seqs, L[0], max_L, n, window, outliers ? " outliers" : "");
+        struct pool_img img0, img[MAX_BE];
+        pool_init(&img0, type, nb_total, bs, nkv, hd);
+        pool_fill(&img0, 0xff);
+        const size_t len = (size_t)n * n_head * hd;
+        float *outs[MAX_BE];
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            struct pool_dev d;
+            pool_init(&img[b], type, nb_total, bs, nkv, hd);
+            pool_up(t, &img0, &d);
+            struct backend_buf bsl = buf_up(t, slots, (size_t)n_store * 4), bk = buf_up(t, ks, (size_t)n_store * w * 4),
+                               bv = buf_up(t, vs, (size_t)n_store * w * 4);
+            /* stored in pieces, as prefill chunks and decode steps store them */
+            int rc = 0;
+            for (int r = 0; r < n_store;) {
+                const int want = rnd_in(1, MAX_TOKENS), m = want < n_store - r ? want : n_store - r;
+                int rc1 = BE_OP(t->c, kv_store, &d.view, (int32_t *)bsl.data + r, (float *)bk.data + (size_t)r * w,
+                                (float *)bv.data + (size_t)r * w, m);
+                rc = rc ? rc : rc1;
+                r += m;
+            }
+            struct backend_buf bq = buf_up(t, q, len * 4), bp = buf_up(t, pos, (size_t)n * 4),
+                               bsq = buf_up(t, seq, (size_t)n * 4),
+                               bt = buf_up(t, table, (size_t)n_seqs * max_blocks * 4), bo = buf_up(t, NULL, len * 4);
+            struct paged_attn_args a = {
+                .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd, .q = bq.data, .pos = bp.data,
+                .seq = bsq.data, .block_table = bt.data, .max_blocks = max_blocks, .kv = d.view, .scale = scale,
+                .window = window, .out = bo.data,
+            };
+            int rc2 = BE_OP(t->c, paged_attention, &a);
+            outs[b] = xnew(len * sizeof(float));
+            buf_down(t, outs[b], &bo, len * 4);
+            pool_down(t, &d, &img[b]);
+            sync_ok(t, rc ? rc : rc2, desc);
+            pool_drop(t, &d);
+            struct backend_buf *all[] = { &bsl, &bk, &bv, &bq, &bp, &bsq, &bt, &bo };
+            for (size_t k = 0; k < sizeof all / sizeof *all; k++) buf_drop(t, all[k]);
+        }
+
+        /* the store: identical bytes everywhere */
+        for (int b = 0; b < g_nbe; b++) {
+            struct stat_ *s = &g_st[b][OP_KV_STORE];
+            s->cases++;
+            const bool same = pool_equal(&img[b], &img[0]);
+            CHECK_MSG(same, "%s %s: stored bytes differ from scalar's", g_be[b].name, desc);
+            s->vs_scalar = dmax(s->vs_scalar, same ? 0 : INFINITY);
+        }
+        /* references: over the stored values (the scalar backend's storage) and over the inputs */
+        double *ref_st = xnew(len * sizeof *ref_st), *ref_in = xnew(len * sizeof *ref_in);
+        double *Ks[PA_MAX_SEQS], *Vs[PA_MAX_SEQS], *Ki[PA_MAX_SEQS], *Vi[PA_MAX_SEQS];
+        for (int s = 0; s < n_seqs; s++) {
+            const size_t m = (size_t)L[s] * w;
+            Ks[s] = xnew(m * sizeof(double)); Vs[s] = xnew(m * sizeof(double));
+            Ki[s] = xnew(m * sizeof(double)); Vi[s] = xnew(m * sizeof(double));
+            for (int p = 0; p < L[s]; p++)
+                for (int h = 0; h < nkv; h++) {
+                    const size_t slot = (size_t)table[(size_t)s * max_blocks + p / bs] * bs + (size_t)(p % bs);
+                    const size_t row = pool_row(&img[0], slot, h);
+                    for (int e = 0; e < hd; e++) {
+                        const size_t o = (size_t)p * w + (size_t)h * hd + (size_t)e;
+                        Ks[s][o] = pool_elem(&img[0], false, row, e);
+                        Vs[s][o] = pool_elem(&img[0], true, row, e);
+                        Ki[s][o] = kin[s][o];
+                        Vi[s][o] = vin[s][o];
+                    }
+                }
+        }
+        for (int t = 0; t < n; t++) {
+            const int s = seq[t], lo = window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
+            const float *qr = q + (size_t)t * n_head * hd;
+            ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, ref_st + (size_t)t * n_head * hd);
+            ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, ref_in + (size_t)t * n_head * hd);
+        }
+        judge(OP_PAGED_ATTN, outs, len, ref_st, k_pa_simd[type], k_pa_stored[type], desc);
+        const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
+        for (int b = 0; b < g_nbe; b++) {
+            const double e0 = rel_err_f(outs[b], outs[0], len), e1 = rel_err_d(outs[b], ref_st, len);
+            const double e2 = rel_err_d(outs[b], ref_in, len);
+            CHECK_MSG(e2 <= tol_in, "%s %s vs the unquantized inputs: rel err %.3g > %.3g", g_be[b].name, desc, e2,
+                      tol_in);
+            g_st[b][OP_PAGED_ATTN].vs_input = dmax(g_st[b][OP_PAGED_ATTN].vs_input, e2);
+            double *wst = g_pa_worst[b][type];
+            wst[0] = dmax(wst[0], e0);
+            wst[1] = dmax(wst[1], e1);
+            if (!outliers) wst[2] = dmax(wst[2], e2);
+        }
+        for (int s = 0; s < n_seqs; s++) {
+            free(Ks[s]); free(Vs[s]); free(Ki[s]); free(Vi[s]); free(kin[s]); free(vin[s]);
+        }
+        for (int b = 0; b < g_nbe; b++) { free(outs[b]); pool_deinit(&img[b]); }
+        pool_deinit(&img0);
+        free(ref_st); free(ref_in); free(perm); free(table); free(slots); free(ks); free(vs); free(order);
+        free(q); free(pos); free(seq);
+    }
+}
+
+/* ---- copy_blocks ---- */
+
+static void test_copy_blocks(int nc) {
+    for (int ci = 0; ci < nc; ci++) {
+        const int n_layer = rnd_in(1, 3), n_blocks = rnd_in(2, 24);
+        struct pool_img want[3], got[MAX_BE][3];
+        for (int l = 0; l < n_layer; l++) {
+            pool_init(&want[l], (enum kv_type)rnd(KV_TYPE_COUNT_), n_blocks, k_block_sizes[rnd(4)], rnd_in(1, 4),
+                      rnd_in(1, 64));
+            uint8_t *parts[4] = { want[l].k, want[l].v, (uint8_t *)want[l].ks, (uint8_t *)want[l].vs };
+            for (int k = 0; k < 4; k++)
+                for (size_t e = 0; parts[k] && e < (k < 2 ? want[l].data_bytes : want[l].scale_bytes); e++)
+                    parts[k][e] = (uint8_t)rng_u64(&g_rng);
+        }
+        /* pairs (dst, src): distinct destinations, sources among the other
+         * blocks (one may feed several), sometimes a no-op pair (b, b) */
+        int32_t *perm = xnew((size_t)n_blocks * sizeof *perm), (*pairs)[2] = xnew((size_t)n_blocks * sizeof *pairs);
+        for (int b = 0; b < n_blocks; b++) perm[b] = b;
+        for (int b = n_blocks - 1; b > 0; b--) { int j = rnd(b + 1), x = perm[b]; perm[b] = perm[j]; perm[j] = x; }
+        const int np = rnd_in(1, n_blocks / 2);
+        int n_pairs = 0;
+        for (int p = 0; p < np; p++) { pairs[n_pairs][0] = perm[p]; pairs[n_pairs++][1] = perm[np + rnd(np)]; }
+        if (2 * np < n_blocks && rnd(3) == 0) { pairs[n_pairs][0] = pairs[n_pairs][1] = perm[2 * np]; n_pairs++; }
+        for (int l = 0; l < n_layer; l++)
+            for (int b = 0; b < MAX_BE; b++) pool_init(&got[b][l], want[l].type, n_blocks, want[l].bs, want[l].nkv, want[l].hd);
+        char desc[160];
+        int off = snprintf(desc, sizeof desc, "copy_blocks blocks=%d pairs=%d layers=%d:", n_blocks, n_pairs, n_layer);
+        for (int l = 0; l < n_layer && off < (int)sizeof desc; l++)
+            off += snprintf(desc + off, sizeof desc - (size_t)off, " %s/%d/%d/%d", k_kv_names[want[l].type], want[l].nkv,
+                            want[l].hd, want[l].bs);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            struct pool_dev d[3];
+            struct kv_layer_view views[3];
+            for (int l = 0; l < n_layer; l++) {
+                pool_up(t, &want[l], &d[l]);
+                views[l] = d[l].view;
+            }
+            int rc = BE_OP(t->c, copy_blocks, views, n_layer, (const int32_t(*)[2])pairs, n_pairs);
+            for (int l = 0; l < n_layer; l++) pool_down(t, &d[l], &got[b][l]);
+            sync_ok(t, rc, desc);
+            for (int l = 0; l < n_layer; l++) pool_drop(t, &d[l]);
+        }
+        /* the expectation, from the layout: block b is rows [b * rows, (b + 1) * rows) */
+        for (int l = 0; l < n_layer; l++) {
+            struct pool_img *p = &want[l];
+            const size_t rows = (size_t)p->bs * p->nkv, bb = rows * (size_t)p->hd * kv_elem_bytes(p->type);
+            uint8_t *k0 = xnew(p->data_bytes), *v0 = xnew(p->data_bytes);
+            float *ks0 = p->ks ? xnew(p->scale_bytes) : NULL, *vs0 = p->vs ? xnew(p->scale_bytes) : NULL;
+            memcpy(k0, p->k, p->data_bytes);
+            memcpy(v0, p->v, p->data_bytes);
+            if (ks0) { memcpy(ks0, p->ks, p->scale_bytes); memcpy(vs0, p->vs, p->scale_bytes); }
+            for (int i = 0; i < n_pairs; i++) {
+                const size_t dst = (size_t)pairs[i][0], src = (size_t)pairs[i][1];
+                memcpy(p->k + dst * bb, k0 + src * bb, bb);
+                memcpy(p->v + dst * bb, v0 + src * bb, bb);
+                if (ks0) {
+                    memcpy(p->ks + dst * rows, ks0 + src * rows, rows * sizeof(float));
+                    memcpy(p->vs + dst * rows, vs0 + src * rows, rows * sizeof(float));
+                }
+            }
+            free(k0); free(v0); free(ks0); free(vs0);
+        }
+        for (int b = 0; b < g_nbe; b++) {
+            struct stat_ *s = &g_st[b][OP_COPY_BLOCKS];
+            s->cases++;
+            int bad_ref = 0, bad_sc = 0, bad_twin = 0;
+            for (int l = 0; l < n_layer; l++) {
+                bad_ref += !pool_equal(&got[b][l], &want[l]);
+                bad_sc += !pool_equal(&got[b][l], &got[0][l]);
+                if (g_be[b].twin >= 0) bad_twin += !pool_equal(&got[b][l], &got[g_be[b].twin][l]);
+            }
+            CHECK_MSG(bad_ref == 0, "%s %s: %d layers differ from blocks moved by hand", g_be[b].name, desc, bad_ref);
+            CHECK_MSG(bad_sc == 0, "%s %s: %d layers differ from scalar's", g_be[b].name, desc, bad_sc);
+            CHECK_MSG(bad_twin == 0, "%s %s: %d layers differ from its twin's", g_be[b].name, desc, bad_twin);
+            s->vs_ref = dmax(s->vs_ref, bad_ref ? INFINITY : 0);
+            s->vs_scalar = dmax(s->vs_scalar, bad_sc ? INFINITY : 0);
+        }
+        for (int l = 0; l < n_layer; l++) {
+            pool_deinit(&want[l]);
+            for (int b = 0; b < MAX_BE; b++) pool_deinit(&got[b][l]);
+        }
+        free(perm);
+        free(pairs);
+    }
+}
+
+/* ---- error returns and the fail hook ---- */
+
+static void test_errors(struct tbe *t) {
+    /* a pool of one sequence: 4 positions of f32, one kv head of 8 */
+    const int hd = 8, bs = 4, n = MAX_TOKENS + 1;
+    struct pool_img img;
+    pool_init(&img, KV_F32, 1, bs, 1, hd);
+    pool_fill(&img, 0);
+    float kv[4 * 8], *q = xnew((size_t)n * hd * sizeof *q), out[MAX_TOKENS * 8];
+    int32_t slots[4] = { 0, 1, 2, 3 }, table[1] = { 0 }, *pos = xnew((size_t)n * sizeof *pos), *seq = xnew((size_t)n * 4);
+    for (int e = 0; e < 4 * hd; e++) kv[e] = gauss();
+    for (int e = 0; e < n * hd; e++) q[e] = gauss();
+    for (int i = 0; i < n; i++) { pos[i] = i % 4; seq[i] = 0; }
+    struct pool_dev d;
+    pool_up(t, &img, &d);
+    struct backend_buf bsl = buf_up(t, slots, sizeof slots), bk = buf_up(t, kv, sizeof kv), bq = buf_up(t, q, (size_t)n * hd * 4),
+                       bp = buf_up(t, pos, (size_t)n * 4), bsq = buf_up(t, seq, (size_t)n * 4),
+                       bt = buf_up(t, table, sizeof table), bo = buf_up(t, NULL, (size_t)n * hd * 4);
+    CHECK(BE_OP(t->c, kv_store, &d.view, bsl.data, bk.data, bk.data, 4) == 0);
+    struct paged_attn_args a = { .n_tokens = n, .n_head = 1, .n_head_kv = 1, .head_dim = hd, .q = bq.data,
+                                 .pos = bp.data, .seq = bsq.data, .block_table = bt.data, .max_blocks = 1,
+                                 .kv = d.view, .scale = 0.35f, .out = bo.data };
+    float y0[16], x0[16], y[16];
+    for (int i = 0; i < 16; i++) { y0[i] = gauss(); x0[i] = gauss(); }
+    struct backend_buf by = buf_up(t, y0, sizeof y0), bx = buf_up(t, x0, sizeof x0);
+    CHECK_MSG(backend_sync(t->c) == 0, "%s: set-up of the error cases", t->name);
+
+    /* more tokens than the context's max_tokens: KVLLM_ERANGE; the status
+     * holds until backend_sync, and ops issued meanwhile do not run */
+    int rc = BE_OP(t->c, paged_attention, &a);
+    CHECK_MSG(rc == KVLLM_ERANGE, "%s paged_attention over %d tokens (max_tokens %d): returned %d", t->name, n,
+              MAX_TOKENS, rc);
+    CHECK(t->c->status == KVLLM_ERANGE);
+    CHECK_MSG(BE_OP(t->c, add, by.data, bx.data, 16) == KVLLM_ERANGE, "%s: an op after a failure ran", t->name);
+    rc = backend_sync(t->c);
+    CHECK_MSG(rc == KVLLM_ERANGE, "%s: backend_sync after paged_attention's ERANGE returned %d", t->name, rc);
+    CHECK(t->c->status == 0 && backend_sync(t->c) == 0);
+    buf_down(t, y, &by, sizeof y);
+    CHECK(backend_sync(t->c) == 0);
+    CHECK_MSG(memcmp(y, y0, sizeof y) == 0, "%s: add issued after a failed op changed its output", t->name);
+
+    /* a position past the context's max_ctx: KVLLM_ERANGE */
+    int32_t far = MAX_CTX;
+    a.n_tokens = 1;
+    CHECK(t->c->ops->upload(t->c, bp.data, &far, 4) == 0);
+    rc = BE_OP(t->c, paged_attention, &a);
+    int rs = backend_sync(t->c);
+    CHECK_MSG(rc == KVLLM_ERANGE && rs == KVLLM_ERANGE, "%s paged_attention at position %d (max_ctx %d): %d, sync %d",
+              t->name, far, MAX_CTX, rc, rs);
+
+    /* then a valid call succeeds: max_tokens tokens */
+    CHECK(t->c->ops->upload(t->c, bp.data, pos, (size_t)n * 4) == 0);
+    a.n_tokens = MAX_TOKENS;
+    rc = BE_OP(t->c, paged_attention, &a);
+    buf_down(t, out, &bo, sizeof out);
+    sync_ok(t, rc, "paged_attention after the errors");
+    int finite = 0;
+    for (int i = 0; i < MAX_TOKENS * hd; i++) finite += isfinite(out[i]) != 0;
+    CHECK_MSG(finite == MAX_TOKENS * hd, "%s: %d of %d outputs finite", t->name, finite, MAX_TOKENS * hd);
+
+    /* the fail hook: the third op fails with fail_code, later ones are not
+     * run, backend_sync reports it once; exactly two adds reached y */
+    t->c->fail_after = 3;
+    t->c->fail_code = KVLLM_EBACKEND;
+    CHECK(BE_OP(t->c, add, by.data, bx.data, 16) == 0);
+    CHECK(BE_OP(t->c, add, by.data, bx.data, 16) == 0);
+    CHECK_MSG(BE_OP(t->c, add, by.data, bx.data, 16) == KVLLM_EBACKEND, "%s: the fail hook's op did not fail", t->name);
+    CHECK(BE_OP(t->c, gelu, by.data, 16) == KVLLM_EBACKEND);
+    rc = backend_sync(t->c);
+    CHECK_MSG(rc == KVLLM_EBACKEND, "%s: backend_sync after the fail hook returned %d", t->name, rc);
+    CHECK(t->c->status == 0 && t->c->fail_after == 0);
+    buf_down(t, y, &by, sizeof y);
+    CHECK(backend_sync(t->c) == 0);
+    int off = 0;
+    for (int i = 0; i < 16; i++) off += y[i] != (y0[i] + x0[i]) + x0[i];
+    CHECK_MSG(off == 0, "%s: fail hook: %d of 16 values are not y + x + x", t->name, off);
+    /* the first op failing, another code: attention's output stays as it was */
+    float before[MAX_TOKENS * 8];
+    memcpy(before, out, sizeof out);
+    t->c->fail_after = 1;
+    t->c->fail_code = KVLLM_ENOMEM;
+    CHECK(t->c->ops->upload(t->c, bq.data, q + hd, (size_t)MAX_TOKENS * hd * 4) == 0);
+    rc = BE_OP(t->c, paged_attention, &a);
+    rs = backend_sync(t->c);
+    CHECK_MSG(rc == KVLLM_ENOMEM && rs == KVLLM_ENOMEM, "%s: fail hook on paged_attention: %d, sync %d", t->name, rc, rs);
+    buf_down(t, out, &bo, sizeof out);
+    CHECK(backend_sync(t->c) == 0);
+    CHECK_MSG(memcmp(out, before, sizeof out) == 0, "%s: the op the fail hook failed ran", t->name);
+    /* and the context works again */
+    CHECK(BE_OP(t->c, gelu, by.data, 16) == 0 && backend_sync(t->c) == 0);
+
+    pool_drop(t, &d);
+    struct backend_buf *all[] = { &bsl, &bk, &bq, &bp, &bsq, &bt, &bo, &by, &bx };
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) buf_drop(t, all[k]);
+    pool_deinit(&img);
+    free(q);
+    free(pos);
+    free(seq);
+}
+
+/* ---- main ---- */
+
+static void add_backend(const char *kind, bool strict, bool simd, bool act_int, int twin, int n_threads) {
+    struct tbe *t = &g_be[g_nbe];
+    if (act_int) setenv("KVLLM_ACT", "int", 1);   /* read when the backend is created */
+    t->c = tb_new(kind, strict, n_threads, MAX_COLS, MAX_TOKENS, MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
+    unsetenv("KVLLM_ACT");
+    CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);
+    if (!t->c) return;
+    t->be = t->c->be;
+    t->name = t->c->ops->name;
+    t->simd = simd;
+    t->act_int = act_int;
+    t->twin = twin;
+    char want[32];
+    snprintf(want, sizeof want, "%s%s", strict ? "strict/" : "", kind);
+    CHECK_MSG(strcmp(t->name, want) == 0, "backend named %s, expected %s", t->name, want);
+    if (act_int) {
+        CHECK(cpu_ctx_of(t->c)->act == ACT_INT);
+        t->name = "avx2+act=int";
+    }
+    g_nbe++;
+}
+
+int main(void) {
+    const char *env = getenv("KVLLM_TEST_SEED");
+    const uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)(time_now() * 1e6);
+    printf("  seed %llu (KVLLM_TEST_SEED to repeat)\n", (unsigned long long)seed);
+    rng_seed(&g_rng, seed);
+    const double t0 = time_now();
+
+    struct cpu_features f;
+    cpu_features_get(&f);
+    const bool avx2 = f.avx2 && f.fma && f.f16c;
+    unsetenv("KVLLM_ACT");   /* f32 activations unless a backend asks */
+    add_backend("scalar", false, false, false, -1, 1);
+    if (g_nbe != 1) return check_report("test_backend_ops");
+    int i_avx2 = -1;
+    if (!cpu_avx2_built()) {
+        printf("SKIP avx2: this build has no AVX2 kernels (not an x86-64 target)\n");
+    } else if (!avx2) {
+        printf("SKIP avx2: CPU lacks%s%s%s\n", f.avx2 ? "" : " AVX2", f.fma ? "" : " FMA", f.f16c ? "" : " F16C");
+    } else {
+        i_avx2 = g_nbe;
+        add_backend("avx2", false, true, false, -1, 2);
+    }
+    add_backend("scalar", true, false, false, 0, 2);
+    if (i_avx2 >= 0) {
+        add_backend("avx2", true, true, false, i_avx2, 1);
+        add_backend("avx2", false, true, true, -1, 2);
+    }
+    printf("  backends:");
+    for (int b = 0; b < g_nbe; b++) printf(" %s", g_be[b].name);
+    printf("\n");
+
+    test_matmul();
+    test_get_rows();
+    test_gather_rows(CASES(60));
+    test_norm(false, CASES(100));
+    test_norm(true, CASES(100));
+    test_rope(CASES(150));
+    test_add_bias(CASES(60));
+    test_elementwise(OP_ADD, CASES(80));
+    test_elementwise(OP_SWIGLU, CASES(80));
+    test_elementwise(OP_GELU, CASES(80));
+    test_kv_store(CASES(100));
+    test_paged_attention(CASES(150));
+    test_copy_blocks(CASES(60));
+    fprintf(stderr, "(the next paged attention errors are expected)\n");
+    for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
+
+    printf("  %-14s %-16s %6s  %-22s %-22s %s\n", "backend", "op", "cases", "worst vs scalar (tol)",
+           "worst vs ref (tol)", "");
+    for (int b = 0; b < g_nbe; b++)
+        for (int op = 0; op < OP_COUNT; op++) {
+            const struct stat_ *s = &g_st[b][op];
+            char ts[32], tr[32];
+            const double tol_s = !g_be[b].simd              ? 0
+                                 : op == OP_PAGED_ATTN          ? k_pa_simd[0]
+                                 : op == OP_MATMUL && g_be[b].act_int ? MATMUL_INT
+                                                                : k_tol[op].simd;
+            snprintf(ts, sizeof ts, "%.3g (%.2g)", s->vs_scalar, tol_s);
+            if (op == OP_MATMUL) snprintf(tr, sizeof tr, "-");
+            else if (op == OP_KV_STORE) snprintf(tr, sizeof tr, "%.3g (per type)", s->vs_ref);
+            else if (op == OP_PAGED_ATTN) snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_pa_stored[0]);
+            else if (op == OP_COPY_BLOCKS) snprintf(tr, sizeof tr, "%.3g (exact)", s->vs_ref);
+            else snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_tol[op].ref);
+            printf("  %-14s %-16s %6ld  %-22s %-22s", g_be[b].name, k_tol[op].name, s->cases, ts, tr);
+            if (op == OP_PAGED_ATTN) printf(" vs inputs %.3g", s->vs_input);
+            if (op == OP_MATMUL && g_be[b].act_int) printf(" (Q8_0, Q4_0, Q4_1; other types %.2g)", k_tol[op].simd);
+            printf("\n");
+        }
+    printf("  paged_attention by kv type (worst vs scalar / vs double over stored values / vs f32 inputs, "
+           "Gaussian K):\n");
+    for (int b = 0; b < g_nbe; b++) {
+        printf("    %-14s", g_be[b].name);
+        for (int ty = 0; ty < KV_TYPE_COUNT_; ty++)
+            printf(" %s %.2g/%.2g/%.2g", k_kv_names[ty], g_pa_worst[b][ty][0], g_pa_worst[b][ty][1],
+                   g_pa_worst[b][ty][2]);
+        printf("\n");
+    }
+    printf("  kv_store by type (worst stored vs inputs, bound):");
+    for (int ty = 0; ty < KV_TYPE_COUNT_; ty++) printf(" %s %.3g (%.3g)", k_kv_names[ty], g_store_worst[ty], k_store_bound[ty]);
+    printf("\n  %.1f s\n", time_now() - t0);
+    for (int b = 0; b < g_nbe; b++) tb_free(g_be[b].c);
+    return check_report("test_backend_ops");
+}

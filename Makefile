@@ -62,7 +62,7 @@ fuzz: fuzz-build
 	  ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
 	    -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
 	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t >$$log 2>&1; rc=$$?; \
-	  echo "fuzz_$$t ($(FUZZ_SECONDS) s): $$(grep -E '^#[0-9]+ +DONE' $$log | tail -1)"; \
+	  echo "fuzz_$$t ($(FUZZ_SECONDS) s): $$(grep -E '^#[0-9]+[[:space:]]+DONE' $$log | tail -1)"; \
 	  if [ $$rc -ne 0 ]; then tail -40 $$log; echo "fuzz_$$t failed (rc $$rc): the input is in $(FUZZ_BUILD)/crash-$$t-*"; exit 1; fi; \
 	done
 
@@ -94,6 +94,7 @@ test: bootstrap asan tsan build
 	  -R '^unit_($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory soak-ci
+	@$(MAKE) --no-print-directory fuzz-ci
 
 demo: bootstrap build
 	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED) $(abspath models)

@@ -377,7 +377,14 @@ int64_t gguf_arr_i64(const struct gguf_kv *kv, uint64_t i) {
     const uint8_t *b = (const uint8_t *)kv->v.arr.data + i * k_vsize[kv->v.arr.type];
     decode_scalar(kv->v.arr.type, b, &tmp);
     if (is_signed(kv->v.arr.type)) return tmp.v.i64;
-    if (kv->v.arr.type == GGUF_T_FLOAT32 || kv->v.arr.type == GGUF_T_FLOAT64) return (int64_t)tmp.v.f64;
+    if (kv->v.arr.type == GGUF_T_FLOAT32 || kv->v.arr.type == GGUF_T_FLOAT64) {
+        /* saturated: a float past int64's range (or NaN) has no int64 value (the cast is undefined) */
+        const double d = tmp.v.f64;
+        if (d != d) return 0;
+        if (d >= 0x1p63) return INT64_MAX;
+        if (d < -0x1p63) return INT64_MIN;
+        return (int64_t)d;
+    }
     return (int64_t)tmp.v.u64;
 }
 

@@ -100,7 +100,8 @@ int gguf_get_str(const struct gguf *g, const char *key, struct gguf_str *out);
 int gguf_get_arr(const struct gguf *g, const char *key, enum gguf_vtype elem_type,
                  const struct gguf_kv **out);
 
-/* Element i of a numeric array, converted (caller checks i < n). */
+/* Element i of a numeric array, converted (caller checks i < n); a float
+ * element is truncated toward zero, saturated at INT64_MIN/MAX, NaN 0. */
 int64_t gguf_arr_i64(const struct gguf_kv *kv, uint64_t i);
 double gguf_arr_f64(const struct gguf_kv *kv, uint64_t i);
 

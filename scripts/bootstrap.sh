@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev libpcre2-dev pkg-config)
+# clang: the -Werror build and the libFuzzer targets; libclang-rt-14-dev holds the sanitizer and
+# libFuzzer runtimes (only a Recommends of clang-14, which images often skip)
+PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev libpcre2-dev pkg-config
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -86,8 +86,10 @@ class Server:
         return st, json.loads(raw)
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus text -> {'name{labels}': value}."""
-        st, _, raw = self.request("GET", "/metrics")
+        """Prometheus text -> {'name{labels}': value}.  /metrics needs the API key unless the server runs with
+        --metrics-public: the key the server was started with is sent."""
+        key = _started_api_key(self.args)
+        st, _, raw = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else None)
         assert st == 200, raw
         out = {}
         for line in raw.decode().splitlines():
@@ -152,7 +154,7 @@ def http_status(raw: bytes) -> int:
     return int(m.group(1)) if m else 0
 
 
-# ---- appended for test_server_attack.py (and /metrics behind the API key) ----------------
+# ---- for test_server_attack.py (and /metrics behind the API key) ------------------------
 
 def _started_api_key(args: list[str]) -> str | None:
     """The --api-key a server was started with (None: none)."""
@@ -162,21 +164,6 @@ def _started_api_key(args: list[str]) -> str | None:
     return None
 
 
-def _metrics_with_key(self: Server) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value}.  /metrics needs the API key unless the server runs with
-    --metrics-public: the key the server was started with is sent."""
-    key = _started_api_key(self.args)
-    st, _, raw = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else None)
-    assert st == 200, raw
-    out = {}
-    for line in raw.decode().splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
-
-
-Server.metrics = _metrics_with_key   # type: ignore[method-assign]
 
 
 def raise_fd_limit(want: int) -> int:

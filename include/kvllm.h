@@ -108,6 +108,12 @@ const struct kvllm_model_desc *kvllm_model_describe(const struct kvllm_model *mo
 /* Name of the backend and kernel set in use ("scalar", "avx2", "strict/avx2"). */
 const char *kvllm_model_backend(const struct kvllm_model *model);
 
+/* A string metadata value of the model by its GGUF key ("general.name",
+ * "tokenizer.chat_template", "tokenizer.ggml.pre"): its bytes, not
+ * NUL-terminated, *len of them (len may be NULL); NULL when the key is absent
+ * or not a string (nothing logged).  Valid for the model's lifetime. */
+const char *kvllm_model_meta_str(const struct kvllm_model *model, const char *key, size_t *len);
+
 /* ---- tokenizer ----------------------------------------------------- */
 
 /* Tokenize len bytes of text.  add_bos: prepend BOS when the vocabulary asks

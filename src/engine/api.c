@@ -146,3 +146,12 @@ int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
     };
     return chat_template_render(text.ptr, (size_t)text.len, &p, out, NULL);
 }
+
+/* ---- metadata (appended for the CLI and server: info, /props) ---- */
+
+const char *kvllm_model_meta_str(const struct kvllm_model *km, const char *key, size_t *len) {
+    const struct gguf_kv *kv = km && km->m->file && key ? gguf_find(km->m->file, key) : NULL;
+    if (!kv || kv->type != GGUF_T_STRING) return NULL;
+    if (len) *len = (size_t)kv->v.str.len;
+    return kv->v.str.ptr;
+}

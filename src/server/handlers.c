@@ -24,6 +24,7 @@
 static int send_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
     metrics_request(&s->metrics, e->status >= 500 ? OUTCOME_SERVER_ERROR
                                  : e->status == 429 ? OUTCOME_BUSY : OUTCOME_CLIENT_ERROR);
+    server_log_request(s, "-", e->status, 0, 0, 0, -1, 0, NULL, 0);
     char *body = oai_error_json(e);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
     /* a full queue drains in about a step: tell clients when to come back */
@@ -47,10 +48,23 @@ static int job_failure(struct job *j, const struct oai_resp *r, struct oai_error
     return 0;
 }
 
+/* The request line for a job that ran: counts from its response, times from the job. */
+static void log_job(struct server *s, const struct oai_resp *r, const struct job *j, unsigned status) {
+    int prompt = 0, cached = 0, gen = 0;
+    for (int p = 0; p < r->n_prompts; p++) { prompt += r->n_prompt[p]; cached += r->n_cached[p]; }
+    for (int c = 0; c < r->n_choices; c++) gen += r->choices[c].n_generated;
+    double now = time_now();
+    const char *finish = r->n_choices ? oai_finish_name(r->choices[0].finish) : NULL;
+    if (status == 500) finish = "error";
+    server_log_request(s, r->id, status, prompt, cached, gen, j->t_first > 0 ? j->t_first - j->t_arrival : -1,
+                       j->t_first > 0 ? now - j->t_first : 0, finish, now - j->t_arrival);
+}
+
 /* ---- prompts ---- */
 
-/* Prompt k of a completions request as ids (malloc'd). Returns the count or -1. */
-static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **out, struct oai_error *e) {
+/* Prompt k of a completions request as ids (malloc'd). Returns the count or -1.  special:
+ * control-token text becomes control tokens (llama-server's /completion does so). */
+static int prompt_ids(struct server *s, const struct oai_prompt *p, bool special, int32_t **out, struct oai_error *e) {
     if (!p->text) {
         for (int i = 0; i < p->n_ids; i++)
             if (p->ids[i] >= s->n_vocab)
@@ -60,10 +74,10 @@ static int prompt_ids(struct server *s, const struct oai_prompt *p, int32_t **ou
         memcpy(*out, p->ids, (size_t)p->n_ids * sizeof **out);
         return p->n_ids;
     }
-    int n = kvllm_tokenize(s->model, p->text, p->len, true, false, NULL, 0);
+    int n = kvllm_tokenize(s->model, p->text, p->len, true, special, NULL, 0);
     if (n < 0) return oai_error_set(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
     if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return oai_error_set(e, 500, NULL, NULL, "out of memory");
-    int n2 = kvllm_tokenize(s->model, p->text, p->len, true, false, *out, n);
+    int n2 = kvllm_tokenize(s->model, p->text, p->len, true, special, *out, n);
     if (n2 != n) {   /* the same text twice must give the same ids: an engine fault, not the client's */
         free(*out);
         *out = NULL;
@@ -92,7 +106,7 @@ static int check_fit(struct server *s, const struct oai_request *rq, int n_promp
     if (mt == 0) {
         /* OpenAI's defaults: 16 new tokens for completions, for chat until
          * EOS or the context is full */
-        mt = rq->chat ? cap - n_prompt : 16;
+        mt = rq->chat || rq->llama ? cap - n_prompt : 16;
         if (mt > cap - n_prompt) mt = cap - n_prompt;
         if (mt < 1)
             return oai_error_set(e, 400, "context_length_exceeded", "prompt",
@@ -181,6 +195,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     struct stream *st = cls;
+    enum metrics_outcome oc = st->ended ? st->outcome : OUTCOME_ABORTED;
+    log_job(st->s, &st->resp, st->j, oc == OUTCOME_SUCCESS ? 200 : oc == OUTCOME_SERVER_ERROR ? 500 : 499);
     job_release(st->j);
     metrics_request(&st->s->metrics, st->ended ? st->outcome : OUTCOME_ABORTED);
     oai_resp_deinit(&st->resp);
@@ -191,6 +207,7 @@ static void stream_free(void *cls) {
 /* ---- whole responses ---- */
 
 struct whole {
+    struct server *s;
     struct job *j;
     struct oai_resp resp;
 };
@@ -209,6 +226,7 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
     struct oai_error err = { 0 };
     int failed = gone ? 0 : job_failure(w->j, &w->resp, &err);
     char *out = gone || failed ? NULL : oai_resp_json(&w->resp);
+    log_job(s, &w->resp, w->j, gone ? 499 : failed ? err.status : out ? 200 : 500);
     pending_free(w);
     if (gone) {
         metrics_request(&s->metrics, OUTCOME_ABORTED);
@@ -286,15 +304,16 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
                              kvllm_strerror(cr), *server_last_error() ? server_last_error() : "no detail");
     }
     for (int k = 0; !rq->chat && k < np; k++)
-        if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], &ids[k], err)) < 0) return -1;
+        if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], rq->llama, &ids[k], err)) < 0) return -1;
     for (int k = 0; k < np; k++)
         if (check_fit(s, rq, n_ids[k], &max_tokens[k], err)) return -1;
     return 0;
 }
 
-int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len,
+int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind kind, const char *body, size_t len,
                       bool http11, void **pending) {
     const double t_arrival = time_now();
+    const bool chat = kind == API_CHAT;
     struct oai_error err = { 0 };
     int state = atomic_load(&s->state);
     if (state != SRV_READY) {
@@ -303,7 +322,21 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
         return send_error(s, c, &err);
     }
     struct oai_request rq;
-    if (oai_parse(chat, body, len, &rq, &err)) return send_error(s, c, &err);
+    if (kind == API_LLAMA) {
+        char *translated = oai_llama_body(body, len);
+        if (!translated) return http_error(c, 500, NULL, NULL, "out of memory");
+        int pr = oai_parse(false, translated, strlen(translated), &rq, &err);
+        free(translated);
+        if (pr) return send_error(s, c, &err);
+        rq.llama = true;
+        if (rq.n_prompts > 1 || rq.n > 1) {
+            oai_request_free(&rq);
+            oai_error_set(&err, 400, NULL, "prompt", "/completion takes one prompt and one sample; use /v1/completions");
+            return send_error(s, c, &err);
+        }
+    } else if (oai_parse(chat, body, len, &rq, &err)) {
+        return send_error(s, c, &err);
+    }
 
     const int np = chat ? 1 : rq.n_prompts;   /* a rendered conversation is one prompt */
     int32_t **ids = calloc((size_t)np, sizeof *ids);
@@ -322,6 +355,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
         if (oai_resp_init(&resp, chat, id, (long long)time(NULL), s->model_id, s->model, n_ids, np, rq.n,
                           rq.logprobs))
             rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
+        resp.llama = rq.llama;
     }
     if (!rc) {
         uint64_t total = 0;
@@ -348,7 +382,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, con
      * http_end_requests sets SRV_STOPPING before it collects the watched */
     if (atomic_load(&s->state) == SRV_STOPPING) job_shutdown(j);
     if (w) {
-        *w = (struct whole){ .j = j, .resp = resp };
+        *w = (struct whole){ .s = s, .j = j, .resp = resp };
         return whole_step(s, c, w, pending);
     }
     *st = (struct stream){ .s = s, .c = c, .j = j, .resp = resp, .include_usage = include_usage,
@@ -407,4 +441,222 @@ int handle_metrics(struct server *s, struct MHD_Connection *c) {
     char *body = metrics_render(&s->metrics, ready ? &st : NULL);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
     return http_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body);
+}
+
+/* ---- llama-server's and vLLM's extras: tokenize, detokenize, version, props ---- */
+
+/* A JSON object body, or an answered 400 (*root NULL; returns MHD's result). */
+static int json_body(struct MHD_Connection *c, const char *body, size_t len, json_object **root) {
+    *root = NULL;
+    if (!utf8_valid(body, len)) return http_error(c, 400, NULL, NULL, "the request body is not valid UTF-8");
+    json_tokener *tok = json_tokener_new_ex(64);
+    if (!tok) return http_error(c, 500, NULL, NULL, "out of memory");
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *o = len ? json_tokener_parse_ex(tok, body, (int)len) : NULL;
+    bool ok = o && json_tokener_get_error(tok) == json_tokener_success && json_tokener_get_parse_end(tok) == len;
+    json_tokener_free(tok);
+    if (!ok || json_object_get_type(o) != json_type_object) {
+        json_object_put(o);
+        return http_error(c, 400, NULL, NULL, "the request body must be a JSON object");
+    }
+    *root = o;
+    return HTTP_YES;
+}
+
+static json_object *get_field(json_object *o, const char *key) {
+    json_object *v = NULL;
+    json_object_object_get_ex(o, key, &v);
+    return v;
+}
+
+/* A boolean field: 1 true, 0 false, def when absent, -1 of another type. */
+static int get_flag(json_object *o, const char *key, int def) {
+    json_object *v = get_field(o, key);
+    if (!v) return def;
+    return json_object_get_type(v) == json_type_boolean ? json_object_get_boolean(v) : -1;
+}
+
+static int not_ready(struct server *s, struct MHD_Connection *c) {
+    int st = atomic_load(&s->state);
+    if (st == SRV_LOADING) return http_error(c, 503, NULL, NULL, "the model is still loading");
+    return http_error(c, 503, "server_shutdown", NULL, "the server is shutting down");
+}
+
+/* A token's bytes as JSON: a string when they are valid UTF-8, else a list of byte values
+ * (llama-server's convention for partial characters). */
+static json_object *piece_json(struct server *s, int32_t id) {
+    char buf[256];
+    int n = kvllm_token_to_bytes(s->model, id, buf, sizeof buf);
+    if (n < 0) n = 0;
+    if (n > (int)sizeof buf) n = (int)sizeof buf;
+    if (utf8_valid(buf, (size_t)n)) return json_object_new_string_len(buf, n);
+    json_object *a = json_object_new_array();
+    for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_int((unsigned char)buf[i]));
+    return a;
+}
+
+/* POST /tokenize.  llama-server: {"content", "add_special" (false), "parse_special" (true),
+ * "with_pieces" (false)} -> {"tokens": [...]}.  vLLM: {"prompt", "add_special_tokens" (true)} or
+ * {"messages", "add_generation_prompt" (true)}, "return_token_strs" -> {"count", "max_model_len",
+ * "tokens", "token_strs"}.  Both shapes' fields are in the answer. */
+int handle_tokenize(struct server *s, struct MHD_Connection *c, const char *body, size_t len) {
+    if (atomic_load(&s->state) != SRV_READY) return not_ready(s, c);
+    json_object *root;
+    int ret = json_body(c, body, len, &root);
+    if (!root) return ret;
+    json_object *content = get_field(root, "content"), *prompt = get_field(root, "prompt");
+    json_object *msgs = get_field(root, "messages"), *model = get_field(root, "model");
+    json_object *text = content ? content : prompt;
+    int add = get_flag(root, content ? "add_special" : "add_special_tokens", content ? 0 : 1);
+    int special = get_flag(root, "parse_special", 1), pieces = get_flag(root, "with_pieces", 0);
+    int strs = get_flag(root, "return_token_strs", 0), gen = get_flag(root, "add_generation_prompt", 1);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (model && (json_object_get_type(model) != json_type_string || strcmp(json_object_get_string(model), s->model_id))) {
+        ret = http_error(c, 404, "model_not_found", "model", "this server serves '%s'", s->model_id);
+    } else if (add < 0 || special < 0 || pieces < 0 || strs < 0 || gen < 0) {
+        ret = http_error(c, 400, NULL, NULL, "add_special, add_special_tokens, parse_special, with_pieces, "
+                         "return_token_strs and add_generation_prompt must be booleans");
+    } else if (msgs) {
+        /* through the chat parser: the same checks as /v1/chat/completions */
+        json_object *req = json_object_new_object();
+        json_object_object_add(req, "messages", json_object_get(msgs));
+        const char *str = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+        struct oai_request rq;
+        struct oai_error err = { 0 };
+        int pr = str ? oai_parse(true, str, strlen(str), &rq, &err) : oai_error_set(&err, 500, NULL, NULL, "out of memory");
+        json_object_put(req);
+        if (pr) {
+            char *e = oai_error_json(&err);
+            ret = e ? http_send(c, err.status, "application/json", e) : HTTP_NO;
+        } else {
+            server_clear_error();
+            int rc = kvllm_chat_tokenize(s->model, s->chat_template, rq.msgs, rq.n_msgs, gen, s->special_in_content,
+                                         &ids, &n);
+            oai_request_free(&rq);
+            if (rc == KVLLM_ENOTFOUND) ret = http_error(c, 400, "no_chat_template", "messages", "this model has no chat template");
+            else if (rc) ret = http_error(c, 400, "chat_template", "messages", "cannot apply the chat template: %s",
+                                          *server_last_error() ? server_last_error() : kvllm_strerror(rc));
+            else ret = -1;
+        }
+    } else if (!text || json_object_get_type(text) != json_type_string) {
+        ret = http_error(c, 400, NULL, content ? "content" : "prompt",
+                         "'content' (llama-server), 'prompt' or 'messages' (vLLM) is required, as a string");
+    } else {
+        const char *t = json_object_get_string(text);
+        size_t tl = (size_t)json_object_get_string_len(text);
+        n = kvllm_tokenize(s->model, t, tl, add, special, NULL, 0);
+        ids = n >= 0 ? malloc((size_t)(n > 0 ? n : 1) * sizeof *ids) : NULL;
+        if (n < 0) ret = http_error(c, 400, NULL, NULL, "cannot tokenize: %s", kvllm_strerror(n));
+        else if (!ids) ret = http_error(c, 500, NULL, NULL, "out of memory");
+        else { kvllm_tokenize(s->model, t, tl, add, special, ids, n); ret = -1; }
+    }
+    if (ret == -1) {
+        json_object *o = json_object_new_object(), *a = json_object_new_array();
+        json_object *ts = strs ? json_object_new_array() : NULL;
+        for (int i = 0; i < n; i++) {
+            if (pieces) {
+                json_object *x = json_object_new_object();
+                json_object_object_add(x, "id", json_object_new_int(ids[i]));
+                json_object_object_add(x, "piece", piece_json(s, ids[i]));
+                json_object_array_add(a, x);
+            } else {
+                json_object_array_add(a, json_object_new_int(ids[i]));
+            }
+            if (ts) json_object_array_add(ts, piece_json(s, ids[i]));
+        }
+        json_object_object_add(o, "tokens", a);
+        json_object_object_add(o, "count", json_object_new_int(n));
+        json_object_object_add(o, "max_model_len", json_object_new_int(s->n_ctx));
+        json_object_object_add(o, "token_strs", ts);
+        ret = send_json(c, 200, o);
+    }
+    free(ids);
+    json_object_put(root);
+    return ret;
+}
+
+/* POST /detokenize: {"tokens": [ids]} -> {"content" (llama-server), "prompt" (vLLM)}. */
+int handle_detokenize(struct server *s, struct MHD_Connection *c, const char *body, size_t len) {
+    if (atomic_load(&s->state) != SRV_READY) return not_ready(s, c);
+    json_object *root;
+    int ret = json_body(c, body, len, &root);
+    if (!root) return ret;
+    json_object *a = get_field(root, "tokens");
+    struct kvllm_detok *d = NULL;
+    struct strbuf out = { 0 };
+    sb_put(&out, "", 0);
+    if (!a || json_object_get_type(a) != json_type_array) {
+        ret = http_error(c, 400, NULL, "tokens", "'tokens' must be a list of token ids");
+    } else if (kvllm_detok_new(s->model, &d)) {
+        ret = http_error(c, 500, NULL, NULL, "cannot detokenize with this model");
+    } else {
+        int32_t prev = -1;
+        ret = -1;
+        for (size_t i = 0; i < json_object_array_length(a) && ret == -1; i++) {
+            json_object *v = json_object_array_get_idx(a, i);
+            int64_t id = json_object_get_type(v) == json_type_int ? json_object_get_int64(v) : -1;
+            if (id < 0 || id >= s->n_vocab) {
+                ret = http_error(c, 400, NULL, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, s->n_vocab);
+                break;
+            }
+            const char *piece = kvllm_detok_push(d, prev, (int32_t)id);
+            if (piece) sb_puts(&out, piece);
+            prev = (int32_t)id;
+        }
+        const char *rest = ret == -1 ? kvllm_detok_flush(d) : NULL;
+        if (rest) sb_puts(&out, rest);
+    }
+    if (ret == -1 && out.oom) ret = http_error(c, 500, NULL, NULL, "out of memory");
+    if (ret == -1) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "content", json_object_new_string_len(out.s, (int)out.len));
+        json_object_object_add(o, "prompt", json_object_new_string_len(out.s, (int)out.len));
+        ret = send_json(c, 200, o);
+    }
+    kvllm_detok_free(d);
+    sb_free(&out);
+    json_object_put(root);
+    return ret;
+}
+
+int handle_version(struct server *s, struct MHD_Connection *c) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "name", json_object_new_string("kvllm"));
+    json_object_object_add(o, "version", json_object_new_string(s->version));
+    json_object_object_add(o, "commit", json_object_new_string(s->commit));
+    return send_json(c, 200, o);
+}
+
+/* GET /props, as llama-server: the model, its context, slots, template and build. */
+int handle_props(struct server *s, struct MHD_Connection *c) {
+    if (atomic_load(&s->state) != SRV_READY) return not_ready(s, c);
+    size_t tl = 0;
+    const char *tmpl = s->chat_template;
+    if (tmpl) tl = strlen(tmpl);
+    else tmpl = kvllm_model_meta_str(s->model, "tokenizer.chat_template", &tl);
+    const struct kvllm_model_desc *d = kvllm_model_describe(s->model);
+    char build[128];
+    snprintf(build, sizeof build, "kvllm %s (commit %s), kernels %s", s->version, s->commit, kvllm_model_backend(s->model));
+    json_object *o = json_object_new_object(), *g = json_object_new_object(), *p = json_object_new_object();
+    json_object_object_add(p, "temperature", json_object_new_double(0.8));
+    json_object_object_add(p, "top_k", json_object_new_int(40));
+    json_object_object_add(p, "top_p", json_object_new_double(0.95));
+    json_object_object_add(p, "min_p", json_object_new_double(0.05));
+    json_object_object_add(p, "n_predict", json_object_new_int(-1));
+    json_object_object_add(g, "n_ctx", json_object_new_int(s->n_ctx));
+    json_object_object_add(g, "params", p);
+    json_object_object_add(o, "default_generation_settings", g);
+    json_object_object_add(o, "model", json_object_new_string(s->model_id));
+    json_object_object_add(o, "model_alias", json_object_new_string(s->model_id));
+    json_object_object_add(o, "n_ctx", json_object_new_int(s->n_ctx));
+    json_object_object_add(o, "n_ctx_train", json_object_new_int(d->n_ctx_train));
+    json_object_object_add(o, "n_vocab", json_object_new_int(d->n_vocab));
+    json_object_object_add(o, "total_slots", json_object_new_int(s->max_seqs));
+    json_object_object_add(o, "chat_template", json_object_new_string_len(tmpl ? tmpl : "", (int)tl));
+    json_object_object_add(o, "has_chat_template", json_object_new_boolean(tmpl != NULL));
+    json_object_object_add(o, "build_info", json_object_new_string(build));
+    json_object_object_add(o, "version", json_object_new_string(s->version));
+    json_object_object_add(o, "commit", json_object_new_string(s->commit));
+    return send_json(c, 200, o);
 }

@@ -52,7 +52,10 @@
 /* File descriptors kept for everything but client sockets. */
 #define FD_RESERVE 128
 
-enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum route {
+    R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT,
+    R_LLAMA, R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_PROPS, R_EMBEDDINGS, R_OPTIONS,
+};
 
 static const struct {
     const char *path;
@@ -66,7 +69,22 @@ static const struct {
     { "/v1/models/", true, "GET", R_MODEL },
     { "/v1/completions", false, "POST", R_COMPLETIONS },
     { "/v1/chat/completions", false, "POST", R_CHAT },
+    /* llama-server's and vLLM's extras */
+    { "/completion", false, "POST", R_LLAMA },
+    { "/completions", false, "POST", R_LLAMA },
+    { "/tokenize", false, "POST", R_TOKENIZE },
+    { "/detokenize", false, "POST", R_DETOKENIZE },
+    { "/version", false, "GET", R_VERSION },
+    { "/props", false, "GET", R_PROPS },
+    { "/v1/embeddings", false, "POST", R_EMBEDDINGS },
+    { "/embeddings", false, "POST", R_EMBEDDINGS },
+    { "/embedding", false, "POST", R_EMBEDDINGS },
 };
+
+/* What a preflight may ask for, and what it is told. */
+#define CORS_METHODS "GET, HEAD, POST, OPTIONS"
+#define CORS_HEADERS "Authorization, Content-Type"
+#define CORS_MAX_AGE "600"
 
 /* Where a connection is in its current request, for the deadlines. */
 enum phase {
@@ -87,6 +105,7 @@ struct peer {
     enum phase phase;
     double t_phase;         /* when the phase began */
     struct job *job;        /* waiting on the engine: watched for a vanished client (holds a reference) */
+    const struct server *srv;   /* for the CORS headers of every response */
 };
 
 /* Per-request state, from the first call of the access handler to the
@@ -104,6 +123,21 @@ struct conn {
 
 /* ---- responses ---- */
 
+static struct peer *peer_of(struct MHD_Connection *c);
+
+/* CORS: a request from an allowed origin gets Access-Control-Allow-Origin
+ * (and Vary: Origin when the answer depends on it); any other gets nothing. */
+static void add_cors(struct MHD_Connection *c, struct MHD_Response *r) {
+    struct peer *p = peer_of(c);
+    if (!p || !p->srv || !p->srv->allowed_origins) return;
+    const char *allow = server_cors_origin(p->srv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"));
+    if (p->srv->allowed_origins && strcmp(p->srv->allowed_origins, "*"))
+        MHD_add_response_header(r, "Vary", "Origin");
+    if (!allow) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After, WWW-Authenticate");
+}
+
 static int send_with(struct MHD_Connection *c, unsigned status, const char *ctype, char *body, const char *hname,
                      const char *hval, bool close) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
@@ -111,6 +145,7 @@ static int send_with(struct MHD_Connection *c, unsigned status, const char *ctyp
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (hname) MHD_add_response_header(r, hname, hval);
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    add_cors(c, r);
     int ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -137,6 +172,7 @@ static int error_with(struct MHD_Connection *c, unsigned status, const char *cod
         else sb_put(&b, p, 1);
     }
     const char *type = status == 401 ? "authentication_error" : status == 429 ? "rate_limit_error"
+                     : status == 403 ? "permission_error" : status == 501 ? "not_implemented_error"
                      : status == 503 ? "service_unavailable" : status >= 500 ? "server_error" : "invalid_request_error";
     sb_printf(&b, "\", \"type\": \"%s\", \"param\": ", type);
     if (param) sb_printf(&b, "\"%s\"", param); else sb_puts(&b, "null");
@@ -168,6 +204,7 @@ int http_stream(struct MHD_Connection *c, ssize_t (*reader)(void *cls, uint64_t 
     if (!r) { free_cb(cls); return MHD_NO; }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    add_cors(c, r);
     int ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);   /* free_cb runs when MHD is done with it */
     return ret;
@@ -177,6 +214,7 @@ int http_stream(struct MHD_Connection *c, ssize_t (*reader)(void *cls, uint64_t 
 
 static enum route find_route(const char *url, const char *method, const char **allow) {
     *allow = NULL;
+    if (!strcmp(method, "OPTIONS")) return R_OPTIONS;   /* the same answer on every path (see preflight) */
     for (size_t i = 0; i < sizeof k_routes / sizeof *k_routes; i++) {
         size_t n = strlen(k_routes[i].path);
         bool match = k_routes[i].prefix ? !strncmp(url, k_routes[i].path, n) && url[n] && !strchr(url + n, '/')
@@ -184,7 +222,7 @@ static enum route find_route(const char *url, const char *method, const char **a
         if (!match) continue;
         bool get = !strcmp(k_routes[i].method, "GET");
         if (!strcmp(method, k_routes[i].method) || (get && !strcmp(method, "HEAD"))) return k_routes[i].route;
-        *allow = get ? "GET, HEAD" : k_routes[i].method;
+        *allow = get ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
         return R_NONE;
     }
     return R_NONE;
@@ -258,6 +296,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         peer_address(c, p);
         p->phase = PH_HEADERS;
         p->t_phase = time_now();
+        p->srv = s;
         pthread_mutex_lock(&s->peers_mu);
         p->over = s->n_peers >= s->max_conns || same_client(s, p) >= s->max_conns_per_client;
         if (!p->over) s->n_peers++;
@@ -483,7 +522,7 @@ static void classify(struct server *s, struct MHD_Connection *c, const char *url
         set_error(cn, 503, "too_many_connections", true,
                   "too many connections (--max-connections %d, --max-connections-per-client %d); try again later",
                   s->max_conns, s->max_conns_per_client);
-    } else if (!public_path(s, url) && !authorized(s, c)) {
+    } else if (cn->route != R_OPTIONS && !public_path(s, url) && !authorized(s, c)) {
         set_error(cn, 401, "invalid_api_key", false, "missing or wrong API key (send 'Authorization: Bearer KEY')");
         cn->hname = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
         cn->hval = "Bearer";
@@ -498,6 +537,36 @@ static void classify(struct server *s, struct MHD_Connection *c, const char *url
         cn->hname = MHD_HTTP_HEADER_RETRY_AFTER;
         cn->hval = "1";
     }
+}
+
+/* OPTIONS: a CORS preflight from an allowed origin is answered 204 with what
+ * it may send; one from any other origin 403 without CORS headers; one
+ * without an Origin 204 with Allow.  Browsers send no credentials on a
+ * preflight, so it is answered before authentication; the answer is the
+ * same for every path, so it tells nothing about the routes. */
+static int preflight(struct server *s, struct MHD_Connection *c) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *allow = server_cors_origin(s, origin);
+    if (origin && !allow)
+        return http_error(c, 403, "origin_not_allowed", NULL, "origin %.200s is not allowed (--allowed-origins)", origin);
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, CORS_METHODS);
+    if (allow) {
+        const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        bool plain = true;   /* echo only a header list made of token characters */
+        for (const char *p = want; p && *p; p++)
+            plain &= (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                     *p == '-' || *p == '_' || *p == ',' || *p == ' ';
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", CORS_METHODS);
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", want && *want && plain && strlen(want) < 512 ? want : CORS_HEADERS);
+        MHD_add_response_header(r, "Access-Control-Max-Age", CORS_MAX_AGE);
+        if (strcmp(allow, "*")) MHD_add_response_header(r, "Vary", "Origin");
+    }
+    int ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -516,7 +585,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > DRAIN_LIMIT) {
             /* too large to drain: answer now; MHD closes the connection */
-            if (cn->route == R_COMPLETIONS || cn->route == R_CHAT) metrics_request(&s->metrics, OUTCOME_CLIENT_ERROR);
+            if (cn->route == R_COMPLETIONS || cn->route == R_CHAT || cn->route == R_LLAMA) metrics_request(&s->metrics, OUTCOME_CLIENT_ERROR);
             return (enum MHD_Result)http_error(c, 413, "request_too_large", NULL,
                                                "request body of %s bytes exceeds the limit of %zu", cl, s->max_body);
         }
@@ -533,7 +602,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     /* the whole request is here */
     set_phase(s, peer_of(c), PH_BUSY);
-    bool completion = cn->route == R_COMPLETIONS || cn->route == R_CHAT;
+    bool completion = cn->route == R_COMPLETIONS || cn->route == R_CHAT || cn->route == R_LLAMA;
     if (completion && (cn->status || cn->n_body > s->max_body)) metrics_request(&s->metrics, OUTCOME_CLIENT_ERROR);
     if (cn->status)
         return (enum MHD_Result)error_with(c, cn->status, cn->code, NULL, cn->hname, cn->hval, cn->close, cn->message);
@@ -550,8 +619,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return (enum MHD_Result)handle_models(s, c, NULL);
     case R_MODEL: return (enum MHD_Result)handle_models(s, c, url + strlen("/v1/models/"));
     case R_COMPLETIONS:
-        return (enum MHD_Result)handle_completion(s, c, false, body, cn->body.len, http11, &cn->pending);
-    case R_CHAT: return (enum MHD_Result)handle_completion(s, c, true, body, cn->body.len, http11, &cn->pending);
+        return (enum MHD_Result)handle_completion(s, c, API_COMPLETION, body, cn->body.len, http11, &cn->pending);
+    case R_CHAT:
+        return (enum MHD_Result)handle_completion(s, c, API_CHAT, body, cn->body.len, http11, &cn->pending);
+    case R_LLAMA:
+        return (enum MHD_Result)handle_completion(s, c, API_LLAMA, body, cn->body.len, http11, &cn->pending);
+    case R_TOKENIZE: return (enum MHD_Result)handle_tokenize(s, c, body, cn->body.len);
+    case R_DETOKENIZE: return (enum MHD_Result)handle_detokenize(s, c, body, cn->body.len);
+    case R_VERSION: return (enum MHD_Result)handle_version(s, c);
+    case R_PROPS: return (enum MHD_Result)handle_props(s, c);
+    case R_OPTIONS: return (enum MHD_Result)preflight(s, c);
+    case R_EMBEDDINGS:
+        return (enum MHD_Result)http_error(c, 501, "not_implemented", NULL,
+                                           "embeddings are not supported: kvllm serves text generation only (POST "
+                                           "/v1/completions, /v1/chat/completions, /completion, /tokenize, "
+                                           "/detokenize; GET /v1/models, /health, /metrics, /props, /version)");
     default: return MHD_NO;
     }
 }

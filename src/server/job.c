@@ -212,6 +212,7 @@ void job_on_event(const struct kvllm_event *ev, void *user) {
     if (ev->token >= 0) {
         double now = time_now(), ttft = -1, itl = -1;
         if (!s->got_first) { s->got_first = true; ttft = now - j->t_arrival; }
+        if (j->t_first == 0) j->t_first = now;
         if (j->t_last[c] > 0) itl = now - j->t_last[c];
         j->t_last[c] = now;
         metrics_token(&j->srv->metrics, ttft, itl);

@@ -67,6 +67,7 @@ struct job {
     int logprobs;                    /* -1: none; else alternatives per position (0..JOB_MAX_TOP) */
     struct job_sub *subs;            /* (n_prompts) */
     double t_arrival;                /* time_now() when the request arrived */
+    double t_first;                  /* when its first token came (0: none yet); engine thread, read after the end */
     double *t_last;                  /* (n_prompts * n) previous token time per choice; engine thread only */
 
     /* waking the HTTP side; under mu */

@@ -27,6 +27,7 @@ struct oai_prompt {             /* a completions prompt: text or token ids */
 
 struct oai_request {
     bool chat;
+    bool llama;                          /* llama-server's /completion: its response shape, no default length */
     char *model;                         /* NULL: the served model */
     struct oai_prompt *prompts;          /* (n_prompts) completions */
     int n_prompts;
@@ -60,6 +61,10 @@ int oai_error_set(struct oai_error *e, unsigned status, const char *code, const 
     __attribute__((format(printf, 5, 6)));
 
 int oai_parse(bool chat, const char *body, size_t len, struct oai_request *r, struct oai_error *err);
+/* llama-server's /completion body (prompt, n_predict, repeat_penalty, seed -1, its sampling defaults)
+ * as a /v1/completions body for oai_parse: malloc'd; NULL if out of memory.  A body that is not a
+ * JSON object comes back as it is (oai_parse reports it). */
+char *oai_llama_body(const char *body, size_t len);
 void oai_request_free(struct oai_request *r);
 
 /* {"error": {"message", "type", "param", "code"}}: malloc'd, NULL if out of memory. */
@@ -78,6 +83,7 @@ struct oai_choice {
 
 struct oai_resp {
     bool chat;
+    bool llama;                          /* llama-server's /completion shape (set after oai_resp_init) */
     char id[48];
     long long created;
     const char *model_id;
@@ -101,7 +107,10 @@ void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strb
 /* Streaming: a stream that ends in error: `data: {"error": {...}}` (the
  * shape of oai_error_json) and "data: [DONE]". */
 void oai_stream_error(const struct oai_error *e, struct strbuf *out);
-/* Streaming: the usage chunk (when asked) and "data: [DONE]". */
+/* The name of a finish reason ("stop", "length", ...; NULL while running). */
+const char *oai_finish_name(enum kvllm_finish f);
+/* Streaming: the usage chunk (when asked) and "data: [DONE]" (a llama-shaped
+ * stream ends with its stop:true chunk instead). */
 void oai_stream_end(struct oai_resp *r, bool include_usage, struct strbuf *out);
 
 #endif

@@ -439,3 +439,48 @@ void oai_request_free(struct oai_request *r) {
     free(r->stop);
     memset(r, 0, sizeof *r);
 }
+
+/* ---- llama-server's /completion ---- */
+
+char *oai_llama_body(const char *body, size_t len) {
+    json_tokener *tok = json_tokener_new_ex(MAX_DEPTH);
+    if (!tok) return NULL;
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+    json_object *root = len ? json_tokener_parse_ex(tok, body, (int)len) : NULL;
+    bool ok = root && json_tokener_get_error(tok) == json_tokener_success &&
+              json_object_get_type(root) == json_type_object;
+    json_tokener_free(tok);
+    if (!ok) {   /* oai_parse says what is wrong with it */
+        json_object_put(root);
+        char *copy = malloc(len + 1);
+        if (copy) { memcpy(copy, body, len); copy[len] = 0; }
+        return copy;
+    }
+    json_object *v;
+    /* n_predict: > 0 a limit; -1 (or absent) until end of text or context */
+    if ((v = field(root, "n_predict"))) {
+        if (json_object_get_type(v) == json_type_int && json_object_get_int64(v) > 0)
+            json_object_object_add(root, "max_tokens", json_object_get(v));
+        else if (json_object_get_type(v) != json_type_int)
+            json_object_object_add(root, "max_tokens", json_object_get(v));   /* reported as max_tokens */
+        json_object_object_del(root, "n_predict");
+    }
+    if ((v = field(root, "repeat_penalty"))) {
+        json_object_object_add(root, "repetition_penalty", json_object_get(v));
+        json_object_object_del(root, "repeat_penalty");
+    }
+    if ((v = field(root, "seed")) && json_object_get_type(v) == json_type_int && json_object_get_int64(v) == -1)
+        json_object_object_del(root, "seed");   /* llama-server: -1 is a random seed */
+    /* llama-server's sampling defaults, not OpenAI's */
+    static const struct { const char *key; double v; } defaults[] = {
+        { "temperature", 0.8 }, { "top_k", 40 }, { "top_p", 0.95 }, { "min_p", 0.05 },
+    };
+    for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++)
+        if (!field(root, defaults[i].key))
+            json_object_object_add(root, defaults[i].key, !strcmp(defaults[i].key, "top_k")
+                                   ? json_object_new_int((int)defaults[i].v) : json_object_new_double(defaults[i].v));
+    const char *str = json_object_to_json_string_ext(root, JSON_FLAGS);
+    char *out = str ? strdup(str) : NULL;
+    json_object_put(root);
+    return out;
+}

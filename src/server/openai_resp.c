@@ -85,6 +85,27 @@ static const char *finish_name(enum kvllm_finish f) {
     }
 }
 
+const char *oai_finish_name(enum kvllm_finish f) { return finish_name(f); }
+
+/* ---- llama-server's /completion shape ---- */
+
+static json_object *llama_final(const struct oai_resp *r, const struct oai_choice *ch, const char *text, size_t len) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "index", json_object_new_int(0));
+    json_object_object_add(o, "content", json_object_new_string_len(text, (int)len));
+    json_object_object_add(o, "id_slot", json_object_new_int(0));
+    json_object_object_add(o, "stop", json_object_new_boolean(1));
+    json_object_object_add(o, "model", json_object_new_string(r->model_id));
+    json_object_object_add(o, "tokens_predicted", json_object_new_int(ch->n_generated));
+    json_object_object_add(o, "tokens_evaluated", json_object_new_int(r->n_prompt[0]));
+    json_object_object_add(o, "tokens_cached", json_object_new_int(r->n_cached[0]));
+    /* the engine does not tell an end-of-sequence token from a stop string */
+    json_object_object_add(o, "stop_type", json_object_new_string(ch->finish == KVLLM_FINISH_LENGTH ? "limit" : "eos"));
+    json_object_object_add(o, "stopping_word", json_object_new_string(""));
+    json_object_object_add(o, "truncated", json_object_new_boolean(0));
+    return o;
+}
+
 static json_object *lp_number(float x) {
     /* -inf (a masked logit) is not JSON: report it as vLLM does */
     return json_object_new_double(isfinite(x) ? (double)x : -9999.0);
@@ -207,6 +228,10 @@ static json_object *finish_json(enum kvllm_finish f) {
 }
 
 char *oai_resp_json(struct oai_resp *r) {
+    if (r->llama) {
+        const struct oai_choice *ch = &r->choices[0];
+        return to_string(llama_final(r, ch, ch->text.s ? ch->text.s : "", ch->text.len));
+    }
     json_object *o = envelope(r, r->chat ? "chat.completion" : "text_completion"), *cs = json_object_new_array();
     for (int c = 0; c < r->n_choices; c++) {
         struct oai_choice *ch = &r->choices[c];
@@ -263,6 +288,20 @@ static json_object *chunk(const struct oai_resp *r, int c, json_object *delta_or
 
 void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strbuf *out) {
     struct oai_choice *ch = &r->choices[e->choice];
+    if (r->llama) {   /* {"content", "stop": false} per piece, then the whole summary with "stop": true */
+        if (e->len) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "index", json_object_new_int(0));
+            json_object_object_add(o, "content", json_object_new_string_len(e->text, (int)e->len));
+            json_object_object_add(o, "stop", json_object_new_boolean(0));
+            json_object_object_add(o, "id_slot", json_object_new_int(0));
+            json_object_object_add(o, "tokens_predicted", json_object_new_int(e->n_generated));
+            sse(out, o);
+        }
+        note_event(r, e);
+        if (e->finish != KVLLM_FINISH_NONE) sse(out, llama_final(r, ch, "", 0));
+        return;
+    }
     if (r->chat && !ch->started) {
         /* OpenAI opens every chat choice with the role */
         json_object *d = json_object_new_object();
@@ -307,6 +346,7 @@ void oai_stream_error(const struct oai_error *e, struct strbuf *out) {
 }
 
 void oai_stream_end(struct oai_resp *r, bool include_usage, struct strbuf *out) {
+    if (r->llama) { sb_put(out, "", 0); return; }
     if (include_usage) {
         json_object *o = envelope(r, r->chat ? "chat.completion.chunk" : "text_completion");
         json_object_object_add(o, "choices", json_object_new_array());

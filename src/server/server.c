@@ -14,9 +14,12 @@
 #include "server/server_internal.h"
 #include "core/core.h"
 
+#include <json-c/json.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- logging: errors are also remembered per thread for the client ---- */
@@ -26,10 +29,118 @@ static _Thread_local char t_last_error[512];
 const char *server_last_error(void) { return t_last_error; }
 void server_clear_error(void) { t_last_error[0] = 0; }
 
+/* "2025-01-31T12:00:00.123Z" */
+static void iso_time(char *buf, size_t cap) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, cap - n, ".%03ldZ", ts.tv_nsec / 1000000);
+}
+
+static const char *const k_level[] = { "error", "warning", "info", "debug" };
+
+/* One JSON object per line: {"ts", "level", then o's fields}; takes o. */
+static void emit_json(enum kvllm_log_level level, json_object *o) {
+    char ts[40];
+    iso_time(ts, sizeof ts);
+    json_object *line = json_object_new_object();
+    json_object_object_add(line, "ts", json_object_new_string(ts));
+    json_object_object_add(line, "level", json_object_new_string(k_level[level]));
+    json_object_object_foreach(o, k, v) json_object_object_add(line, k, json_object_get(v));
+    json_object_put(o);
+    const char *str = json_object_to_json_string_ext(line, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    if (str) fprintf(stderr, "%s\n", str);
+    json_object_put(line);
+}
+
 static void log_sink(enum kvllm_log_level level, const char *msg, void *user) {
     static const char *tag[] = { "error: ", "warning: ", "", "debug: " };
-    if (level == KVLLM_LOG_ERROR) snprintf(t_last_error, sizeof t_last_error, "%s", msg);
+    const struct server *s = user;
+    if (level == KVLLM_LOG_ERROR) {   /* truncated to what a client is shown */
+        size_t n = strnlen(msg, sizeof t_last_error - 1);
+        memcpy(t_last_error, msg, n);
+        t_last_error[n] = 0;
+    }
+    if (s && s->log_json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "msg", json_object_new_string(msg));
+        emit_json(level, o);
+        return;
+    }
     fprintf(stderr, "kvllm: %s%s\n", tag[level], msg);
+}
+
+void server_log(struct server *s, enum kvllm_log_level level, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    bool err = level == KVLLM_LOG_ERROR;
+    char keep[512];
+    if (err) snprintf(keep, sizeof keep, "%s", t_last_error);
+    log_sink(level, msg, s);
+    if (err) snprintf(t_last_error, sizeof t_last_error, "%s", keep);
+}
+
+void server_log_request(struct server *s, const char *id, unsigned status, int n_prompt, int n_cached, int n_gen,
+                        double ttft, double gen_s, const char *finish, double total_s) {
+    double tps = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0;
+    if (s->log_json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "event", json_object_new_string("request"));
+        json_object_object_add(o, "id", json_object_new_string(id));
+        json_object_object_add(o, "status", json_object_new_int((int)status));
+        json_object_object_add(o, "prompt_tokens", json_object_new_int(n_prompt));
+        json_object_object_add(o, "cached_tokens", json_object_new_int(n_cached));
+        json_object_object_add(o, "output_tokens", json_object_new_int(n_gen));
+        json_object_object_add(o, "ttft_ms", ttft >= 0 ? json_object_new_double(ttft * 1e3) : NULL);
+        json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
+        json_object_object_add(o, "finish_reason", finish ? json_object_new_string(finish) : NULL);
+        json_object_object_add(o, "duration_ms", json_object_new_double(total_s * 1e3));
+        emit_json(status >= 500 ? KVLLM_LOG_WARN : KVLLM_LOG_INFO, o);
+        return;
+    }
+    char t[32] = "-";
+    if (ttft >= 0) snprintf(t, sizeof t, "%.1f ms", ttft * 1e3);
+    fprintf(stderr, "kvllm: request %s: %u, prompt %d tokens (%d cached), output %d tokens, ttft %s, %.1f tok/s, "
+                    "finish %s, %.3f s\n", id, status, n_prompt, n_cached, n_gen, t, tps, finish ? finish : "-", total_s);
+}
+
+/* The engine line: what runs and waits, the KV pool, throughput since the last line. */
+static void log_engine(struct server *s, const struct kvllm_engine_stats *st, double prompt_tps, double gen_tps) {
+    double kv = st->blocks_total ? 100.0 * st->blocks_held / st->blocks_total : 0;
+    if (s->log_json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "event", json_object_new_string("engine"));
+        json_object_object_add(o, "running", json_object_new_int(st->n_running));
+        json_object_object_add(o, "waiting", json_object_new_int(st->n_waiting));
+        json_object_object_add(o, "kv_used_pct", json_object_new_double(kv));
+        json_object_object_add(o, "prompt_tokens_per_s", json_object_new_double(prompt_tps));
+        json_object_object_add(o, "generation_tokens_per_s", json_object_new_double(gen_tps));
+        json_object_object_add(o, "preemptions", json_object_new_int64((int64_t)st->preemptions));
+        emit_json(KVLLM_LOG_INFO, o);
+        return;
+    }
+    fprintf(stderr, "kvllm: engine: running %d, waiting %d, KV %.1f%% used (%d of %d blocks), prompt %.1f tok/s, "
+                    "generation %.1f tok/s, %llu preemptions\n", st->n_running, st->n_waiting, kv, st->blocks_held,
+            st->blocks_total, prompt_tps, gen_tps, (unsigned long long)st->preemptions);
+}
+
+const char *server_cors_origin(const struct server *s, const char *origin) {
+    if (!s->allowed_origins || !origin || !*origin) return NULL;
+    const char *p = s->allowed_origins;
+    size_t n = strlen(origin);
+    while (*p) {
+        while (*p == ',' || *p == ' ') p++;
+        size_t k = strcspn(p, ", ");
+        if (k == 1 && *p == '*') return "*";
+        if (k == n && !strncasecmp(p, origin, n)) return origin;
+        p += k;
+    }
+    return NULL;
 }
 
 /* ---- the engine thread ---- */
@@ -51,13 +162,25 @@ bool server_stats(struct server *s, struct kvllm_engine_stats *st) {
 
 static void *engine_main(void *arg) {
     struct server *s = arg;
+    /* the engine line: throughput over the interval, printed while busy */
+    double t_line = time_now();
+    uint64_t prompt0 = s->stats.prompt_tokens - s->stats.cached_tokens, gen0 = 0;
+    bool busy = false;
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->kick && s->idle && !s->engine_stop) pthread_cond_wait(&s->cv, &s->mu);
-        bool done = s->engine_stop && s->idle && !s->kick;
+        bool done = s->engine_stop && s->idle && !s->kick, woke = s->idle;
+        uint64_t prompt_now = s->stats.prompt_tokens - s->stats.cached_tokens;
         s->kick = false;
         pthread_mutex_unlock(&s->mu);
         if (done) break;
+        if (woke) {   /* busy again after idling: the interval starts now */
+            t_line = time_now();
+            prompt0 = prompt_now;
+            pthread_mutex_lock(&s->metrics.mu);
+            gen0 = s->metrics.generated_tokens;
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
 
         int n = kvllm_engine_step(s->engine);
         if (n < 0) LOG_ERR("engine step failed: %s", kvllm_strerror(n));
@@ -68,6 +191,19 @@ static void *engine_main(void *arg) {
         s->stats = st;
         s->idle = idle;
         pthread_mutex_unlock(&s->mu);
+        busy |= n > 0;
+        double now = time_now();
+        if (s->log_interval > 0 && now - t_line >= s->log_interval) {
+            pthread_mutex_lock(&s->metrics.mu);
+            uint64_t gen = s->metrics.generated_tokens;
+            pthread_mutex_unlock(&s->metrics.mu);
+            uint64_t prompt = st.prompt_tokens - st.cached_tokens;
+            if (busy) log_engine(s, &st, (double)(prompt - prompt0) / (now - t_line), (double)(gen - gen0) / (now - t_line));
+            t_line = now;
+            prompt0 = prompt;
+            gen0 = gen;
+            busy = !idle;
+        }
         /* a step that computed nothing with requests pending (all waiting on
          * something) must not spin */
         if ((n <= 0) && !idle) nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
@@ -95,6 +231,12 @@ int server_start(const struct server_params *p, struct server **out) {
     s->idle_timeout = p->idle_timeout > 0 ? p->idle_timeout : 30;
     s->max_conns = p->max_conns > 0 ? p->max_conns : 4096;
     s->max_conns_per_client = p->max_conns_per_client > 0 ? p->max_conns_per_client : 1024;
+    s->allowed_origins = dup_or_null(p->allowed_origins && *p->allowed_origins ? p->allowed_origins : NULL);
+    s->log_json = p->log_json;
+    s->log_interval = p->log_interval;
+    s->max_seqs = p->max_seqs;
+    s->version = strdup(p->version ? p->version : "unknown");
+    s->commit = strdup(p->commit ? p->commit : "unknown");
     s->port = p->port;
     s->created = time(NULL);
     s->idle = true;
@@ -106,11 +248,11 @@ int server_start(const struct server_params *p, struct server **out) {
     pthread_mutex_init(&s->peers_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     metrics_init(&s->metrics);
-    if (!s->host || !s->model_id || (p->api_key && *p->api_key && !s->api_key) || (p->chat_template && !s->chat_template)) {
+    if (!s->host || !s->model_id || !s->version || !s->commit || (p->api_key && *p->api_key && !s->api_key) || (p->chat_template && !s->chat_template)) {
         server_free(s);
         return KVLLM_ENOMEM;
     }
-    kvllm_log_set(log_sink, NULL);
+    kvllm_log_set(log_sink, s);
     int rc = http_start(s);
     if (rc) { server_free(s); return rc; }
     *out = s;
@@ -170,5 +312,8 @@ void server_free(struct server *s) {
     free(s->api_key);
     free(s->model_id);
     free(s->chat_template);
+    free(s->allowed_origins);
+    free(s->version);
+    free(s->commit);
     free(s);
 }

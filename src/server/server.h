@@ -1,6 +1,7 @@
 /* server.h — `kvllm serve`: an OpenAI-compatible HTTP server over the
  * continuous-batching engine (POST /v1/completions, /v1/chat/completions,
- * GET /v1/models, /health, /metrics).
+ * GET /v1/models, /health, /metrics), with llama-server's and vLLM's extras
+ * (POST /completion, /tokenize, /detokenize; GET /props, /version) and CORS.
  *
  * Lifecycle: server_start brings HTTP up at once, so /health answers 503
  * while the caller loads the model; server_ready hands over the model and
@@ -32,6 +33,11 @@ struct server_params {
     double idle_timeout;        /* seconds a keep-alive or stalled connection may stay silent (0: 30) */
     int max_conns;              /* connections; more are answered 503 (0: 4096, fewer if file descriptors are short) */
     int max_conns_per_client;   /* connections from one address; more are answered 503 (0: 1024) */
+    const char *allowed_origins;  /* CORS: comma-separated origins, or "*"; NULL: none (no CORS headers) */
+    bool log_json;              /* log lines as JSON objects (one per line) instead of text */
+    double log_interval;        /* seconds between engine lines while busy (0: none) */
+    int max_seqs;               /* the engine's sequences at once, for /props (0: unknown) */
+    const char *version, *commit;   /* for /version and /props (NULL: "unknown") */
 };
 
 struct server;
@@ -56,6 +62,9 @@ int server_running(struct server *s);
  * whole responses; up to a few seconds for those answers to go out), stop
  * HTTP, join the engine thread.  Idempotent. */
 void server_stop(struct server *s);
+/* A log line through the server's sink (text or JSON, as --log-format). */
+void server_log(struct server *s, enum kvllm_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* NULL-safe; stops first if needed. */
 void server_free(struct server *s);
 

@@ -29,6 +29,11 @@ struct server {
     bool metrics_public;
     double header_timeout, body_timeout, idle_timeout;   /* seconds */
     int max_conns, max_conns_per_client;
+    char *allowed_origins;            /* CORS list ("a,b" or "*"); NULL: none */
+    bool log_json;
+    double log_interval;
+    int max_seqs;
+    char *version, *commit;
     struct MHD_Daemon *d;
     int port;
     time_t created;
@@ -58,6 +63,13 @@ struct server {
     atomic_bool watch_stop;
     atomic_int n_jobs;                /* completion requests not yet answered in full */
 };
+
+/* CORS: the Access-Control-Allow-Origin value for a request from `origin`
+ * (NULL: none, the origin is not allowed or there is no CORS at all). */
+const char *server_cors_origin(const struct server *s, const char *origin);
+/* One line per finished request (--log-format): fields as given. */
+void server_log_request(struct server *s, const char *id, unsigned status, int n_prompt, int n_cached, int n_gen,
+                        double ttft, double gen_s, const char *finish, double total_s);
 
 /* Wake the engine thread: a request was added or aborted. */
 void server_kick(struct server *s);
@@ -99,8 +111,13 @@ enum { HTTP_NO = 0, HTTP_YES = 1 };
  * handle_pending (until that answers and clears it); pending_free drops the
  * state of a connection that closed meanwhile.  http11: the request was
  * HTTP/1.1 (an interim response may be sent to probe the client). */
-int handle_completion(struct server *s, struct MHD_Connection *c, bool chat, const char *body, size_t len,
+enum api_kind { API_COMPLETION, API_CHAT, API_LLAMA };   /* /v1/completions, /v1/chat/completions, /completion */
+int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind kind, const char *body, size_t len,
                       bool http11, void **pending);
+int handle_tokenize(struct server *s, struct MHD_Connection *c, const char *body, size_t len);
+int handle_detokenize(struct server *s, struct MHD_Connection *c, const char *body, size_t len);
+int handle_version(struct server *s, struct MHD_Connection *c);
+int handle_props(struct server *s, struct MHD_Connection *c);
 int handle_pending(struct server *s, struct MHD_Connection *c, void **pending);
 void pending_free(void *pending);
 int handle_models(struct server *s, struct MHD_Connection *c, const char *id);

@@ -48,5 +48,18 @@ char *cli_read_file(const char *path, size_t *len);
 /* Parse "A:B" (or "A") into lo..hi. */
 bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b);
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Report an unknown option of `cmd`, naming the closest option found in the
+ * usage texts (more may be NULL): "did you mean --temp?". */
+void cli_unknown(const char *cmd, const char *arg, const char *usage, const char *more);
+/* llama.cpp / vLLM options that only matter on a GPU (-ngl, -fa, --gpu-memory-utilization, ...):
+ * consumed with a one-line note on stderr.  Returns 1 if argv[*i] was one, 0 if not, -1 when
+ * its value is missing (error printed). */
+int cli_gpu_opt(int argc, char **argv, int *i);
+extern const char *const cli_gpu_usage;
+/* "kvllm VERSION (commit HASH)" and the compiled kernel sets. */
+#include <stdio.h>
+void cli_print_version(FILE *f);
+const char *cli_version_string(void);
+const char *cli_commit_string(void);
 
 #endif

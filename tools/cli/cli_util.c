@@ -174,3 +174,116 @@ char *cli_read_file(const char *path, size_t *len) {
     if (len) *len = n;
     return buf;
 }
+
+/* ---- what llama.cpp and vLLM users type ---- */
+
+/* Levenshtein distance of a and b (both short option names). */
+static int edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63) return 99;
+    int row[64];
+    for (size_t j = 0; j <= m; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[m];
+}
+
+/* The closest option named in `text` (a usage text: options are the words
+ * that start with '-' after a space, a comma or a line start). */
+static void closest_in(const char *text, const char *arg, int *best, char *out, size_t cap) {
+    for (const char *p = text; p && *p; p++) {
+        if (*p != '-' || (p > text && p[-1] != ' ' && p[-1] != '\n' && p[-1] != ',' && p[-1] != '[')) continue;
+        size_t n = strspn(p, "-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
+        if (n < 2 || p[1] == ' ' || n >= 64) { p += n ? n - 1 : 0; continue; }
+        char name[64];
+        memcpy(name, p, n);
+        name[n] = 0;
+        int d = edit_distance(arg, name);
+        if (d < *best) { *best = d; snprintf(out, cap, "%s", name); }
+        p += n - 1;
+    }
+}
+
+void cli_unknown(const char *cmd, const char *arg, const char *usage, const char *more) {
+    char name[64] = "", opt[64];
+    snprintf(opt, sizeof opt, "%s", arg);
+    char *eq = strchr(opt, '=');
+    if (eq) *eq = 0;
+    int best = 99;
+    closest_in(usage, opt, &best, name, sizeof name);
+    closest_in(more, opt, &best, name, sizeof name);
+    /* close enough to be a typo: a third of the name, at least 2 edits */
+    int limit = (int)strlen(opt) / 3 > 2 ? (int)strlen(opt) / 3 : 2;
+    if (opt[0] == '-' && best <= limit)
+        cli_error("%s: unknown option '%s' (did you mean %s? see kvllm %s --help)", cmd, arg, name, cmd);
+    else if (opt[0] == '-')
+        cli_error("%s: unknown option '%s' (see kvllm %s --help)", cmd, arg, cmd);
+    else
+        cli_error("%s: unexpected argument '%s' (see kvllm %s --help)", cmd, arg, cmd);
+}
+
+/* Options of llama.cpp and vLLM that only matter with a GPU: name and
+ * whether a value follows (2: an optional on/off/auto value). */
+static const struct { const char *name; int value; } k_gpu_opts[] = {
+    { "-ngl", 1 }, { "--n-gpu-layers", 1 }, { "--gpu-layers", 1 }, { "-mg", 1 }, { "--main-gpu", 1 },
+    { "-sm", 1 }, { "--split-mode", 1 }, { "-ts", 1 }, { "--tensor-split", 1 }, { "-fa", 2 },
+    { "--flash-attn", 2 }, { "--no-kv-offload", 0 }, { "-nkvo", 0 }, { "-dev", 1 }, { "--device", 1 },
+    { "--gpu-memory-utilization", 1 }, { "-tp", 1 }, { "--tensor-parallel-size", 1 }, { "--enforce-eager", 0 },
+    { "--mlock", 0 }, { "--no-mmap", 0 },
+};
+
+const char *const cli_gpu_usage =
+    "accepted for llama.cpp / vLLM habits, with a note (CPU-only build):\n"
+    "  -ngl N, --n-gpu-layers N, -mg N, -sm MODE, -ts LIST, -fa [on|off|auto], -dev DEV, --no-kv-offload,\n"
+    "  --gpu-memory-utilization F, -tp N, --enforce-eager, --mlock, --no-mmap\n";
+
+int cli_gpu_opt(int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    for (size_t k = 0; k < sizeof k_gpu_opts / sizeof *k_gpu_opts; k++) {
+        const char *name = k_gpu_opts[k].name;
+        size_t n = strlen(name);
+        if (strncmp(a, name, n) || (a[n] && a[n] != '=')) continue;
+        const char *v = a[n] == '=' ? a + n + 1 : NULL;
+        if (!v && k_gpu_opts[k].value == 1 && !(v = cli_arg(argc, argv, i))) return -1;
+        if (!v && k_gpu_opts[k].value == 2 && *i + 1 < argc &&
+            (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto")))
+            v = argv[++*i];
+        const char *why = !strcmp(name, "--mlock") || !strcmp(name, "--no-mmap")
+            ? "the CPU backend always maps the weights"
+            : !strcmp(name, "-fa") || !strcmp(name, "--flash-attn") ? "attention is always fused (paged, online softmax)"
+            : "this build has no GPU backend (CPU only)";
+        fprintf(stderr, "kvllm: note: %s%s%s ignored: %s\n", name, v ? " " : "", v ? v : "", why);
+        return 1;
+    }
+    return 0;
+}
+
+#ifndef KVLLM_VERSION
+#define KVLLM_VERSION "0.0.0"
+#endif
+#ifndef KVLLM_COMMIT
+#define KVLLM_COMMIT "unknown"
+#endif
+
+const char *cli_version_string(void) { return KVLLM_VERSION; }
+const char *cli_commit_string(void) { return KVLLM_COMMIT; }
+
+void cli_print_version(FILE *f) {
+    fprintf(f, "kvllm %s (commit %s)\n", KVLLM_VERSION, KVLLM_COMMIT);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    fprintf(f, "kernels: scalar, avx2 (this CPU: %s); GPU: none (CPU-only build)\n",
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2" : "scalar only");
+#else
+    fprintf(f, "kernels: scalar; GPU: none (CPU-only build)\n");
+#endif
+}

@@ -16,24 +16,33 @@
 #define MAX_LIST 16
 
 static const char *k_usage =
-    "usage: kvllm bench model -m MODEL[,MODEL...] [options]\n"
-    "  --pp N            prompt tokens per prefill test (default 512, 0 = skip)\n"
-    "  --tg N            generated tokens per generation test (default 128, 0 = skip)\n"
-    "  --threads LIST    thread counts, e.g. 1,2 (default: all CPUs)\n"
-    "  --depth LIST      context already filled before each test (default 0)\n"
-    "  --reps N          repetitions (default 5)\n"
+    "usage: kvllm bench model -m MODEL[,MODEL...] [options]   (llama-bench's short options work)\n"
+    "  -p, --pp N        prompt tokens per prefill test (default 512, 0 = skip)\n"
+    "  -n, --tg N        generated tokens per generation test (default 128, 0 = skip)\n"
+    "  -t, --threads LIST  thread counts, e.g. 1,2 (default: all CPUs)\n"
+    "  -d, --depth LIST  context already filled before each test (default 0)\n"
+    "  -r, --reps N      repetitions (default 5)\n"
+    "  -b, --batch-size N  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
     "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
-    "  -o md|json        output format (default md)\n"
+    "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench)\n"
+    "  columns: model, size (weight bytes), params, backend (kernel set), type, threads, test, depth,\n"
+    "  batch, kv, tokens/s, ms/token, roofline\n"
     "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
-    "  step x steps/s over the read bandwidth measured with the same thread count\n";
+    "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
+    "  the weights fit in the last-level cache); a run that preempts a sequence fails\n";
+
+enum bench_fmt { FMT_MD, FMT_JSON, FMT_JSONL, FMT_CSV };
 
 struct bench_opts {
     char models[1024];
-    long pp, tg, reps;
+    long pp, tg, reps, ubatch;
+    enum bench_fmt fmt;
+    int w_model;          /* width of the model column (md) */
+    int n_rows;           /* rows printed so far (json separators) */
     long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST];
     int n_threads, n_depth, n_batch;
-    bool no_kv, json;
+    bool no_kv;
 };
 
 static long cpu_threads(void) {
@@ -92,7 +101,8 @@ static int cmp_double(const void *a, const void *b) {
 static double run_once(struct kvllm_model *m, const struct bench_opts *o, long depth, long n, bool gen,
                        unsigned *seed) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
-    struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv };
+    struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv,
+                                       .max_batch = (int)o->ubatch };
     struct kvllm_session *s;
     if (kvllm_session_new(m, &sp, &s)) return -1;
     long total = depth + n;
@@ -134,7 +144,10 @@ static double run_batch_tg(struct kvllm_model *m, long depth, long n, long B, un
     long np = depth > 0 ? depth : 1;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.max_seqs = (int)B;
-    ep.kv_tokens = (int)(B * (np + n + 2));
+    /* whole blocks per sequence: a pool of B * (np + n + 2) positions
+     * rounds each sequence up and runs short, preempting inside the timing */
+    const long bs = ep.block_size > 0 ? ep.block_size : 16;
+    ep.kv_tokens = (int)(B * ((np + n + 2 + bs - 1) / bs) * bs);
     ep.prefix_caching = false;
     if (np + n + 1 > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)(np + n + 1);
     struct kvllm_engine *e;
@@ -155,33 +168,129 @@ static double run_batch_tg(struct kvllm_model *m, long depth, long n, long B, un
     }
     while (!rc && !kvllm_engine_idle(e)) rc = kvllm_engine_step(e) < 0;
     double dt = cli_time() - p.t_first;
+    struct kvllm_engine_stats st;
+    kvllm_engine_get_stats(e, &st);
     free(ids);
     kvllm_engine_free(e);
+    if (!rc && st.preemptions) {   /* a preempted sequence recomputes its context: the figure would lie */
+        cli_error("bench: %llu preemption(s) during a batch-%ld run (pool of %d blocks): not a valid measurement",
+                  (unsigned long long)st.preemptions, B, st.blocks_total);
+        return -1;
+    }
     return rc || p.n_tokens != B * n ? -1 : dt;
 }
 
 /* roofline: decode reads every weight once per step (a step serves `batch`
  * tokens), so its bound is bandwidth / weight bytes steps per second */
-static void print_row(const struct bench_opts *o, const char *model, const char *type, long threads, long pp,
-                      long tg, long depth, long batch, double med, double sd, double roofline) {
-    long n = pp ? pp : tg;
-    if (o->json) {
-        printf("{\"model\": \"%s\", \"type\": \"%s\", \"threads\": %ld, \"pp\": %ld, \"tg\": %ld, \"depth\": %ld, "
-               "\"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, \"tokens_per_s_sd\": %.3f, "
-               "\"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f}\n",
-               model, type, threads, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
-               tg ? roofline : 0.0);
-    } else {
-        char test[32], roof[16] = "";
-        snprintf(test, sizeof test, "%s%ld", pp ? "pp" : "tg", n);
-        if (tg && roofline > 0) snprintf(roof, sizeof roof, "%.0f %%", roofline);
-        printf("| %-28s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n", model, type,
-               threads, test, depth, batch, o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
+/* Bytes of the last-level cache (0: unknown).  Weights that fit there are
+ * not read from memory, so a bandwidth roofline does not bound them. */
+static double llc_bytes(void) {
+    for (int i = 4; i >= 0; i--) {
+        char path[96], buf[32];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        char *ok = fgets(buf, sizeof buf, f);
+        fclose(f);
+        if (!ok) continue;
+        char *end;
+        double v = strtod(buf, &end);
+        return v * (*end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 1.0);
     }
+    return 0;
+}
+
+/* What every row of one model says about it. */
+struct model_cols {
+    const char *name, *type, *backend;
+    double size_gib, params_b;
+};
+
+static void fmt_size(char *buf, size_t cap, double gib) {
+    if (gib >= 1) snprintf(buf, cap, "%.2f GiB", gib);
+    else snprintf(buf, cap, "%.1f MiB", gib * 1024);
+}
+
+static void fmt_params(char *buf, size_t cap, double b) {
+    if (b >= 1) snprintf(buf, cap, "%.2f B", b);
+    else if (b * 1e3 >= 1) snprintf(buf, cap, "%.1f M", b * 1e3);
+    else snprintf(buf, cap, "%.1f K", b * 1e6);
+}
+
+/* A string as JSON (the names come from file names: quote and escape). */
+static void json_str(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+static void print_header(struct bench_opts *o) {
+    if (o->fmt == FMT_JSON) { puts("["); return; }
+    if (o->fmt == FMT_CSV) {
+        puts("model,size_bytes,params,backend,type,threads,test,pp,tg,depth,batch,kv_cache,tokens_per_s_median,"
+             "tokens_per_s_sd,ms_per_token_median,roofline_pct,weights_in_llc");
+        return;
+    }
+    if (o->fmt != FMT_MD) return;
+    char dash[256];
+    int w = o->w_model < (int)sizeof dash - 3 ? o->w_model : (int)sizeof dash - 3;
+    memset(dash, '-', (size_t)w + 2);
+    dash[w + 2] = 0;
+    printf("| %-*s | %10s | %9s | %-12s | %-5s | %7s | %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model", "size",
+           "params", "backend", "type", "threads", "test", "depth", "batch", "kv", "tokens/s (median ± sd)", "ms/token",
+           "roofline");
+    printf("|%s|-----------:|----------:|--------------|-------|--------:|--------|------:|------:|------|"
+           "------------------------:|-----------:|---------:|\n", dash);
+}
+
+static void print_footer(const struct bench_opts *o) {
+    if (o->fmt == FMT_JSON) puts("]");
+}
+
+/* roofline < 0: the weights fit in the last-level cache (no roofline). */
+static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_t size, uint64_t params, long threads,
+                      long pp, long tg, long depth, long batch, double med, double sd, double roofline) {
+    long n = pp ? pp : tg;
+    char test[32];
+    snprintf(test, sizeof test, "%s%ld", pp ? "pp" : "tg", n);
+    if (o->fmt == FMT_JSON || o->fmt == FMT_JSONL) {
+        /* json: one object per line with "," lines between, so line readers still work */
+        if (o->fmt == FMT_JSON && o->n_rows) puts(",");
+        printf("{\"model\": ");
+        json_str(mc->name);
+        printf(", \"size_bytes\": %llu, \"params\": %llu, \"backend\": ", (unsigned long long)size,
+               (unsigned long long)params);
+        json_str(mc->backend);
+        printf(", \"type\": \"%s\", \"threads\": %ld, \"test\": \"%s\", \"pp\": %ld, \"tg\": %ld, \"depth\": %ld, "
+               "\"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, \"tokens_per_s_sd\": %.3f, "
+               "\"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f, \"weights_in_llc\": %s}\n",
+               mc->type, threads, test, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
+               tg && roofline > 0 ? roofline : 0.0, roofline < 0 ? "true" : "false");
+    } else if (o->fmt == FMT_CSV) {
+        printf("\"");
+        for (const char *p = mc->name; *p; p++) printf(*p == '"' ? "\"\"" : "%c", *p);
+        printf("\",%llu,%llu,%s,%s,%ld,%s,%ld,%ld,%ld,%ld,%d,%.3f,%.3f,%.4f,%.1f,%d\n", (unsigned long long)size,
+               (unsigned long long)params, mc->backend, mc->type, threads, test, pp, tg, depth, batch, !o->no_kv, med,
+               sd, 1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0);
+    } else {
+        char roof[16] = "", sz[32], pr[32];
+        if (tg && roofline > 0) snprintf(roof, sizeof roof, "%.0f %%", roofline);
+        if (tg && roofline < 0) snprintf(roof, sizeof roof, "in LLC");
+        fmt_size(sz, sizeof sz, mc->size_gib);
+        fmt_params(pr, sizeof pr, mc->params_b);
+        printf("| %-*s | %10s | %9s | %-12s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
+               o->w_model, mc->name, sz, pr, mc->backend, mc->type, threads, test, depth, batch, o->no_kv ? "off" : "on",
+               med, sd, 1e3 / med, roof);
+    }
+    o->n_rows++;
     fflush(stdout);
 }
 
-static int bench_model(const struct bench_opts *o, const char *path) {
+static int bench_model(struct bench_opts *o, const char *path) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     for (int ti = 0; ti < o->n_threads; ti++) {
@@ -189,9 +298,12 @@ static int bench_model(const struct bench_opts *o, const char *path) {
         mp.n_threads = (int)o->threads[ti];
         struct kvllm_model *m;
         if (kvllm_model_load(path, &mp, &m)) return 1;
-        const char *type = kvllm_model_describe(m)->weight_type;
-        const double wbytes = (double)kvllm_model_describe(m)->weight_bytes;
-        const double bw = o->tg > 0 ? read_bandwidth(mp.n_threads) : 0;
+        const struct kvllm_model_desc *md = kvllm_model_describe(m);
+        const struct model_cols mc = { .name = base, .type = md->weight_type, .backend = kvllm_model_backend(m),
+                                       .size_gib = (double)md->weight_bytes / 1073741824.0,
+                                       .params_b = (double)md->n_params / 1e9 };
+        const double wbytes = (double)md->weight_bytes;
+        const double bw = o->tg > 0 ? read_bandwidth(mp.n_threads) : 0, llc = llc_bytes();
         for (int di = 0; di < o->n_depth; di++) {
             for (int test = 0; test < 1 + o->n_batch; test++) {
                 /* test 0: prefill; 1..n_batch: decode with batch[test - 1] sequences */
@@ -212,8 +324,9 @@ static int bench_model(const struct bench_opts *o, const char *path) {
                 qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
                 double med = o->reps % 2 ? tps[o->reps / 2] : 0.5 * (tps[o->reps / 2 - 1] + tps[o->reps / 2]);
                 double roof = bw > 0 && !o->no_kv ? 100.0 * med / (double)B * wbytes / bw : 0;
-                print_row(o, base, type, mp.n_threads, test == 0 ? n : 0, test > 0 ? n : 0, o->depth[di], B, med, sd,
-                          roof);
+                if (roof > 0 && wbytes <= llc) roof = -1;   /* cache-resident: no memory roofline */
+                print_row(o, &mc, md->weight_bytes, md->n_params, mp.n_threads, test == 0 ? n : 0, test > 0 ? n : 0,
+                          o->depth[di], B, med, sd, roof);
             }
         }
         kvllm_model_free(m);
@@ -228,34 +341,47 @@ static int bench_model_cmd(int argc, char **argv) {
     o.batch[0] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
+        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_gpu_usage, stdout); return 0; }
         if (!strcmp(a, "--no-kv-cache")) { o.no_kv = true; continue; }
+        int go = cli_gpu_opt(argc, argv, &i);
+        if (go < 0) return 2;
+        if (go > 0) continue;
+        if (!strstr(k_usage, a) || a[0] != '-') { cli_unknown("bench model", a, k_usage, NULL); return 2; }
         if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m")) snprintf(o.models, sizeof o.models, "%s", v);
-        else if (!strcmp(a, "--pp")) { if (!cli_int(a, v, 0, 1 << 20, &o.pp)) return 2; }
-        else if (!strcmp(a, "--tg")) { if (!cli_int(a, v, 0, 1 << 20, &o.tg)) return 2; }
-        else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) snprintf(o.models, sizeof o.models, "%s", v);
+        else if (!strcmp(a, "--pp") || !strcmp(a, "-p") || !strcmp(a, "--n-prompt")) { if (!cli_int(a, v, 0, 1 << 20, &o.pp)) return 2; }
+        else if (!strcmp(a, "--tg") || !strcmp(a, "-n") || !strcmp(a, "--n-gen")) { if (!cli_int(a, v, 0, 1 << 20, &o.tg)) return 2; }
+        else if (!strcmp(a, "--reps") || !strcmp(a, "-r") || !strcmp(a, "--repetitions")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "--depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
+        else if (!strcmp(a, "--depth") || !strcmp(a, "-d") || !strcmp(a, "--n-depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--batch")) { if ((o.n_batch = cli_int_list(a, v, 1, 4096, o.batch, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "-o")) {
-            if (!strcmp(v, "json")) o.json = true;
-            else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
-        } else { cli_error("bench model: unknown option '%s'", a); return 2; }
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (!cli_int(a, v, 1, 1 << 16, &o.ubatch)) return 2; }
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!strcmp(v, "json")) o.fmt = FMT_JSON;
+            else if (!strcmp(v, "jsonl")) o.fmt = FMT_JSONL;
+            else if (!strcmp(v, "csv")) o.fmt = FMT_CSV;
+            else if (!strcmp(v, "md")) o.fmt = FMT_MD;
+            else { cli_error("-o: expected md, json, jsonl or csv, got '%s'", v); return 2; }
+        } else { cli_unknown("bench model", a, k_usage, NULL); return 2; }
     }
     if (!*o.models) { cli_error("bench model: -m MODEL is required"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
-    if (!o.json) {
-        printf("| %-28s | %-5s | %7s | %-6s | %5s | %5s | %4s | %23s | %10s | %8s |\n", "model", "type", "threads",
-               "test", "depth", "batch", "kv", "tokens/s (median ± sd)", "ms/token", "roofline");
-        printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", "------------------------------", "-------", "---------",
-               "--------", "-------", "-------", "------", "-------------------------", "------------", "----------");
-    }
     char list[1024];
+    /* the model column as wide as the longest name */
+    o.w_model = 5;
     snprintf(list, sizeof list, "%s", o.models);
-    for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save))
-        if (bench_model(&o, p)) return 1;
-    return 0;
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        const char *base = strrchr(p, '/');
+        int w = (int)strlen(base ? base + 1 : p);
+        if (w > o.w_model) o.w_model = w;
+    }
+    print_header(&o);
+    snprintf(list, sizeof list, "%s", o.models);
+    int rc = 0;
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save))
+        rc = bench_model(&o, p);
+    print_footer(&o);
+    return rc;
 }
 
 /* ---- bench throughput: the engine on an offline workload ---- */
@@ -304,7 +430,7 @@ static int bench_throughput_cmd(int argc, char **argv) {
         else if (!strcmp(a, "-o")) {
             if (!strcmp(v, "json")) json = true;
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
-        } else { cli_error("bench throughput: unknown option '%s'", a); return 2; }
+        } else { cli_unknown("bench throughput", a, k_usage_tp, cli_engine_usage); return 2; }
     }
     if (!model) { cli_error("bench throughput: -m MODEL is required"); return 2; }
     if (shared > p_lo) { cli_error("--shared-prefix %ld is longer than the shortest prompt (%ld)", shared, p_lo); return 2; }
@@ -401,7 +527,7 @@ static double ttft_once(struct kvllm_engine *e, const int32_t *toks, int n, int 
 
 static const char *k_usage_prefix =
     "usage: kvllm bench prefix -m MODEL [--prompt-len N] [--cached-pct P] [--reps R] [-t N] [engine options]\n"
-    "  time to first token of an N-token prompt (default 1024) whose first P %% (default 90) is\n"
+    "  time to first token of an N-token prompt (default 1024) whose first P % (default 90) is\n"
     "  already in the prefix cache, against the same prompt cold\n";
 
 static int bench_prefix_cmd(int argc, char **argv) {
@@ -420,7 +546,7 @@ static int bench_prefix_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--cached-pct")) { if (!cli_int(a, v, 0, 99, &pct)) return 2; }
         else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &reps)) return 2; }
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("bench prefix: unknown option '%s'", a); return 2; }
+        else { cli_unknown("bench prefix", a, k_usage_prefix, cli_engine_usage); return 2; }
     }
     if (!model) { cli_error("bench prefix: -m MODEL is required"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
@@ -483,7 +609,24 @@ int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
-    if (argc >= 2 && cli_is_help(argv[1])) { fputs(k_usage, stdout); fputs(k_usage_tp, stdout); fputs(k_usage_prefix, stdout); return 0; }
+    if (argc < 2 || cli_is_help(argv[1])) {
+        FILE *f = argc < 2 ? stderr : stdout;
+        fputs("usage: kvllm bench KIND [options]   (kvllm bench KIND --help for each)\n"
+              "  model       prompt processing and generation speed, as llama-bench\n"
+              "  throughput  the engine on an offline workload (continuous or static batching)\n"
+              "  prefix      time to first token with a cached prefix against cold\n"
+              "  serve       load generator against a running server (kvllm serve, llama-server, vLLM)\n"
+              "  membw       memory read bandwidth (the decode roofline)\n\n", f);
+        if (argc < 2) return 2;
+        fputs(k_usage, stdout);
+        fputs("\n", stdout);
+        fputs(k_usage_tp, stdout);
+        fputs("\n", stdout);
+        fputs(k_usage_prefix, stdout);
+        fputs("\nusage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
+        fputs("\nusage: kvllm bench serve --url URL [options]   (kvllm bench serve --help for all)\n", stdout);
+        return 0;
+    }
     cli_error("bench: expected a benchmark kind: model, throughput, prefix, serve or membw (see kvllm bench --help)");
     return 2;
 }

@@ -35,8 +35,9 @@ static const char *k_usage =
     "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
     "  --chat-template FILE   Jinja chat template (default: the model's tokenizer.chat_template)\n"
-    "  --system TEXT          a system message opening the conversation\n"
+    "  -sys, --system-prompt TEXT  a system message opening the conversation (also --system)\n"
     "  -p, --prompt TEXT      the user's message: answer it and exit\n"
+    "  -f, --file FILE        the user's message from FILE ('-': stdin): answer it and exit\n"
     "  -n, --n-predict N      most tokens per answer (default 512)\n"
     "  --temp T               temperature, 0 = greedy (default 0.8)\n"
     "  --top-k K              (default 40, 0 = off)\n"
@@ -56,7 +57,7 @@ static const char *k_usage =
     "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
 
 struct chat_opts {
-    const char *model, *tokenizer, *template_path, *prompt, *system;
+    const char *model, *tokenizer, *template_path, *prompt, *system, *file;
     struct kvllm_engine_params ep;  /* KV options (--kv-type, --block-size, --kv-mem, ...) */
     long n_predict, n_ctx, n_threads;
     bool seed_set, interactive, no_reuse, verbose, quiet, special_in_content;
@@ -72,6 +73,7 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         const char *a = argv[i], *v;
         int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
         if (so == 0) so = cli_engine_opt(argc, argv, &i, &o->ep);
+        if (so == 0) so = cli_gpu_opt(argc, argv, &i);
         if (so < 0) return 2;
         if (so > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
@@ -79,8 +81,10 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
         else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
         else if (!strcmp(a, "--chat-template")) { ARG(); o->template_path = v; }
-        else if (!strcmp(a, "--system")) { ARG(); o->system = v; }
+        else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) { ARG(); o->system = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { ARG(); o->file = v; }
+        else if (!strcmp(a, "--version")) { cli_print_version(stdout); return -1; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
@@ -89,10 +93,11 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "--special-in-content")) o->special_in_content = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
-        else { cli_error("chat: unknown option '%s' (see kvllm chat --help)", a); return 2; }
+        else { cli_unknown("chat", a, k_usage, cli_engine_usage); return 2; }
 #undef ARG
     }
     if (!o->model) { cli_error("chat: -m MODEL is required (see kvllm chat --help)"); return 2; }
+    if (o->file && o->prompt) { cli_error("chat: give the message with -p or -f, not both"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
     return 0;
 }
@@ -305,17 +310,23 @@ int cmd_chat(int argc, char **argv) {
 
     struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse,
                       .special_in_content = o.special_in_content };
-    char *tmpl = NULL, *input = NULL;
+    char *tmpl = NULL, *input = NULL, *file_text = NULL;
     int status = 1;
+    if (o.file) {
+        if (!(file_text = read_text(o.file, o.file))) return 1;
+        size_t n = chomp(file_text, strlen(file_text));
+        if (!n) { cli_error("chat: %s holds no message", o.file); free(file_text); return 1; }
+        o.prompt = file_text;
+    }
     if (o.template_path) {
-        if (!(tmpl = read_text(o.template_path, o.template_path))) return 1;
+        if (!(tmpl = read_text(o.template_path, o.template_path))) { free(file_text); return 1; }
         c.tmpl = tmpl;
     }
 
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     mp.n_threads = (int)o.n_threads;
-    if (kvllm_model_load(o.model, &mp, &c.model)) { free(tmpl); return 1; }
+    if (kvllm_model_load(o.model, &mp, &c.model)) { free(tmpl); free(file_text); return 1; }
     c.d = kvllm_model_describe(c.model);
 
     /* no template at all is a usage problem: say so before reading input */
@@ -363,6 +374,7 @@ done:
     free(c.have);
     free(c.logits);
     free(input);
+    free(file_text);
     free(tmpl);
     kvllm_detok_free(c.detok);
     kvllm_sampler_free(c.smp);

@@ -8,13 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *k_usage =
     "usage: kvllm run -m MODEL [options]\n"
     "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
-    "  -p, --prompt TEXT      prompt (default: BOS alone)\n"
-    "  -n, --n-predict N      new tokens to generate (default 128)\n"
+    "  -p, --prompt TEXT      prompt (default: BOS alone); '-' reads it from stdin\n"
+    "  -f, --file FILE        read the prompt from FILE ('-': stdin)\n"
+    "  -sys, --system-prompt TEXT  answer the prompt as a chat turn under this system message\n"
+    "                         (the model's chat template; the answer ends at end of turn)\n"
+    "  --parse-special        read special-token text in the prompt (\"<|im_start|>\") as control tokens\n"
+    "                         (default: on when the prompt holds such text, as llama-cli)\n"
+    "  --no-parse-special     read it as plain text\n"
+    "  -n, --n-predict N      new tokens to generate (default 128; -1: until end of text or context)\n"
     "  --temp T               temperature, 0 = greedy (default 0.8)\n"
     "  --top-k K              (default 40, 0 = off)\n"
     "  --top-p P              (default 0.95, 1 = off)\n"
@@ -27,19 +34,26 @@ static const char *k_usage =
     "  --ignore-eos           do not stop at end-of-sequence\n"
     "  --no-echo              do not print the prompt\n"
     "  --ids                  print the generated token ids instead of text\n"
-    "  -q, --quiet            only errors on stderr\n";
+    "  --color [on|off|auto]  prompt echo in yellow, generated text plain (alone: on; auto: on a terminal)\n"
+    "  --verbose-prompt       print the prompt's token ids (and pieces) on stderr before generating\n"
+    "  -no-cnv                accepted (run is one completion; `kvllm chat` converses)\n"
+    "  -q, --quiet            only errors on stderr\n"
+    "  --version              print the version, commit and kernel sets\n";
 
 
 struct run_opts {
-    const char *model, *tokenizer, *prompt;
+    const char *model, *tokenizer, *prompt, *file, *system;
+    char *prompt_buf;       /* -f FILE or -p -: malloc'd */
     long n_predict, n_ctx, n_threads;
-    bool no_kv, ignore_eos, no_echo, ids, quiet, seed_set;
+    int parse_special;      /* -1: when the prompt holds special-token text; 0 / 1: as told */
+    bool no_kv, ignore_eos, no_echo, ids, quiet, seed_set, color, verbose_prompt;
     struct kvllm_sampling_params sp;
     struct kvllm_engine_params ep;
 };
 
 static int parse(int argc, char **argv, struct run_opts *o) {
     o->n_predict = 128;
+    o->parse_special = -1;
     o->sp = kvllm_sampling_default_params();
     o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
@@ -50,12 +64,42 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
         if (so < 0) return 2;
         if (so > 0) continue;
+        int go = cli_gpu_opt(argc, argv, &i);
+        if (go < 0) return 2;
+        if (go > 0) continue;
 #define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
-        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
+        if (cli_is_help(a)) {
+            fputs(k_usage, stdout);
+            fputs(cli_engine_usage, stdout);
+            fputs(cli_gpu_usage, stdout);
+            return -1;
+        }
+        else if (!strcmp(a, "--version")) { cli_print_version(stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
         else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return 2; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { ARG(); o->file = v; }
+        else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) { ARG(); o->system = v; }
+        else if (!strcmp(a, "--parse-special")) o->parse_special = 1;
+        else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = true;
+        else if (!strcmp(a, "--no-parse-special")) o->parse_special = 0;
+        else if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation")) continue;
+        else if (!strcmp(a, "--color") || !strncmp(a, "--color=", 8) || !strcmp(a, "-co")) {
+            const char *mode = a[7] == '=' ? a + 8 : NULL;
+            if (!mode && i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off") ||
+                                          !strcmp(argv[i + 1], "auto")))
+                mode = argv[++i];
+            if (mode && strcmp(mode, "on") && strcmp(mode, "off") && strcmp(mode, "auto")) {
+                cli_error("--color: '%s' is not on, off or auto", mode);
+                return 2;
+            }
+            o->color = !mode || !strcmp(mode, "on") || (!strcmp(mode, "auto") && isatty(STDOUT_FILENO));
+        }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            ARG();
+            if (!cli_int(a, v, -2, 1 << 24, &o->n_predict)) return 2;
+            if (o->n_predict < 0) o->n_predict = -1;   /* llama-cli: -1 infinity, -2 until the context is full */
+        }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_ctx)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
         else if (!strcmp(a, "--no-kv-cache")) o->no_kv = true;
@@ -63,10 +107,19 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else if (!strcmp(a, "--no-echo")) o->no_echo = true;
         else if (!strcmp(a, "--ids")) o->ids = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
-        else { cli_error("run: unknown option '%s' (see kvllm run --help)", a); return 2; }
+        else { cli_unknown("run", a, k_usage, cli_engine_usage); return 2; }
 #undef ARG
     }
     if (!o->model) { cli_error("run: -m MODEL is required (see kvllm run --help)"); return 2; }
+    if (o->file && o->prompt) { cli_error("run: give the prompt with -p or -f, not both"); return 2; }
+    if (o->file || (o->prompt && !strcmp(o->prompt, "-"))) {
+        size_t len;
+        const char *path = o->file ? o->file : "-";
+        if (!(o->prompt_buf = cli_read_file(path, &len))) return 1;
+        if (strlen(o->prompt_buf) != len) { cli_error("%s: the prompt contains a NUL byte", path); return 1; }
+        o->prompt = o->prompt_buf;
+    }
+    if (o->system && !o->prompt) { cli_error("run: -sys needs a prompt (-p or -f) to answer"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
     return 0;
 }
@@ -90,25 +143,64 @@ static void on_event(const struct kvllm_event *ev, void *user) {
     if (ev->finish) p->finish = ev->finish;
 }
 
-/* Tokenize the prompt (BOS alone when there is none).  Returns the count or
- * < 0 (error printed); *out is malloc'd. */
-static int tokenize_prompt(struct kvllm_model *m, const char *prompt, int32_t **out) {
+/* Whether text holds special-token text that parse_special would turn
+ * into control tokens (it tokenizes differently with and without). */
+static bool holds_special(struct kvllm_model *m, const char *text, size_t len) {
+    int a = kvllm_tokenize(m, text, len, false, false, NULL, 0), b = kvllm_tokenize(m, text, len, false, true, NULL, 0);
+    if (a < 0 || b < 0) return false;
+    if (a != b) return true;
+    int32_t *x = malloc((size_t)(a + 1) * 2 * sizeof *x);
+    if (!x) return false;
+    kvllm_tokenize(m, text, len, false, false, x, a);
+    kvllm_tokenize(m, text, len, false, true, x + a, a);
+    bool differ = memcmp(x, x + a, (size_t)a * sizeof *x) != 0;
+    free(x);
+    return differ;
+}
+
+/* Tokenize the prompt (BOS alone when there is none; a chat turn under
+ * -sys).  Returns the count or < 0 (error printed); *out is malloc'd. */
+static int tokenize_prompt(struct kvllm_model *m, const struct run_opts *o, int32_t **out) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
+    const char *prompt = o->prompt;
     size_t len = prompt ? strlen(prompt) : 0;
-    int n = len ? kvllm_tokenize(m, prompt, len, true, false, NULL, 0) : 1;
+    bool special = o->parse_special > 0;
+    if (o->parse_special < 0 && len && holds_special(m, prompt, len)) {
+        special = true;
+        if (!o->quiet)
+            fprintf(stderr, "kvllm: the prompt holds special-token text: read as control tokens "
+                            "(--no-parse-special reads it as text)\n");
+    }
+    if (o->system) {
+        struct kvllm_chat_message msgs[2] = { { "system", o->system }, { "user", prompt } };
+        int n = 0;
+        int rc = kvllm_chat_tokenize(m, NULL, msgs, 2, true, special, out, &n);
+        if (rc == KVLLM_ENOTFOUND) cli_error("run: -sys needs a chat template, and the model has none");
+        return rc ? rc : n;
+    }
+    int n = len ? kvllm_tokenize(m, prompt, len, true, special, NULL, 0) : 1;
     if (n < 0) return n;
     if (!len && d->token_bos < 0) { cli_error("the model has no BOS token: give a prompt with -p"); return KVLLM_EINVAL; }
     if (n == 0) { cli_error("the prompt tokenizes to nothing"); return KVLLM_EINVAL; }
     if (!(*out = malloc((size_t)n * sizeof **out))) return KVLLM_ENOMEM;
-    if (len) kvllm_tokenize(m, prompt, len, true, false, *out, n);
+    if (len) kvllm_tokenize(m, prompt, len, true, special, *out, n);
     else (*out)[0] = d->token_bos;
     return n;
 }
 
+static int run(struct run_opts *op);
+
 int cmd_run(int argc, char **argv) {
     struct run_opts o = { 0 };
     int rc = parse(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (rc) { free(o.prompt_buf); return rc < 0 ? 0 : rc; }
+    rc = run(&o);
+    free(o.prompt_buf);
+    return rc;
+}
+
+static int run(struct run_opts *op) {
+    struct run_opts o = *op;
     if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
 
     struct kvllm_model_params mp = kvllm_model_default_params();
@@ -120,14 +212,32 @@ int cmd_run(int argc, char **argv) {
 
     int32_t *ids = NULL;
     struct kvllm_engine *eng = NULL;
-    int n_prompt = tokenize_prompt(model, o.prompt, &ids);
+    int n_prompt = tokenize_prompt(model, &o, &ids);
     if (n_prompt < 0) goto fail;
+    if (o.verbose_prompt) {
+        fprintf(stderr, "kvllm: prompt ids (%d):", n_prompt);
+        for (int k = 0; k < n_prompt; k++) fprintf(stderr, " %d", ids[k]);
+        fputc('\n', stderr);
+        for (int k = 0; k < n_prompt; k++) {
+            char piece[64];
+            int nb = kvllm_token_to_bytes(model, ids[k], piece, sizeof piece - 1);
+            piece[nb < 0 ? 0 : nb < (int)sizeof piece - 1 ? nb : (int)sizeof piece - 1] = 0;
+            fprintf(stderr, "%6d -> '%s'\n", ids[k], piece);
+        }
+    }
 
     /* Context: the model's, lowered or raised by -c; must hold prompt + n. */
     long n_ctx = o.n_ctx ? o.n_ctx : d->n_ctx_train;
     if (o.n_ctx > d->n_ctx_train && !o.quiet)
         fprintf(stderr, "kvllm: warning: context %ld exceeds the model's trained context length %d; "
                         "quality may degrade past it\n", o.n_ctx, d->n_ctx_train);
+    if (o.n_predict < 0) {   /* until end of text or the context is full */
+        if (n_prompt >= n_ctx) {
+            cli_error("prompt (%d tokens) fills the context of %ld positions", n_prompt, n_ctx);
+            goto fail;
+        }
+        o.n_predict = n_ctx - n_prompt;
+    }
     if (n_prompt + o.n_predict > n_ctx) {
         cli_error("prompt (%d tokens) + -n %ld = %ld tokens exceed the context of %ld positions", n_prompt,
                   o.n_predict, n_prompt + o.n_predict, n_ctx);
@@ -148,7 +258,8 @@ int cmd_run(int argc, char **argv) {
         .ignore_eos = o.ignore_eos, .no_text = o.ids, .on_event = on_event, .user = &pr,
     };
     if (o.n_predict > 0 && kvllm_engine_add(eng, &req, NULL)) goto fail;
-    if (!o.ids && !o.no_echo && o.prompt) fputs(o.prompt, stdout);
+    if (!o.ids && !o.no_echo && o.prompt && !o.system)
+        fprintf(stdout, o.color ? "\033[33m%s\033[0m" : "%s", o.prompt);
     fflush(stdout);
     double t0 = cli_time();
     while (!kvllm_engine_idle(eng))

@@ -20,10 +20,12 @@
 #include <time.h>
 
 static const char *k_usage =
-    "usage: kvllm serve -m MODEL [options] [engine options]\n"
-    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
+    "usage: kvllm serve [-m] MODEL [options] [engine options]\n"
+    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint (or first positional argument,\n"
+    "                         as `vllm serve MODEL`)\n"
     "  --tokenizer PATH       vocabulary for models without one\n"
-    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin, or the folder name)\n"
+    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin, or the folder name);\n"
+    "                         also --served-model-name NAME (vLLM)\n"
     "  --host ADDR            address to listen on (default 127.0.0.1)\n"
     "  --port N               port (default 8080; 0 = any free port, printed on stderr)\n"
     "  --api-key KEY          require 'Authorization: Bearer KEY' everywhere but /health\n"
@@ -39,9 +41,17 @@ static const char *k_usage =
     "  --chat-template FILE   Jinja chat template (default: the model's own)\n"
     "  --special-in-content   control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\n"
     "                         control tokens, as Transformers does (default: it is read as text)\n"
-    "  -c, --ctx-size N       context length (default: the model's)\n"
+    "  --allowed-origins LIST CORS: origins (comma-separated, or '*') whose pages may call the server from a\n"
+    "                         browser: OPTIONS preflight answered, Access-Control-Allow-* headers (default: none)\n"
+    "  --log-format text|json one line per finished request and a periodic engine line, as text (default) or JSON\n"
+    "  --log-interval S       seconds between engine lines while busy (default 10; 0 = none)\n"
+    "  --jinja                accepted (llama-server): the chat template is always used\n"
+    "  -c, --ctx-size N       context length (default: the model's); also --max-model-len N (vLLM)\n"
+    "  -np, --parallel N      sequences running at once (= --max-seqs; also --max-num-seqs, vLLM)\n"
+    "  --max-num-batched-tokens N  tokens computed per step (= --max-batch-tokens, vLLM)\n"
     "  -t, --threads N        threads (default: all CPUs)\n"
-    "  -v, --verbose          debug logging\n";
+    "  -v, --verbose          debug logging\n"
+    "  --version              print the version, commit and kernel sets\n";
 
 /* The model id: --alias, else the file (or folder) name without .gguf / .bin. */
 static void model_id(const char *path, const char *alias, char *out, size_t cap) {
@@ -100,7 +110,7 @@ static void drain(struct server *srv, const sigset_t *sigs, double grace) {
         if (sigtimedwait(sigs, NULL, &ts) > 0) break;
     }
     int n = server_running(srv);
-    if (n) fprintf(stderr, "kvllm: ending %d request%s still running\n", n, n == 1 ? "" : "s");
+    if (n) server_log(srv, KVLLM_LOG_INFO, "ending %d request%s still running", n, n == 1 ? "" : "s");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -111,19 +121,42 @@ int cmd_serve(int argc, char **argv) {
     uint64_t max_body = 1 << 20;
     double grace = 10;
     bool verbose = false;
+    sp.log_interval = 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return 0; }
+        if (cli_is_help(a)) {
+            fputs(k_usage, stdout);
+            fputs(cli_engine_usage, stdout);
+            fputs(cli_gpu_usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) { cli_print_version(stdout); return 0; }
+        if (a[0] != '-' && !model) { model = a; continue; }   /* vllm serve MODEL */
         int eo = cli_engine_opt(argc, argv, &i, &ep);
+        if (eo == 0) eo = cli_gpu_opt(argc, argv, &i);
         if (eo < 0) return 2;
         if (eo > 0) continue;
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
+        if (!strcmp(a, "--jinja") || !strcmp(a, "--no-webui") || !strcmp(a, "--enable-prefix-caching")) continue;
+        if (!strcmp(a, "--no-enable-prefix-caching")) { ep.prefix_caching = false; continue; }
         if (!strcmp(a, "--special-in-content")) { sp.special_in_content = true; continue; }
         if (!strcmp(a, "--metrics-public")) { sp.metrics_public = true; continue; }
+        if (!strstr(k_usage, a) || a[0] != '-') { cli_unknown("serve", a, k_usage, cli_engine_usage); return 2; }
         if (!(v = cli_arg(argc, argv, &i))) return 2;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-        else if (!strcmp(a, "--alias")) alias = v;
+        else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) alias = v;
+        else if (!strcmp(a, "--allowed-origins")) sp.allowed_origins = v;
+        else if (!strcmp(a, "--log-format")) {
+            if (strcmp(v, "text") && strcmp(v, "json")) { cli_error("--log-format: '%s' is not text or json", v); return 2; }
+            sp.log_json = !strcmp(v, "json");
+        }
+        else if (!strcmp(a, "--log-interval")) { if (!cli_float(a, v, 0, 86400, &sp.log_interval)) return 2; }
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel") || !strcmp(a, "--max-num-seqs")) {
+            if (!cli_int(a, v, 1, 1 << 20, &l)) return 2;
+            ep.max_seqs = (int)l;
+        }
+        else if (!strcmp(a, "--max-num-batched-tokens")) { if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; ep.max_batch_tokens = (int)l; }
         else if (!strcmp(a, "--host")) sp.host = v;
         else if (!strcmp(a, "--port")) { if (!cli_int(a, v, 0, 65535, &l)) return 2; sp.port = (int)l; }
         else if (!strcmp(a, "--api-key")) sp.api_key = v;
@@ -139,9 +172,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--idle-timeout")) { if (!cli_float(a, v, 1, 3600, &sp.idle_timeout)) return 2; }
         else if (!strcmp(a, "--shutdown-timeout")) { if (!cli_float(a, v, 0, 3600, &grace)) return 2; }
         else if (!strcmp(a, "--chat-template")) template_path = v;
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2; }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) {
+            if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2;
+        }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("serve: unknown option '%s' (see kvllm serve --help)", a); return 2; }
+        else { cli_unknown("serve", a, k_usage, cli_engine_usage); return 2; }
     }
     if (!model) { cli_error("serve: -m MODEL is required (see kvllm serve --help)"); return 2; }
     if (verbose) kvllm_log_set_level(KVLLM_LOG_DEBUG);
@@ -150,6 +185,9 @@ int cmd_serve(int argc, char **argv) {
     char *tmpl = template_path ? cli_read_file(template_path, NULL) : NULL;
     if (template_path && !tmpl) return 1;
     sp.model_id = id;
+    sp.max_seqs = ep.max_seqs;
+    sp.version = cli_version_string();
+    sp.commit = cli_commit_string();
     sp.chat_template = tmpl;
     sp.max_body = (size_t)max_body;
 
@@ -168,7 +206,7 @@ int cmd_serve(int argc, char **argv) {
     int rc = server_start(&sp, &srv);
     free(tmpl);
     if (rc) return 1;
-    fprintf(stderr, "kvllm: listening on http://%s:%d (model '%s' loading)\n", sp.host, server_port(srv), id);
+    server_log(srv, KVLLM_LOG_INFO, "listening on http://%s:%d (model '%s' loading)", sp.host, server_port(srv), id);
 
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = tokenizer;
@@ -179,13 +217,16 @@ int cmd_serve(int argc, char **argv) {
         ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
         rc = kvllm_engine_new(m, &ep, &e);
     }
+    if (!rc && !template_path && !kvllm_model_meta_str(m, "tokenizer.chat_template", NULL))
+        server_log(srv, KVLLM_LOG_WARN, "%s has no chat template (a base model?): /v1/chat/completions will answer 400; "
+                   "give one with --chat-template FILE, or use /v1/completions", id);
     if (!rc) rc = server_ready(srv, m, e, ep.n_ctx);
     if (!rc) {
-        fprintf(stderr, "kvllm: ready: %s on http://%s:%d (context %d, max %d sequences)\n", id, sp.host,
+        server_log(srv, KVLLM_LOG_INFO, "ready: %s on http://%s:%d (context %d, max %d sequences)", id, sp.host,
                 server_port(srv), ep.n_ctx, ep.max_seqs);
         int sig = 0;
         sigwait(&sigs, &sig);
-        fprintf(stderr, "kvllm: %s: draining (up to %g s; signal again to stop now)\n",
+        server_log(srv, KVLLM_LOG_INFO, "%s: draining (up to %g s; signal again to stop now)",
                 sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
         drain(srv, &sigs, grace);
     }

@@ -22,12 +22,14 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kvllm COMMAND [options]   (kvllm COMMAND --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         fprintf(f, "  %-9s %s\n", k_cmds[i].name, k_cmds[i].help);
-    fprintf(f, "\nenvironment: KVLLM_CPU=scalar forces the portable reference kernels\n");
+    fprintf(f, "  --version print the version, commit and compiled kernel sets\n");
+    fprintf(f, "\nenvironment: KVLLM_CPU=scalar|avx2 forces a kernel set; KVLLM_ACT=int integer activations\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     if (cli_is_help(argv[1])) { usage(stdout); return 0; }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) { cli_print_version(stdout); return 0; }
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         if (!strcmp(argv[1], k_cmds[i].name)) return k_cmds[i].fn(argc - 1, argv + 1);
     cli_error("unknown command '%s' (see kvllm --help)", argv[1]);

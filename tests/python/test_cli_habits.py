@@ -1,0 +1,148 @@
+"""What llama.cpp and vLLM users type, through the kvllm binary (issue 17): run's -f, -p -, -n -1,
+--parse-special (on by default for special-token text), -sys, --color, --version, GPU-only flags,
+"did you mean"; chat's Ctrl-C, context overflow, slash commands; info, tokenize, quantize and bench
+output; every command's --help.  stories260K for speed where the model does not matter, SmolLM2 where
+the tokenizer or chat template does."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from kvtest import parse_ids
+
+IM = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def st(stories) -> list:
+    return ["-m", stories["bin"], "--tokenizer", stories["tok"]]
+
+
+def prompt_ids(err: str) -> list[int]:
+    m = re.search(r"prompt ids \(\d+\):([ \d]*)", err)
+    assert m, err
+    return [int(x) for x in m.group(1).split()]
+
+
+# ---- run --------------------------------------------------------------------------------------
+
+def test_run_special_text_as_tokenize_parse_special(run, smollm2):
+    """llama-cli reads <|im_start|> in a prompt as the control token: so does run, by default."""
+    tok = run("tokenize", "-m", smollm2, "--parse-special", "--ids", IM).check_ok()
+    want = parse_ids(tok.out)
+    assert len(want) < 20, tok.describe()
+    res = run("run", "-m", smollm2, "-p", IM, "-n", "12", "--temp", "0", "--verbose-prompt").check_ok()
+    assert prompt_ids(res.err) == want, res.describe()
+    assert "special-token text" in res.err
+    assert "Paris" in res.out, res.describe()
+    # --no-parse-special: the old behaviour, the text split into many pieces
+    res = run("run", "-m", smollm2, "-p", IM, "-n", "1", "--temp", "0", "--verbose-prompt",
+              "--no-parse-special").check_ok()
+    assert len(prompt_ids(res.err)) > len(want) + 10, res.describe()
+
+
+def test_run_system_prompt_uses_template(run, smollm2):
+    tmpl = run("tokenize", "-m", smollm2, "--parse-special", "--ids",
+               "<|im_start|>system\nYou are terse.<|im_end|>\n" + IM).check_ok()
+    res = run("run", "-m", smollm2, "-sys", "You are terse.", "-p", "What is the capital of France?",
+              "-n", "16", "--temp", "0", "--verbose-prompt").check_ok()
+    assert prompt_ids(res.err) == parse_ids(tmpl.out), res.describe()
+    assert "Paris" in res.out and "What is the capital" not in res.out, res.describe()
+    res = run("run", "-m", smollm2, "--system-prompt", "You are terse.", "-p", "What is the capital of France?",
+              "-n", "16", "--temp", "0", "-q").check_ok()
+    assert "Paris" in res.out
+
+
+def test_run_prompt_from_file_and_stdin(run, st, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("Once upon a time")
+    a = run("run", *st, "-p", "Once upon a time", "-n", "16", "--temp", "0", "-q").check_ok()
+    b = run("run", *st, "-f", f, "-n", "16", "--temp", "0", "-q").check_ok()
+    c = run("run", *st, "-p", "-", "-n", "16", "--temp", "0", "-q", stdin=b"Once upon a time").check_ok()
+    d = run("run", *st, "--file", "-", "-n", "16", "--temp", "0", "-q", stdin=b"Once upon a time").check_ok()
+    assert a.out == b.out == c.out == d.out and a.out.startswith("Once upon a time"), (a.out, b.out, c.out, d.out)
+    bad = run("run", *st, "-f", tmp_path / "missing.txt", "-q")
+    assert bad.returncode == 1 and "missing.txt" in bad.err
+
+
+def test_run_n_minus_one_until_context(run, st):
+    res = run("run", *st, "-p", "Once", "-n", "-1", "-c", "48", "--temp", "0", "--ignore-eos", "--ids").check_ok()
+    n_prompt = int(re.search(r"prompt (\d+) tokens", res.err).group(1))
+    assert len(parse_ids(res.out)) == 48 - n_prompt, res.describe()
+
+
+def test_run_color_marks_the_prompt(run, st):
+    res = run("run", *st, "-p", "Once upon a time", "-n", "4", "--temp", "0", "-q", "--color").check_ok()
+    assert res.out.startswith("\x1b[33mOnce upon a time\x1b[0m"), repr(res.out)
+    plain = run("run", *st, "-p", "Once upon a time", "-n", "4", "--temp", "0", "-q", "--color", "auto").check_ok()
+    assert "\x1b[" not in plain.out   # stdout is a pipe
+
+
+@pytest.mark.parametrize("cmd", [[], ["run"], ["serve"], ["chat"]])
+def test_version(run, cmd):
+    res = run(*cmd, "--version").check_ok()
+    assert re.match(r"kvllm \d+\.\d+\.\d+ \(commit [0-9a-f]{4,}|kvllm \d+\.\d+\.\d+ \(commit unknown", res.out), res.out
+    assert "kernels: scalar" in res.out
+
+
+def test_gpu_flags_accepted_with_a_note(run, st):
+    res = run("run", *st, "-p", "Once", "-n", "4", "--temp", "0", "-ngl", "99", "-fa", "on",
+              "--n-gpu-layers=33", "-no-cnv").check_ok()
+    notes = [l for l in res.err.splitlines() if "note:" in l]
+    assert len(notes) == 3 and "-ngl 99 ignored" in notes[0] and "GPU" in notes[0], res.err
+
+
+@pytest.mark.parametrize("cmd,typo,want", [("run", "--tmep", "--temp"), ("run", "--top_k", "--top-k"),
+                                           ("serve", "--prot", "--port"), ("chat", "--sytem", "--system"),
+                                           ("bench", "--rpes", "--reps")])
+def test_unknown_flag_names_the_closest(run, st, cmd, typo, want):
+    args = [cmd] + (["model", "-m", st[1]] if cmd == "bench" else st) + [typo, "1"]
+    res = run(*args)
+    assert res.returncode == 2, res.describe()
+    assert f"did you mean {want}?" in res.err, res.err
+
+
+# ---- bench ------------------------------------------------------------------------------------
+
+def test_bench_llama_bench_aliases_and_formats(run, stories):
+    args = ["bench", "model", "-m", stories["bin"], "-p", "16", "-n", "8", "-r", "2", "-t", "1", "-d", "0,8", "-b", "8"]
+    md = run(*args).check_ok()
+    head = md.out.splitlines()[0]
+    for col in ("model", "size", "params", "backend", "tokens/s"):
+        assert col in head, md.out
+    rows = [l for l in md.out.splitlines()[2:] if l.startswith("|")]
+    assert len(rows) == 4 and all(len(r) == len(head) for r in rows), md.out   # columns line up
+    js = json.loads(run(*args, "-o", "json").check_ok().out)
+    assert isinstance(js, list) and len(js) == 4, js
+    assert {r["test"] for r in js} == {"pp16", "tg8"} and {r["depth"] for r in js} == {0, 8}
+    assert all(r["size_bytes"] > 0 and r["params"] > 200000 and r["backend"] for r in js)
+    jl = [json.loads(l) for l in run(*args, "-o", "jsonl").check_ok().out.splitlines()]
+    assert len(jl) == 4 and jl[0].keys() == js[0].keys()
+    cs = list(csv.DictReader(io.StringIO(run(*args, "-o", "csv").check_ok().out)))
+    assert len(cs) == 4 and cs[0]["model"] == "stories260K.bin" and float(cs[0]["tokens_per_s_median"]) > 0
+
+
+def test_bench_long_model_name_keeps_columns(run, stories, tmp_path):
+    long = tmp_path / ("a-model-with-a-rather-long-file-name-for-the-table-" + "x" * 20 + ".bin")
+    long.symlink_to(stories["bin"])
+    res = run("bench", "model", "-m", long, "-p", "8", "-n", "0", "-r", "1", "-t", "1").check_ok()
+    lines = [l for l in res.out.splitlines() if l.startswith("|")]
+    assert len({len(l) for l in lines}) == 1 and long.name in lines[2], res.out
+
+
+def test_bench_help_lists_every_bench(run):
+    res = run("bench", "--help").check_ok()
+    for kind in ("model", "throughput", "prefix", "serve", "membw"):
+        assert re.search(rf"^  {kind} ", res.out, re.M), res.out
+    pre = run("bench", "prefix", "--help").check_ok()
+    assert "P % (default 90)" in pre.out and "%%" not in pre.out

@@ -325,17 +325,15 @@ int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *q0, uin
 int kvllm_engine_abort(struct kvllm_engine *e, uint64_t id) {
     int rc = 0;
     pthread_mutex_lock(&e->mu);
-    bool dup = false;
-    for (int i = 0; i < e->n_aborts && !dup; i++) dup = e->aborts[i] == id;
-    if (!dup && e->n_aborts == e->cap_aborts) {
+    bool known = false;
+    for (int i = 0; i < e->n_aborts && !known; i++) known = e->aborts[i] == id;
+    if (!known && e->n_aborts == e->cap_aborts) {
         int cap = 2 * e->cap_aborts;
         uint64_t *a = realloc(e->aborts, (size_t)cap * sizeof *a);
         if (a) { e->aborts = a; e->cap_aborts = cap; }
     }
-    if (dup) {
-    } else if (e->n_aborts < e->cap_aborts) {
-        e->aborts[e->n_aborts++] = id;
-    } else {
+    if (!known && e->n_aborts < e->cap_aborts) e->aborts[e->n_aborts++] = id;
+    else if (!known) {   /* never lose an abort silently: the caller learns it was not recorded */
         LOG_ERR("abort of request %llu could not be recorded: out of memory", (unsigned long long)id);
         rc = KVLLM_ENOMEM;
     }
@@ -388,7 +386,7 @@ static void reap(struct kvllm_engine *e) {
             r->queued = false;
             admitted++;
         }
-        if (r->n_done == r->n && !r->eval) { *pr = r->next; engine_request_free(r); }
+        if (r->n_done == r->n) { *pr = r->next; engine_request_free(r); }
         else pr = &r->next;
     }
     if (admitted) {

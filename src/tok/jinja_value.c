@@ -188,11 +188,16 @@ static void taint_copy(struct jctx *c, struct jtaint **t, struct jstr s, size_t 
 }
 
 bool jv_tainted(struct jv v) {
-    switch ((enum jkind)v.kind) {
-    case JK_STR: return jstr_tainted(v.u.s);
-    case JK_LIST: return v.u.l->tainted;
-    case JK_DICT: case JK_NS: return v.u.d->tainted;
-    case JK_FUNC: return jv_tainted(v.u.fn->self);
+    /* A bound method's taint is its object's.  Followed through a pointer, not by
+     * recursing on the by-value argument: clang 14 at -O2/-O3 turned that tail call
+     * into a loop that overwrote the argument's memory, which, once inlined into
+     * jdict_set, was the value being stored (every global function stored as Undefined). */
+    const struct jv *p = &v;
+    while (p->kind == JK_FUNC) p = &p->u.fn->self;
+    switch ((enum jkind)p->kind) {
+    case JK_STR: return jstr_tainted(p->u.s);
+    case JK_LIST: return p->u.l->tainted;
+    case JK_DICT: case JK_NS: return p->u.d->tainted;
     default: return false;
     }
 }

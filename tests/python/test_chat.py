@@ -131,7 +131,12 @@ def test_template_error_is_reported(chat, tmp_path):
 
 
 def test_conversation_outgrowing_the_context(chat):
+    """The oldest turns go (issue 17) and the conversation goes on; a single message that cannot fit is
+    still refused."""
     r = chat("--interactive", "-c", "64", "-n", "8", stdin=("\n".join(TURNS) + "\n").encode())
+    assert r.returncode == 0 and "dropped the 2 oldest message" in r.err, r.describe()
+    assert len(r.out.splitlines()) == len(TURNS), r.describe()
+    r = chat("--interactive", "-c", "64", "-n", "8", stdin=(" ".join(["word"] * 80) + "\n").encode())
     assert r.returncode == 1 and "context" in r.err, r.describe()
 
 

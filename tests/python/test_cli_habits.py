@@ -146,3 +146,114 @@ def test_bench_help_lists_every_bench(run):
         assert re.search(rf"^  {kind} ", res.out, re.M), res.out
     pre = run("bench", "prefix", "--help").check_ok()
     assert "P % (default 90)" in pre.out and "%%" not in pre.out
+
+
+# ---- chat -------------------------------------------------------------------------------------
+
+class Pty:
+    """kvllm under a pseudo-terminal (pty.fork): stdin, stdout and stderr are the terminal, and a
+    written \\x03 is Ctrl-C (the line discipline sends SIGINT)."""
+
+    def __init__(self, argv: list[str]):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execv(argv[0], argv)
+        self.buf = b""
+
+    def expect(self, pattern: bytes, timeout: float = 120.0) -> bytes:
+        """Read until `pattern` (a regex) appears after what was already consumed; returns the text up to it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.buf)
+            if m:
+                out, self.buf = self.buf[:m.end()], self.buf[m.end():]
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{pattern!r} not seen in {timeout}s; got {self.buf[-2000:]!r}")
+            r, _, _ = select.select([self.fd], [], [], left)
+            if r:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"{pattern!r}: the process ended; got {self.buf[-2000:]!r}")
+                self.buf += chunk
+
+    def send(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:   # drain, so the child never blocks on a full terminal
+                if select.select([self.fd], [], [], 0.05)[0]:
+                    self.buf += os.read(self.fd, 4096)
+            except OSError:
+                pass
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        raise AssertionError("no exit")
+
+
+def test_chat_ctrl_c_stops_the_answer(kvllm, smollm2):
+    p = Pty([str(kvllm), "chat", "-m", str(smollm2), "--temp", "0", "-n", "400", "-c", "2048", "-t", "1"])
+    try:
+        p.expect(rb"\n> ")
+        p.send(b"/help\n")
+        p.expect(rb"/clear.*\n.*/exit.*\n(.*\n)*> ")
+        p.send(b"Write a very long story about a dragon who learns to cook, with many chapters.\n")
+        # the line is read (a Ctrl-C before that would discard it: the terminal flushes its input)
+        p.expect(rb"turn 1: prompt [^\n]*\n")
+        p.expect(rb"\w+ \w+ \w+ \w+ \w+")   # the answer is being written
+        p.send(b"\x03")
+        got = p.expect(rb"stopped by Ctrl-C.*\n> ")
+        assert b"answer" in got
+        p.send(b"What is the capital of France?\n")
+        got = p.expect(rb"\n> ")
+        assert b"Paris" in got, got
+        p.send(b"\x03")
+        p.expect(rb"Ctrl-C again")
+        p.send(b"\x03")
+        assert p.wait() == 0
+    finally:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+            os.waitpid(p.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def test_chat_outgrows_the_context(run, smollm2):
+    """A conversation four times longer than -c goes on to the end: the oldest turns after the system
+    message are dropped with a note, every turn is answered, the system prompt's cache is reused."""
+    ctx = 200
+    questions = [f"Question {i}: what is {i} plus {i}? Answer in one sentence and show the steps." for i in range(24)]
+    res = run("chat", "-m", smollm2, "-c", ctx, "-n", "32", "--temp", "0", "--interactive", "-t", "1",
+              "-sys", "You are a calculator.", stdin=("\n".join(questions) + "\n/exit\n").encode()).check_ok()
+    answered = [int(n) for n in re.findall(r"turn \d+: answer (\d+) tokens", res.err)]
+    assert len(answered) == 24, res.err[-3000:]
+    q_tokens = len(parse_ids(run("tokenize", "-m", smollm2, "--ids", "\n".join(questions)).check_ok().out))
+    assert q_tokens + sum(answered) >= 4 * ctx, (q_tokens, answered)   # the conversation: 4 contexts or more
+    assert re.findall(r"dropped the (\d+) oldest message", res.err), res.err[-3000:]
+    prompts = [int(x) for x in re.findall(r"turn \d+: prompt (\d+) tokens", res.err)]
+    assert max(prompts) < ctx, prompts
+    # the system message stayed: every prompt still starts with its tokens, reused from the KV cache
+    reuse = [int(x) for x in re.findall(r"prompt \d+ tokens: (\d+) reused", res.err)]
+    assert all(r >= 5 for r in reuse[1:]), reuse
+
+
+def test_chat_clear_and_file(run, smollm2, tmp_path):
+    res = run("chat", "-m", smollm2, "--temp", "0", "-n", "32", "--interactive", "-t", "1",
+              stdin=b"My name is Zorblax.\n/clear\nWhat is the capital of France?\n/exit\n").check_ok()
+    assert "conversation cleared" in res.err
+    prompts = [int(x) for x in re.findall(r"turn \d+: prompt (\d+) tokens", res.err)]
+    assert len(prompts) == 2 and prompts[1] < prompts[0] + 10, res.err   # the first turn is gone
+    f = tmp_path / "q.txt"
+    f.write_text("What is the capital of France?\n")
+    res = run("chat", "-m", smollm2, "--temp", "0", "-n", "32", "-f", f, "-sys", "You are a helpful assistant.", "-q").check_ok()
+    assert "Paris" in res.out

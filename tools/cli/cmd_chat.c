@@ -24,11 +24,29 @@
 #include "cli.h"
 #include "kvllm.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Ctrl-C: set by the handler, taken by the generation loop (stop the
+ * answer) or the prompt (a second one exits). */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+/* Take a pending Ctrl-C. */
+static bool take_interrupt(void) {
+    if (!g_interrupted) return false;
+    g_interrupted = 0;
+    return true;
+}
 
 static const char *k_usage =
     "usage: kvllm chat -m MODEL [options]\n"
@@ -53,7 +71,9 @@ static const char *k_usage =
     "                         as Transformers does (default: it is read as text)\n"
     "  -v, --verbose          also print each rendered prompt to stderr\n"
     "  -q, --quiet            only errors on stderr\n"
-    "  Without -p, on a terminal: one user turn per line; /exit or end of input quits.\n"
+    "  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
+    "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
+    "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr).\n"
     "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
 
 struct chat_opts {
@@ -130,6 +150,7 @@ struct chat {
     size_t answer_len, answer_cap;
     long n_predict;
     bool quiet, verbose, no_reuse, special_in_content;
+    bool interrupted;                 /* the last answer was cut by Ctrl-C */
     int turn;
 };
 
@@ -201,11 +222,31 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
     char *text = NULL;
     int32_t *ids = NULL;
     int n_gen = 0, n_ids = 0;
-    int rc = kvllm_chat_tokenize(c->model, c->tmpl, c->msgs, c->n_msgs, true, c->special_in_content, &ids, &n_ids);
-    if (rc) {
-        if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
-        goto fail;
+    /* room for an answer: a quarter of the context, or -n if less */
+    const int room = c->n_predict < c->n_ctx / 4 ? (int)c->n_predict : c->n_ctx / 4;
+    int dropped = 0, rc;
+    for (;;) {
+        rc = kvllm_chat_tokenize(c->model, c->tmpl, c->msgs, c->n_msgs, true, c->special_in_content, &ids, &n_ids);
+        if (rc) {
+            if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
+            goto fail;
+        }
+        /* too long: drop the oldest turn after the system message (the new message stays) */
+        int first = c->n_msgs > 0 && !strcmp(c->msgs[0].role, "system");
+        if (n_ids + room <= c->n_ctx || c->n_msgs - first <= 1) break;
+        int k = first + 1;   /* a user message and the replies up to the next user message */
+        while (k < c->n_msgs - 1 && strcmp(c->msgs[k].role, "user")) k++;
+        for (int i = first; i < k; i++) free((char *)c->msgs[i].content);
+        memmove(c->msgs + first, c->msgs + k, (size_t)(c->n_msgs - k) * sizeof *c->msgs);
+        c->n_msgs -= k - first;
+        dropped += k - first;
+        free(ids);
+        ids = NULL;
     }
+    if (dropped && !c->quiet)
+        fprintf(stderr, "kvllm: turn %d: the conversation outgrew the context of %d positions: dropped the %d oldest "
+                        "message(s) after the system prompt (%d messages, %d tokens remain)\n",
+                c->turn, c->n_ctx, dropped, c->n_msgs, n_ids);
     if (c->verbose && !kvllm_chat_render(c->model, c->tmpl, c->msgs, c->n_msgs, true, &text))
         fprintf(stderr, "kvllm: turn %d prompt:\n%s\n", c->turn, text);
     if (n_ids == 0) { cli_error("chat: the conversation renders to no tokens"); goto fail; }
@@ -240,6 +281,7 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
         int32_t id = kvllm_sampler_sample(c->smp, c->logits, c->have, c->n_have);
         if (id < 0) goto fail;
         if (is_end(c, id)) { why = "end of turn"; break; }
+        if (take_interrupt()) { why = "Ctrl-C"; c->interrupted = true; break; }
         const char *s = kvllm_detok_push(c->detok, prev, id);
         if (!s || !answer_add(c, s)) goto fail;
         fputs(s, stdout);
@@ -278,20 +320,52 @@ static size_t chomp(char *s, size_t n) {
     return n;
 }
 
+static const char *k_commands =
+    "  /help     this list\n"
+    "  /clear    forget the conversation (the system message stays)\n"
+    "  /exit     quit (also /quit, end of input, or Ctrl-C twice at the prompt)\n"
+    "  Ctrl-C    stop the answer being written\n";
+
 /* Lines of stdin as turns until EOF or /exit.  Returns 0 or 1. */
 static int chat_loop(struct chat *c, bool tty) {
     char *line = NULL;
     size_t cap = 0;
     int rc = 0;
+    bool armed = false;   /* a Ctrl-C came just before: the next one at the prompt quits */
+    if (tty) fputs("kvllm: /help for commands; Ctrl-C stops an answer, twice at the prompt quits\n", stderr);
     for (;;) {
         if (tty) { fputs("> ", stderr); fflush(stderr); }
+        errno = 0;
         ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0 && (errno == EINTR || g_interrupted)) {
+            clearerr(stdin);
+            take_interrupt();
+            if (armed) break;
+            armed = true;
+            fputs("\n(Ctrl-C again to quit)\n", stderr);
+            continue;
+        }
         if (got < 0) break;
         size_t n = chomp(line, (size_t)got);
         if (strlen(line) != n) { cli_error("chat: the line contains a NUL byte; skipped"); continue; }
         if (!n) continue;
+        armed = false;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
-        if (chat_turn(c, line, n)) {
+        if (!strcmp(line, "/help")) { fputs(k_commands, stderr); continue; }
+        if (!strcmp(line, "/clear")) {
+            int first = c->n_msgs > 0 && !strcmp(c->msgs[0].role, "system");
+            while (c->n_msgs > first) pop_msg(c);
+            fprintf(stderr, "kvllm: conversation cleared%s\n", first ? " (the system message stays)" : "");
+            continue;
+        }
+        if (line[0] == '/' && strchr("abcdefghijklmnopqrstuvwxyz", line[1] ? line[1] : '#') && !strchr(line, ' ')) {
+            fprintf(stderr, "kvllm: unknown command %s\n%s", line, k_commands);
+            continue;
+        }
+        take_interrupt();   /* a Ctrl-C typed before the answer began does not cut it */
+        int turn = chat_turn(c, line, n);
+        if (c->interrupted || take_interrupt()) { c->interrupted = false; armed = true; }
+        if (turn) {
             /* a template error or a full context: on a terminal the user may
              * go on (the message was taken back); from a pipe it is fatal */
             if (!tty) { rc = 1; break; }
@@ -356,6 +430,10 @@ int cmd_chat(int argc, char **argv) {
     if (o.system && !push_msg(&c, "system", o.system, strlen(o.system))) goto done;
 
     bool tty = isatty(STDIN_FILENO);
+    /* Ctrl-C interrupts the answer (and a blocked read: no SA_RESTART) */
+    struct sigaction sa = { .sa_handler = on_sigint };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     if (o.prompt && chat_turn(&c, o.prompt, strlen(o.prompt))) goto done;
     if (o.interactive || (tty && !o.prompt)) {
         if (chat_loop(&c, tty)) goto done;

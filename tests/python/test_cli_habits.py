@@ -257,3 +257,34 @@ def test_chat_clear_and_file(run, smollm2, tmp_path):
     f.write_text("What is the capital of France?\n")
     res = run("chat", "-m", smollm2, "--temp", "0", "-n", "32", "-f", f, "-sys", "You are a helpful assistant.", "-q").check_ok()
     assert "Paris" in res.out
+
+
+# ---- help and docs ----------------------------------------------------------------------------
+
+def test_every_command_has_help_and_readme_lists_it(run):
+    from kvtest import REPO
+    top = run("--help").check_ok().out
+    cmds = re.findall(r"^  (\w+) ", top.split("commands:")[1], re.M)
+    assert {"run", "chat", "serve", "bench", "info", "tokenize", "quantize"} <= set(cmds), top
+    readme = (REPO / "README.md").read_text()
+    listed = readme[readme.index("The commands (`kvllm --help`)"):][:600]
+    for c in cmds:
+        res = run(c, "--help")
+        assert res.returncode == 0 and "usage" in res.out.lower(), res.describe()
+        assert f"`{c}`" in listed, f"README's command list lacks {c}"
+    assert "--version" in top
+    cli_md = (REPO / "docs" / "CLI.md").read_text()
+    for flag in ("-ngl", "--parse-special", "--served-model-name", "/tokenize", "-o md", "--allowed-origins"):
+        assert flag in cli_md
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "serve"])
+def test_help_names_every_option_it_parses(run, cmd):
+    """The options the issue names are in --help (so the 'did you mean' suggestions can find them)."""
+    out = run(cmd, "--help").check_ok().out
+    want = {"run": ["-f", "-sys", "--parse-special", "--color", "--version", "-n"],
+            "chat": ["-sys", "--system-prompt", "-f", "/help"],
+            "serve": ["--served-model-name", "--max-model-len", "-np", "--parallel", "--host", "--port", "--jinja",
+                      "--allowed-origins", "--log-format"]}[cmd]
+    for w in want:
+        assert w in out, (cmd, w)

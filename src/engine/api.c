@@ -109,44 +109,6 @@ void kvllm_detok_free(struct kvllm_detok *d) {
 const char *kvllm_detok_push(struct kvllm_detok *d, int32_t prev, int32_t id) { return detok_push(&d->d, prev, id); }
 const char *kvllm_detok_flush(struct kvllm_detok *d) { return detok_flush(&d->d); }
 
-/* ---- chat templates ---- */
-
-#include "tok/chat_template.h"
-
-/* The model's BOS or EOS text ("" when it has none) for the template. */
-static const char *special_piece(const struct tokenizer *tok, int id) {
-    const char *p = tok && id >= 0 ? tokenizer_piece(tok, id) : NULL;
-    return p ? p : "";
-}
-
-int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
-                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
-    *out = NULL;
-    const char *name = km ? km->path : "chat template";
-    if (n_msgs < 0 || (n_msgs > 0 && !msgs)) {
-        LOG_ERR("%s: %d messages at %p", name, n_msgs, (const void *)msgs);
-        return KVLLM_EINVAL;
-    }
-    for (int i = 0; i < n_msgs; i++)
-        if (!msgs[i].role) {
-            LOG_ERR("%s: message %d has no role", name, i);
-            return KVLLM_EINVAL;
-        }
-    struct gguf_str text = { template_text, template_text ? strlen(template_text) : 0 };
-    if (!template_text) {
-        int rc = km && km->m->file ? gguf_get_str(km->m->file, "tokenizer.chat_template", &text) : KVLLM_ENOTFOUND;
-        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: the model has no chat template (tokenizer.chat_template)", name);
-        if (rc) return rc;
-    }
-    const struct tokenizer *tok = km ? km->tok : NULL;
-    struct chat_template_params p = {
-        .msgs = msgs, .n_msgs = n_msgs, .add_generation_prompt = add_generation_prompt,
-        .bos_token = special_piece(tok, tok ? tokenizer_bos(tok) : -1),
-        .eos_token = special_piece(tok, tok ? tokenizer_eos(tok) : -1),
-    };
-    return chat_template_render(text.ptr, (size_t)text.len, &p, out, NULL);
-}
-
 /* ---- metadata (appended for the CLI and server: info, /props) ---- */
 
 const char *kvllm_model_meta_str(const struct kvllm_model *km, const char *key, size_t *len) {

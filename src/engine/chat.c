@@ -1,4 +1,5 @@
-/* chat.c — a conversation to token ids: render it with the chat template,
+/* chat.c — a conversation rendered with the chat template
+ * (kvllm_chat_render), and to token ids (kvllm_chat_tokenize): render it,
  * then tokenize the rendering so that only the template's own text can
  * become control tokens.
  *
@@ -48,16 +49,11 @@ static int encode(const struct tokenizer *tok, const char *text, size_t len, boo
     return n;
 }
 
-int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
-                        const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
-                        bool special_in_content, int32_t **ids_out, int *n_out) {
-    *ids_out = NULL;
-    *n_out = 0;
+/* Check a conversation and resolve its template (template_text, or the
+ * model's own) into *tmpl and the renderer's parameters. */
+static int chat_setup(const struct kvllm_model *km, const char *template_text, const struct kvllm_chat_message *msgs,
+                      int n_msgs, bool add_generation_prompt, struct gguf_str *tmpl, struct chat_template_params *p) {
     const char *name = km ? km->path : "chat template";
-    if (!km || !km->tok) {
-        LOG_ERR("%s: the model carries no vocabulary; pass a tokenizer (--tokenizer PATH)", name);
-        return KVLLM_ENOTFOUND;
-    }
     if (n_msgs < 0 || (n_msgs > 0 && !msgs)) {
         LOG_ERR("%s: %d messages at %p", name, n_msgs, (const void *)msgs);
         return KVLLM_EINVAL;
@@ -67,22 +63,49 @@ int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
             LOG_ERR("%s: message %d has no role", name, i);
             return KVLLM_EINVAL;
         }
-    struct gguf_str tmpl = { template_text, template_text ? strlen(template_text) : 0 };
+    *tmpl = (struct gguf_str){ template_text, template_text ? strlen(template_text) : 0 };
     if (!template_text) {
-        int rc = km->m->file ? gguf_get_str(km->m->file, "tokenizer.chat_template", &tmpl) : KVLLM_ENOTFOUND;
+        int rc = km && km->m->file ? gguf_get_str(km->m->file, "tokenizer.chat_template", tmpl) : KVLLM_ENOTFOUND;
         if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: the model has no chat template (tokenizer.chat_template)", name);
         if (rc) return rc;
     }
-    const struct tokenizer *tok = km->tok;
-    struct chat_template_params p = {
+    const struct tokenizer *tok = km ? km->tok : NULL;
+    *p = (struct chat_template_params){
         .msgs = msgs, .n_msgs = n_msgs, .add_generation_prompt = add_generation_prompt,
-        .bos_token = special_piece(tok, tokenizer_bos(tok)),
-        .eos_token = special_piece(tok, tokenizer_eos(tok)),
+        .bos_token = special_piece(tok, tok ? tokenizer_bos(tok) : -1),
+        .eos_token = special_piece(tok, tok ? tokenizer_eos(tok) : -1),
     };
+    return 0;
+}
+
+int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
+                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
+    *out = NULL;
+    struct gguf_str tmpl;
+    struct chat_template_params p;
+    int rc = chat_setup(km, template_text, msgs, n_msgs, add_generation_prompt, &tmpl, &p);
+    return rc ? rc : chat_template_render(tmpl.ptr, (size_t)tmpl.len, &p, out, NULL);
+}
+
+int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
+                        const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
+                        bool special_in_content, int32_t **ids_out, int *n_out) {
+    *ids_out = NULL;
+    *n_out = 0;
+    if (!km || !km->tok) {
+        LOG_ERR("%s: the model carries no vocabulary; pass a tokenizer (--tokenizer PATH)",
+                km ? km->path : "chat template");
+        return KVLLM_ENOTFOUND;
+    }
+    struct gguf_str tmpl;
+    struct chat_template_params p;
+    int rc = chat_setup(km, template_text, msgs, n_msgs, add_generation_prompt, &tmpl, &p);
+    if (rc) return rc;
+    const struct tokenizer *tok = km->tok;
     char *text = NULL;
     size_t len = 0, n_spans = 0;
     struct chat_span *spans = NULL;
-    int rc = chat_template_render_spans(tmpl.ptr, (size_t)tmpl.len, &p, &text, &len, &spans, &n_spans);
+    rc = chat_template_render_spans(tmpl.ptr, (size_t)tmpl.len, &p, &text, &len, &spans, &n_spans);
     if (rc) return rc;
     /* chat_span and tok_span are both (off, len) */
     struct tok_span *plain = n_spans ? xmalloc(n_spans * sizeof *plain) : NULL;

@@ -200,7 +200,8 @@ struct backend_ctx {
 };
 
 /* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers;
- * otherwise "scalar" or "avx2".  strict: the same kernels behind the wall
+ * otherwise "scalar", "avx2" or "avx512" (AVX-512 F/BW/VL + VNNI; its
+ * other ops are avx2's).  strict: the same kernels behind the wall
  * described above (tests).  Fails with KVLLM_ECPU (logged) for a kind this
  * build or CPU lacks.
  *
@@ -208,7 +209,11 @@ struct backend_ctx {
  * default.  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
  * activations quantized to 13-bit integer codes per block of 32 (integer
  * dot products: single-stream decode of large Q4 models about 1.6x faster,
- * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  The choice is
+ * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  KVLLM_ACT=q8
+ * quantizes activations to 8-bit codes per block of 32 and multiplies
+ * Q8_0 / Q4_0 / Q4_1 weights with integer dot products (vpmaddubsw on AVX2,
+ * vpdpbusd where the CPU has AVX-VNNI or AVX-512 VNNI), bit-identical
+ * across kernel sets (src/backend/cpu/qmm.h).  The choice is
  * per backend, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);
 /* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU; "strict": the

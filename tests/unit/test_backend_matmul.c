@@ -4,13 +4,17 @@
  * a batch of 17 or 64, by 1 or 2 threads, or from a sub-range of weight
  * rows.  Q8_0 / Q4_0 / Q4_1 also go through the integer-activation path
  * (KVLLM_ACT=int), checked against the scalar reference loosely and
- * against an exact double-precision model of its own arithmetic tightly.  Also the KVLLM_CPU kind selection.  On a CPU without AVX2+FMA+F16C
+ * against an exact double-precision model of its own arithmetic tightly;
+ * with 8-bit activations (KVLLM_ACT=q8, qmm.h) every kernel set (AVX2,
+ * AVX-VNNI, AVX-512 VNNI, wherever the CPU has it) must equal the plain-C
+ * reference qmm_ref_dot bit for bit.  Also the KVLLM_CPU kind selection.  On a CPU without AVX2+FMA+F16C
  * the AVX2 part prints SKIP and passes. */
 #include "check.h"
 
 #include "backend/backend.h"
 #include "be_util.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/qmm.h"
 #include "core/core.h"
 
 #include <math.h>
@@ -48,7 +52,22 @@ static double rel_err(const float *out, const float *ref, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-struct backends { struct backend_ctx *scalar, *avx2[2]; /* avx2 with 1 and 2 threads */ };
+struct backends { struct backend_ctx *scalar, *avx2[2]; /* a SIMD set with 1 and 2 threads */ };
+
+/* The 8-bit path's reference (qmm.h): rows quantized, then qmm_ref_dot. */
+static void ref_q8(const struct tensor *w, const float *x, int n, float *y) {
+    const int64_t K = w->ne0, M = w->ne1;
+    int8_t *q = malloc((size_t)K);
+    float *d = malloc((size_t)(K / 32) * sizeof *d);
+    KV_ASSERT(q && d);
+    for (int t = 0; t < n; t++) {
+        qmm_quantize_row(x + (size_t)t * K, K, q, d);
+        for (int64_t r = 0; r < M; r++)
+            y[(size_t)t * M + r] = qmm_ref_dot(w->type, tensor_row(w, r), q, d, K);
+    }
+    free(q);
+    free(d);
+}
 
 /* The integer path's arithmetic in double: activations quantized per block
  * of 32 as matmul_int_avx2.c does (d = amax / 4095, codes rounded to nearest
@@ -106,9 +125,19 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
             const enum act_mode am = cpu_ctx_of(B->avx2[th])->act;
             const bool ia = cpu_matmul_int_supports(type, K) &&
                             am == ACT_INT;
+            const bool iq = am == ACT_Q8 && qmm_supports(type, K);
             if (ia) tol = M == 1 ? 5e-3 : 1e-3;   /* M = 1: one dot product, cancellation */
+            /* 8-bit codes: half a step of amax / 127 per element, about 4e-3 relative here */
+            if (iq) tol = M == 1 ? 0.2 : 1.5e-2;   /* M = 1: a single dot product of 32 .. 96, cancellation */
+            if (iq) {
+                float *rq = malloc((size_t)n * yrow);
+                ref_q8(&w, x, n, rq);
+                CHECK_MSG(memcmp(out, rq, (size_t)n * yrow) == 0, "%s K=%lld M=%lld n=%d threads=%d: q8 path "
+                          "differs from qmm_ref_dot", dtype_name(type), (long long)K, (long long)M, n, th + 1);
+                free(rq);
+            }
             CHECK_MSG(e <= tol, "%s K=%lld M=%lld n=%d threads=%d%s: rel err %.3g", dtype_name(type),
-                      (long long)K, (long long)M, n, th + 1, ia ? " (int)" : "", e);
+                      (long long)K, (long long)M, n, th + 1, ia ? " (int)" : iq ? " (q8)" : "", e);
             if (ia) {
                 float *ri = malloc((size_t)n * yrow);
                 ref_int(&w, x, n, ri);
@@ -167,16 +196,64 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
     free(full[1]);
 }
 
-static void test_kinds(bool have_avx2) {
+/* The integer rows kernels one by one (the "avx2" set takes AVX-VNNI's when
+ * the CPU has it, so plain AVX2's is called directly here too): each equals
+ * qmm_rows_scalar bit for bit, for any n and any row range. */
+static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) {
+    struct { const char *name; qmm_rows_fn *fn; bool ok; } sets[] = {
+        { "avx2", qmm_rows_avx2, cpu_q8_avx2_built() && f->avx2 && f->fma && f->f16c },
+        { "avxvnni", qmm_rows_avxvnni, cpu_q8_avxvnni_built() && f->avxvnni && f->fma && f->f16c },
+        { "avx512", qmm_rows_avx512, cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl &&
+                                     f->avx512vnni && f->avx2 && f->fma && f->f16c },
+    };
+    static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1 };
+    static const int64_t Ks[] = { 32, 64, 96, 2048, MAX_K };
+    static const int64_t Ms[] = { 1, 2, 3, 9, 17, 40 };
+    static const int ns[] = { 1, 2, 3, 4, 7, 64 };
+    for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
+        if (!sets[s].ok) { printf("SKIP: q8 rows %s (this CPU or build lacks it)\n", sets[s].name); continue; }
+        int cases = 0;
+        for (size_t it = 0; it < 3; it++)
+            for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
+                for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) {
+                    const int64_t K = Ks[ik], M = Ms[im];
+                    struct tensor w = make_weight(types[it], K, M);
+                    float *x = malloc((size_t)MAX_N * (size_t)K * sizeof *x);
+                    float *ref = malloc((size_t)MAX_N * (size_t)M * sizeof *ref);
+                    float *out = malloc((size_t)MAX_N * (size_t)M * sizeof *out);
+                    KV_ASSERT(x && ref && out);
+                    for (int64_t i = 0; i < (int64_t)MAX_N * K; i++) x[i] = urand() * (i % 7 == 0 ? 10.0f : 1.0f);
+                    for (int64_t k = 0; k < 32; k++) x[k] = 0;   /* an all-zero block: d = 0 */
+                    for (size_t in = 0; in < sizeof ns / sizeof *ns; in++) {
+                        const int n = ns[in];
+                        CHECK(qmm_matmul(ctx, ref, &w, x, n, qmm_rows_scalar) == 0);
+                        memset(out, 0xff, (size_t)n * (size_t)M * sizeof *out);
+                        CHECK(qmm_matmul(ctx, out, &w, x, n, sets[s].fn) == 0);
+                        CHECK_MSG(memcmp(out, ref, (size_t)n * (size_t)M * sizeof *out) == 0,
+                                  "q8 rows %s %s K=%lld M=%lld n=%d: differs from the reference", sets[s].name,
+                                  dtype_name(types[it]), (long long)K, (long long)M, n);
+                        cases++;
+                    }
+                    free((void *)w.data);
+                    free(x);
+                    free(ref);
+                    free(out);
+                }
+        printf("q8 rows %s: %d cases bit-identical to qmm_ref_dot\n", sets[s].name, cases);
+    }
+}
+
+static void test_kinds(bool have_avx2, bool have_avx512) {
+    const char *best = have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
     struct backend *be = (struct backend *)1;
     CHECK(backend_cpu_new("scalar", false, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
     backend_free(be);
     be = (struct backend *)1;
     CHECK(backend_cpu_new(NULL, false, &be) == 0 && be);
-    if (be) CHECK(strcmp(be->ops->name, have_avx2 ? "avx2" : "scalar") == 0);
+    if (be) CHECK(strcmp(be->ops->name, best) == 0);
     backend_free(be);
     CHECK(backend_cpu_new("", false, &be) == 0 && be);
-    if (be) CHECK(strcmp(be->ops->name, have_avx2 ? "avx2" : "scalar") == 0);
+    if (be) CHECK(strcmp(be->ops->name, best) == 0);
     backend_free(be);
     /* the avx2 table overrides matmul and attention and inherits the rest */
     if (have_avx2 && backend_cpu_new("avx2", false, &be) == 0) {
@@ -188,10 +265,14 @@ static void test_kinds(bool have_avx2) {
         backend_free(sc);
         backend_free(be);
     }
+    if (have_avx512) {
+        CHECK(backend_cpu_new("avx512", false, &be) == 0 && be && strcmp(be->ops->name, "avx512") == 0);
+        backend_free(be);
+    }
     fprintf(stderr, "(the next errors are expected)\n");
-    /* avx512 and amx are not implemented: refused whatever the CPU */
+    /* amx is not implemented: refused whatever the CPU; avx512 where the CPU lacks it */
     be = (struct backend *)1;
-    CHECK(backend_cpu_new("avx512", false, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_avx512) CHECK(backend_cpu_new("avx512", false, &be) == KVLLM_ECPU && be == NULL);
     CHECK(backend_cpu_new("amx", false, &be) == KVLLM_ECPU && be == NULL);
     CHECK(backend_cpu_new("bogus", false, &be) == KVLLM_ECPU && be == NULL);
     if (!have_avx2) CHECK(backend_cpu_new("avx2", false, &be) == KVLLM_ECPU && be == NULL);
@@ -203,7 +284,9 @@ int main(void) {
     struct cpu_features f;
     cpu_features_get(&f);
     const bool have_avx2 = cpu_avx2_built() && f.avx2 && f.fma && f.f16c;
-    test_kinds(have_avx2);
+    const bool have_avx512 = have_avx2 && cpu_q8_avx512_built() && f.avx512f && f.avx512bw && f.avx512vl &&
+                             f.avx512vnni;
+    test_kinds(have_avx2, have_avx512);
     if (!have_avx2) {
         printf("SKIP: avx2 matmul (this CPU or build lacks AVX2+FMA+F16C)\n");
         return check_report("test_backend_matmul");
@@ -225,21 +308,30 @@ int main(void) {
             if (Ks[ik] % dtype_block_elems(types[it])) continue;
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
         }
-    /* the block types again with integer activations (KVLLM_ACT=int) */
-    /* the integer activations' buffer is sized at creation: new contexts */
-    tb_free(B.avx2[0]);
-    tb_free(B.avx2[1]);
-    setenv("KVLLM_ACT", "int", 1);
-    CHECK((B.avx2[0] = tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-    CHECK((B.avx2[1] = tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-    unsetenv("KVLLM_ACT");
-    if (!B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
-    CHECK(cpu_ctx_of(B.avx2[0])->act == ACT_INT && cpu_ctx_of(B.avx2[1])->act == ACT_INT);
-    for (size_t it = 0; it < sizeof types / sizeof *types; it++)
-        for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
-            if (Ks[ik] % dtype_block_elems(types[it]) || !cpu_matmul_int_supports(types[it], Ks[ik])) continue;
-            for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
-        }
+    /* the block types again with integer activations: KVLLM_ACT=int (13-bit,
+     * avx2) and KVLLM_ACT=q8 (8-bit, avx2 and avx512); the activations' buffer
+     * is sized at creation: new contexts */
+    static const struct { const char *act, *kind; enum act_mode mode; } runs[] = {
+        { "int", "avx2", ACT_INT }, { "q8", "avx2", ACT_Q8 }, { "q8", "avx512", ACT_Q8 } };
+    for (size_t ir = 0; ir < sizeof runs / sizeof *runs; ir++) {
+        if (!strcmp(runs[ir].kind, "avx512") && !have_avx512) { printf("SKIP: avx512 q8 matmul\n"); continue; }
+        tb_free(B.avx2[0]);
+        tb_free(B.avx2[1]);
+        setenv("KVLLM_ACT", runs[ir].act, 1);
+        CHECK((B.avx2[0] = tb_new(runs[ir].kind, false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+        CHECK((B.avx2[1] = tb_new(runs[ir].kind, false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+        unsetenv("KVLLM_ACT");
+        if (!B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
+        CHECK(cpu_ctx_of(B.avx2[0])->act == runs[ir].mode && cpu_ctx_of(B.avx2[1])->act == runs[ir].mode);
+        for (size_t it = 0; it < sizeof types / sizeof *types; it++)
+            for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
+                const bool takes = runs[ir].mode == ACT_INT ? cpu_matmul_int_supports(types[it], Ks[ik])
+                                                            : qmm_supports(types[it], Ks[ik]);
+                if (Ks[ik] % dtype_block_elems(types[it]) || !takes) continue;
+                for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
+            }
+        if (runs[ir].mode == ACT_Q8 && !strcmp(runs[ir].kind, "avx2")) test_q8_rows(B.avx2[1], &f);
+    }
     tb_free(B.scalar);
     tb_free(B.avx2[0]);
     tb_free(B.avx2[1]);

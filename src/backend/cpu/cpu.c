@@ -4,8 +4,10 @@
  * and execution contexts (a thread pool and scratch each, sized at
  * creation: nothing is allocated while a step runs). */
 #include "backend/backend.h"
+#include "backend/backend_list.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/qmm.h"
 #include "core/core.h"
 
 #include <stdlib.h>
@@ -74,7 +76,11 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     }
     const int max_tokens = p->max_tokens > 0 ? p->max_tokens : 1, max_ctx = p->max_ctx > 0 ? p->max_ctx : 1;
     const uint64_t n_part = paged_attn_scratch_floats(max_tokens, p->n_head, p->head_dim, max_ctx);
-    if (n_part > SIZE_MAX / 8 || p->max_cols <= 0 || (uint64_t)p->max_cols > (1u << 30)) return KVLLM_ERANGE;
+    if (n_part > SIZE_MAX / 8 || p->max_cols <= 0 || (uint64_t)p->max_cols > (1u << 30)) {
+        LOG_ERR("an execution context for %d tokens of up to %d positions (%d heads of %d, rows of %lld) "
+                "does not fit", max_tokens, max_ctx, p->n_head, p->head_dim, (long long)p->max_cols);
+        return KVLLM_ERANGE;
+    }
     struct cpu_ctx *cc = xcalloc(1, sizeof *cc);
     if (!cc) return KVLLM_ENOMEM;
     cc->base = (struct backend_ctx){ .ops = be->ops, .be = be };
@@ -84,8 +90,9 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     cc->scratch_cols = (int64_t)CPU_MM_ROWS * p->max_cols;
     cc->scratch = xmalloc((size_t)nth * (size_t)cc->scratch_cols * sizeof(float));
     cc->act = b->act;
-    cc->act_buf_bytes = b->act == ACT_INT ? (size_t)max_tokens * cpu_matmul_int_row_bytes(p->max_cols) : 0;
-    cc->act_buf = cc->act_buf_bytes ? aligned_alloc(32, (cc->act_buf_bytes + 31) & ~(size_t)31) : NULL;
+    cc->act_buf_bytes = b->act == ACT_INT ? (size_t)max_tokens * cpu_matmul_int_row_bytes(p->max_cols)
+                      : b->act == ACT_Q8 ? (size_t)max_tokens * qmm_act_row_bytes(p->max_cols) : 0;
+    cc->act_buf = cc->act_buf_bytes ? aligned_alloc(64, (cc->act_buf_bytes + 63) & ~(size_t)63) : NULL;
     cc->max_tokens = max_tokens;
     cc->max_ctx = max_ctx;
     cc->n_partials = (size_t)n_part;
@@ -141,19 +148,26 @@ static const struct backend_ops k_scalar_ops = {
 
 static const char *const k_kinds = "scalar, avx2, avx512, amx";
 
-/* Kernel sets this binary can run on this CPU, for error messages. */
-static const char *kinds_here(const struct cpu_features *f) {
-    return cpu_avx2_built() && f->avx2 && f->fma && f->f16c ? "scalar, avx2" : "scalar";
+static bool has_avx2(const struct cpu_features *f) { return cpu_avx2_built() && f->avx2 && f->fma && f->f16c; }
+static bool has_avx512(const struct cpu_features *f) {
+    return has_avx2(f) && cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni;
 }
 
-/* Fill *ops for kernel set `kind` (NULL or "": the best available).
- * Returns 0, or KVLLM_ECPU (logged) when this build or CPU lacks it. */
-static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
+/* Kernel sets this binary can run on this CPU, for error messages. */
+static const char *kinds_here(const struct cpu_features *f) {
+    return has_avx512(f) ? "scalar, avx2, avx512" : has_avx2(f) ? "scalar, avx2" : "scalar";
+}
+
+/* Fill *ops and *qrows (the integer matmul's rows kernel, NULL for scalar)
+ * for kernel set `kind` (NULL or "": the best available).  Returns 0, or
+ * KVLLM_ECPU (logged) when this build or CPU lacks it. */
+static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_rows_fn **qrows) {
     struct cpu_features f;
     cpu_features_get(&f);
-    const bool avx2 = cpu_avx2_built() && f.avx2 && f.fma && f.f16c;
-    if (!kind || !*kind) kind = avx2 ? "avx2" : "scalar";
+    const bool avx2 = has_avx2(&f);
+    if (!kind || !*kind) kind = has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
     *ops = k_scalar_ops;
+    *qrows = NULL;
     if (strcmp(kind, "scalar") == 0) return 0;
     if (strcmp(kind, "avx2") == 0) {
         if (!cpu_avx2_built()) {
@@ -166,19 +180,35 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
             return KVLLM_ECPU;
         }
         ops->name = "avx2";
-        ops->matmul = cpu_matmul_avx2;
+        ops->matmul = cpu_matmul_simd;
         ops->paged_attention = cpu_paged_attention_avx2;
+        *qrows = f.avxvnni && cpu_q8_avxvnni_built() ? qmm_rows_avxvnni : qmm_rows_avx2;
         return 0;
     }
-    if (strcmp(kind, "avx512") == 0 || strcmp(kind, "amx") == 0) {
-        const bool has = kind[1] == 'v' ? f.avx512f : f.amx_tile;
-        const char *feat = kind[1] == 'v' ? "AVX-512F" : "AMX-TILE";
-        if (!has)
-            LOG_ERR("KVLLM_CPU=%s: this CPU lacks %s (and the %s kernels are not implemented in this build; "
-                    "available here: %s)", kind, feat, kind, kinds_here(&f));
+    if (strcmp(kind, "avx512") == 0) {
+        if (!has_avx512(&f)) {
+            if (!cpu_q8_avx512_built() || !cpu_avx2_built())
+                LOG_ERR("KVLLM_CPU=avx512: the AVX-512 kernels are not built into this binary (available here: %s)",
+                        kinds_here(&f));
+            else
+                LOG_ERR("KVLLM_CPU=avx512: this CPU lacks%s%s%s%s%s (available here: %s)", avx2 ? "" : " AVX2/FMA/F16C",
+                        f.avx512f ? "" : " AVX-512F", f.avx512bw ? "" : " AVX-512BW", f.avx512vl ? "" : " AVX-512VL",
+                        f.avx512vnni ? "" : " AVX-512-VNNI", kinds_here(&f));
+            return KVLLM_ECPU;
+        }
+        ops->name = "avx512";
+        ops->matmul = cpu_matmul_simd;
+        ops->paged_attention = cpu_paged_attention_avx2;
+        *qrows = qmm_rows_avx512;
+        return 0;
+    }
+    if (strcmp(kind, "amx") == 0) {
+        if (!f.amx_tile)
+            LOG_ERR("KVLLM_CPU=amx: this CPU lacks AMX-TILE (and the amx kernels are not implemented in this build; "
+                    "available here: %s)", kinds_here(&f));
         else
-            LOG_ERR("KVLLM_CPU=%s: the %s kernels are not implemented in this build (available here: %s)",
-                    kind, kind, kinds_here(&f));
+            LOG_ERR("KVLLM_CPU=amx: the amx kernels are not implemented in this build (available here: %s)",
+                    kinds_here(&f));
         return KVLLM_ECPU;
     }
     LOG_ERR("KVLLM_CPU=%s: unknown kernel set (valid: %s; available here: %s)", kind, k_kinds, kinds_here(&f));
@@ -188,17 +218,22 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops) {
 int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     *out = NULL;
     struct backend_ops ops;
-    int rc = cpu_ops_for(kind, &ops);
+    qmm_rows_fn *qrows;
+    int rc = cpu_ops_for(kind, &ops, &qrows);
     if (rc) return rc;
     struct cpu_backend *b = xcalloc(1, sizeof *b);
     if (!b) return KVLLM_ENOMEM;
     b->kernels = ops;
     b->ops = ops;
     b->be.ops = &b->ops;
+    b->qrows = qrows;
     const char *act = getenv("KVLLM_ACT");
-    b->act = act && strcmp(act, "int") == 0 ? ACT_INT : ACT_F32;
-    if (act && *act && strcmp(act, "int") != 0 && strcmp(act, "f32") != 0)
-        LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, int); using f32", act);
+    b->act = ACT_F32;   /* the default (also for scalar, the oracle, whatever KVLLM_ACT says) */
+    if (act && strcmp(act, "int") == 0) b->act = ACT_INT;
+    else if (act && strcmp(act, "q8") == 0) b->act = ACT_Q8;
+    else if (act && *act && strcmp(act, "f32") != 0)
+        LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, q8, int); using f32", act);
+    if (!qrows) b->act = ACT_F32;
     pthread_mutex_init(&b->wall_mu, NULL);
     if (strict) {
         b->strict = true;
@@ -208,16 +243,8 @@ int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     return 0;
 }
 
-int backend_new_from_env(const char *kind, struct backend **out) {
-    const char *name = getenv("KVLLM_BACKEND");
-    if (!name || !*name || strcmp(name, "cpu") == 0) return backend_cpu_new(kind, false, out);
-    if (strcmp(name, "strict") == 0) return backend_cpu_new(kind, true, out);
-    *out = NULL;
-    LOG_ERR("KVLLM_BACKEND=%s: unknown backend (valid: cpu, strict)", name);
-    return KVLLM_EINVAL;
-}
-
-void backend_free(struct backend *be) {
+/* backend_new_from_env and backend_free, which dispatches here, are in backend.c. */
+void backend_cpu_free(struct backend *be) {
     if (!be) return;
     struct cpu_backend *b = cpu_backend_of(be);
     if (b->strict) cpu_wall_remove(b, NULL);   /* the placed weights */

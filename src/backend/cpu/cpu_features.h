@@ -11,6 +11,8 @@
 struct cpu_features {
     bool avx2, fma, f16c;   /* the "avx2" kernel set needs all three */
     bool avx512f;           /* AVX-512 Foundation */
+    bool avx512bw, avx512vl, avx512vnni;   /* the "avx512" kernel set needs these, avx512f and the avx2 trio */
+    bool avxvnni;           /* AVX-VNNI (VEX vpdpbusd): the avx2 set's integer kernels use it when present */
     bool amx_tile;          /* AMX tiles (also needs Linux permission at use) */
 };
 
@@ -19,6 +21,11 @@ void cpu_features_get(struct cpu_features *f);
 
 /* Whether this build contains the AVX2 kernels (x86-64 builds only). */
 bool cpu_avx2_built(void);
+/* Whether it contains the integer matmul's kernels per instruction set
+ * (matmul_q8_*.c; qmm.h). */
+bool cpu_q8_avx2_built(void);
+bool cpu_q8_avxvnni_built(void);
+bool cpu_q8_avx512_built(void);
 
 /* AVX2 + FMA + F16C kernels (matmul_avx2.c).  Same contract as the scalar
  * ops in backend.h; call only when cpu_features_get() reports avx2, fma and

@@ -11,8 +11,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Activation arithmetic of the SIMD matmul (see backend_cpu_new). */
-enum act_mode { ACT_F32 = 0, ACT_INT };
+/* Activation arithmetic of the SIMD matmul (see backend_cpu_new): f32,
+ * the older 13-bit integer codes (matmul_int_avx2.c), or 8-bit codes per
+ * block of 32 (qmm.h). */
+enum act_mode { ACT_F32 = 0, ACT_INT, ACT_Q8 };
+
+struct qmm_job;
 
 /* Rows of a weight matrix dequantized together into a thread's scratch
  * (the scalar and AVX2 matmuls use as many). */
@@ -25,6 +29,8 @@ struct cpu_backend {
     struct backend_ops ops;       /* the table be.ops points to */
     struct backend_ops kernels;   /* the kernel set itself (strict: what the wall wraps) */
     enum act_mode act;
+    /* the integer matmul's rows kernel for this set (qmm_rows_fn), or NULL */
+    void (*qrows)(const struct qmm_job *j, int64_t r0, int nr);
     bool strict;
     char name[24];                /* "strict/avx2" */
     /* strict: every buffer and the placed weights, PROT_NONE outside ops */
@@ -40,7 +46,7 @@ struct cpu_ctx {
     float *scratch;               /* per thread: scratch_cols floats (CPU_MM_ROWS dequantized rows) */
     int64_t scratch_cols;
     enum act_mode act;
-    void *act_buf;                /* integer activations of max_tokens rows */
+    void *act_buf;                /* integer activations of max_tokens rows of max_cols */
     size_t act_buf_bytes;
     int max_tokens, max_ctx;
     float *partials;              /* paged attention: paged_attn_scratch_floats() */

@@ -1,0 +1,17 @@
+/* matmul_q8_avx2.c — the integer matmul's kernels (qmm.h,
+ * matmul_q8_kern.h) compiled with -mavx2 -mfma -mf16c: vpmaddubsw + vpmaddwd.
+ * Entered only when cpu_features_get() reports what they need. */
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/qmm.h"
+#include "core/core.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+bool cpu_q8_avx2_built(void) { return true; }
+#define QMM_ISA 1
+#define QMM_ROWS_FN qmm_rows_avx2
+#include "backend/cpu/matmul_q8_kern.h"
+#else
+bool cpu_q8_avx2_built(void) { return false; }
+void qmm_rows_avx2(const struct qmm_job *j, int64_t r0, int nr) { KV_ASSERT(!"qmm_rows_avx2: not built"); }
+#endif

@@ -1,0 +1,178 @@
+/* attention.cu — paged attention on the GPU, correct first: the scalar
+ * kernel's model of the world (kv_kernels.c) with a thread block per
+ * (split, kv head, token).
+ *
+ * Token t attends positions lo .. L-1 (L = pos[t] + 1, lo > 0 only under a
+ * sliding window), cut into splits at multiples of PAGED_ATTN_SPLIT as the
+ * CPU cuts them (depending on L alone, never on the batch).  The block of
+ * (s, hk, t) holds the g = n_head / n_head_kv query heads of kv head hk in
+ * shared memory and walks its split in tiles of CUDA_ATTN_TILE positions:
+ * the tile's K and V rows are gathered through the block table and widened
+ * to f32 once for all g heads (GQA: one K/V read per group), then each warp
+ * takes heads i = warp, warp + CUDA_ATTN_WARPS, ...: lane j scores position
+ * j, the warp updates the head's running max m, sum l and accumulator acc
+ * (online softmax, FlashAttention-style, rescaled once per tile), lanes
+ * owning dimensions d = lane, lane + 32, ...  A single split writes the
+ * normalized output; several write (m, l, acc) partials that a merge kernel
+ * combines in ascending split order with a log-sum-exp (flash-decoding).
+ *
+ * Positions are read from device memory, so a bad one (outside [0,
+ * max_ctx), or past the block table) is recorded in err for sync to report;
+ * that token's output is left as it was. */
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "backend/cuda/cuda_plan.h"
+}
+
+#include <math.h>
+
+#define TILE CUDA_ATTN_TILE
+#define WARPS CUDA_ATTN_WARPS
+
+__global__ void __launch_bounds__(WARPS * 32) k_attn(struct paged_attn_args a, float *partials, int s_max,
+                                                     int max_ctx, int *err) {
+    extern __shared__ float sm[];
+    const int s = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
+    const int hd = a.head_dim, g = a.n_head / a.n_head_kv, bs = a.kv.block_size;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int pos = a.pos[t];
+    if (pos < 0 || pos >= max_ctx) {
+        if (s == 0 && hk == 0 && threadIdx.x == 0) cu_report(err, CUDA_DEV_ATTN_POS, pos);
+        return;
+    }
+    const int L = pos + 1, ns = (L - 1) / PAGED_ATTN_SPLIT + 1;
+    if (s >= ns) return;
+    if ((L - 1) / bs >= a.max_blocks) {
+        if (s == 0 && hk == 0 && threadIdx.x == 0) cu_report(err, CUDA_DEV_ATTN_BLOCK, pos);
+        return;
+    }
+    const int lo = a.window > 0 && L > a.window ? L - a.window : 0;
+    const int s0 = s * PAGED_ATTN_SPLIT;
+    const int p1 = L - s0 < PAGED_ATTN_SPLIT ? L : s0 + PAGED_ATTN_SPLIT, p0 = s0 > lo ? s0 : lo;
+
+    /* shared memory, as cuda_attn_smem_bytes counts it */
+    const int kst = hd + 1;                       /* K/V tile row stride: lanes read rows, not banks */
+    float *q_s = sm;                              /* (g, hd) */
+    float *acc_s = q_s + g * hd;                  /* (g, hd) */
+    float *m_s = acc_s + g * hd;                  /* (g) */
+    float *l_s = m_s + g;                         /* (g) */
+    float *k_s = l_s + g;                         /* (TILE, kst) */
+    float *v_s = k_s + TILE * kst;                /* (TILE, kst) */
+    float *ks_s = v_s + TILE * kst;               /* (TILE): K scale * softmax scale */
+    float *vs_s = ks_s + TILE;                    /* (TILE): V scale */
+    float *pw_s = vs_s + TILE;                    /* (WARPS, TILE): weights of the tile */
+
+    const float *q = a.q + ((size_t)t * a.n_head + (size_t)hk * g) * hd;
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x) {
+        q_s[i] = q[i];
+        acc_s[i] = 0.0f;
+    }
+    for (int i = threadIdx.x; i < g; i += blockDim.x) {
+        m_s[i] = -INFINITY;
+        l_s[i] = 0.0f;
+    }
+    const int32_t *table = a.block_table + (size_t)a.seq[t] * a.max_blocks;
+    const int type = a.kv.type;
+    const bool q8 = type == KV_INT8 || type == KV_FP8;
+    __syncthreads();
+
+    for (int c = p0; c < p1; c += TILE) {
+        const int nt = p1 - c < TILE ? p1 - c : TILE;
+        for (int idx = threadIdx.x; idx < nt * hd; idx += blockDim.x) {
+            const int j = idx / hd, d = idx % hd, p = c + j;
+            const size_t row = cu_kv_row(a.kv, (size_t)table[p / bs] * bs + p % bs, hk);
+            k_s[j * kst + d] = cu_kv_load(type, a.kv.k, row * hd + d);
+            v_s[j * kst + d] = cu_kv_load(type, a.kv.v, row * hd + d);
+        }
+        for (int j = threadIdx.x; j < nt; j += blockDim.x) {
+            const int p = c + j;
+            const size_t row = cu_kv_row(a.kv, (size_t)table[p / bs] * bs + p % bs, hk);
+            ks_s[j] = q8 ? a.kv.k_scale[row] * a.scale : a.scale;
+            vs_s[j] = q8 ? a.kv.v_scale[row] : 1.0f;
+        }
+        __syncthreads();
+        for (int i = warp; i < g; i += WARPS) {
+            float sc = -INFINITY;
+            if (lane < nt) {
+                const float *qi = q_s + i * hd, *kr = k_s + lane * kst;
+                float dot = 0.0f;
+                for (int e = 0; e < hd; e++) dot = fmaf(qi[e], kr[e], dot);
+                sc = dot * ks_s[lane];
+            }
+            const float m_old = m_s[i];
+            const float m_new = fmaxf(m_old, cu_warp_max(sc));
+            const float corr = expf(m_old - m_new);           /* first tile: exp(-inf) = 0 */
+            const float p = lane < nt ? expf(sc - m_new) : 0.0f;
+            const float psum = cu_warp_sum(p);
+            pw_s[warp * TILE + lane] = lane < nt ? p * vs_s[lane] : 0.0f;
+            __syncwarp();
+            for (int d = lane; d < hd; d += 32) {
+                float av = acc_s[i * hd + d] * corr;
+                for (int j = 0; j < nt; j++) av = fmaf(pw_s[warp * TILE + j], v_s[j * kst + d], av);
+                acc_s[i * hd + d] = av;
+            }
+            __syncwarp();
+            if (lane == 0) {
+                m_s[i] = m_new;
+                l_s[i] = l_s[i] * corr + psum;
+            }
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+
+    for (int i = warp; i < g; i += WARPS) {
+        const int h = hk * g + i;
+        if (ns == 1) {
+            const float inv = 1.0f / l_s[i];
+            float *out = a.out + ((size_t)t * a.n_head + h) * hd;
+            for (int d = lane; d < hd; d += 32) out[d] = acc_s[i * hd + d] * inv;
+        } else {
+            float *pp = partials + (((size_t)t * a.n_head + h) * s_max + s) * (size_t)(hd + 2);
+            if (lane == 0) {
+                pp[0] = m_s[i];
+                pp[1] = l_s[i];
+            }
+            for (int d = lane; d < hd; d += 32) pp[2 + d] = acc_s[i * hd + d];
+        }
+    }
+}
+
+/* Token t, head h: combine its splits' partials in ascending order (pa_merge in kv_kernels.c). */
+__global__ void k_attn_merge(struct paged_attn_args a, const float *partials, int s_max, int max_ctx) {
+    const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    const int pos = a.pos[t];
+    if (pos < 0 || pos >= max_ctx || (pos / a.kv.block_size) >= a.max_blocks) return;
+    const int ns = pos / PAGED_ATTN_SPLIT + 1;
+    if (ns == 1) return;
+    const size_t ps = (size_t)hd + 2;
+    const float *p0 = partials + ((size_t)t * a.n_head + h) * s_max * ps;
+    float m = -INFINITY, l = 0.0f;
+    for (int s = 0; s < ns; s++) m = fmaxf(m, p0[s * ps]);
+    for (int s = 0; s < ns; s++) l += p0[s * ps + 1] * expf(p0[s * ps] - m);
+    const float inv = 1.0f / l;
+    float *out = a.out + ((size_t)t * a.n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++) o = fmaf(expf(p0[s * ps] - m), p0[s * ps + 2 + d], o);
+        out[d] = o * inv;
+    }
+}
+
+extern "C" cudaError_t cuk_attention_setup(size_t smem_bytes) {
+    return cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
+}
+
+extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, int *err, const struct paged_attn_args *a,
+                                           float *partials, int max_ctx) {
+    if (a->n_tokens <= 0) return cudaSuccess;
+    const int g = a->n_head / a->n_head_kv, s_max = cuda_attn_splits(max_ctx);
+    const size_t smem = cuda_attn_smem_bytes(g, a->head_dim, TILE, WARPS);
+    const dim3 grid((unsigned)s_max, (unsigned)a->n_head_kv, (unsigned)a->n_tokens);
+    k_attn<<<grid, WARPS * 32, smem, s>>>(*a, partials, s_max, max_ctx, err);
+    cudaError_t e = CU_LAUNCH_CHECK();
+    if (e != cudaSuccess || s_max == 1) return e;
+    k_attn_merge<<<dim3((unsigned)a->n_tokens, (unsigned)a->n_head), 128, 0, s>>>(*a, partials, s_max, max_ctx);
+    return CU_LAUNCH_CHECK();
+}

@@ -1,0 +1,476 @@
+/* cuda.c — the CUDA backend object (built with -DKVLLM_CUDA=ON): device
+ * memory for buffers and placed weights, an execution context per engine
+ * (a CUDA stream, the device error record, attention partials), transfers,
+ * and the ops, each a check of its arguments on the host and a launcher of
+ * kernels.cu / matmul.cu / attention.cu.
+ *
+ * Model of the world.  One device (KVLLM_CUDA_DEVICE, default 0).  Buffers
+ * and weights are cudaMalloc'd (zeroed once with cudaMemset on the legacy
+ * stream, which the contexts' blocking streams wait for) and freed by
+ * buf_free / backend_free.  Every op, upload and download is issued on the
+ * context's stream and returns at once; backend_sync waits for the stream.
+ * Host memory handed to upload / download is used as is (pageable: the
+ * driver stages it), so the contract of backend.h holds: it must stay
+ * valid until sync.
+ *
+ * Errors.  Every CUDA call is checked: a failure is logged once with the
+ * call, the function and CUDA's message, and returned as KVLLM_ENOMEM (out
+ * of device memory) or KVLLM_EBACKEND (anything else); nothing aborts.
+ * Errors only the device can see (a row id or a position read from device
+ * memory) are recorded by the kernel and reported by sync as KVLLM_ERANGE.
+ * A kernel fault (an illegal address) poisons the CUDA context: every later
+ * call then fails with KVLLM_EBACKEND. */
+#include "backend/backend.h"
+#include "backend/backend_list.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_plan.h"
+#include "core/core.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cuda_backend {
+    struct backend be;
+    int device;
+    size_t smem_attn;             /* dynamic shared memory the attention kernel may use */
+    pthread_mutex_t mu;           /* guards the weight allocations */
+    void **weights;               /* cudaMalloc'd by place_weights, freed by backend_cuda_free */
+    int n_weights, cap_weights;
+};
+
+struct cuda_ctx {
+    struct backend_ctx base;
+    cudaStream_t stream;
+    int *d_err;                   /* device error record: (what, value), cuda_kernels.h */
+    int *h_err;                   /* pinned host copy, read at sync */
+    float *partials;              /* attention partials: n_partials floats (NULL when no context splits) */
+    uint64_t n_partials;
+    int max_tokens, max_ctx;
+};
+
+static const struct backend_ops k_cuda_ops;
+
+static struct cuda_backend *cb_of(struct backend *be) { return (struct cuda_backend *)(void *)be; }
+static struct cuda_ctx *cc_of(struct backend_ctx *c) { return (struct cuda_ctx *)(void *)c; }
+
+/* Log a failed CUDA call and map it to a KVLLM_E* code. */
+static int cu_fail(cudaError_t e, const char *call, const char *func) {
+    LOG_ERR("cuda: %s: %s failed: %s (%s)", func, call, cudaGetErrorName(e), cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? KVLLM_ENOMEM : KVLLM_EBACKEND;
+}
+#define CU(call)                                                              \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess) return cu_fail(e_, #call, __func__);          \
+    } while (0)
+
+/* Bind this thread to the backend's device (cheap; threads start on device 0). */
+#define CU_ENTER(be) CU(cudaSetDevice(cb_of(be)->device))
+
+/* ---- memory ---- */
+
+static int cuda_buf_alloc(struct backend *be, size_t bytes, struct backend_buf *out) {
+    memset(out, 0, sizeof *out);
+    CU_ENTER(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        LOG_ERR("cuda: out of device memory allocating a buffer of %zu bytes (%s)", bytes, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return e == cudaErrorMemoryAllocation ? KVLLM_ENOMEM : KVLLM_EBACKEND;
+    }
+    e = cudaMemset(p, 0, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cu_fail(e, "cudaMemset", __func__);
+    }
+    out->data = p;
+    out->size = bytes;
+    return 0;
+}
+
+static void cuda_buf_free(struct backend *be, struct backend_buf *b) {
+    if (!b || !b->data) return;
+    if (cudaSetDevice(cb_of(be)->device) == cudaSuccess) {
+        cudaError_t e = cudaFree(b->data);
+        if (e != cudaSuccess) cu_fail(e, "cudaFree", __func__);
+    }
+    memset(b, 0, sizeof *b);
+}
+
+static int keep_weight(struct cuda_backend *b, void *p) {
+    pthread_mutex_lock(&b->mu);
+    if (b->n_weights == b->cap_weights) {
+        int cap = b->cap_weights ? 2 * b->cap_weights : 64;
+        void **w = realloc(b->weights, (size_t)cap * sizeof *w);
+        if (!w) {
+            pthread_mutex_unlock(&b->mu);
+            LOG_ERR("cuda: out of host memory recording a weight allocation");
+            return KVLLM_ENOMEM;
+        }
+        b->weights = w;
+        b->cap_weights = cap;
+    }
+    b->weights[b->n_weights++] = p;
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+/* Each tensor gets its own allocation and a synchronous copy; data is rewritten to it.  On
+ * failure the tensors placed so far keep their device copies (freed with the backend). */
+static int cuda_place_weights(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+    struct cuda_backend *b = cb_of(be);
+    *placed = 0;
+    CU_ENTER(be);
+    for (int i = 0; i < n; i++) {
+        struct tensor *t = ts[i];
+        if (!t->data) continue;
+        if (!dtype_supported(t->type) || t->ne0 <= 0 || t->ne1 <= 0) {
+            LOG_ERR("cuda: cannot place a %s tensor of %lld x %lld", dtype_name(t->type), (long long)t->ne1,
+                    (long long)t->ne0);
+            return KVLLM_EUNSUPPORTED;
+        }
+        const size_t bytes = (size_t)t->ne1 * t->row_bytes;
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, bytes);
+        if (e != cudaSuccess) {
+            LOG_ERR("cuda: out of device memory placing %zu bytes of weights (%llu placed so far): %s", bytes,
+                    (unsigned long long)*placed, cudaGetErrorString(e));
+            (void)cudaGetLastError();
+            return KVLLM_ENOMEM;
+        }
+        e = cudaMemcpy(p, t->data, bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            cudaFree(p);
+            return cu_fail(e, "cudaMemcpy (weights)", __func__);
+        }
+        int rc = keep_weight(b, p);
+        if (rc) {
+            cudaFree(p);
+            return rc;
+        }
+        t->data = p;
+        *placed += bytes;
+    }
+    return 0;
+}
+
+/* ---- contexts ---- */
+
+static void cuda_ctx_free(struct backend_ctx *c) {
+    if (!c) return;
+    struct cuda_ctx *cc = cc_of(c);
+    if (cudaSetDevice(cb_of(c->be)->device) == cudaSuccess) {
+        if (cc->stream) cudaStreamSynchronize(cc->stream);
+        cudaFree(cc->partials);
+        cudaFree(cc->d_err);
+        cudaFreeHost(cc->h_err);
+        if (cc->stream) cudaStreamDestroy(cc->stream);
+    }
+    free(cc);
+}
+
+static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out) {
+    *out = NULL;
+    CU_ENTER(be);
+    const int max_tokens = p->max_tokens > 0 ? p->max_tokens : 1, max_ctx = p->max_ctx > 0 ? p->max_ctx : 1;
+    const uint64_t n_part = cuda_attn_splits(max_ctx) > 1
+                                ? cuda_attn_partial_floats(max_tokens, p->n_head, p->head_dim, max_ctx) : 0;
+    if ((cuda_attn_splits(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8) {
+        LOG_ERR("cuda: an execution context for %d tokens of up to %d positions (%d heads of %d) does not fit",
+                max_tokens, max_ctx, p->n_head, p->head_dim);
+        return KVLLM_ERANGE;
+    }
+    struct cuda_ctx *cc = xcalloc(1, sizeof *cc);
+    if (!cc) return KVLLM_ENOMEM;
+    cc->base = (struct backend_ctx){ .ops = be->ops, .be = be };
+    cc->max_tokens = max_tokens;
+    cc->max_ctx = max_ctx;
+    cc->n_partials = n_part;
+    cudaError_t e = cudaStreamCreate(&cc->stream);   /* blocking: ordered after cudaMemset of new buffers */
+    const char *what = "cudaStreamCreate";
+    if (e == cudaSuccess) {
+        what = "cudaMalloc (error record)";
+        e = cudaMalloc((void **)&cc->d_err, 2 * sizeof(int));
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMemset (error record)";
+        e = cudaMemset(cc->d_err, 0, 2 * sizeof(int));
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMallocHost (error record)";
+        e = cudaMallocHost((void **)&cc->h_err, 2 * sizeof(int));
+    }
+    if (e == cudaSuccess && n_part) {
+        what = "cudaMalloc (attention partials)";
+        e = cudaMalloc((void **)&cc->partials, (size_t)n_part * sizeof(float));
+    }
+    if (e != cudaSuccess) {
+        int rc = cu_fail(e, what, __func__);
+        cuda_ctx_free(&cc->base);
+        return rc;
+    }
+    *out = &cc->base;
+    return 0;
+}
+
+static int cuda_upload(struct backend_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return 0;
+    CU_ENTER(c->be);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cc_of(c)->stream));
+    return 0;
+}
+
+static int cuda_download(struct backend_ctx *c, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return 0;
+    CU_ENTER(c->be);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cc_of(c)->stream));
+    return 0;
+}
+
+static const char *dev_err_what(int what) {
+    switch (what) {
+    case CUDA_DEV_GET_ROWS_ID: return "get_rows: row id out of range";
+    case CUDA_DEV_ATTN_POS: return "paged attention: position outside the context's max_ctx";
+    case CUDA_DEV_ATTN_BLOCK: return "paged attention: position past the block table";
+    default: return "unknown device error";
+    }
+}
+
+static int cuda_sync(struct backend_ctx *c) {
+    struct cuda_ctx *cc = cc_of(c);
+    CU_ENTER(c->be);
+    CU(cudaMemcpyAsync(cc->h_err, cc->d_err, 2 * sizeof(int), cudaMemcpyDeviceToHost, cc->stream));
+    CU(cudaStreamSynchronize(cc->stream));
+    if (cc->h_err[0]) {
+        LOG_ERR("cuda: %s (%d)", dev_err_what(cc->h_err[0]), cc->h_err[1]);
+        cc->h_err[0] = cc->h_err[1] = 0;
+        CU(cudaMemsetAsync(cc->d_err, 0, 2 * sizeof(int), cc->stream));
+        return KVLLM_ERANGE;
+    }
+    return 0;
+}
+
+/* ---- ops ---- */
+
+/* A launcher's result as an op's. */
+static int launched(cudaError_t e, const char *op) {
+    if (e == cudaSuccess) return 0;
+    return cu_fail(e, op, "cuda op");
+}
+
+static int cuda_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
+    CU_ENTER(c->be);
+    return launched(cuk_matmul(cc_of(c)->stream, y, w, x, n), "matmul");
+}
+
+static int cuda_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n) {
+    CU_ENTER(c->be);
+    return launched(cuk_get_rows(cc_of(c)->stream, cc_of(c)->d_err, y, w, ids, n), "get_rows");
+}
+
+static int cuda_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim) {
+    CU_ENTER(c->be);
+    return launched(cuk_gather_rows(cc_of(c)->stream, y, x, ids, n, dim), "gather_rows");
+}
+
+static int cuda_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim,
+                        float eps) {
+    CU_ENTER(c->be);
+    return launched(cuk_rmsnorm(cc_of(c)->stream, y, x, w->data, n, dim, eps), "rmsnorm");
+}
+
+static int cuda_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w,
+                          const struct tensor *b, int n, int dim, float eps) {
+    CU_ENTER(c->be);
+    return launched(cuk_layernorm(cc_of(c)->stream, y, x, w->data, b ? b->data : NULL, n, dim, eps), "layernorm");
+}
+
+static int cuda_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+                     const struct rope_params *p) {
+    CU_ENTER(c->be);
+    return launched(cuk_rope(cc_of(c)->stream, x, n, n_head, head_dim, pos, p), "rope");
+}
+
+static int cuda_add_bias(struct backend_ctx *c, float *y, const struct tensor *b, int n, int dim) {
+    CU_ENTER(c->be);
+    return launched(cuk_add_bias(cc_of(c)->stream, y, b->data, n, dim), "add_bias");
+}
+
+static int cuda_add(struct backend_ctx *c, float *y, const float *x, long n) {
+    CU_ENTER(c->be);
+    return launched(cuk_add(cc_of(c)->stream, y, x, n), "add");
+}
+
+static int cuda_swiglu(struct backend_ctx *c, float *g, const float *u, long n) {
+    CU_ENTER(c->be);
+    return launched(cuk_swiglu(cc_of(c)->stream, g, u, n), "swiglu");
+}
+
+static int cuda_gelu(struct backend_ctx *c, float *x, long n) {
+    CU_ENTER(c->be);
+    return launched(cuk_gelu(cc_of(c)->stream, x, n), "gelu");
+}
+
+static int cuda_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
+                         const float *k, const float *v, int n) {
+    if ((unsigned)kv->type >= KV_TYPE_COUNT_ || kv->block_size <= 0 || kv->n_head_kv <= 0 || kv->head_dim <= 0) {
+        LOG_ERR("cuda: kv_store into a bad KV view (type %d, block %d, %d heads of %d)", kv->type, kv->block_size,
+                kv->n_head_kv, kv->head_dim);
+        return KVLLM_EINVAL;
+    }
+    CU_ENTER(c->be);
+    return launched(cuk_kv_store(cc_of(c)->stream, kv, slots, k, v, n), "kv_store");
+}
+
+static int cuda_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a) {
+    struct cuda_ctx *cc = cc_of(c);
+    struct cuda_backend *b = cb_of(c->be);
+    if (a->n_tokens <= 0) return 0;
+    if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv || a->head_dim <= 0 || a->head_dim != a->kv.head_dim ||
+        a->n_head_kv != a->kv.n_head_kv || a->kv.block_size <= 0 || (unsigned)a->kv.type >= KV_TYPE_COUNT_) {
+        LOG_ERR("cuda: paged attention with %d heads over %d kv heads of %d (KV view: %d heads of %d)", a->n_head,
+                a->n_head_kv, a->head_dim, a->kv.n_head_kv, a->kv.head_dim);
+        return KVLLM_EINVAL;
+    }
+    if (a->n_tokens > cc->max_tokens || a->n_tokens > 65535) {
+        LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
+        return KVLLM_ERANGE;
+    }
+    const int splits = cuda_attn_splits(cc->max_ctx);
+    const uint64_t need = splits > 1 ? cuda_attn_partial_floats(a->n_tokens, a->n_head, a->head_dim, cc->max_ctx) : 0;
+    if (need > cc->n_partials) {
+        LOG_ERR("cuda: paged attention of %d heads of %d: the context was sized for fewer (%llu partial floats, "
+                "%llu needed)", a->n_head, a->head_dim, (unsigned long long)cc->n_partials, (unsigned long long)need);
+        return KVLLM_ERANGE;
+    }
+    const size_t smem = cuda_attn_smem_bytes(a->n_head / a->n_head_kv, a->head_dim, CUDA_ATTN_TILE, CUDA_ATTN_WARPS);
+    if (smem > b->smem_attn) {
+        LOG_ERR("cuda: paged attention of %d query heads per kv head of %d needs %zu bytes of shared memory; "
+                "the device gives %zu", a->n_head / a->n_head_kv, a->head_dim, smem, b->smem_attn);
+        return KVLLM_EUNSUPPORTED;
+    }
+    CU_ENTER(c->be);
+    return launched(cuk_paged_attention(cc->stream, cc->d_err, a, cc->partials, cc->max_ctx), "paged_attention");
+}
+
+static int cuda_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
+                            const int32_t (*pairs)[2], int n) {
+    CU_ENTER(c->be);
+    cudaStream_t s = cc_of(c)->stream;
+    for (int i = 0; i < n; i++) {
+        const int32_t dst = pairs[i][0], src = pairs[i][1];
+        if (dst == src) continue;
+        for (int il = 0; il < n_layer; il++) {
+            const struct kv_layer_view *l = &layers[il];
+            const size_t rows = (size_t)l->block_size * (size_t)l->n_head_kv;
+            const size_t bytes = rows * (size_t)l->head_dim * kv_elem_bytes(l->type);
+            uint8_t *k = l->k, *v = l->v;
+            CU(cudaMemcpyAsync(k + (size_t)dst * bytes, k + (size_t)src * bytes, bytes, cudaMemcpyDeviceToDevice, s));
+            CU(cudaMemcpyAsync(v + (size_t)dst * bytes, v + (size_t)src * bytes, bytes, cudaMemcpyDeviceToDevice, s));
+            if (l->k_scale) {
+                const size_t sb = rows * sizeof(float);
+                CU(cudaMemcpyAsync(l->k_scale + (size_t)dst * rows, l->k_scale + (size_t)src * rows, sb,
+                                   cudaMemcpyDeviceToDevice, s));
+                CU(cudaMemcpyAsync(l->v_scale + (size_t)dst * rows, l->v_scale + (size_t)src * rows, sb,
+                                   cudaMemcpyDeviceToDevice, s));
+            }
+        }
+    }
+    return 0;
+}
+
+static const struct backend_ops k_cuda_ops = {
+    .name = "cuda",
+    .buf_alloc = cuda_buf_alloc,
+    .buf_free = cuda_buf_free,
+    .place_weights = cuda_place_weights,
+    .ctx_new = cuda_ctx_new,
+    .ctx_free = cuda_ctx_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .matmul = cuda_matmul,
+    .get_rows = cuda_get_rows,
+    .gather_rows = cuda_gather_rows,
+    .rmsnorm = cuda_rmsnorm,
+    .layernorm = cuda_layernorm,
+    .rope = cuda_rope,
+    .add_bias = cuda_add_bias,
+    .add = cuda_add,
+    .swiglu = cuda_swiglu,
+    .gelu = cuda_gelu,
+    .kv_store = cuda_kv_store,
+    .paged_attention = cuda_paged_attention,
+    .copy_blocks = cuda_copy_blocks,
+};
+
+/* ---- the backend ---- */
+
+bool backend_cuda_built(void) { return true; }
+
+int backend_cuda_probe(char *why, size_t why_size) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(why, why_size, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n <= 0) snprintf(why, why_size, "no CUDA device (cudaGetDeviceCount found none)");
+    return n > 0 ? n : 0;
+}
+
+int backend_cuda_new(struct backend **out) {
+    *out = NULL;
+    char why[256];
+    const int n_dev = backend_cuda_probe(why, sizeof why);
+    if (n_dev == 0) {
+        LOG_ERR("KVLLM_BACKEND=cuda: %s", why);
+        return KVLLM_EUNSUPPORTED;
+    }
+    const char *env = getenv("KVLLM_CUDA_DEVICE");
+    char *end = NULL;
+    const long dev = env && *env ? strtol(env, &end, 10) : 0;
+    if ((env && *env && *end) || dev < 0 || dev >= n_dev) {
+        LOG_ERR("KVLLM_CUDA_DEVICE=%s: not a device of this machine (0 .. %d)", env, n_dev - 1);
+        return KVLLM_EINVAL;
+    }
+    CU(cudaSetDevice((int)dev));
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, (int)dev));
+    if (prop.major < 8) {
+        LOG_ERR("KVLLM_BACKEND=cuda: device %ld (%s) has compute capability %d.%d; this build targets 8.0 and newer",
+                dev, prop.name, prop.major, prop.minor);
+        return KVLLM_EUNSUPPORTED;
+    }
+    int smem = 0;
+    CU(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, (int)dev));
+    CU(cuk_attention_setup((size_t)smem));
+    struct cuda_backend *b = xcalloc(1, sizeof *b);
+    if (!b) return KVLLM_ENOMEM;
+    b->be.ops = &k_cuda_ops;
+    b->device = (int)dev;
+    b->smem_attn = (size_t)smem;
+    pthread_mutex_init(&b->mu, NULL);
+    LOG_INFO("cuda: device %ld: %s, compute capability %d.%d, %.1f GiB, %d SMs (CUDA backend not yet verified on "
+             "hardware: docs/GPU.md)", dev, prop.name, prop.major, prop.minor,
+             (double)prop.totalGlobalMem / (1 << 30), prop.multiProcessorCount);
+    *out = &b->be;
+    return 0;
+}
+
+bool backend_is_cuda(const struct backend *be) { return be && be->ops == &k_cuda_ops; }
+
+void backend_cuda_free(struct backend *be) {
+    if (!be) return;
+    struct cuda_backend *b = cb_of(be);
+    if (cudaSetDevice(b->device) == cudaSuccess)
+        for (int i = 0; i < b->n_weights; i++) cudaFree(b->weights[i]);
+    free(b->weights);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}

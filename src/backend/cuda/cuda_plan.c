@@ -1,0 +1,150 @@
+/* cuda_plan.c — see cuda_plan.h.  Pure arithmetic: built into every build,
+ * tested on the CPU. */
+#include "backend/cuda/cuda_plan.h"
+#include "core/core.h"
+
+#include <string.h>
+
+/* ---- CUDA graphs ---- */
+
+int cuda_graph_sizes(int max_batch, int *out, int cap) {
+    if (max_batch < 1) return KVLLM_EINVAL;
+    int n = 0;
+    for (long long s = 1; s < max_batch; s *= 2) {
+        if (n == cap) return KVLLM_EINVAL;
+        out[n++] = (int)s;
+    }
+    if (n == cap) return KVLLM_EINVAL;
+    out[n++] = max_batch;
+    return n;
+}
+
+int cuda_graph_batch(int n, int max_batch) {
+    if (max_batch < 1 || n < 1 || n > max_batch) return KVLLM_EINVAL;
+    int s = 1;
+    while (s < n && s <= INT32_MAX / 2) s *= 2;
+    return s >= n && s < max_batch ? s : max_batch;
+}
+
+/* ---- step inputs ---- */
+
+/* *off = its old value rounded up to CUDA_STEP_ALIGN, then advanced by n int32; false on overflow. */
+static bool take(uint64_t *off, uint64_t n, size_t *at) {
+    uint64_t a = (*off + CUDA_STEP_ALIGN - 1) / CUDA_STEP_ALIGN * CUDA_STEP_ALIGN, bytes;
+    if (a < *off || !ckd_mul_u64(&bytes, n, 4) || !ckd_add_u64(off, a, bytes) || a > SIZE_MAX) return false;
+    *at = (size_t)a;
+    return true;
+}
+
+int cuda_step_layout(int n_tokens, int n_seqs, int max_blocks, int n_logits, struct cuda_step_layout *l) {
+    memset(l, 0, sizeof *l);
+    if (n_tokens < 0 || n_seqs < 0 || max_blocks < 0 || n_logits < 0) return KVLLM_EINVAL;
+    l->n_tokens = n_tokens;
+    l->n_seqs = n_seqs;
+    l->max_blocks = max_blocks;
+    l->n_logits = n_logits;
+    uint64_t off = 0, nt = (uint64_t)n_tokens;
+    if (!take(&off, nt, &l->ids) || !take(&off, nt, &l->pos) || !take(&off, nt, &l->slots) ||
+        !take(&off, nt, &l->seq) || !take(&off, (uint64_t)n_seqs * (uint64_t)max_blocks, &l->block_table) ||
+        !take(&off, (uint64_t)n_logits, &l->logit_rows) || off > SIZE_MAX)
+        return KVLLM_ERANGE;
+    l->bytes = (size_t)off;
+    return 0;
+}
+
+void cuda_step_pack(const struct cuda_step_layout *l, void *dst, const int32_t *ids, const int32_t *pos,
+                    const int32_t *slots, const int32_t *seq, const int32_t *block_table,
+                    const int32_t *logit_rows) {
+    uint8_t *d = dst;
+    memset(d, 0, l->bytes);
+    const size_t nt = (size_t)l->n_tokens * 4;
+    if (nt) {
+        memcpy(d + l->ids, ids, nt);
+        memcpy(d + l->pos, pos, nt);
+        memcpy(d + l->slots, slots, nt);
+        memcpy(d + l->seq, seq, nt);
+    }
+    if (l->n_seqs && l->max_blocks)
+        memcpy(d + l->block_table, block_table, (size_t)l->n_seqs * (size_t)l->max_blocks * 4);
+    if (l->n_logits) memcpy(d + l->logit_rows, logit_rows, (size_t)l->n_logits * 4);
+}
+
+/* ---- attention ---- */
+
+int cuda_attn_splits(int ctx_len) {
+    return ctx_len <= 0 ? 0 : (ctx_len - 1) / PAGED_ATTN_SPLIT + 1;
+}
+
+uint64_t cuda_attn_partial_floats(int max_tokens, int n_head, int head_dim, int max_ctx) {
+    if (max_tokens <= 0 || n_head <= 0 || head_dim <= 0 || max_ctx <= 0) return 0;
+    uint64_t r;
+    if (!ckd_mul_u64(&r, (uint64_t)max_tokens, (uint64_t)n_head) ||
+        !ckd_mul_u64(&r, r, (uint64_t)cuda_attn_splits(max_ctx)) || !ckd_mul_u64(&r, r, (uint64_t)head_dim + 2))
+        return 0;
+    return r;
+}
+
+size_t cuda_attn_smem_bytes(int g, int head_dim, int tile, int n_warps) {
+    /* q (g, hd), acc (g, hd), m and l (g), K and V tiles (tile, hd + 1), scales (2, tile),
+     * weights (n_warps, tile) */
+    return sizeof(float) * ((size_t)2 * g * head_dim + (size_t)2 * g + (size_t)2 * tile * (head_dim + 1) +
+                            (size_t)2 * tile + (size_t)n_warps * tile);
+}
+
+/* ---- memory plan ---- */
+
+int cuda_mem_plan(const struct cuda_mem_in *in, struct cuda_mem_plan *p) {
+    memset(p, 0, sizeof *p);
+    if (in->n_layer <= 0 || in->n_head <= 0 || in->n_head_kv <= 0 || in->n_head % in->n_head_kv ||
+        in->head_dim <= 0 || in->n_embd <= 0 || in->n_ff < 0 || in->n_vocab <= 0 || in->block_size <= 0 ||
+        in->max_tokens <= 0 || in->max_seqs <= 0 || in->max_ctx <= 0 || in->kv_tokens < 0 ||
+        (unsigned)in->kv_type >= KV_TYPE_COUNT_ || in->mem_fraction < 0 || in->mem_fraction > 1)
+        return KVLLM_EINVAL;
+    const uint64_t hd = (uint64_t)in->head_dim, nkv = (uint64_t)in->n_head_kv, nl = (uint64_t)in->n_layer;
+    const bool scaled = in->kv_type == KV_INT8 || in->kv_type == KV_FP8;
+    /* per layer and position: K and V rows of every kv head, plus a float scale per row for 8-bit types */
+    uint64_t per_tok = 2 * nkv * (hd * kv_elem_bytes(in->kv_type) + (scaled ? 4 : 0));
+    if (!ckd_mul_u64(&per_tok, per_tok, nl)) return KVLLM_ERANGE;
+    p->weights = in->weight_bytes;
+    p->kv_bytes_per_token = per_tok;
+
+    /* activations: the forward's per-token buffers (x, two norms' outputs, q and attention output,
+     * k and v, gate and up), logits rows for every sequence, step inputs, attention partials */
+    const uint64_t mt = (uint64_t)in->max_tokens, nh = (uint64_t)in->n_head;
+    const uint64_t per_act = 4 * (3 * (uint64_t)in->n_embd + 2 * nh * hd + 2 * nkv * hd + 2 * (uint64_t)in->n_ff);
+    const uint64_t parts = cuda_attn_partial_floats(in->max_tokens, in->n_head, in->head_dim, in->max_ctx);
+    const uint64_t max_blocks = ((uint64_t)in->max_ctx + (uint64_t)in->block_size - 1) / (uint64_t)in->block_size;
+    uint64_t act, t1, t2, t3;
+    if (!ckd_mul_u64(&t1, mt, per_act) || !ckd_mul_u64(&t2, (uint64_t)in->max_seqs, 4 * (uint64_t)in->n_vocab) ||
+        !ckd_mul_u64(&t3, parts, 4) || !ckd_add_u64(&act, t1, t2) || !ckd_add_u64(&act, act, t3))
+        return KVLLM_ERANGE;
+    struct cuda_step_layout sl;
+    if (max_blocks > INT32_MAX || (uint64_t)in->max_seqs * max_blocks > INT32_MAX ||
+        cuda_step_layout(in->max_tokens, in->max_seqs, (int)max_blocks, in->max_seqs, &sl) ||
+        !ckd_add_u64(&act, act, (uint64_t)sl.bytes))
+        return KVLLM_ERANGE;
+    p->activations = act;
+
+    int sizes[CUDA_GRAPH_MAX_SIZES];
+    p->n_graphs = cuda_graph_sizes(in->max_seqs, sizes, CUDA_GRAPH_MAX_SIZES);
+    if (p->n_graphs < 0) return KVLLM_ERANGE;
+    const uint64_t each = in->graph_bytes_each ? in->graph_bytes_each : (uint64_t)8 << 20;
+    if (!ckd_mul_u64(&p->graphs, (uint64_t)p->n_graphs, each)) return KVLLM_ERANGE;
+
+    const double frac = in->mem_fraction > 0 ? in->mem_fraction : 0.90;
+    p->budget = (uint64_t)((double)in->free_bytes * frac);
+    uint64_t fixed;
+    if (!ckd_add_u64(&fixed, p->weights, p->activations) || !ckd_add_u64(&fixed, fixed, p->graphs))
+        return KVLLM_ERANGE;
+    uint64_t block_bytes;
+    if (!ckd_mul_u64(&block_bytes, per_tok, (uint64_t)in->block_size)) return KVLLM_ERANGE;
+    if (in->kv_tokens > 0) {
+        p->kv_blocks = ((uint64_t)in->kv_tokens + (uint64_t)in->block_size - 1) / (uint64_t)in->block_size;
+    } else {
+        p->kv_blocks = fixed < p->budget ? (p->budget - fixed) / block_bytes : 0;
+    }
+    if (!ckd_mul_u64(&p->kv_bytes, p->kv_blocks, block_bytes) || !ckd_add_u64(&p->total, fixed, p->kv_bytes))
+        return KVLLM_ERANGE;
+    p->fits = p->total <= p->budget && p->kv_blocks >= (uint64_t)in->max_seqs;
+    return 0;
+}

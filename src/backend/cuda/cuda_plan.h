@@ -1,0 +1,100 @@
+/* cuda_plan.h — the CUDA backend's host-side arithmetic, in plain C so that
+ * the CPU-only build compiles it and tests/unit/test_cuda_plan.c checks it
+ * without a GPU: the batch sizes decode steps are padded to (one CUDA graph
+ * each), the layout of one step's inputs in a single upload, the attention
+ * split plan and its scratch, and the device memory plan.
+ *
+ * Nothing here allocates or touches a device; every function is pure.  Sizes
+ * are checked for overflow: a plan that does not fit in 64 bits, or a
+ * request outside the documented ranges, is KVLLM_ERANGE / KVLLM_EINVAL. */
+#ifndef KVLLM_CUDA_PLAN_H
+#define KVLLM_CUDA_PLAN_H
+
+#include "backend/backend.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- CUDA graphs: padded decode batch sizes ---- */
+
+/* The captured batch sizes are 1, 2, 4, 8, ... (powers of two) below
+ * max_batch, then max_batch itself.  A step of n sequences runs the
+ * smallest captured size >= n, its extra rows as padding (slot -1, logits
+ * never read).  cuda_graph_sizes writes them ascending into out (capacity
+ * cap) and returns how many, or KVLLM_EINVAL for max_batch < 1 or a
+ * capacity too small (at most CUDA_GRAPH_MAX_SIZES are ever needed). */
+#define CUDA_GRAPH_MAX_SIZES 32
+int cuda_graph_sizes(int max_batch, int *out, int cap);
+/* The padded size for n (1 <= n <= max_batch); KVLLM_EINVAL otherwise. */
+int cuda_graph_batch(int n, int max_batch);
+
+/* ---- one step's inputs, packed for a single upload ---- */
+
+/* Offsets (bytes from the start of the packed buffer, each a multiple of
+ * CUDA_STEP_ALIGN) of the arrays model_forward reads: token ids, positions,
+ * KV slots and the sequence index (n_tokens int32 each), the dense block
+ * table (n_seqs * max_blocks int32) and the rows whose logits are wanted
+ * (n_logits int32). */
+#define CUDA_STEP_ALIGN 256
+struct cuda_step_layout {
+    int n_tokens, n_seqs, max_blocks, n_logits;
+    size_t ids, pos, slots, seq, block_table, logit_rows;
+    size_t bytes;                 /* the whole buffer */
+};
+/* KVLLM_EINVAL for negative counts, KVLLM_ERANGE when the sizes overflow. */
+int cuda_step_layout(int n_tokens, int n_seqs, int max_blocks, int n_logits, struct cuda_step_layout *l);
+/* Copy the arrays into dst (l->bytes; the padding between them zeroed).
+ * block_table is (n_seqs, max_blocks) row-major. */
+void cuda_step_pack(const struct cuda_step_layout *l, void *dst, const int32_t *ids, const int32_t *pos,
+                    const int32_t *slots, const int32_t *seq, const int32_t *block_table,
+                    const int32_t *logit_rows);
+
+/* ---- paged attention: splits and scratch ---- */
+
+/* Splits of a context of ctx_len positions (cut at multiples of
+ * PAGED_ATTN_SPLIT, as the CPU backend cuts them); 0 for ctx_len <= 0. */
+int cuda_attn_splits(int ctx_len);
+/* Floats of the partials (m, l, acc[head_dim]) for max_tokens tokens of
+ * n_head heads over contexts up to max_ctx: (max_tokens, n_head, splits,
+ * head_dim + 2).  0 on overflow or a non-positive argument. */
+uint64_t cuda_attn_partial_floats(int max_tokens, int n_head, int head_dim, int max_ctx);
+/* Shared memory (bytes) of one attention block: g = n_head / n_head_kv query
+ * heads of head_dim (queries and accumulators), a tile of tile K and V rows
+ * (rows padded by one float), per-position scales and per-warp weights. */
+size_t cuda_attn_smem_bytes(int g, int head_dim, int tile, int n_warps);
+
+/* ---- device memory plan ---- */
+
+struct cuda_mem_in {
+    uint64_t weight_bytes;        /* placed weights (place_weights' total) */
+    uint64_t free_bytes;          /* cudaMemGetInfo's free, before any of it */
+    double mem_fraction;          /* of free_bytes kvllm may take (0: 0.90) */
+    int n_layer, n_head, n_head_kv, head_dim, n_embd, n_ff, n_vocab;
+    enum kv_type kv_type;
+    int block_size;
+    int max_tokens;               /* tokens per step */
+    int max_seqs;                 /* sequences per step (CUDA graph sizes up to it) */
+    int max_ctx;
+    int64_t kv_tokens;            /* KV pool positions wanted; 0: as many as fit */
+    uint64_t graph_bytes_each;    /* memory per captured graph (0: 8 MiB) */
+};
+
+struct cuda_mem_plan {
+    uint64_t weights;
+    uint64_t kv_bytes_per_token;  /* all layers, K and V, scales included */
+    uint64_t kv_blocks, kv_bytes; /* the pool */
+    uint64_t activations;         /* forward buffers, logits, attention partials */
+    uint64_t graphs;              /* CUDA graph pools: sizes * graph_bytes_each */
+    int n_graphs;
+    uint64_t total;               /* weights + kv + activations + graphs */
+    uint64_t budget;              /* free_bytes * mem_fraction */
+    bool fits;                    /* total <= budget and at least one block per sequence fits */
+};
+/* Fill *p.  KVLLM_EINVAL for a shape that makes no sense (non-positive
+ * counts, n_head not a multiple of n_head_kv, a bad KV type), KVLLM_ERANGE
+ * on overflow.  With kv_tokens = 0 the pool takes what the budget leaves
+ * (fits is false when that is not one block per sequence); otherwise
+ * kv_tokens rounded up to whole blocks, and fits says whether it all fits. */
+int cuda_mem_plan(const struct cuda_mem_in *in, struct cuda_mem_plan *p);
+
+#endif

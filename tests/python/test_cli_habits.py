@@ -288,3 +288,17 @@ def test_help_names_every_option_it_parses(run, cmd):
                       "--allowed-origins", "--log-format"]}[cmd]
     for w in want:
         assert w in out, (cmd, w)
+
+
+# ---- info -------------------------------------------------------------------------------------
+
+def test_info_text_and_json(run, smollm2):
+    out = run("info", smollm2).check_ok().out
+    for want in ("name ", "file type         MOSTLY_Q4_1", "bits per weight", "tokenizer         gpt2, pre-tokenizer ",
+                 "add_bos / add_eos", "chat template     yes", "placed bytes"):
+        assert want in out, (want, out)
+    j = json.loads(run("info", "--json", smollm2).check_ok().out)
+    assert j["architecture"] == "llama" and j["n_layer"] == 30 and j["chat_template"] is True
+    assert j["tokenizer_model"] == "gpt2" and j["tokenizer_pre"] and j["file_type"] == "MOSTLY_Q4_1"
+    assert 4.5 < j["bits_per_weight"] < 6.5 and j["placed_bytes"] > 0 and j["weight_bytes"] > 0
+    assert j["kv_bytes_per_token"]["f16"] == 2 * 30 * 3 * 64 * 2

@@ -11,9 +11,43 @@
 #include <string.h>
 
 static const char *k_usage =
-    "usage: kvllm info [-m] MODEL [--tokenizer PATH]\n"
-    "  prints architecture, hyper-parameters, tensor types, parameter count, weight bytes,\n"
-    "  and KV-cache bytes per token and at full context for f32, f16, bf16, int8 and fp8 storage\n";
+    "usage: kvllm info [-m] MODEL [--tokenizer PATH] [--json]\n"
+    "  prints the name, architecture, file type and bits per weight, hyper-parameters, the tokenizer\n"
+    "  (model, pre-tokenizer, bos / eos, add_bos / add_eos, chat template), tensor types, parameter\n"
+    "  count, weight bytes in the file and as placed, and KV-cache bytes per token and at full context\n"
+    "  for f32, f16, bf16, int8 and fp8 storage\n"
+    "  --json   the same as one JSON object\n";
+
+/* llama.cpp's general.file_type names (LLAMA_FTYPE_*). */
+static const char *ftype_name(uint32_t t) {
+    static const char *const names[] = {
+        [0] = "ALL_F32", [1] = "MOSTLY_F16", [2] = "MOSTLY_Q4_0", [3] = "MOSTLY_Q4_1", [7] = "MOSTLY_Q8_0",
+        [8] = "MOSTLY_Q5_0", [9] = "MOSTLY_Q5_1", [10] = "MOSTLY_Q2_K", [11] = "MOSTLY_Q3_K_S",
+        [12] = "MOSTLY_Q3_K_M", [13] = "MOSTLY_Q3_K_L", [14] = "MOSTLY_Q4_K_S", [15] = "MOSTLY_Q4_K_M",
+        [16] = "MOSTLY_Q5_K_S", [17] = "MOSTLY_Q5_K_M", [18] = "MOSTLY_Q6_K", [32] = "MOSTLY_BF16",
+    };
+    return t < sizeof names / sizeof *names && names[t] ? names[t] : "unknown";
+}
+
+/* A metadata string as a C string (bounded), "" when absent. */
+static void meta(const struct kvllm_model *m, const char *key, char *buf, size_t cap) {
+    size_t n = 0;
+    const char *v = kvllm_model_meta_str(m, key, &n);
+    if (!v) n = 0;
+    if (n >= cap) n = cap - 1;
+    memcpy(buf, v ? v : "", n);
+    buf[n] = 0;
+}
+
+static void json_str(const char *k, const char *v, bool comma) {
+    printf("  \"%s\": \"", k);
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    printf("\"%s\n", comma ? "," : "");
+}
 
 static void human(char *buf, size_t n, double bytes) {
     const char *u[] = { "B", "KiB", "MiB", "GiB", "TiB" };
@@ -45,16 +79,19 @@ static void print_tensor_types(const char *path) {
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL, *tok = NULL;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(path = cli_arg(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--tokenizer")) {
             if (!(tok = cli_arg(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
         } else if (argv[i][0] != '-' && !path) {
             path = argv[i];
         } else {
-            cli_error("info: unknown option '%s'", argv[i]);
+            cli_unknown("info", argv[i], k_usage, NULL);
             return 2;
         }
     }
@@ -66,10 +103,60 @@ int cmd_info(int argc, char **argv) {
     struct kvllm_model *m;
     if (kvllm_model_load(path, &mp, &m)) return 1;
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
-    char wb[32];
+
+    /* what only the file's metadata says */
+    struct gguf *g = NULL;
+    int grc = hf_is_folder(path) ? hf_open(path, &g) : gguf_is_gguf(path) ? gguf_open(path, &g) : llama2c_open(path, &g);
+    uint32_t ftype = 0;
+    bool has_ftype = !grc && !gguf_get_u32(g, "general.file_type", &ftype);
+    bool add_eos = false;
+    if (!grc) gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &add_eos);
+    gguf_free(g);
+    char name[256], tmodel[64], pre[64];
+    meta(m, "general.name", name, sizeof name);
+    meta(m, "tokenizer.ggml.model", tmodel, sizeof tmodel);
+    meta(m, "tokenizer.ggml.pre", pre, sizeof pre);
+    size_t tmpl_len = 0;
+    bool tmpl = kvllm_model_meta_str(m, "tokenizer.chat_template", &tmpl_len) != NULL;
+    const double bpw = d->n_params ? 8.0 * (double)d->weight_bytes / (double)d->n_params : 0;
+    const char *ft = has_ftype ? ftype_name(ftype) : d->weight_type;
+    static const struct { const char *name; double bytes; int scale; } kv[] = {
+        { "f32", 4, 0 }, { "f16", 2, 0 }, { "bf16", 2, 0 }, { "int8", 1, 4 }, { "fp8", 1, 4 },
+    };
+    if (json) {
+        printf("{\n");
+        json_str("file", path, true);
+        json_str("name", name, true);
+        json_str("architecture", d->arch, true);
+        json_str("file_type", ft, true);
+        json_str("weight_type", d->weight_type, true);
+        printf("  \"bits_per_weight\": %.3f,\n  \"n_params\": %llu,\n  \"weight_bytes\": %llu,\n  \"placed_bytes\": %llu,\n",
+               bpw, (unsigned long long)d->n_params, (unsigned long long)d->weight_bytes,
+               (unsigned long long)d->placed_bytes);
+        printf("  \"n_vocab\": %d,\n  \"n_ctx_train\": %d,\n  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n"
+               "  \"n_head_kv\": %d,\n  \"head_dim\": %d,\n  \"n_rot\": %d,\n  \"n_ff\": %d,\n  \"rope_theta\": %g,\n"
+               "  \"norm_eps\": %g,\n", d->n_vocab, d->n_ctx_train, d->n_embd, d->n_layer, d->n_head, d->n_head_kv,
+               d->head_dim, d->n_rot, d->n_ff, d->rope_theta, d->norm_eps);
+        json_str("tokenizer_model", tmodel, true);
+        json_str("tokenizer_pre", pre, true);
+        printf("  \"bos\": %d,\n  \"eos\": %d,\n  \"add_bos\": %s,\n  \"add_eos\": %s,\n  \"chat_template\": %s,\n",
+               d->token_bos, d->token_eos, d->add_bos ? "true" : "false", add_eos ? "true" : "false",
+               tmpl ? "true" : "false");
+        printf("  \"kv_bytes_per_token\": {");
+        for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
+            printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name,
+                   2.0 * d->n_layer * d->n_head_kv * (d->head_dim * kv[i].bytes + kv[i].scale));
+        printf("}\n}\n");
+        kvllm_model_free(m);
+        return 0;
+    }
+    char wb[32], pb[32];
     human(wb, sizeof wb, (double)d->weight_bytes);
+    human(pb, sizeof pb, (double)d->placed_bytes);
     printf("file              %s\n", path);
+    printf("name              %s\n", *name ? name : "(none)");
     printf("architecture      %s\n", d->arch);
+    printf("file type         %s, %.2f bits per weight\n", ft, bpw);
     printf("n_vocab           %d\n", d->n_vocab);
     printf("n_ctx_train       %d\n", d->n_ctx_train);
     printf("n_embd            %d\n", d->n_embd);
@@ -82,15 +169,18 @@ int cmd_info(int argc, char **argv) {
     printf("n_ff              %d\n", d->n_ff);
     printf("rope_theta        %g\n", d->rope_theta);
     printf("norm_eps          %g\n", d->norm_eps);
+    printf("tokenizer         %s%s%s\n", *tmodel ? tmodel : "(none)", *pre ? ", pre-tokenizer " : "", pre);
     printf("bos / eos         %d / %d\n", d->token_bos, d->token_eos);
+    printf("add_bos / add_eos %s / %s\n", d->add_bos ? "yes" : "no", add_eos ? "yes" : "no");
+    if (tmpl) printf("chat template     yes (%zu bytes)\n", tmpl_len);
+    else printf("chat template     no\n");
     print_tensor_types(path);
     printf("parameters        %llu (%.2f M)\n", (unsigned long long)d->n_params, (double)d->n_params / 1e6);
     printf("weight bytes      %llu (%s)\n", (unsigned long long)d->weight_bytes, wb);
+    printf("placed bytes      %llu (%s, as the %s backend keeps them)\n", (unsigned long long)d->placed_bytes, pb,
+           kvllm_model_backend(m));
     /* 2 (K and V) x n_layer x n_head_kv x head_dim elements per token; the
      * 8-bit types add an f32 scale per token, head, and K/V. */
-    static const struct { const char *name; double bytes; int scale; } kv[] = {
-        { "f32", 4, 0 }, { "f16", 2, 0 }, { "bf16", 2, 0 }, { "int8", 1, 4 }, { "fp8", 1, 4 },
-    };
     printf("KV cache          per token        at full context (%d)\n", d->n_ctx_train);
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
         double heads = 2.0 * d->n_layer * d->n_head_kv;

@@ -121,8 +121,9 @@ struct backend_buf {
 struct backend;
 struct backend_ctx;
 
-/* All members are required.  Ops, uploads and downloads on one context run
- * in issue order; a backend may run them asynchronously, so host memory
+/* All members are required unless marked optional.  Ops, uploads and
+ * downloads on one context run in issue order; a backend may run them
+ * asynchronously, so host memory
  * handed to an upload or download must stay valid (and unread, for a
  * download) until backend_sync returns.  Every pointer argument named y, x,
  * g, u, ids, pos, slots or inside an args struct is backend memory. */
@@ -138,6 +139,10 @@ struct backend_ops {
      * placed copy (or left as the mapping).  Tensors with data == NULL are
      * skipped.  *placed_bytes: the bytes they take where they live. */
     int (*place_weights)(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed_bytes);
+    /* Bytes of its memory the backend can still give (device memory for a
+     * GPU); the engine's memory plan sizes the KV pool from it.  Optional:
+     * NULL means host RAM (MemAvailable). */
+    uint64_t (*mem_available)(struct backend *be);
 
     /* ---- execution contexts ---- */
     int (*ctx_new)(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out);
@@ -206,14 +211,15 @@ struct backend_ctx {
  * build or CPU lacks.
  *
  * Activations (SIMD sets): f32 arithmetic on dequantized weights by
- * default.  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
+ * default (KVLLM_ACT=f32).  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
  * activations quantized to 13-bit integer codes per block of 32 (integer
  * dot products: single-stream decode of large Q4 models about 1.6x faster,
  * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  KVLLM_ACT=q8
  * quantizes activations to 8-bit codes per block of 32 and multiplies
  * Q8_0 / Q4_0 / Q4_1 weights with integer dot products (vpmaddubsw on AVX2,
  * vpdpbusd where the CPU has AVX-VNNI or AVX-512 VNNI), bit-identical
- * across kernel sets (src/backend/cpu/qmm.h).  The choice is
+ * across kernel sets, on weights repacked at placement into 16-row
+ * interleaved blocks (src/backend/cpu/qmm.h).  The choice is
  * per backend, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);
 /* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU; "strict": the

@@ -14,7 +14,9 @@ Checks, each reported and failing the run (exit 1):
     finish_reason each; a stream ends with [DONE] and carries no error event);
   - /metrics (with the API key) shows 0 KV blocks held once the clients are done;
   - resident memory (VmRSS of the server) at the end is within --rss-tolerance (10 %) of its
-    level after the warm-up requests (--warmup; ASan's quarantine is capped so it settles);
+    level after the warm-up requests (--warmup, default a quarter of them; ASan's quarantine is
+    capped, yet its allocator still wanders by several MB from round to round: the tight bound is
+    for long ASan runs and for the release build, whose RSS is flat to a few %);
   - the server exits 0 on SIGINT with no sanitizer report on stderr.
 The last line printed is a JSON summary (requests, cancelled, failures, seconds, RSS, blocks).
 """
@@ -194,13 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bin", default=str(ROOT / "build-asan" / "kvllm"))
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--warmup", type=int, default=0, help="requests before the RSS reference (default: 10 %%, >= 50)")
+    ap.add_argument("--warmup", type=int, default=0, help="requests before the RSS reference (default: 25 %%, >= 50)")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--cancel", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rss-tolerance", type=float, default=0.10)
     args = ap.parse_args(argv)
-    warmup = args.warmup or max(50, args.requests // 10)
+    warmup = args.warmup or max(50, args.requests // 4)
     d = Path(args.shared) / "models" / "stories260K"
     tmpl = Path(f"/tmp/kvllm-soak-{id(args)}.jinja")
     tmpl.write_text(TEMPLATE)
@@ -211,12 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     problems: list[str] = []
     rss_warm = rss_end = 0
+    trajectory: list[int] = []
     metrics: dict[str, float] = {}
     try:
         run(srv, 0, warmup, args, stats)
         auth = {"Authorization": f"Bearer {KEY}"}
         rss_warm = rss_kb(srv.proc.pid)
-        run(srv, warmup, args.requests - warmup, args, stats)
+        step = max(100, (args.requests - warmup) // 10)
+        for start in range(warmup, args.requests, step):   # RSS sampled between rounds: a trend, not a point
+            run(srv, start, min(step, args.requests - start), args, stats)
+            trajectory.append(rss_kb(srv.proc.pid))
         deadline = time.monotonic() + 10
         while True:
             st, _, raw = srv.request("GET", "/metrics", headers=auth)
@@ -251,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"requests": stats.done, "cancelled": stats.cancelled, "failed": len(stats.failures),
                       "concurrency": args.concurrency, "seconds": round(secs, 1),
                       "req_per_s": round(stats.done / secs, 1), "rss_warm_kb": rss_warm, "rss_end_kb": rss_end,
+                      "rss_kb_by_round": trajectory,
                       "blocks_held": held, "blocks_cached": metrics.get('kvllm_kv_blocks{state="cached"}', -1),
                       "sanitizer_reports": len(reports), "exit": rc, "bin": args.bin, "ok": not problems}))
     return 1 if problems else 0

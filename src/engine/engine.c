@@ -48,8 +48,8 @@ void engine_request_free(struct request *r) {
 static int plan_pool(struct kvllm_engine *e, enum kv_type kt) {
     const struct model_hparams *hp = &e->km->m->hp;
     const uint64_t bpt = paged_kv_bytes_per_token(kt, hp->n_layer, hp->n_head_kv, hp->head_dim);
-    const struct backend *be = e->km->m->be;
-    const uint64_t avail = be->ops->mem_available ? be->ops->mem_available((struct backend *)be) : mem_available_bytes();
+    struct backend *be = e->km->m->be;
+    const uint64_t avail = be->ops->mem_available ? be->ops->mem_available(be) : mem_available_bytes();
     uint64_t tokens;
     if (e->p.kv_mem) tokens = e->p.kv_mem / bpt;
     else if (e->p.kv_tokens > 0) tokens = (uint64_t)e->p.kv_tokens;
@@ -72,7 +72,7 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt) {
                 (unsigned long long)bpt, kv_type_name(kt), (double)avail / 1048576.0);
         return KVLLM_ERANGE;
     }
-    int rc = paged_kv_init(&e->kv, e->km->m->be, kt, hp->n_layer, (int)n_blocks, e->p.block_size, hp->n_head_kv, hp->head_dim);
+    int rc = paged_kv_init(&e->kv, be, kt, hp->n_layer, (int)n_blocks, e->p.block_size, hp->n_head_kv, hp->head_dim);
     if (!rc) rc = block_pool_init(&e->pool, (int)n_blocks, e->p.block_size);
     if (rc) return rc;
     uint64_t act = forward_buf_bytes(hp, e->p.max_batch_tokens, e->n_logits_max);

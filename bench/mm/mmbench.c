@@ -56,21 +56,24 @@ int main(int argc, char **argv) {
         struct tensor w = { .type = types[it], .ne0 = K, .ne1 = M, .row_bytes = rb, .data = data };
         for (size_t in = 0; in < sizeof ns / sizeof *ns; in++) {
             const int n = ns[in];
-            struct { const char *name, *kind, *act; qmm_rows_fn *rows; } paths[] = {
+            struct { const char *name, *kind, *act; qmm_group_fn *rows; } paths[] = {
                 { "f32 avx2", "avx2", "f32", NULL }, { "int13 avx2", "avx2", "int", NULL },
-                { "q8 avx2", "avx2", "q8", qmm_rows_avx2 }, { "q8 avxvnni", "avx2", "q8", qmm_rows_avxvnni },
-                { "q8 avx512", "avx512", "q8", qmm_rows_avx512 } };
+                { "q8 avx2", "avx2", "q8", qmm_group_avx2 }, { "q8 avxvnni", "avx2", "q8", qmm_group_avxvnni },
+                { "q8 avx512", "avx512", "q8", qmm_group_avx512 } };
             double base = 0;
             for (size_t ip = 0; ip < sizeof paths / sizeof *paths; ip++) {
                 struct backend_ctx *c = mk(paths[ip].kind, paths[ip].act, K, n);
                 if (!c) continue;
+                struct tensor pw = w, *pp = &pw;   /* placed: repacked for the q8 kernels */
+                uint64_t placed;
+                if (paths[ip].rows && c->be->ops->place_weights(c->be, &pp, 1, &placed)) continue;
                 double best = 1e30;
                 for (int r = 0; r < reps; r++) {
                     double t0 = cpu_now();
                     int iters = 0;
                     do {
-                        if (paths[ip].rows) qmm_matmul(c, y, &w, x, n, paths[ip].rows);
-                        else c->ops->matmul(c, y, &w, x, n);
+                        if (paths[ip].rows) qmm_matmul(c, y, &pw, x, n, paths[ip].rows);
+                        else c->ops->matmul(c, y, &pw, x, n);
                         iters++;
                     } while (cpu_now() - t0 < 0.2);
                     double dt = (cpu_now() - t0) / iters;

@@ -13,9 +13,17 @@ struct tensor {
     int64_t ne0;        /* elements per row (input features) */
     int64_t ne1;        /* rows (output features) */
     size_t row_bytes;
-    const void *data;   /* (ne1, ne0) of type */
+    const void *data;   /* (ne1, ne0) of type, or as layout says */
+    uint32_t layout;    /* TENSOR_ROWS (0): rows as above; otherwise a backend's repacked layout
+                           (set by place_weights; only that backend's ops read it) */
 };
 
+enum tensor_layout {
+    TENSOR_ROWS = 0,
+    TENSOR_Q8X16,       /* CPU 8-bit path: 16 rows interleaved per block (src/backend/cpu/qmm.h) */
+};
+
+/* Row r of a TENSOR_ROWS tensor. */
 static inline const void *tensor_row(const struct tensor *t, int64_t r) {
     return (const uint8_t *)t->data + (size_t)r * t->row_bytes;
 }

@@ -59,14 +59,16 @@ static void ref_q8(const struct tensor *w, const float *x, int n, float *y) {
     const int64_t K = w->ne0, M = w->ne1;
     int8_t *q = malloc((size_t)K);
     float *d = malloc((size_t)(K / 32) * sizeof *d);
-    KV_ASSERT(q && d);
+    int32_t *xs = malloc((size_t)(K / 32) * sizeof *xs);
+    KV_ASSERT(q && d && xs);
     for (int t = 0; t < n; t++) {
-        qmm_quantize_row(x + (size_t)t * K, K, q, d);
+        qmm_quantize_row(x + (size_t)t * K, K, q, d, xs);
         for (int64_t r = 0; r < M; r++)
-            y[(size_t)t * M + r] = qmm_ref_dot(w->type, tensor_row(w, r), q, d, K);
+            y[(size_t)t * M + r] = qmm_ref_dot(w->type, tensor_row(w, r), q, d, xs, K);
     }
     free(q);
     free(d);
+    free(xs);
 }
 
 /* The integer path's arithmetic in double: activations quantized per block
@@ -196,14 +198,16 @@ static void check_case(const struct backends *B, uint32_t type, int64_t K, int64
     free(full[1]);
 }
 
-/* The integer rows kernels one by one (the "avx2" set takes AVX-VNNI's when
- * the CPU has it, so plain AVX2's is called directly here too): each equals
- * qmm_rows_scalar bit for bit, for any n and any row range. */
+/* The integer group kernels one by one (the "avx2" set takes AVX-VNNI's
+ * when the CPU has it, so plain AVX2's is called directly here too): each
+ * equals qmm_group_scalar bit for bit, for any n and any row count, on
+ * weights in rows (packed on the fly) and repacked by place_weights
+ * (TENSOR_Q8X16), whose get_rows must give the rows' exact values. */
 static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) {
-    struct { const char *name; qmm_rows_fn *fn; bool ok; } sets[] = {
-        { "avx2", qmm_rows_avx2, cpu_q8_avx2_built() && f->avx2 && f->fma && f->f16c },
-        { "avxvnni", qmm_rows_avxvnni, cpu_q8_avxvnni_built() && f->avxvnni && f->fma && f->f16c },
-        { "avx512", qmm_rows_avx512, cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl &&
+    struct { const char *name; qmm_group_fn *fn; bool ok; } sets[] = {
+        { "avx2", qmm_group_avx2, cpu_q8_avx2_built() && f->avx2 && f->fma && f->f16c },
+        { "avxvnni", qmm_group_avxvnni, cpu_q8_avxvnni_built() && f->avxvnni && f->fma && f->f16c },
+        { "avx512", qmm_group_avx512, cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl &&
                                      f->avx512vnni && f->avx2 && f->fma && f->f16c },
     };
     static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1 };
@@ -211,7 +215,7 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
     static const int64_t Ms[] = { 1, 2, 3, 9, 17, 40 };
     static const int ns[] = { 1, 2, 3, 4, 7, 64 };
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
-        if (!sets[s].ok) { printf("SKIP: q8 rows %s (this CPU or build lacks it)\n", sets[s].name); continue; }
+        if (!sets[s].ok) { printf("SKIP: q8 group %s (this CPU or build lacks it)\n", sets[s].name); continue; }
         int cases = 0;
         for (size_t it = 0; it < 3; it++)
             for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
@@ -224,22 +228,55 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
                     KV_ASSERT(x && ref && out);
                     for (int64_t i = 0; i < (int64_t)MAX_N * K; i++) x[i] = urand() * (i % 7 == 0 ? 10.0f : 1.0f);
                     for (int64_t k = 0; k < 32; k++) x[k] = 0;   /* an all-zero block: d = 0 */
+                    struct tensor pw = w;   /* repacked by the backend's placement */
+                    pw.data = NULL;
+                    {
+                        struct tensor tmp = w;
+                        struct tensor *tp = &tmp;
+                        struct backend *pb = NULL;
+                        setenv("KVLLM_ACT", "q8", 1);
+                        CHECK(backend_cpu_new("avx2", false, &pb) == 0);
+                        unsetenv("KVLLM_ACT");
+                        uint64_t placed = 0;
+                        CHECK(pb->ops->place_weights(pb, &tp, 1, &placed) == 0);
+                        CHECK(tmp.layout == TENSOR_Q8X16 && placed >= qmm_packed_bytes(&w) && placed < qmm_packed_bytes(&w) + 64);
+                        uint8_t *copy = malloc(qmm_packed_bytes(&w));
+                        KV_ASSERT(copy);
+                        memcpy(copy, tmp.data, qmm_packed_bytes(&w));
+                        pw = tmp;
+                        pw.data = copy;
+                        backend_free(pb);
+                    }
                     for (size_t in = 0; in < sizeof ns / sizeof *ns; in++) {
                         const int n = ns[in];
-                        CHECK(qmm_matmul(ctx, ref, &w, x, n, qmm_rows_scalar) == 0);
-                        memset(out, 0xff, (size_t)n * (size_t)M * sizeof *out);
-                        CHECK(qmm_matmul(ctx, out, &w, x, n, sets[s].fn) == 0);
-                        CHECK_MSG(memcmp(out, ref, (size_t)n * (size_t)M * sizeof *out) == 0,
-                                  "q8 rows %s %s K=%lld M=%lld n=%d: differs from the reference", sets[s].name,
-                                  dtype_name(types[it]), (long long)K, (long long)M, n);
-                        cases++;
+                        CHECK(qmm_matmul(ctx, ref, &w, x, n, qmm_group_scalar) == 0);
+                        for (int packed = 0; packed < 2; packed++) {
+                            memset(out, 0xff, (size_t)n * (size_t)M * sizeof *out);
+                            CHECK(qmm_matmul(ctx, out, packed ? &pw : &w, x, n, sets[s].fn) == 0);
+                            CHECK_MSG(memcmp(out, ref, (size_t)n * (size_t)M * sizeof *out) == 0,
+                                      "q8 group %s %s K=%lld M=%lld n=%d%s: differs from the reference",
+                                      sets[s].name, dtype_name(types[it]), (long long)K, (long long)M, n,
+                                      packed ? " (repacked)" : "");
+                            cases++;
+                        }
                     }
+                    /* get_rows of the repacked tensor: the rows' own values */
+                    int32_t ids[3] = { 0, (int32_t)(M - 1), (int32_t)(M / 2) };
+                    float *g1 = malloc(3 * (size_t)K * sizeof *g1), *g2 = malloc(3 * (size_t)K * sizeof *g2);
+                    KV_ASSERT(g1 && g2);
+                    CHECK(ctx->ops->get_rows(ctx, g1, &pw, ids, 3) == 0);
+                    for (int i = 0; i < 3; i++) dtype_to_f32(w.type, tensor_row(&w, ids[i]), g2 + (size_t)i * K, K);
+                    CHECK_MSG(memcmp(g1, g2, 3 * (size_t)K * sizeof *g1) == 0, "get_rows of repacked %s K=%lld M=%lld",
+                              dtype_name(types[it]), (long long)K, (long long)M);
+                    free(g1);
+                    free(g2);
+                    free((void *)pw.data);
                     free((void *)w.data);
                     free(x);
                     free(ref);
                     free(out);
                 }
-        printf("q8 rows %s: %d cases bit-identical to qmm_ref_dot\n", sets[s].name, cases);
+        printf("q8 group %s: %d cases bit-identical to qmm_ref_dot\n", sets[s].name, cases);
     }
 }
 

@@ -58,6 +58,7 @@ static void cpu_ctx_free(struct backend_ctx *c) {
     threadpool_free(cc->pool);
     free(cc->scratch);
     free(cc->act_buf);
+    free(cc->qpack);
     free(cc->partials);
     free(cc->pa_off);
     free(cc->pa_merge);
@@ -93,13 +94,17 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     cc->act_buf_bytes = b->act == ACT_INT ? (size_t)max_tokens * cpu_matmul_int_row_bytes(p->max_cols)
                       : b->act == ACT_Q8 ? (size_t)max_tokens * qmm_act_row_bytes(p->max_cols) : 0;
     cc->act_buf = cc->act_buf_bytes ? aligned_alloc(64, (cc->act_buf_bytes + 63) & ~(size_t)63) : NULL;
+    /* a 16-row group of the widest 8-bit type (Q8_0: 34 bytes per 32) per thread */
+    cc->qpack_bytes = b->act == ACT_Q8 ? ((size_t)QMM_IL * (size_t)((p->max_cols + 31) / 32) * 34 + 63) & ~(size_t)63 : 0;
+    cc->qpack = cc->qpack_bytes ? aligned_alloc(64, (size_t)nth * cc->qpack_bytes) : NULL;
     cc->max_tokens = max_tokens;
     cc->max_ctx = max_ctx;
     cc->n_partials = (size_t)n_part;
     cc->partials = xmalloc(((size_t)n_part ? (size_t)n_part : 1) * sizeof(float));
     cc->pa_off = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_off);
     cc->pa_merge = xmalloc((size_t)max_tokens * sizeof *cc->pa_merge);
-    if (!cc->pool || !cc->scratch || (cc->act_buf_bytes && !cc->act_buf) || !cc->partials || !cc->pa_off ||
+    if (!cc->pool || !cc->scratch || (cc->act_buf_bytes && !cc->act_buf) || (cc->qpack_bytes && !cc->qpack) ||
+        !cc->partials || !cc->pa_off ||
         !cc->pa_merge) {
         cpu_ctx_free(&cc->base);
         return KVLLM_ENOMEM;
@@ -161,7 +166,7 @@ static const char *kinds_here(const struct cpu_features *f) {
 /* Fill *ops and *qrows (the integer matmul's rows kernel, NULL for scalar)
  * for kernel set `kind` (NULL or "": the best available).  Returns 0, or
  * KVLLM_ECPU (logged) when this build or CPU lacks it. */
-static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_rows_fn **qrows) {
+static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn **qrows) {
     struct cpu_features f;
     cpu_features_get(&f);
     const bool avx2 = has_avx2(&f);
@@ -182,7 +187,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_rows_fn **
         ops->name = "avx2";
         ops->matmul = cpu_matmul_simd;
         ops->paged_attention = cpu_paged_attention_avx2;
-        *qrows = f.avxvnni && cpu_q8_avxvnni_built() ? qmm_rows_avxvnni : qmm_rows_avx2;
+        *qrows = f.avxvnni && cpu_q8_avxvnni_built() ? qmm_group_avxvnni : qmm_group_avx2;
         return 0;
     }
     if (strcmp(kind, "avx512") == 0) {
@@ -199,7 +204,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_rows_fn **
         ops->name = "avx512";
         ops->matmul = cpu_matmul_simd;
         ops->paged_attention = cpu_paged_attention_avx2;
-        *qrows = qmm_rows_avx512;
+        *qrows = qmm_group_avx512;
         return 0;
     }
     if (strcmp(kind, "amx") == 0) {
@@ -218,7 +223,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_rows_fn **
 int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     *out = NULL;
     struct backend_ops ops;
-    qmm_rows_fn *qrows;
+    qmm_group_fn *qrows;
     int rc = cpu_ops_for(kind, &ops, &qrows);
     if (rc) return rc;
     struct cpu_backend *b = xcalloc(1, sizeof *b);
@@ -234,6 +239,10 @@ int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     else if (act && *act && strcmp(act, "f32") != 0)
         LOG_WARN("KVLLM_ACT=%s: unknown (valid: f32, q8, int); using f32", act);
     if (!qrows) b->act = ACT_F32;
+    if (b->act == ACT_Q8) {   /* weights repacked for the integer kernels, which get_rows then reads too */
+        b->kernels.place_weights = b->ops.place_weights = cpu_place_weights_q8;
+        b->kernels.get_rows = b->ops.get_rows = cpu_get_rows_simd;
+    }
     pthread_mutex_init(&b->wall_mu, NULL);
     if (strict) {
         b->strict = true;
@@ -249,6 +258,7 @@ void backend_cpu_free(struct backend *be) {
     struct cpu_backend *b = cpu_backend_of(be);
     if (b->strict) cpu_wall_remove(b, NULL);   /* the placed weights */
     free(b->regions);
+    free(b->packed);
     pthread_mutex_destroy(&b->wall_mu);
     free(b);
 }

@@ -29,8 +29,9 @@ struct cpu_backend {
     struct backend_ops ops;       /* the table be.ops points to */
     struct backend_ops kernels;   /* the kernel set itself (strict: what the wall wraps) */
     enum act_mode act;
-    /* the integer matmul's rows kernel for this set (qmm_rows_fn), or NULL */
-    void (*qrows)(const struct qmm_job *j, int64_t r0, int nr);
+    /* the integer matmul's group kernel for this set (qmm_group_fn), or NULL */
+    void (*qrows)(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr);
+    void *packed;                 /* weights repacked by place_weights (qmm.h), or NULL */
     bool strict;
     char name[24];                /* "strict/avx2" */
     /* strict: every buffer and the placed weights, PROT_NONE outside ops */
@@ -48,6 +49,8 @@ struct cpu_ctx {
     enum act_mode act;
     void *act_buf;                /* integer activations of max_tokens rows of max_cols */
     size_t act_buf_bytes;
+    uint8_t *qpack;               /* per thread: qpack_bytes for a 16-row group repacked on the fly (qmm.h) */
+    size_t qpack_bytes;
     int max_tokens, max_ctx;
     float *partials;              /* paged attention: paged_attn_scratch_floats() */
     size_t n_partials;

@@ -9,9 +9,9 @@
 #include <immintrin.h>
 bool cpu_q8_avx2_built(void) { return true; }
 #define QMM_ISA 1
-#define QMM_ROWS_FN qmm_rows_avx2
+#define QMM_GROUP_FN qmm_group_avx2
 #include "backend/cpu/matmul_q8_kern.h"
 #else
 bool cpu_q8_avx2_built(void) { return false; }
-void qmm_rows_avx2(const struct qmm_job *j, int64_t r0, int nr) { KV_ASSERT(!"qmm_rows_avx2: not built"); }
+void qmm_group_avx2(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { KV_ASSERT(!"qmm_group_avx2: not built"); }
 #endif

@@ -9,9 +9,9 @@
 #include <immintrin.h>
 bool cpu_q8_avxvnni_built(void) { return true; }
 #define QMM_ISA 2
-#define QMM_ROWS_FN qmm_rows_avxvnni
+#define QMM_GROUP_FN qmm_group_avxvnni
 #include "backend/cpu/matmul_q8_kern.h"
 #else
 bool cpu_q8_avxvnni_built(void) { return false; }
-void qmm_rows_avxvnni(const struct qmm_job *j, int64_t r0, int nr) { KV_ASSERT(!"qmm_rows_avxvnni: not built"); }
+void qmm_group_avxvnni(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { KV_ASSERT(!"qmm_group_avxvnni: not built"); }
 #endif

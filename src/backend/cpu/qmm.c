@@ -1,12 +1,15 @@
 /* qmm.c — the 8-bit integer matmul's plain-C parts (see qmm.h): activation
  * quantization (shared by every kernel set, so all see the same codes), the
- * reference arithmetic, and the driver that quantizes, then hands row
- * chunks to a kernel set over the thread pool. */
+ * reference arithmetic, the 16-row interleaved layout (pack, unpack, the
+ * placement), and the driver that quantizes, then hands groups of rows to
+ * a kernel set over the thread pool. */
 #include "backend/cpu/qmm.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool qmm_supports(uint32_t type, int64_t K) {
@@ -14,7 +17,7 @@ bool qmm_supports(uint32_t type, int64_t K) {
 }
 
 size_t qmm_act_row_bytes(int64_t K) {
-    return ((size_t)K + (size_t)(K / QMM_BLK) * sizeof(float) + 63) & ~(size_t)63;
+    return ((size_t)K + (size_t)(K / QMM_BLK) * 8 + 63) & ~(size_t)63;
 }
 
 /* Round to nearest, ties to even, for |v| < 2^22 (the default rounding
@@ -22,7 +25,7 @@ size_t qmm_act_row_bytes(int64_t K) {
  * and vectorizes, where nearbyintf is a call). */
 static inline float rne(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d) {
+void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs) {
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const float *xb = x + b * QMM_BLK;
         float amax = 0;
@@ -32,59 +35,112 @@ void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d) {
         }
         const float id = amax > 0 ? 127.0f / amax : 0.0f;
         d[b] = amax / 127.0f;
-        for (int i = 0; i < QMM_BLK; i++) q[b * QMM_BLK + i] = (int8_t)(int)rne(xb[i] * id);
+        int32_t s = 0;
+        for (int i = 0; i < QMM_BLK; i++) {
+            const int8_t c = (int8_t)(int)rne(xb[i] * id);
+            q[b * QMM_BLK + i] = c;
+            s += c;
+        }
+        xs[b] = s;
     }
 }
 
 /* ---- the reference ---- */
-
-/* Weight code i (0..31) of block blk, as qmm.h defines w. */
-static int wcode(uint32_t type, const uint8_t *blk, int i) {
-    if (type == DTYPE_Q8_0) return ((const struct block_q8_0 *)(const void *)blk)->qs[i];
-    const uint8_t *qs = type == DTYPE_Q4_0 ? ((const struct block_q4_0 *)(const void *)blk)->qs
-                                           : ((const struct block_q4_1 *)(const void *)blk)->qs;
-    const int nib = i < 16 ? qs[i] & 0xf : qs[i - 16] >> 4;
-    return type == DTYPE_Q4_0 ? nib - 8 : nib;
-}
 
 static size_t wblock_bytes(uint32_t type) {
     return type == DTYPE_Q8_0 ? sizeof(struct block_q8_0)
          : type == DTYPE_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
 }
 
-float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, int64_t K) {
-    float acc[8] = { 0 };
+/* Weight code i (0..31) of block blk, as qmm.h defines w. */
+static int wcode(uint32_t type, const uint8_t *blk, int i) {
+    if (type == DTYPE_Q8_0) return ((const struct block_q8_0 *)(const void *)blk)->qs[i];
+    const uint8_t *qs = blk + (type == DTYPE_Q4_0 ? 2 : 4);
+    const int nib = i < 16 ? qs[i] & 0xf : qs[i - 16] >> 4;
+    return type == DTYPE_Q4_0 ? nib - 8 : nib;
+}
+
+float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
+                  int64_t K) {
+    float acc = 0;
     const size_t bb = wblock_bytes(type);
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const uint8_t *blk = w + (size_t)b * bb;
-        const int8_t *xb = xq + b * QMM_BLK;
         uint16_t dh, mh;
         memcpy(&dh, blk, 2);                    /* d leads every block */
-        const float s = f16_to_f32(dh) * xd[b];
-        for (int l = 0; l < 8; l++) {
-            int p = 0;
-            for (int i = 4 * l; i < 4 * l + 4; i++) p += wcode(type, blk, i) * xb[i];
-            acc[l] = fmaf((float)p, s, acc[l]);
-        }
+        int32_t p = 0;
+        for (int i = 0; i < QMM_BLK; i++) p += wcode(type, blk, i) * xq[b * QMM_BLK + i];
+        acc = fmaf((float)p, f16_to_f32(dh) * xd[b], acc);
         if (type == DTYPE_Q4_1) {
             memcpy(&mh, blk + 2, 2);
-            const float c = f16_to_f32(mh) * xd[b];
-            for (int l = 0; l < 8; l++) {
-                const int xs = xb[4 * l] + xb[4 * l + 1] + xb[4 * l + 2] + xb[4 * l + 3];
-                acc[l] = fmaf((float)xs, c, acc[l]);
-            }
+            acc = fmaf((float)xs[b], f16_to_f32(mh) * xd[b], acc);
         }
     }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return acc;
 }
 
-void qmm_rows_scalar(const struct qmm_job *j, int64_t r0, int nr) {
-    for (int t = 0; t < j->n; t++) {
-        const int8_t *xq = (const int8_t *)(const void *)(j->act + (size_t)t * j->astride);
-        const float *xd = (const float *)(const void *)(xq + j->K);
-        for (int r = 0; r < nr; r++)
-            j->y[(size_t)t * j->ys + (size_t)(r0 + r)] =
-                qmm_ref_dot(j->type, j->w + (size_t)(r0 + r) * j->wstride, xq, xd, j->K);
+/* ---- the interleaved layout ---- */
+
+/* Bytes of one block of a 16-row group: the scales, then the codes. */
+static size_t gblock_bytes(uint32_t type) { return QMM_IL * wblock_bytes(type); }
+static size_t gscale_bytes(uint32_t type) { return type == DTYPE_Q4_1 ? 64 : 32; }
+
+size_t qmm_packed_bytes(const struct tensor *t) {
+    return (size_t)((t->ne1 + QMM_IL - 1) / QMM_IL) * QMM_IL * t->row_bytes;
+}
+
+/* Pack rows [r0, r0 + nr) (nr <= 16; the rest zero) of rows-layout weights
+ * w (row_bytes rb) into one group at dst. */
+static void pack_group(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int nr, uint8_t *dst) {
+    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
+    const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2;
+    memset(dst, 0, (size_t)(K / QMM_BLK) * gb);
+    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+        uint8_t *g = dst + (size_t)b * gb;
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bb;
+            memcpy(g + 2 * i, blk, 2);
+            if (type == DTYPE_Q4_1) memcpy(g + 32 + 2 * i, blk + 2, 2);
+            for (int j = 0; j < runs; j++) memcpy(g + sb + (size_t)j * 64 + 4 * (size_t)i, blk + qoff + 4 * j, 4);
+        }
+    }
+}
+
+void qmm_pack(const struct tensor *t, uint8_t *dst) {
+    const size_t grp = QMM_IL * t->row_bytes;
+    for (int64_t r0 = 0; r0 < t->ne1; r0 += QMM_IL)
+        pack_group(t->type, (const uint8_t *)t->data + (size_t)r0 * t->row_bytes, t->row_bytes, t->ne0,
+                   (int)(t->ne1 - r0 < QMM_IL ? t->ne1 - r0 : QMM_IL), dst + (size_t)(r0 / QMM_IL) * grp);
+}
+
+void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst) {
+    const uint32_t type = t->type;
+    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
+    const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2, i = (int)(r % QMM_IL);
+    const uint8_t *grp = (const uint8_t *)t->data + (size_t)(r / QMM_IL) * QMM_IL * t->row_bytes;
+    for (int64_t b = 0; b < t->ne0 / QMM_BLK; b++) {
+        const uint8_t *g = grp + (size_t)b * gb;
+        uint8_t *blk = dst + (size_t)b * bb;
+        memcpy(blk, g + 2 * i, 2);
+        if (type == DTYPE_Q4_1) memcpy(blk + 2, g + 32 + 2 * i, 2);
+        for (int j = 0; j < runs; j++) memcpy(blk + qoff + 4 * j, g + sb + (size_t)j * 64 + 4 * (size_t)i, 4);
+    }
+}
+
+void qmm_group_scalar(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
+    const size_t rb = (size_t)(j->K / QMM_BLK) * wblock_bytes(j->type);
+    const struct tensor t = { .type = j->type, .ne0 = j->K, .ne1 = QMM_IL, .row_bytes = rb, .data = g,
+                              .layout = TENSOR_Q8X16 };
+    uint8_t row[(4096 + 1024) / 32 * sizeof(struct block_q8_0)];
+    KV_ASSERT(rb <= sizeof row);   /* the test shapes */
+    for (int i = 0; i < nr; i++) {
+        qmm_unpack_row(&t, i, row);
+        for (int tk = 0; tk < j->n; tk++) {
+            const int8_t *xq = (const int8_t *)(const void *)(j->act + (size_t)tk * j->astride);
+            const float *xd = (const float *)(const void *)(xq + j->K);
+            j->y[(size_t)tk * j->ys + (size_t)(r0 + i)] =
+                qmm_ref_dot(j->type, row, xq, xd, (const int32_t *)(const void *)(xd + j->K / QMM_BLK), j->K);
+        }
     }
 }
 
@@ -92,44 +148,114 @@ void qmm_rows_scalar(const struct qmm_job *j, int64_t r0, int nr) {
 
 struct qmm_run {
     struct qmm_job j;
+    const struct tensor *w;
     const float *x;           /* (n, K) */
-    qmm_rows_fn *rows;
+    qmm_group_fn *fn;
+    struct cpu_ctx *cc;
 };
 
 static void quant_chunk(void *arg, long t, int ith) {
     (void)ith;
     const struct qmm_run *q = arg;
+    const int64_t K = q->j.K;
     int8_t *codes = (int8_t *)(void *)((uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride);
-    qmm_quantize_row(q->x + (size_t)t * (size_t)q->j.K, q->j.K, codes, (float *)(void *)(codes + q->j.K));
+    float *d = (float *)(void *)(codes + K);
+    qmm_quantize_row(q->x + (size_t)t * (size_t)K, K, codes, d, (int32_t *)(void *)(d + K / QMM_BLK));
 }
 
-#define QMM_RB 16   /* rows per chunk of work (even: the AVX-512 kernels pair rows) */
+#define QMM_GPC 2   /* groups per chunk of work */
 
-static void rows_chunk(void *arg, long u, int ith) {
-    (void)ith;
+static void group_chunk(void *arg, long u, int ith) {
     const struct qmm_run *q = arg;
-    const int64_t M = (int64_t)q->j.ys, r0 = (int64_t)u * QMM_RB;
-    q->rows(&q->j, r0, (int)(M - r0 < QMM_RB ? M - r0 : QMM_RB));
+    const struct tensor *w = q->w;
+    const size_t grp = QMM_IL * w->row_bytes;
+    for (int64_t r0 = (int64_t)u * QMM_GPC * QMM_IL; r0 < w->ne1 && r0 < (int64_t)(u + 1) * QMM_GPC * QMM_IL;
+         r0 += QMM_IL) {
+        const int nr = (int)(w->ne1 - r0 < QMM_IL ? w->ne1 - r0 : QMM_IL);
+        const uint8_t *g;
+        if (w->layout == TENSOR_Q8X16) g = (const uint8_t *)w->data + (size_t)(r0 / QMM_IL) * grp;
+        else {   /* rows: this group packed once into the thread's scratch, used by every token */
+            uint8_t *buf = q->cc->qpack + (size_t)ith * q->cc->qpack_bytes;
+            KV_ASSERT(grp <= q->cc->qpack_bytes);
+            pack_group(w->type, tensor_row(w, r0), w->row_bytes, w->ne0, nr, buf);
+            g = buf;
+        }
+        q->fn(&q->j, g, r0, nr);
+    }
 }
 
-int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_rows_fn *rows) {
+int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const size_t astride = qmm_act_row_bytes(w->ne0);
-    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes) {   /* sized at creation for the largest step */
+    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || QMM_IL * w->row_bytes > cc->qpack_bytes) {
         LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)w->ne0);
         return KVLLM_ERANGE;
     }
-    struct qmm_run q = { { y, (size_t)w->ne1, w->data, w->row_bytes, w->type, w->ne0, cc->act_buf, astride, n },
-                         x, rows };
+    struct qmm_run q = { { y, (size_t)w->ne1, w->type, w->ne0, cc->act_buf, astride, n }, w, x, fn, cc };
     if (n <= 4) for (int t = 0; t < n; t++) quant_chunk(&q, t, 0);   /* cheaper than waking the threads */
     else threadpool_run_chunks(cc->pool, n, quant_chunk, &q);
-    threadpool_run_chunks(cc->pool, (w->ne1 + QMM_RB - 1) / QMM_RB, rows_chunk, &q);
+    const long groups = (long)((w->ne1 + QMM_IL - 1) / QMM_IL);
+    threadpool_run_chunks(cc->pool, (groups + QMM_GPC - 1) / QMM_GPC, group_chunk, &q);
     return 0;
 }
 
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const struct cpu_backend *b = cpu_backend_of(c->be);
-    if (cc->act == ACT_Q8 && b->qrows && qmm_supports(w->type, w->ne0)) return qmm_matmul(c, y, w, x, n, b->qrows);
+    if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && qmm_supports(w->type, w->ne0))) {
+        KV_ASSERT(b->qrows);
+        return qmm_matmul(c, y, w, x, n, b->qrows);
+    }
     return cpu_matmul_avx2(c, y, w, x, n);
+}
+
+int cpu_get_rows_simd(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n) {
+    if (w->layout != TENSOR_Q8X16) return cpu_get_rows(c, y, w, ids, n);
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    KV_ASSERT(w->row_bytes <= cc->qpack_bytes);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= w->ne1) {
+            LOG_ERR("get_rows: row %d of %lld", (int)ids[i], (long long)w->ne1);
+            return KVLLM_ERANGE;
+        }
+        qmm_unpack_row(w, ids[i], cc->qpack);
+        dtype_to_f32(w->type, cc->qpack, y + (size_t)i * (size_t)w->ne0, w->ne0);
+    }
+    return 0;
+}
+
+int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+    struct cpu_backend *b = cpu_backend_of(be);
+    *placed = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]->data) continue;
+        if (ts[i]->layout == TENSOR_ROWS && qmm_supports(ts[i]->type, ts[i]->ne0))
+            total += (qmm_packed_bytes(ts[i]) + 63) & ~(size_t)63;
+        else *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
+    }
+    if (b->packed) total = 0;   /* placed once per backend: later tensors stay in rows (packed on the fly) */
+    if (!total) {
+        for (int i = 0; i < n; i++)
+            if (ts[i]->data && ts[i]->layout == TENSOR_ROWS && qmm_supports(ts[i]->type, ts[i]->ne0))
+                *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
+        return 0;
+    }
+    uint8_t *p = aligned_alloc(64, total);
+    if (!p) {
+        LOG_ERR("out of memory repacking %zu bytes of weights", total);
+        return KVLLM_ENOMEM;
+    }
+    uint8_t *at = p;
+    for (int i = 0; i < n; i++) {
+        struct tensor *t = ts[i];
+        if (!t->data || t->layout != TENSOR_ROWS || !qmm_supports(t->type, t->ne0)) continue;
+        qmm_pack(t, at);
+        t->data = at;
+        t->layout = TENSOR_Q8X16;
+        at += (qmm_packed_bytes(t) + 63) & ~(size_t)63;
+    }
+    b->packed = p;
+    *placed += total;
+    return 0;
 }

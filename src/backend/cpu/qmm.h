@@ -2,24 +2,33 @@
  * for Q8_0 / Q4_0 / Q4_1 weights, the activations quantized per row.
  *
  * Model of the arithmetic.  Each token row x is quantized in blocks of 32
- * (qmm_quantize_row): d = amax / 127, code = round-half-even(x * (127 /
- * amax)) in -127 .. 127 (an all-zero block: d = 0, codes 0).  The row's
- * result depends on that row alone, so batching never changes it.
+ * (qmm_quantize_row): dx = amax / 127, code = round-half-even(x * (127 /
+ * amax)) in -127 .. 127 (an all-zero block: dx = 0, codes 0), and xs = Σ
+ * codes.  The row's result depends on that row alone, so batching never
+ * changes it.
  *
- * Per (weight row, token), one 8-lane f32 accumulator acc; lane l of block
- * b takes the exact integer P = Σ_{i<4} w[32b + 4l + i] · x[32b + 4l + i]
- * (w: Q8_0's signed code, Q4_0's nibble - 8, Q4_1's nibble) and, in block
- * order, acc[l] = fma((float)P, f16(dw) * dx, acc[l]); Q4_1 then adds its
- * offset as acc[l] = fma((float)X, f16(m) * dx, acc[l]) with X = Σ_{i<4}
- * x[32b + 4l + i].  y = ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)).
+ * Per (weight row, token), one f32 accumulator acc = 0; in block order,
+ * P = Σ_{32} w · x exactly in int32 (w: Q8_0's signed code, Q4_0's nibble
+ * - 8, Q4_1's nibble) and acc = fma((float)P, f16(dw) * dx, acc); Q4_1 then
+ * adds its offset as acc = fma((float)xs, f16(m) * dx, acc).  y = acc.
  *
  * That sequence is the definition: qmm_ref_dot computes it in plain C, and
  * every kernel set (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-VNNI and
- * AVX-512 VNNI, whatever the tile shape, row pairing or thread) computes
- * exactly it, so each set's output equals qmm_ref_dot's bit for bit (the
- * unit test checks that with memcmp), and is therefore batch-invariant.
- * The integer products are exact: no int16 intermediate can saturate
- * (|w| <= 128, |x| <= 127, two products per int16: <= 32512). */
+ * AVX-512 VNNI, whatever the tile shape or thread) computes exactly it, so
+ * each set's output equals qmm_ref_dot's bit for bit (the unit test checks
+ * with memcmp), and is therefore batch-invariant.  No integer step can
+ * overflow or saturate (|w| <= 128, |x| <= 127; see matmul_q8_kern.h).
+ *
+ * Weight layout.  The kernels keep one output row per vector lane: they
+ * read weights 16 rows at a time, interleaved (TENSOR_Q8X16): per group of
+ * 16 rows (the last padded with zero rows) and block b, the 16 f16 scales
+ * d (Q4_1: then the 16 f16 m), then the codes in 4-byte runs, run j of
+ * rows 0..15 at j * 64 — Q4_x: run j (0..3) is bytes 4j .. 4j+3 of the
+ * block's qs (low nibbles: codes 4j.., high: codes 16 + 4j..); Q8_0: run j
+ * (0..7) is codes 4j .. 4j+3.  A group of 16 rows takes exactly 16 rows'
+ * bytes.  place_weights repacks to it (when the activations are q8); a
+ * tensor still in rows is repacked group by group into the thread's
+ * scratch as the matmul goes (tests, the strict backend's copies). */
 #ifndef KVLLM_QMM_H
 #define KVLLM_QMM_H
 
@@ -29,50 +38,65 @@
 #include <stdint.h>
 
 #define QMM_BLK 32
+#define QMM_IL 16           /* rows interleaved */
 
 /* Whether the integer path takes weights of type with rows of K. */
 bool qmm_supports(uint32_t type, int64_t K);
 
-/* Bytes of one quantized activation row of K (K codes, then K / 32 f32
- * scales; 64-byte multiple).  The context sizes its act_buf with it. */
+/* Bytes of one quantized activation row of K (K codes, K / 32 f32 dx, K /
+ * 32 int32 xs; 64-byte multiple).  The context sizes its act_buf with it. */
 size_t qmm_act_row_bytes(int64_t K);
 
-/* Quantize x (K, a multiple of 32) into codes q (K) and scales d (K / 32). */
-void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d);
+/* Quantize x (K, a multiple of 32) into codes q (K), scales d and code sums
+ * xs (K / 32 each). */
+void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs);
 
-/* The reference: one weight row (type, K elements) times one quantized
- * activation row, with exactly the arithmetic above. */
-float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, int64_t K);
+/* The reference: one weight row (type, K elements, in rows layout) times one
+ * quantized activation row, with exactly the arithmetic above. */
+float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
+                  int64_t K);
+
+/* Bytes of t in TENSOR_Q8X16 (whole groups); pack t's rows there.  Unpack
+ * row r of a packed tensor back to its rows-layout bytes (row_bytes). */
+size_t qmm_packed_bytes(const struct tensor *t);
+void qmm_pack(const struct tensor *t, uint8_t *dst);
+void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst);
 
 /* A matmul's operands as the kernels see them. */
 struct qmm_job {
     float *y;                 /* (n, M) */
     size_t ys;                /* M */
-    const uint8_t *w;         /* (M, row_bytes) */
-    size_t wstride;
     uint32_t type;
     int64_t K;
-    const uint8_t *act;       /* n quantized rows, astride bytes apart: codes (K), then d (K / 32) */
+    const uint8_t *act;       /* n quantized rows, astride bytes apart: codes (K), dx, xs (K / 32 each) */
     size_t astride;
     int n;
 };
 
-/* Rows [r0, r0 + nr) of the job for all its tokens.  One per kernel set. */
-typedef void qmm_rows_fn(const struct qmm_job *j, int64_t r0, int nr);
-qmm_rows_fn qmm_rows_scalar;   /* qmm_ref_dot per (row, token) */
-qmm_rows_fn qmm_rows_avx2;     /* matmul_q8_avx2.c: -mavx2 -mfma -mf16c */
-qmm_rows_fn qmm_rows_avxvnni;  /* matmul_q8_avxvnni.c: + -mavxvnni (256-bit vpdpbusd) */
-qmm_rows_fn qmm_rows_avx512;   /* matmul_q8_avx512.c: AVX-512 F/BW/VL + VNNI (512-bit vpdpbusd) */
+/* One group of 16 interleaved rows (g: its packed bytes, K / 32 blocks),
+ * for all the job's tokens: rows r0 .. r0 + nr - 1 of y (nr <= 16; the
+ * group's other rows are padding, not stored).  One per kernel set. */
+typedef void qmm_group_fn(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr);
+qmm_group_fn qmm_group_scalar;   /* qmm.h's arithmetic, plainly (tests) */
+qmm_group_fn qmm_group_avx2;     /* matmul_q8_avx2.c: -mavx2 -mfma -mf16c */
+qmm_group_fn qmm_group_avxvnni;  /* matmul_q8_avxvnni.c: + -mavxvnni (256-bit vpdpbusd) */
+qmm_group_fn qmm_group_avx512;   /* matmul_q8_avx512.c: AVX-512 F/BW/VL + VNNI (512-bit vpdpbusd) */
 
-/* Run the matmul with kernel rows: quantize x into the context's act_buf
+/* Run the matmul with kernel fn: quantize x into the context's act_buf
  * (KVLLM_ERANGE, logged, if n rows of w->ne0 do not fit: the context was
- * sized for fewer), then rows over the thread pool. */
-int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_rows_fn *rows);
+ * sized for fewer), then groups of rows over the thread pool. */
+int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn);
 
 /* backend_ops.matmul of the SIMD kernel sets: the integer path, with the
- * backend's rows kernel (struct cpu_backend.qrows, chosen at creation), for
- * the types it takes when the context's act is ACT_Q8; otherwise the AVX2
- * f32 matmul. */
+ * backend's group kernel (struct cpu_backend.qrows, chosen at creation), for
+ * the types it takes when the context's act is ACT_Q8 (and always for a
+ * TENSOR_Q8X16 tensor); otherwise the AVX2 f32 matmul. */
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+/* backend_ops.get_rows of the SIMD sets: TENSOR_Q8X16 rows unpacked, others
+ * as the scalar op. */
+int cpu_get_rows_simd(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
+/* backend_ops.place_weights with ACT_Q8: the integer path's types repacked
+ * to TENSOR_Q8X16 in one allocation the backend owns (freed with it). */
+int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed);
 
 #endif

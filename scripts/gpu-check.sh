@@ -13,7 +13,8 @@
 # Environment: KVLLM_SHARED (the shared data: models/stories260K, reference/; default ./shared, then
 # ../shared), KVLLM_GPU_BUILD (build dir, default build-gpu), KVLLM_GPU_DEPS (json-c and PCRE2
 # headers and libraries made by scripts/gpu-deps.sh, for a machine without the -dev packages;
-# default build-gpu-deps), KVLLM_TEST_SEED (the harness's seed, default 1).
+# default build-gpu-deps; KVLLM_GPU_FORCE_DEPS=1 uses them even where pkg-config finds the system's),
+# KVLLM_TEST_SEED (the harness's seed, default 1).
 # Exit status: 0 when every step passed, 1 otherwise.
 set -u
 RES=${1:?usage: scripts/gpu-check.sh RESULTS_DIR}
@@ -51,12 +52,15 @@ step() {
 
 # ---- build ----
 t0=$SECONDS
-if ! pkg-config --exists json-c libpcre2-8 2>/dev/null; then
-    if [ -d "$DEPS" ]; then
-        pc=$(dirname "$(find "$DEPS" -name json-c.pc | head -1)")
-        export PKG_CONFIG_PATH=$pc:$(dirname "$(find "$DEPS" -name libpcre2-8.pc | head -1)")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-        export LD_LIBRARY_PATH=$(dirname "$(find "$DEPS" -name 'libjson-c.so*' | head -1)")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-        echo "json-c and PCRE2 from $DEPS" >>"$RES/env.txt"
+if [ -n "${KVLLM_GPU_FORCE_DEPS:-}" ] || ! pkg-config --exists json-c libpcre2-8 2>/dev/null; then
+    if [ -d "$DEPS/usr" ]; then
+        # the carried .pc files name /usr: point them at $DEPS (only them, with KVLLM_GPU_FORCE_DEPS)
+        PC=$BUILD-pc
+        mkdir -p "$PC"
+        find "$DEPS" -name '*.pc' | while read -r f; do sed "s|=/usr|=$DEPS/usr|" "$f" >"$PC/$(basename "$f")"; done
+        if [ -n "${KVLLM_GPU_FORCE_DEPS:-}" ]; then export PKG_CONFIG_LIBDIR=$PC
+        else export PKG_CONFIG_PATH=$PC${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}; fi
+        echo "json-c and PCRE2 from $DEPS (static)" >>"$RES/env.txt"
     else
         echo "json-c / libpcre2-8 missing and no $DEPS (scripts/gpu-deps.sh makes it)" >>"$RES/env.txt"
     fi
@@ -123,8 +127,9 @@ fi
 
 # ---- compute-sanitizer memcheck on one short generation ----
 t0=$SECONDS
-if command -v compute-sanitizer >/dev/null && [ -f "$M/stories260K.bin" ]; then
-    if KVLLM_BACKEND=cuda timeout 240 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null || true)
+if [ -n "$CS" ] && [ -f "$M/stories260K.bin" ]; then
+    if KVLLM_BACKEND=cuda timeout 240 "$CS" --tool memcheck --leak-check full --error-exitcode 3 \
         "$BIN/gpu_generate" "$M/stories260K.bin" "$M/tok512.bin" 24 >"$RES/memcheck.log" 2>&1; then
         step memcheck PASS $((SECONDS - t0)) "$(grep -E 'ERROR SUMMARY' "$RES/memcheck.log" | tail -1)"
     else

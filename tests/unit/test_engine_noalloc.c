@@ -22,7 +22,10 @@ static void note(size_t n) {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/allocator_interface.h>
+/* declared here, not from <sanitizer/allocator_interface.h>: gcc ships no such header (clang
+ * does), while both ASan runtimes export the function */
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
 static void hook_malloc(const volatile void *p, size_t n) { (void)p; note(n); }
 static void hook_free(const volatile void *p) { (void)p; }
 static void install(void) { __sanitizer_install_malloc_and_free_hooks(hook_malloc, hook_free); }

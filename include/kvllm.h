@@ -329,6 +329,19 @@ void kvllm_session_truncate(struct kvllm_session *s, int pos);
 int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n,
                        bool all_logits, float *logits);
 
+/* ---- build (appended for kvllm --version and the GPU-option note) ---- */
+
+/* What this binary holds.  Static strings, never NULL. */
+struct kvllm_build_info {
+    const char *cpu_kernels_built;  /* CPU kernel sets compiled in: "scalar", "scalar, avx2" or
+                                       "scalar, avx2, avx512" (KVLLM_CPU names them) */
+    const char *cpu_kernels_here;   /* those this CPU can run, same spelling */
+    const char *cpu_kernels_default;/* the one a backend picks without KVLLM_CPU */
+    bool cuda_built;                /* the CUDA backend (-DKVLLM_CUDA=ON; KVLLM_BACKEND=cuda selects it) */
+};
+/* Fill *out.  Cheap (probes the CPU, allocates nothing that outlives the call); cannot fail. */
+void kvllm_build_info(struct kvllm_build_info *out);
+
 #ifdef __cplusplus
 }
 #endif

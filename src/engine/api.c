@@ -1,6 +1,8 @@
 /* api.c — include/kvllm.h on top of the model, tokenizer and KV cache:
  * the one place where they meet. */
 #include "engine/engine_internal.h"
+#include "backend/backend_list.h"
+#include "backend/cpu/cpu_features.h"
 #include "core/core.h"
 #include "load/llama2c.h"
 #include "model/model.h"
@@ -116,4 +118,21 @@ const char *kvllm_model_meta_str(const struct kvllm_model *km, const char *key, 
     if (!kv || kv->type != GGUF_T_STRING) return NULL;
     if (len) *len = (size_t)kv->v.str.len;
     return kv->v.str.ptr;
+}
+
+/* ---- build (appended for kvllm --version and the GPU-option note) ---- */
+
+void kvllm_build_info(struct kvllm_build_info *out) {
+    static const char *const sets[] = { "scalar", "scalar, avx2", "scalar, avx2, avx512" };
+    int built = cpu_avx2_built() ? (cpu_q8_avx512_built() ? 2 : 1) : 0;
+    /* the CPU backend's own choice of the best set: the same rules as every engine */
+    struct backend *be = NULL;
+    const char *best = "scalar";
+    if (backend_cpu_new(NULL, false, &be) == 0 && be->ops->name) best = be->ops->name;
+    backend_free(be);
+    int here = !strcmp(best, "avx512") ? 2 : !strcmp(best, "avx2") ? 1 : 0;
+    out->cpu_kernels_built = sets[built];
+    out->cpu_kernels_here = sets[here];
+    out->cpu_kernels_default = here == 2 ? "avx512" : here == 1 ? "avx2" : "scalar";
+    out->cuda_built = backend_cuda_built();
 }

@@ -93,6 +93,10 @@ def test_version(run, cmd):
     res = run(*cmd, "--version").check_ok()
     assert re.match(r"kvllm \d+\.\d+\.\d+ \(commit [0-9a-f]{4,}|kvllm \d+\.\d+\.\d+ \(commit unknown", res.out), res.out
     assert "kernels: scalar" in res.out
+    # what the build has: the kernel sets compiled in and runnable here, and whether CUDA is built
+    sets = r"scalar(, avx2(, avx512)?)?"
+    assert re.search(rf"^kernels: {sets} \(this CPU: {sets}; default (scalar|avx2|avx512)\)$", res.out, re.M), res.out
+    assert re.search(r"^GPU: (none \(CPU-only build|CUDA backend built)", res.out, re.M), res.out
 
 
 def test_gpu_flags_accepted_with_a_note(run, st):
@@ -302,3 +306,24 @@ def test_info_text_and_json(run, smollm2):
     assert j["tokenizer_model"] == "gpt2" and j["tokenizer_pre"] and j["file_type"] == "MOSTLY_Q4_1"
     assert 4.5 < j["bits_per_weight"] < 6.5 and j["placed_bytes"] > 0 and j["weight_bytes"] > 0
     assert j["kv_bytes_per_token"]["f16"] == 2 * 30 * 3 * 64 * 2
+
+
+# ---- tokenize ---------------------------------------------------------------------------------
+
+def test_tokenize_shows_text_and_raw_pieces(run, shared):
+    """Pieces as the text they stand for, quoted (as llama-tokenize shows them); --raw-pieces as stored."""
+    g = shared / "tokenizers" / "gpt2"
+    bpe = ["--vocab", g / "encoder.json", "--merges", g / "vocab.bpe"]
+    out = run("tokenize", *bpe, "hello world's \u65e5 \\\n").check_ok().out
+    # Ġ -> space, Ċ -> newline; quote and backslash escaped; 日 (E6 97 A5) split over byte tokens: escapes
+    assert out == ("31373\t'hello'\n995\t' world'\n338\t'\\'s'\n10545\t' \\xE6'\n245\t'\\x97'\n98\t'\\xA5'\n"
+                   "3467\t' \\\\'\n198\t'\\n'\n"), out
+    raw = run("tokenize", *bpe, "--raw-pieces", "hello world\n").check_ok().out
+    assert raw == "31373\thello\n995\t\u0120world\n198\t\u010a\n", raw
+    spm = ["-m", shared / "tokenizers" / "llamacpp-vocab" / "ggml-vocab-llama-spm.gguf"]
+    out = run("tokenize", *spm, "Hello world\n \u00fc").check_ok().out
+    assert out == "1\t'<s>'\n15043\t' Hello'\n3186\t' world'\n13\t'\\n'\n2505\t' \u00fc'\n", out  # ▁, <0x0A>, BOS
+    raw = run("tokenize", *spm, "--raw-pieces", "Hello world\n").check_ok().out
+    assert raw == "1\t<s>\n15043\t\u2581Hello\n3186\t\u2581world\n13\t<0x0A>\n", raw
+    res = run("tokenize", *spm, "--raw-pieces", "--ids", "Hello")
+    assert res.returncode == 2 and "--raw-pieces" in res.err, res.describe()

@@ -58,7 +58,9 @@ def test_gguf_and_files_agree(run, shared, tmp_path):
 
 def test_piece_output_and_no_bos_default(run, shared):
     res = run("tokenize", *vocab_args(shared, "gpt2-files"), "hello world\n").check_ok()
-    assert res.out == "31373\thello\n995\t\u0120world\n198\t\u010a\n"  # GPT-2 adds no BOS
+    assert res.out == "31373\t'hello'\n995\t' world'\n198\t'\\n'\n"  # GPT-2 adds no BOS; pieces as text
+    res = run("tokenize", *vocab_args(shared, "gpt2-files"), "--raw-pieces", "hello world\n").check_ok()
+    assert res.out == "31373\thello\n995\t\u0120world\n198\t\u010a\n"  # the vocabulary entries
 
 
 def test_llama3_bos_and_special(run, shared):

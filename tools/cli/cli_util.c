@@ -242,9 +242,19 @@ static const struct { const char *name; int value; } k_gpu_opts[] = {
 };
 
 const char *const cli_gpu_usage =
-    "accepted for llama.cpp / vLLM habits, with a note (CPU-only build):\n"
+    "accepted for llama.cpp / vLLM habits, with a one-line note (they change nothing; the backend is chosen\n"
+    "by KVLLM_BACKEND=cpu|cuda, the CUDA one only in a -DKVLLM_CUDA=ON build; kvllm --version says which):\n"
     "  -ngl N, --n-gpu-layers N, -mg N, -sm MODE, -ts LIST, -fa [on|off|auto], -dev DEV, --no-kv-offload,\n"
     "  --gpu-memory-utilization F, -tp N, --enforce-eager, --mlock, --no-mmap\n";
+
+/* Why a GPU placement option changes nothing, for this build. */
+static const char *gpu_why(void) {
+    struct kvllm_build_info b;
+    kvllm_build_info(&b);
+    return b.cuda_built ? "this build has the CUDA backend, which KVLLM_BACKEND=cuda selects for the whole model "
+                          "(no per-layer or multi-device placement)"
+                        : "this build has no GPU backend (CPU only; configure with -DKVLLM_CUDA=ON for CUDA)";
+}
 
 int cli_gpu_opt(int argc, char **argv, int *i) {
     const char *a = argv[*i];
@@ -260,7 +270,7 @@ int cli_gpu_opt(int argc, char **argv, int *i) {
         const char *why = !strcmp(name, "--mlock") || !strcmp(name, "--no-mmap")
             ? "the CPU backend always maps the weights"
             : !strcmp(name, "-fa") || !strcmp(name, "--flash-attn") ? "attention is always fused (paged, online softmax)"
-            : "this build has no GPU backend (CPU only)";
+            : gpu_why();
         fprintf(stderr, "kvllm: note: %s%s%s ignored: %s\n", name, v ? " " : "", v ? v : "", why);
         return 1;
     }
@@ -278,12 +288,11 @@ const char *cli_version_string(void) { return KVLLM_VERSION; }
 const char *cli_commit_string(void) { return KVLLM_COMMIT; }
 
 void cli_print_version(FILE *f) {
+    struct kvllm_build_info b;
+    kvllm_build_info(&b);
     fprintf(f, "kvllm %s (commit %s)\n", KVLLM_VERSION, KVLLM_COMMIT);
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    fprintf(f, "kernels: scalar, avx2 (this CPU: %s); GPU: none (CPU-only build)\n",
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2" : "scalar only");
-#else
-    fprintf(f, "kernels: scalar; GPU: none (CPU-only build)\n");
-#endif
+    fprintf(f, "kernels: %s (this CPU: %s; default %s)\n", b.cpu_kernels_built, b.cpu_kernels_here,
+            b.cpu_kernels_default);
+    fprintf(f, "GPU: %s\n", b.cuda_built ? "CUDA backend built (KVLLM_BACKEND=cuda)"
+                                         : "none (CPU-only build; -DKVLLM_CUDA=ON adds the CUDA backend)");
 }

@@ -1,4 +1,5 @@
-/* cmd_tokenize.c — `kvllm tokenize`: the token ids (and pieces) of a text.
+/* cmd_tokenize.c — `kvllm tokenize`: the token ids of a text, each with the text it stands for
+ * (or, with --raw-pieces, its vocabulary entry as stored).
  *
  * The vocabulary comes from a GGUF (a full model or a vocab-only file), a
  * Hugging Face tokenizer.json (or a model folder holding one) or a
@@ -23,7 +24,8 @@
 
 static const char *k_usage =
     "usage: kvllm tokenize (-m MODEL [--tokenizer PATH] | --vocab vocab.json --merges merges.txt [--pre NAME]\n"
-    "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids] [TEXT]\n"
+    "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids | --raw-pieces]\n"
+    "                      [TEXT]\n"
     "  -m, --model MODEL   GGUF model, vocab-only GGUF or Hugging Face folder (its tokenizer.json);\n"
     "                      a llama2.c checkpoint needs --tokenizer\n"
     "  --tokenizer PATH    tokenizer.json, llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
@@ -35,9 +37,14 @@ static const char *k_usage =
     "  --no-bos            do not prepend BOS even if the vocabulary asks for it\n"
     "  --parse-special     text of control tokens (\"<s>\") becomes those tokens\n"
     "  --ids               print only the ids, space-separated on one line\n"
+    "  --raw-pieces        print each token's vocabulary entry as stored (\"\u0120world\", \"\u2581the\",\n"
+    "                      \"<0x0A>\"), unquoted, instead of the text it stands for\n"
     "  --decode            the other way: TEXT (or FILE) is space-separated ids; print the bytes they\n"
     "                      decode to, exactly (nothing added)\n"
-    "  output: one line per token, ID<TAB>PIECE, with \\n \\t \\\\ and \\xNN escapes in PIECE\n";
+    "  output: one line per token, ID<TAB>'TEXT', TEXT the bytes the token decodes to (byte-level BPE's\n"
+    "  \u0120 as a space and \u010a as a newline, SentencePiece's \u2581 as a space, <0xNN> as its byte,\n"
+    "  a control token as its text), with \\n \\t \\\\ \\' and \\xNN escapes (bytes that are not valid\n"
+    "  UTF-8 on their own, e.g. one byte of a character split over tokens); --raw-pieces: ID<TAB>PIECE\n";
 
 #define MAX_SPECIALS 256
 
@@ -46,7 +53,7 @@ struct opts {
     const char *vocab, *merges, *pre;
     struct bpe_special specials[MAX_SPECIALS];
     int n_specials;
-    bool no_bos, parse_special, ids_only, decode;
+    bool no_bos, parse_special, ids_only, decode, raw_pieces;
 };
 
 /* TEXT=ID, split at the last '=' (the text may contain '='); the text is
@@ -90,6 +97,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             else if (!strcmp(a, "--parse-special")) o->parse_special = true;
             else if (!strcmp(a, "--ids")) o->ids_only = true;
             else if (!strcmp(a, "--decode")) o->decode = true;
+            else if (!strcmp(a, "--raw-pieces")) o->raw_pieces = true;
             else { cli_error("tokenize: unknown option '%s' (see kvllm tokenize --help)", a); return 2; }
         } else if (!o->text) {
             o->text = a;
@@ -110,6 +118,10 @@ static int parse_args(int argc, char **argv, struct opts *o) {
     }
     if (!files && !o->model && !o->tokenizer) {
         cli_error("tokenize: give -m MODEL, --tokenizer PATH, or --vocab FILE --merges FILE");
+        return 2;
+    }
+    if (o->raw_pieces && (o->ids_only || o->decode)) {
+        cli_error("tokenize: --raw-pieces changes the ID<TAB>PIECE lines; not with --ids or --decode");
         return 2;
     }
     if (o->file && o->text) { cli_error("tokenize: give either TEXT or -f FILE, not both"); return 2; }
@@ -185,33 +197,64 @@ static size_t utf8_char(const unsigned char *s, size_t n) {
     return len;
 }
 
-/* The piece with control characters, backslashes and invalid UTF-8 escaped. */
-static void print_piece(const char *piece, FILE *out) {
-    const unsigned char *s = (const unsigned char *)piece;
-    size_t n = strlen(piece);
+/* n bytes with control characters, backslashes, invalid UTF-8 and (when
+ * quoted) single quotes escaped; quoted: inside '...'. */
+static void print_bytes(const char *bytes, size_t n, bool quoted, FILE *out) {
+    const unsigned char *s = (const unsigned char *)bytes;
+    if (quoted) putc('\'', out);
     for (size_t i = 0; i < n;) {
         unsigned c = s[i];
         size_t len = c >= 0x80 ? utf8_char(s + i, n - i) : 1;
         if (c == '\n') fputs("\\n", out);
         else if (c == '\t') fputs("\\t", out);
         else if (c == '\\') fputs("\\\\", out);
+        else if (c == '\'' && quoted) fputs("\\'", out);
         else if (c < 0x20 || c == 0x7f || len == 0) fprintf(out, "\\x%02X", c);
         else { fwrite(s + i, 1, len, out); i += len; continue; }
         i++;
     }
+    if (quoted) putc('\'', out);
 }
 
-static void print_ids(const struct tokenizer *t, const int32_t *ids, int n, bool ids_only) {
-    for (int i = 0; i < n; i++) {
-        if (ids_only) {
-            printf(i ? " %d" : "%d", (int)ids[i]);
-        } else {
-            printf("%d\t", (int)ids[i]);
-            print_piece(tokenizer_piece(t, ids[i]), stdout);
-            putchar('\n');
-        }
+/* The text token id stands for: its decoded bytes (the space of a
+ * SentencePiece piece kept, as mid-text), or for a control / unknown token
+ * (which decodes to nothing) its piece as written.  false when out of memory. */
+static bool print_token_text(const struct tokenizer *t, int32_t id, FILE *out) {
+    enum tok_type ty = tokenizer_type(t, id);
+    if (ty == TOK_CONTROL || ty == TOK_UNKNOWN) {
+        const char *piece = tokenizer_piece(t, id);
+        print_bytes(piece, strlen(piece), true, out);
+        return true;
     }
-    if (ids_only) putchar('\n');
+    char small[64];
+    int n = tokenizer_token_bytes(t, -2, id, small, sizeof small);
+    if (n < 0) return false;
+    char *buf = (size_t)n <= sizeof small ? small : malloc((size_t)n);
+    if (!buf) { cli_error("out of memory"); return false; }
+    if (buf != small && tokenizer_token_bytes(t, -2, id, buf, (size_t)n) != n) { free(buf); return false; }
+    print_bytes(buf, (size_t)n, true, out);
+    if (buf != small) free(buf);
+    return true;
+}
+
+/* false when a token's text could not be formed (reported). */
+static bool print_ids(const struct tokenizer *t, const int32_t *ids, int n, const struct opts *o) {
+    for (int i = 0; i < n; i++) {
+        if (o->ids_only) {
+            printf(i ? " %d" : "%d", (int)ids[i]);
+            continue;
+        }
+        printf("%d\t", (int)ids[i]);
+        if (o->raw_pieces) {
+            const char *piece = tokenizer_piece(t, ids[i]);
+            print_bytes(piece, strlen(piece), false, stdout);
+        } else if (!print_token_text(t, ids[i], stdout)) {
+            return false;
+        }
+        putchar('\n');
+    }
+    if (o->ids_only) putchar('\n');
+    return true;
 }
 
 /* --decode: ids (whitespace-separated decimal) -> the bytes they decode to, on stdout. */
@@ -267,7 +310,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (n > 0 && !ids) cli_error("out of memory for %d token ids", n);
     else if (n > 0) n = tokenizer_encode(t, text, len, bos, o.parse_special, ids, n);
     int status = n < 0 || (n > 0 && !ids) ? 1 : 0;
-    if (status == 0) print_ids(t, ids, n, o.ids_only);
+    if (status == 0 && !print_ids(t, ids, n, &o)) status = 1;
     if (status == 0 && fflush(stdout) != 0) {
         cli_error("writing the output: %s", strerror(errno));
         status = 1;

@@ -23,7 +23,8 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         fprintf(f, "  %-9s %s\n", k_cmds[i].name, k_cmds[i].help);
     fprintf(f, "  --version print the version, commit and compiled kernel sets\n");
-    fprintf(f, "\nenvironment: KVLLM_CPU=scalar|avx2 forces a kernel set; KVLLM_ACT=int integer activations\n");
+    fprintf(f, "\nenvironment: KVLLM_CPU=scalar|avx2|avx512 forces a kernel set; KVLLM_ACT=q8|int integer "
+               "activations;\n  KVLLM_BACKEND=cpu|cuda chooses the backend (cuda in a -DKVLLM_CUDA=ON build)\n");
 }
 
 int main(int argc, char **argv) {

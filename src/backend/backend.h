@@ -222,8 +222,9 @@ struct backend_ctx {
  * interleaved blocks (src/backend/cpu/qmm.h).  The choice is
  * per backend, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);
-/* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU; "strict": the
- * strict CPU backend) with kernel set kind. */
+/* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU with kernel set
+ * kind; "strict": the strict CPU backend; "cuda": the CUDA backend where
+ * built, refused clearly elsewhere) (backend.c). */
 int backend_new_from_env(const char *kind, struct backend **out);
 void backend_free(struct backend *be);   /* after every buffer and context it made is freed */
 

@@ -383,8 +383,17 @@ static int cuda_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *l
     return 0;
 }
 
+/* Free device memory: the engine's memory plan sizes the KV pool from it.
+ * 0 (unknown) when the device cannot be asked. */
+static uint64_t cuda_mem_available(struct backend *be) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(cb_of(be)->device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+    return (uint64_t)free_b;
+}
+
 static const struct backend_ops k_cuda_ops = {
     .name = "cuda",
+    .mem_available = cuda_mem_available,
     .buf_alloc = cuda_buf_alloc,
     .buf_free = cuda_buf_free,
     .place_weights = cuda_place_weights,

@@ -9,13 +9,17 @@ kvllm's quantizers are read back through gguf.GGUFReader and decoded by gguf-py:
     through gguf.quants, within 1e-4: kvllm's K-quant decoding in the forward pass (scalar and AVX2
     kernels) is gguf's;
   * the Q4_K_M / Q5_K_M mixes put each tensor in the type llama-quantize would;
-  * row lengths that are not whole blocks fall back as documented, with a warning naming the tensor;
+  * row lengths that are not whole blocks fall back as documented, counted in one warning line;
+  * an already-quantized input is refused without --allow-requantize (llama-quantize's rule), and an
+    output that cannot be created is refused, both before any work and leaving no file;
+  * the output is byte-identical for 1, 2 and 3 threads;
   * KVLLM_CPU=scalar and avx2 give the same logits within 1e-5.
 Model shapes: n_embd 256, n_ff 768, vocab 512 (rows are whole 256-element super-blocks).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import gguf
@@ -157,7 +161,7 @@ def test_kvllm_decodes_like_gguf(kvllm, models, quantized, tmp_path):
     for qtype in ("Q4_K", "Q5_K", "Q6_K"):
         path, _ = quantized("base", qtype)
         back = tmp_path / f"back-{qtype}.gguf"
-        run_cli(kvllm, "quantize", path, back, "F32").check_ok()
+        run_cli(kvllm, "quantize", path, back, "F32", "--allow-requantize").check_ok()
         ours = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(back).tensors}
         for t in gguf.GGUFReader(path).tensors:
             if T(t.tensor_type) == T.F32:
@@ -273,8 +277,15 @@ def test_fallback_row_not_whole_blocks(models, quantized, qtype, down):
     else:
         assert got["blk.0.ffn_down.weight"] == T[down]
     assert got["blk.0.ffn_up.weight"] == T[qtype.removesuffix("_M")]     # rows of n_embd: whole blocks
-    if down != qtype:
-        assert re.search(r"warning: blk\.0\.ffn_down\.weight: row length 672 .*using (Q4_1|Q8_0)", err), err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    if down != qtype:   # one line for all of them, naming the first of each kind
+        assert len(warnings) == 1, err
+        want = {"Q4_K": r"2 Q4_K -> Q4_1", "Q5_K": r"2 Q5_K -> Q8_0", "Q6_K": r"2 Q6_K -> Q8_0",
+                "Q4_K_M": r"1 Q4_K -> Q4_1 .*; 1 Q6_K -> Q8_0"}[qtype]
+        assert re.search(r"warning: 2 of \d+ tensors have rows that are not a whole number .*" + want, err), err
+        assert re.search(r"\(row length 672, block 256: blk\.[01]\.ffn_down\.weight", err), err
+    else:
+        assert not warnings, err
 
 
 def test_fallback_to_f16(models, quantized):
@@ -284,7 +295,10 @@ def test_fallback_to_f16(models, quantized):
         got = read_types(path)
         assert got["blk.0.ffn_down.weight"] == T.F16 and got["blk.1.ffn_down.weight"] == T.F16
         assert got["blk.0.ffn_gate.weight"] == T[qtype]
-        assert "blk.1.ffn_down.weight: row length 200" in err and "using F16" in err, err
+        warnings = [line for line in err.splitlines() if "warning" in line]
+        assert len(warnings) == 1, err
+        assert f"2 {qtype} -> F16 (row length 200, block {256 if qtype == 'Q4_K' else 32}: " \
+               "blk.0.ffn_down.weight, ...)" in warnings[0], err
 
 
 def test_summary_and_idempotence(kvllm, models, quantized, tmp_path):
@@ -298,13 +312,61 @@ def test_summary_and_idempotence(kvllm, models, quantized, tmp_path):
     assert a == b
 
 
-def test_thread_count_does_not_matter(kvllm, models, tmp_path):
+@pytest.mark.parametrize("qtype", ["Q5_K_M", "Q4_0"])
+def test_thread_count_does_not_matter(kvllm, models, tmp_path, qtype):
+    """Rows go out in chunks to whichever thread is free: the bytes are the same for any thread count
+    (the base model's matrices span several chunks each)."""
     outs = []
-    for t in ("1", "3"):
+    for t in ("1", "2", "3"):
         p = tmp_path / f"t{t}.gguf"
-        run_cli(kvllm, "quantize", models["tied"].f32, p, "Q5_K_M", "-t", t).check_ok()
+        res = run_cli(kvllm, "quantize", models["base"].f32, p, qtype, "-t", t).check_ok()
+        assert f"({t} threads)" in res.err, res.err
         outs.append(p.read_bytes())
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
+
+
+# ---- refusals before any work ------------------------------------------------
+
+def test_requantize_refused_without_flag(kvllm, models, quantized, tmp_path):
+    """An already-quantized file to another type needs --allow-requantize (as llama-quantize); the refusal
+    comes before any tensor is converted and leaves no output."""
+    q8, _ = quantized("tied", "Q8_0")
+    out = tmp_path / "q4.gguf"
+    for target in ("Q4_0", "Q4_K_M", "F16"):
+        res = run_cli(kvllm, "quantize", q8, out, target)
+        assert res.returncode == 1, res.describe()
+        assert res.err.count("kvllm: error:") == 1 and "--allow-requantize" in res.err, res.describe()
+        assert "already quantized" in res.err and "(Q8_0 -> " in res.err, res.describe()
+        assert "[   1/" not in res.err, res.describe()   # no tensor was touched
+        assert not out.exists() and not list(tmp_path.glob(".*tmp*"))
+    res = run_cli(kvllm, "quantize", q8, out, "Q4_0", "--allow-requantize").check_ok()
+    assert read_types(out)["blk.0.attn_q.weight"] == T.Q4_0
+    # the same type needs no flag: every tensor is copied
+    run_cli(kvllm, "quantize", q8, tmp_path / "same.gguf", "Q8_0").check_ok()
+    assert (tmp_path / "same.gguf").read_bytes() == q8.read_bytes()
+    # a float input never needs it
+    run_cli(kvllm, "quantize", quantized("tied", "F16")[0], tmp_path / "f16-q4.gguf", "Q4_0").check_ok()
+
+
+def test_output_not_creatable_refused_first(kvllm, models, tmp_path):
+    f32 = models["tied"].f32
+    for out, why in ((tmp_path / "no-such-dir" / "o.gguf", "cannot create"), (tmp_path, "is a directory")):
+        res = run_cli(kvllm, "quantize", f32, out, "Q4_K")
+        assert res.returncode == 1 and res.err.count("kvllm: error:") == 1, res.describe()
+        assert why in res.err and "[   1/" not in res.err, res.describe()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if not os.access(ro, os.W_OK):   # (root writes anyway)
+            res = run_cli(kvllm, "quantize", f32, ro / "o.gguf", "Q4_K")
+            assert res.returncode == 1 and "[   1/" not in res.err, res.describe()
+            assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+    ok = tmp_path / "ok.gguf"
+    run_cli(kvllm, "quantize", f32, ok, "Q4_K").check_ok()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["ok.gguf"]   # no stray temporary file
 
 
 def test_cli_errors(kvllm, models, tmp_path):

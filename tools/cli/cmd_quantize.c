@@ -12,14 +12,18 @@
  *     i counting those tensors in file order, n how many there are;
  *   attn_qkv.weight Q5_K (Q4_K_M) or Q6_K (Q5_K_M); the rest Q4_K / Q5_K.
  * A row length (ne[0]) that is not a whole number of blocks of the chosen
- * type falls back, with a warning on stderr naming the tensor and the type:
+ * type falls back, counted in one warning line on stderr (grouped by type
+ * and row length, naming the first tensor of each group):
  *   Q4_K -> Q4_1, Q5_K and Q6_K -> Q8_0 (the output in a mix: Q8_0, as llama.cpp) (llama.cpp uses Q5_0 / Q5_1 / Q8_0;
  *   kvllm has no Q5_0 / Q5_1, so the nearest type it computes with);
  *   a 32-element block type that does not fit either -> F16.
  * A tensor already in its target type is copied byte for byte.  Others are
  * dequantized row by row with dtype_to_f32 and quantized with the reference
- * quantizers (dtype_from_f32), rows split over -t threads (the result does
- * not depend on the thread count).  general.file_type is set in llama.cpp's
+ * quantizers (dtype_from_f32), rows in chunks handed to -t threads (the
+ * result does not depend on the thread count).  As llama-quantize, a tensor
+ * already in a block-quantized type that would change type (to another
+ * quantized type or back to a float one) needs --allow-requantize; every
+ * tensor's type is decided, and OUT checked to be creatable, before any work.  general.file_type is set in llama.cpp's
  * LLAMA_FTYPE numbering (a pure K type as its _S variant: Q4_K 14, Q5_K 16,
  * Q6_K 18). */
 #include "cli.h"
@@ -33,15 +37,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 static const char *k_usage =
-    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [-t N]\n"
+    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize]\n"
     "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K: every weight matrix in TYPE\n"
     "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
-    "  -t N  threads (default: all CPUs)\n"
+    "  -t, --threads N     threads (default: all CPUs); the output is the same for any N\n"
+    "  --allow-requantize  convert tensors that are already quantized (Q8_0, Q4_K, ...); without it\n"
+    "                      such a file is refused, as llama-quantize does (the error compounds: quantize\n"
+    "                      the F16/F32 original instead).  Tensors already in their target type are\n"
+    "                      copied as they are and need no flag.\n"
     "  1-D tensors (norms) are copied unchanged.  A matrix whose row length is not a whole\n"
     "  number of the type's blocks falls back (K types: Q4_K -> Q4_1, Q5_K/Q6_K -> Q8_0;\n"
-    "  32-blocks -> F16) and a warning names it.  Progress and a summary go to stderr.\n";
+    "  32-blocks -> F16); one warning line counts them.  OUT is checked to be writable before\n"
+    "  any work.  Progress and a summary go to stderr.\n";
 
 enum mix { MIX_NONE, MIX_Q4_K_M, MIX_Q5_K_M };
 
@@ -105,28 +115,137 @@ static uint32_t fallback_type(uint32_t want, int64_t ne0) {
     return ne0 % dtype_block_elems(t) ? DTYPE_F16 : t;
 }
 
-/* ---- converting one tensor, rows split over the pool ---- */
+/* ---- the plan: every tensor's output type, decided before any work ---- */
+
+/* Tensors whose rows fell back, grouped by (wanted, used, row length) for one summary line. */
+#define MAX_FALLBACK_GROUPS 8
+
+struct fallback_group {
+    uint32_t want, to;
+    int64_t ne0;
+    int n;
+    char first[64];   /* the first tensor's name (cut) */
+};
+
+struct plan {
+    uint32_t *to;                 /* (n_tensors) output type of each tensor */
+    int n_quantized;              /* tensors whose type changes to or from a block type */
+    int n_requant;                /* of those, converted from an already block-quantized type */
+    char first_requant[160];      /* "NAME (Q8_0 -> Q4_0)" of the first */
+    struct fallback_group fb[MAX_FALLBACK_GROUPS];
+    int n_fb_groups, n_fb, n_fb_other;   /* groups, tensors that fell back, those in no group */
+};
+
+static bool is_block_type(uint32_t type) { return dtype_supported(type) && dtype_block_elems(type) > 1; }
+
+/* Walk the tensors in file order as llama-quantize does.  0, or a KVLLM_E*
+ * code after reporting a tensor kvllm cannot convert. */
+static int make_plan(const struct gguf *src, const char *in, int ti, struct plan *p) {
+    /* the mix rules count attn_v / ffn_down tensors first, as llama-quantize does */
+    struct mix_state ms = { 0 };
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const struct gguf_tensor *t = &src->tensors[i];
+        if (gguf_str_eq(t->name, "output.weight")) ms.has_output = true;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
+        if (strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight")) ms.n_attn_v++;
+        if (strstr(name, "ffn_down")) ms.n_ffn_down++;
+    }
+    for (uint64_t i = 0; i < src->n_tensors; i++) {
+        const struct gguf_tensor *t = &src->tensors[i];
+        if (t->name.len >= 256) { cli_error("%s: tensor name too long", in); return KVLLM_EFORMAT; }
+        char name[256];
+        memcpy(name, t->name.ptr, t->name.len);
+        name[t->name.len] = 0;
+        const int64_t ne0 = t->ne[0];
+        uint32_t to = t->type;
+        if (quantizable(name, t)) {
+            uint32_t want = mix_type(k_targets[ti].mix, k_targets[ti].type, name, &ms);
+            to = ne0 % dtype_block_elems(want) ? fallback_type(want, ne0) : want;
+            if (to != want) {
+                p->n_fb++;
+                int g = 0;
+                while (g < p->n_fb_groups && !(p->fb[g].want == want && p->fb[g].to == to && p->fb[g].ne0 == ne0)) g++;
+                if (g == p->n_fb_groups && g < MAX_FALLBACK_GROUPS) {
+                    p->fb[g] = (struct fallback_group){ .want = want, .to = to, .ne0 = ne0 };
+                    snprintf(p->fb[g].first, sizeof p->fb[g].first, "%s", name);
+                    p->n_fb_groups++;
+                }
+                if (g < p->n_fb_groups) p->fb[g].n++;
+                else p->n_fb_other++;
+            }
+        }
+        p->to[i] = to;
+        if (to == t->type) continue;
+        if (!dtype_supported(t->type)) {
+            cli_error("%s: tensor '%s' has type %s, which kvllm cannot read", in, name, dtype_name(t->type));
+            return KVLLM_EUNSUPPORTED;
+        }
+        if (is_block_type(t->type) || is_block_type(to)) p->n_quantized++;
+        if (is_block_type(t->type) && p->n_requant++ == 0)
+            snprintf(p->first_requant, sizeof p->first_requant, "%s (%s -> %s)", name, dtype_name(t->type),
+                     dtype_name(to));
+    }
+    return 0;
+}
+
+/* The fallbacks in one line on stderr (nothing when there are none). */
+static void print_fallbacks(const struct plan *p, uint64_t n_tensors) {
+    if (!p->n_fb) return;
+    fprintf(stderr, "kvllm: warning: %d of %llu tensors have rows that are not a whole number of their type's "
+            "blocks and use another type:", p->n_fb, (unsigned long long)n_tensors);
+    for (int g = 0; g < p->n_fb_groups; g++) {
+        const struct fallback_group *f = &p->fb[g];
+        fprintf(stderr, "%s %d %s -> %s (row length %lld, block %d: %s%s)", g ? ";" : "", f->n, dtype_name(f->want),
+                dtype_name(f->to), (long long)f->ne0, dtype_block_elems(f->want), f->first, f->n > 1 ? ", ..." : "");
+    }
+    if (p->n_fb_other) fprintf(stderr, "; %d more", p->n_fb_other);
+    fputc('\n', stderr);
+}
+
+/* Can OUT be written?  The writer's temporary file is created beside it and
+ * removed at once, so a missing or read-only folder fails now, not after the
+ * work; nothing is left behind.  0 or 1 (reported). */
+static int out_writable(const char *out) {
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) { cli_error("%s: is a directory", out); return 1; }
+    struct out_file of;
+    if (out_file_open(&of, out)) return 1;   /* logged with the path and errno */
+    out_file_abort(&of);
+    return 0;
+}
+
+/* ---- converting one tensor, rows in chunks over the pool ---- */
+
+/* Rows per chunk: about 64K elements, so that a chunk is a few milliseconds
+ * of work and threads the OS delays do not hold the others up.  A row's
+ * bytes depend on that row alone, so the output does not depend on which
+ * thread did which chunk, or on the thread count. */
+#define CHUNK_ELEMS 65536
 
 struct conv_job {
     const uint8_t *src;   /* (n_rows, in_rb) of in_type */
     uint8_t *dst;         /* (n_rows, out_rb) of out_type */
     uint32_t in_type, out_type;
-    int64_t ne0, n_rows;
+    int64_t ne0, n_rows, rows_per_chunk;
     size_t in_rb, out_rb;
     float *buf;           /* (nth, ne0) */
-    int64_t *bad_row;     /* (nth): first row with a non-finite value, or -1 */
+    int64_t *bad_row;     /* (nth): smallest row with a non-finite value seen by that thread, or -1 */
 };
 
-static void conv_worker(void *arg, int ith, int nth) {
+static void conv_chunk(void *arg, long c, int ith) {
     struct conv_job *j = arg;
-    long r0, r1;
-    threadpool_split((long)j->n_rows, ith, nth, &r0, &r1);
+    const int64_t r0 = (int64_t)c * j->rows_per_chunk;
+    const int64_t r1 = r0 + j->rows_per_chunk < j->n_rows ? r0 + j->rows_per_chunk : j->n_rows;
     float *buf = j->buf + (size_t)ith * (size_t)j->ne0;
-    j->bad_row[ith] = -1;
-    for (long r = r0; r < r1; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         dtype_to_f32(j->in_type, j->src + (size_t)r * j->in_rb, buf, j->ne0);
-        for (int64_t k = 0; k < j->ne0; k++)
-            if (!isfinite(buf[k])) { j->bad_row[ith] = r; return; }
+        bool finite = true;
+        for (int64_t k = 0; k < j->ne0; k++) finite &= isfinite(buf[k]) != 0;
+        if (!finite) {   /* every chunk runs to its end, so the smallest row is always found */
+            if (j->bad_row[ith] < 0 || r < j->bad_row[ith]) j->bad_row[ith] = r;
+            continue;
+        }
         dtype_from_f32(j->out_type, buf, j->dst + (size_t)r * j->out_rb, j->ne0);
     }
 }
@@ -139,13 +258,16 @@ int cmd_quantize(int argc, char **argv) {
     const char *pos[3] = { NULL };
     int n_pos = 0;
     long threads = 0;
+    bool allow_requantize = false;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
-        if (!strcmp(argv[i], "-t")) {
+        if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             const char *v = cli_arg(argc, argv, &i);
             if (!v || !cli_int("-t", v, 1, 1024, &threads)) return 2;
+        } else if (!strcmp(argv[i], "--allow-requantize")) {
+            allow_requantize = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error("quantize: unknown option '%s'", argv[i]);
+            cli_error("quantize: unknown option '%s' (see kvllm quantize --help)", argv[i]);
             return 2;
         } else if (n_pos < 3) {
             pos[n_pos++] = argv[i];
@@ -172,9 +294,21 @@ int cmd_quantize(int argc, char **argv) {
     uint8_t **bufs = NULL;
     float *rowbuf = NULL;
     int64_t *bad = NULL;
+    struct plan plan = { 0 };
     int rc = gguf_open(in, &src);
     if (rc) return 1;
     const double t0 = cli_time();
+    if (!(plan.to = xcalloc(src->n_tensors ? src->n_tensors : 1, sizeof *plan.to))) { rc = KVLLM_ENOMEM; goto done; }
+    if ((rc = make_plan(src, in, ti, &plan))) goto done;
+    if (plan.n_requant && !allow_requantize) {
+        cli_error("%s: %d tensor%s already quantized, e.g. %s; quantizing them again compounds the error "
+                  "(quantize the F16/F32 original instead, or pass --allow-requantize)", in, plan.n_requant,
+                  plan.n_requant == 1 ? " is" : "s are", plan.first_requant);
+        rc = KVLLM_EINVAL;
+        goto done;
+    }
+    if (out_writable(out)) { rc = KVLLM_EIO; goto done; }
+
     dst = gguf_new(out);
     bufs = calloc(src->n_tensors ? src->n_tensors : 1, sizeof *bufs);
     pool = threadpool_new(threads > 0 ? (int)threads : cpu_count());
@@ -191,45 +325,23 @@ int cmd_quantize(int argc, char **argv) {
     if (!rc) rc = gguf_set_u32(dst, "general.quantization_version", 2);
     if (rc) goto done;
 
-    /* the mix rules count attn_v / ffn_down tensors first, as llama-quantize does */
-    struct mix_state ms = { 0 };
     int64_t max_ne0 = 1;
-    for (uint64_t i = 0; i < src->n_tensors; i++) {
-        const struct gguf_tensor *t = &src->tensors[i];
-        if (gguf_str_eq(t->name, "output.weight")) ms.has_output = true;
-        char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
-        if (strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight")) ms.n_attn_v++;
-        if (strstr(name, "ffn_down")) ms.n_ffn_down++;
-        max_ne0 = t->ne[0] > max_ne0 ? t->ne[0] : max_ne0;
-    }
+    for (uint64_t i = 0; i < src->n_tensors; i++)
+        if (src->tensors[i].ne[0] > max_ne0) max_ne0 = src->tensors[i].ne[0];
     if (!(rowbuf = xmalloc((size_t)nth * (size_t)max_ne0 * sizeof *rowbuf))) { rc = KVLLM_ENOMEM; goto done; }
 
     uint64_t cnt[DTYPE_COUNT_] = { 0 }, b_in[DTYPE_COUNT_] = { 0 }, b_out[DTYPE_COUNT_] = { 0 };
     uint64_t total_in = 0, total_out = 0;
     for (uint64_t i = 0; !rc && i < src->n_tensors; i++) {
         const struct gguf_tensor *t = &src->tensors[i];
-        if (t->name.len >= 256) { cli_error("%s: tensor name too long", in); rc = KVLLM_EFORMAT; break; }
-        char name[256];
+        char name[256];   /* make_plan checked the length */
         memcpy(name, t->name.ptr, t->name.len);
         name[t->name.len] = 0;
         const int64_t ne0 = t->ne[0];
-        uint32_t to = t->type;
-        if (quantizable(name, t)) {
-            uint32_t want = mix_type(k_targets[ti].mix, k_targets[ti].type, name, &ms);
-            to = ne0 % dtype_block_elems(want) ? fallback_type(want, ne0) : want;
-            if (to != want)
-                fprintf(stderr, "kvllm: warning: %s: row length %lld is not a multiple of %s's block of %d: "
-                        "using %s\n", name, (long long)ne0, dtype_name(want), dtype_block_elems(want), dtype_name(to));
-        }
+        const uint32_t to = plan.to[i];
         const void *data = t->data;
         uint64_t n_bytes = t->n_bytes;
         if (to != t->type) {
-            if (!dtype_supported(t->type)) {
-                cli_error("%s: tensor '%s' has type %s, which kvllm cannot read", in, name, dtype_name(t->type));
-                rc = KVLLM_EUNSUPPORTED;
-                break;
-            }
             uint64_t in_rb, out_rb;
             const int64_t n_rows = (int64_t)(t->n_elems / (uint64_t)ne0);
             if (!dtype_row_bytes(t->type, (uint64_t)ne0, &in_rb) || !dtype_row_bytes(to, (uint64_t)ne0, &out_rb) ||
@@ -239,16 +351,19 @@ int cmd_quantize(int argc, char **argv) {
                 break;
             }
             if (!(bufs[i] = xmalloc(n_bytes ? (size_t)n_bytes : 1))) { rc = KVLLM_ENOMEM; break; }
-            struct conv_job j = { t->data, bufs[i], t->type, to, ne0, n_rows, (size_t)in_rb, (size_t)out_rb,
+            int64_t rpc = CHUNK_ELEMS / ne0 > 0 ? CHUNK_ELEMS / ne0 : 1;
+            struct conv_job j = { t->data, bufs[i], t->type, to, ne0, n_rows, rpc, (size_t)in_rb, (size_t)out_rb,
                                   rowbuf, bad };
-            threadpool_run(pool, conv_worker, &j);
+            for (int k = 0; k < nth; k++) bad[k] = -1;
+            threadpool_run_chunks(pool, (long)((n_rows + rpc - 1) / rpc), conv_chunk, &j);
+            int64_t first_bad = -1;
             for (int k = 0; k < nth; k++)
-                if (bad[k] >= 0) {
-                    cli_error("%s: tensor '%s' row %lld holds a NaN or infinity", in, name, (long long)bad[k]);
-                    rc = KVLLM_EFORMAT;
-                    break;
-                }
-            if (rc) break;
+                if (bad[k] >= 0 && (first_bad < 0 || bad[k] < first_bad)) first_bad = bad[k];
+            if (first_bad >= 0) {
+                cli_error("%s: tensor '%s' row %lld holds a NaN or infinity", in, name, (long long)first_bad);
+                rc = KVLLM_EFORMAT;
+                break;
+            }
             data = bufs[i];
         }
         if ((rc = gguf_add_tensor(dst, name, to, t->n_dims, t->ne, data))) {
@@ -282,11 +397,13 @@ int cmd_quantize(int argc, char **argv) {
     human(b, sizeof b, (double)total_out);
     fprintf(stderr, "  total  %4llu tensors  %10s -> %10s (%.1f%%)\n", (unsigned long long)src->n_tensors, a, b,
             total_in ? 100.0 * (double)total_out / (double)total_in : 100.0);
+    print_fallbacks(&plan, src->n_tensors);
 
 done:
     if (bufs)
         for (uint64_t i = 0; i < src->n_tensors; i++) free(bufs[i]);
     free(bufs);
+    free(plan.to);
     free(rowbuf);
     free(bad);
     threadpool_free(pool);

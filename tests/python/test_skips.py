@@ -55,7 +55,7 @@ DROP_AVX2 = ('if [ "$KVLLM_CPU" = avx2 ]; then echo "kvllm: error: KVLLM_CPU=avx
              '(available here: scalar)" >&2; exit 1; fi')
 
 
-@pytest.mark.parametrize("target", ["test_stories.py::test_greedy_ids_per_kernel_set[avx2]",
+@pytest.mark.parametrize("target", ["test_stories.py::test_greedy_ids_per_kernel_set[f32-avx2]",
                                     "test_quantize.py::test_scalar_and_avx2_agree[Q6_K]"])
 def test_avx2_dropped_fails(kvllm, tmp_path, target):
     lacks = cpu_lacks(*AVX2_FLAGS)

@@ -25,6 +25,7 @@
 #include "kvllm.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,6 +327,21 @@ static const char *k_commands =
     "  /exit     quit (also /quit, end of input, or Ctrl-C twice at the prompt)\n"
     "  Ctrl-C    stop the answer being written\n";
 
+/* On a terminal, wait until a line can be read or Ctrl-C comes; false for
+ * Ctrl-C.  A Ctrl-C that lands after the prompt is printed but before
+ * getline blocks would otherwise be seen only after the next line (the
+ * signal interrupts no read that has not started): polling with a short
+ * timeout closes that window.  A terminal in canonical mode hands getline
+ * one whole line per read, so nothing waits in stdio's buffer meanwhile. */
+static bool wait_line_or_interrupt(void) {
+    struct pollfd pf = { .fd = STDIN_FILENO, .events = POLLIN };
+    for (;;) {
+        if (g_interrupted) return false;
+        int r = poll(&pf, 1, 100);
+        if (r > 0 || (r < 0 && errno != EINTR)) return true;   /* readable, or let getline report */
+    }
+}
+
 /* Lines of stdin as turns until EOF or /exit.  Returns 0 or 1. */
 static int chat_loop(struct chat *c, bool tty) {
     char *line = NULL;
@@ -336,7 +352,7 @@ static int chat_loop(struct chat *c, bool tty) {
     for (;;) {
         if (tty) { fputs("> ", stderr); fflush(stderr); }
         errno = 0;
-        ssize_t got = getline(&line, &cap, stdin);
+        ssize_t got = tty && !wait_line_or_interrupt() ? -1 : getline(&line, &cap, stdin);
         if (got < 0 && (errno == EINTR || g_interrupted)) {
             clearerr(stdin);
             take_interrupt();

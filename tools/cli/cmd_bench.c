@@ -26,7 +26,7 @@ static const char *k_usage =
     "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
     "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench)\n"
-    "  columns: model, size (weight bytes), params, backend (kernel set), type, threads, test, depth,\n"
+    "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads, test, depth,\n"
     "  batch, kv, tokens/s, ms/token, roofline\n"
     "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
     "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
@@ -240,10 +240,10 @@ static void print_header(struct bench_opts *o) {
     int w = o->w_model < (int)sizeof dash - 3 ? o->w_model : (int)sizeof dash - 3;
     memset(dash, '-', (size_t)w + 2);
     dash[w + 2] = 0;
-    printf("| %-*s | %10s | %9s | %-12s | %-5s | %7s | %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model", "size",
+    printf("| %-*s | %10s | %9s | %-16s | %-5s | %7s | %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model", "size",
            "params", "backend", "type", "threads", "test", "depth", "batch", "kv", "tokens/s (median ± sd)", "ms/token",
            "roofline");
-    printf("|%s|-----------:|----------:|--------------|-------|--------:|--------|------:|------:|------|"
+    printf("|%s|-----------:|----------:|------------------|-------|--------:|--------|------:|------:|------|"
            "------------------------:|-----------:|---------:|\n", dash);
 }
 
@@ -282,7 +282,7 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         if (tg && roofline < 0) snprintf(roof, sizeof roof, "in LLC");
         fmt_size(sz, sizeof sz, mc->size_gib);
         fmt_params(pr, sizeof pr, mc->params_b);
-        printf("| %-*s | %10s | %9s | %-12s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
+        printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
                o->w_model, mc->name, sz, pr, mc->backend, mc->type, threads, test, depth, batch, o->no_kv ? "off" : "on",
                med, sd, 1e3 / med, roof);
     }

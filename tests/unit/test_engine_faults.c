@@ -5,6 +5,7 @@
  * exactly the tokens they get alone, and no block stays held.  Sessions
  * report the failure as KVLLM_EBACKEND and start again empty. */
 #include "check.h"
+#include "stories_util.h"
 #include "engine/engine_internal.h"
 
 #include <stdio.h>
@@ -92,14 +93,7 @@ static void check_session(struct kvllm_model *m) {
 }
 
 int main(void) {
-    char path[512], tok[512];
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
-    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tok;
-    mp.n_threads = 1;
-    struct kvllm_model *m = NULL;
-    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    struct kvllm_model *m = load_stories(1);
     if (!m) return check_report("test_engine_faults");
     fprintf(stderr, "(the step errors below are injected)\n");
     check_fault(m, KVLLM_ENOMEM, 1);       /* the first op of the step: its uploads went, nothing ran */

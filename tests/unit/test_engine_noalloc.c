@@ -8,6 +8,7 @@
  * itself (they forward to glibc's __libc_* entry points); under
  * AddressSanitizer, which owns malloc, through its malloc hook. */
 #include "check.h"
+#include "stories_util.h"
 #include "kvllm.h"
 
 #include <stdatomic.h>
@@ -50,14 +51,7 @@ static void on_event(const struct kvllm_event *ev, void *user) {
 
 int main(void) {
     install();
-    char path[512], tok[512];
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
-    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tok;
-    mp.n_threads = 2;
-    struct kvllm_model *m = NULL;
-    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    struct kvllm_model *m = load_stories(2);
     if (!m) return check_report("test_engine_noalloc");
     struct kvllm_engine *e = NULL;
     struct kvllm_engine_params ep = kvllm_engine_default_params();

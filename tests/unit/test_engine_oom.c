@@ -5,6 +5,7 @@
  * allocator is interposed (failing on demand), which AddressSanitizer
  * builds do not allow: there the test says so and checks nothing. */
 #include "check.h"
+#include "stories_util.h"
 #include "engine/engine_internal.h"
 
 #include <stdatomic.h>
@@ -45,14 +46,7 @@ static void add(struct kvllm_engine *e, struct out *o, const char *stop) {
 }
 
 int main(void) {
-    char path[512], tok[512];
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
-    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tok;
-    mp.n_threads = 1;
-    struct kvllm_model *m = NULL;
-    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    struct kvllm_model *m = load_stories(1);
     if (!m) return check_report("test_engine_oom");
     struct kvllm_engine *e = NULL;
     struct kvllm_engine_params ep = kvllm_engine_default_params();

@@ -7,6 +7,7 @@
  * case; the victim must still get exactly the tokens it gets alone, and
  * its own earlier identical prompt must still be a cache hit. */
 #include "check.h"
+#include "stories_util.h"
 #include "kv/block_pool.h"
 #include "kvllm.h"
 
@@ -73,14 +74,7 @@ static int n_diff(const struct out *a, const struct out *b) {
 }
 
 int main(void) {
-    char path[512], tok[512];
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
-    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tok;
-    mp.n_threads = 1;
-    struct kvllm_model *m = NULL;
-    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    struct kvllm_model *m = load_stories(1);
     if (!m) return check_report("test_engine_prefix_poison");
 
     int32_t victim[128], attacker[128];

@@ -6,6 +6,7 @@
  * requests were finished with KVLLM_FINISH_ABORT though nobody aborted
  * them (390 accepted, 390 aborted). */
 #include "check.h"
+#include "stories_util.h"
 #include "kvllm.h"
 
 #include <stdio.h>
@@ -20,14 +21,7 @@ static void on_event(const struct kvllm_event *ev, void *user) {
 }
 
 int main(void) {
-    char path[512], tok[512];
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
-    snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tok;
-    mp.n_threads = 1;
-    struct kvllm_model *m = NULL;
-    CHECK(kvllm_model_load(path, &mp, &m) == 0);
+    struct kvllm_model *m = load_stories(1);
     if (!m) return check_report("test_engine_queue");
     struct kvllm_engine *e = NULL;
     struct kvllm_engine_params ep = kvllm_engine_default_params();

@@ -72,6 +72,16 @@ static inline size_t kv_row(const struct kv_layer_view *kv, size_t slot, int h) 
     return (slot / bs * (size_t)kv->n_head_kv + (size_t)h) * bs + slot % bs;
 }
 
+/* One block of one layer: its (kv head, offset) rows, and the bytes of K
+ * (or V) data they take; scales, for the 8-bit types, are one float a row.
+ * Copy-on-write moves exactly these (copy_blocks). */
+static inline size_t kv_block_rows(const struct kv_layer_view *kv) {
+    return (size_t)kv->block_size * (size_t)kv->n_head_kv;
+}
+static inline size_t kv_block_bytes(const struct kv_layer_view *kv) {
+    return kv_block_rows(kv) * (size_t)kv->head_dim * kv_elem_bytes(kv->type);
+}
+
 /* Positions at which long contexts are split for parallel attention
  * (flash-decoding); split points need not fall on block boundaries and
  * depend only on the context length, never on the batch. */

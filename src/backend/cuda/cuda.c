@@ -366,8 +366,7 @@ static int cuda_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *l
         if (dst == src) continue;
         for (int il = 0; il < n_layer; il++) {
             const struct kv_layer_view *l = &layers[il];
-            const size_t rows = (size_t)l->block_size * (size_t)l->n_head_kv;
-            const size_t bytes = rows * (size_t)l->head_dim * kv_elem_bytes(l->type);
+            const size_t rows = kv_block_rows(l), bytes = kv_block_bytes(l);
             uint8_t *k = l->k, *v = l->v;
             CU(cudaMemcpyAsync(k + (size_t)dst * bytes, k + (size_t)src * bytes, bytes, cudaMemcpyDeviceToDevice, s));
             CU(cudaMemcpyAsync(v + (size_t)dst * bytes, v + (size_t)src * bytes, bytes, cudaMemcpyDeviceToDevice, s));

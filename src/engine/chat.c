@@ -15,7 +15,7 @@
  * special_in_content restores that reference behaviour (Transformers'
  * apply_chat_template(tokenize=True) parses special text everywhere). */
 #include "engine/engine_internal.h"
-#include "tok/chat_template.h"
+#include "chat/chat_template.h"
 #include "core/core.h"
 
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * so a slow input is a budget error, not a libFuzzer timeout; the output
  * spans are checked to be sorted, disjoint and inside the output. */
 #include "fuzz_util.h"
-#include "tok/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <json-c/json.h>
 

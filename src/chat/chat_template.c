@@ -2,8 +2,8 @@
  * lexer, parser and evaluator (jinja_*.c), and turn a longjmp'd error into
  * a logged message and a return code.  All the render's memory is one arena,
  * freed here on success and on error alike. */
-#include "tok/chat_template.h"
-#include "tok/jinja.h"
+#include "chat/chat_template.h"
+#include "chat/jinja.h"
 #include "core/core.h"
 
 #include <stdio.h>

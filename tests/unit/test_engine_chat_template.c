@@ -1,4 +1,4 @@
-/* test_tok_chat_template.c — the chat-template renderer through its C API:
+/* test_engine_chat_template.c — the chat-template renderer through its C API:
  * return codes (EINVAL, EUNSUPPORTED), the logged "line:col", content that
  * is NULL (None), length with embedded NULs, the date parameter, a real
  * template from ../shared/templates, the step and output budgets (a render
@@ -11,7 +11,7 @@
  * Byte-for-byte agreement with Jinja2 over many templates is
  * tests/python/test_chat_template.py's job. */
 #include "check.h"
-#include "tok/chat_template.h"
+#include "chat/chat_template.h"
 #include "tok/tokenizer.h"
 
 #include <stdio.h>
@@ -393,5 +393,5 @@ int main(void) {
     test_budgets();
     test_spans();
     test_span_tokenize();
-    return check_report("test_tok_chat_template");
+    return check_report("test_engine_chat_template");
 }

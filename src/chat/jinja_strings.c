@@ -1,7 +1,7 @@
 /* jinja_strings.c — the Python str methods templates use (case mapping,
  * strip, split, splitlines, replace, find, count), over UTF-8 strings with
  * Python's notion of characters (code points) and whitespace. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <string.h>

@@ -4,7 +4,7 @@
  * select/map/items return one-shot generators, |first of an empty list is
  * Undefined, |int falls back to int(float(x)), |round rounds half to even.
  * Built-ins that exist in jinja2 but not here fail as unsupported. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 #include "core/core.h"
 

@@ -9,7 +9,7 @@
  * keeps it.  "Whitespace" is Python's str.isspace(), as jinja2's regexes
  * use.  Inside {{ }} and {% %} the text becomes names, numbers, strings and
  * operators; a closer counts only when brackets are balanced. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <errno.h>

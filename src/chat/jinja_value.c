@@ -1,7 +1,7 @@
 /* jinja_value.c — the interpreter's memory, errors and values: an arena
  * per render, Python's ==, <, truth, str(), repr() and json.dumps() over
  * struct jv, and the UTF-8 helpers they need. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <math.h>

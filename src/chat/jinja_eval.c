@@ -10,7 +10,7 @@
  * jinja2's sandboxed getattr/getitem: a dict's methods win over its keys
  * for `.name`, a missing key or index is Undefined, and anything done to
  * an Undefined other than printing, testing or iterating is an error. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <math.h>

@@ -3,7 +3,7 @@
  * chat template can call: range, dict, namespace, and Transformers'
  * raise_exception and strftime_now.  Methods that would mutate a value are
  * blocked, as in jinja2's ImmutableSandboxedEnvironment. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <locale.h>

@@ -9,7 +9,7 @@
  * Jinja2 knows but this interpreter lacks (extends, block, include,
  * import, from, call, autoescape, recursive loops, *args) are
  * KVLLM_EUNSUPPORTED at the tag; anything else malformed is KVLLM_EINVAL. */
-#include "tok/jinja.h"
+#include "chat/jinja.h"
 #include "kvllm.h"
 
 #include <stdio.h>

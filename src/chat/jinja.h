@@ -1,6 +1,6 @@
 /* jinja.h — internals of the chat-template interpreter, a subset of Jinja2
- * big enough for the chat templates models ship.  Only src/tok/jinja_*.c and
- * chat_template.c include it; the interface is tok/chat_template.h.
+ * big enough for the chat templates models ship.  Only src/chat/jinja_*.c and
+ * chat_template.c include it; the interface is chat/chat_template.h.
  *
  * Model of the world: one render is one `struct jctx`.  Everything it makes
  * (tokens, syntax tree, values, strings, scopes, output) lives in the

@@ -10,7 +10,7 @@
  * (one "kvllm: error: chat template LINE:COL: ..." line). */
 #include "cli.h"
 #include "kvllm.h"
-#include "tok/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <json-c/json.h>
 #include <stdio.h>

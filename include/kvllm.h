@@ -200,6 +200,29 @@ void kvllm_sampler_free(struct kvllm_sampler *s);
 int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
                              const int32_t *history, int n_history);
 
+/* ---- grammars: constrained sampling ---------------------------------- */
+
+/* A compiled grammar: immutable and reference-counted, so one grammar may
+ * serve any number of requests on any threads; kvllm_engine_add takes its
+ * own reference (free yours whenever you like).  err (may be NULL) receives
+ * a one-line message: for GBNF "line:col: what", for a JSON Schema the JSON
+ * path of the offending keyword ("$.properties.age.minimum: ..."). */
+struct kvllm_grammar;
+/* llama.cpp's GBNF; the start rule is "root".  KVLLM_EINVAL on a syntax
+ * error or an undefined rule. */
+int kvllm_grammar_from_gbnf(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap);
+/* A JSON Schema (JSON text).  "{}" or "true": any JSON value.  strict: as
+ * OpenAI's strict mode, objects admit no properties beyond `properties`
+ * unless the schema says otherwise.  KVLLM_EUNSUPPORTED names a keyword the
+ * compiler does not honour (never silently ignored); KVLLM_EINVAL for a
+ * schema that is not valid JSON or not a schema. */
+int kvllm_grammar_from_json_schema(const char *schema_json, bool strict, struct kvllm_grammar **out,
+                                   char *err, size_t err_cap);
+/* Any JSON object (response_format json_object). */
+int kvllm_grammar_json_object(struct kvllm_grammar **out);
+struct kvllm_grammar *kvllm_grammar_ref(struct kvllm_grammar *g);
+void kvllm_grammar_free(struct kvllm_grammar *g);  /* drops one reference; NULL-safe */
+
 /* ---- the engine: continuous batching over a paged KV cache ---------- */
 
 struct kvllm_engine;

@@ -200,6 +200,26 @@ void kvllm_sampler_free(struct kvllm_sampler *s);
 int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
                              const int32_t *history, int n_history);
 
+/* A bias added to one token's logit before anything else (OpenAI's
+ * logit_bias: -100 effectively bans a token, +100 all but forces it). */
+struct kvllm_logit_bias {
+    int32_t token;
+    float bias;
+};
+/* Give s a logit bias (copied; replaces the previous one; n = 0 clears it).
+ * Biases of a token listed twice add up.  KVLLM_EINVAL (logged, s
+ * unchanged) for a token outside [0, n_vocab) or a bias that is not finite;
+ * KVLLM_ENOMEM. */
+int kvllm_sampler_set_logit_bias(struct kvllm_sampler *s, const struct kvllm_logit_bias *bias, int n);
+/* kvllm_sampler_sample restricted to the tokens of an allow-mask
+ * ((n_vocab + 31) / 32 words; token id is allowed when bit id & 31 of word
+ * id >> 5 is set; NULL: every token).  Order: logit bias, then the mask
+ * (a masked token becomes -inf), then penalties, top-k, top-p, min-p,
+ * temperature; greedy is the argmax among the allowed tokens.  KVLLM_EINVAL
+ * (logged) when no allowed token has a finite logit. */
+int32_t kvllm_sampler_sample_masked(struct kvllm_sampler *s, const float *logits, const int32_t *history,
+                                    int n_history, const uint32_t *allow);
+
 /* ---- grammars: constrained sampling ---------------------------------- */
 
 /* A compiled grammar: immutable and reference-counted, so one grammar may
@@ -277,6 +297,30 @@ struct kvllm_request {
     bool want_logits;       /* events carry the logits (logprobs, dumps); otherwise logits stay in the backend */
     kvllm_event_fn on_event;
     void *user;
+    /* Constrained decoding: every sample's text is a string of this grammar
+     * (NULL: none).  kvllm_engine_add takes its own reference; each of the n
+     * samples gets its own matcher, made at add and freed when the sample
+     * ends.  A sample finishes with STOP when the grammar admits nothing but
+     * its end, or when an end token (EOS, <|im_end|>, <|eot_id|>... which
+     * the grammar allows only once its string is complete) is sampled, even
+     * with ignore_eos; a state that allows no token at all finishes with
+     * FINISH_ERROR (logged with why).  Needs a vocabulary.  Such a request is
+     * never speculated. */
+    const struct kvllm_grammar *grammar;
+    /* EOS, the end tokens and stop_token_ids are masked, and stop strings
+     * not matched, until a sample has this many tokens (vLLM's min_tokens;
+     * 0: off).  With a grammar, the grammar wins: when its string is
+     * complete and nothing else may follow, the sample ends anyway. */
+    int min_tokens;
+    /* Token ids that finish a sample with STOP when sampled; the token is
+     * not part of the text (vLLM's stop_token_ids), n_stop_token_ids of them
+     * (copied; each in [0, n_vocab)). */
+    const int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    /* Added to the logits before anything else (copied; tokens in
+     * [0, n_vocab), finite biases; see kvllm_sampler_set_logit_bias). */
+    const struct kvllm_logit_bias *logit_bias;
+    int n_logit_bias;
 };
 
 /* Plan and allocate the KV pool (logs the memory plan through the log
@@ -288,7 +332,10 @@ void kvllm_engine_free(struct kvllm_engine *e);
 
 /* Queue a request; thread-safe.  KVLLM_ERANGE (logged, with the numbers)
  * if it can never fit the context or the KV pool; KVLLM_EBUSY when the
- * queue is full; KVLLM_EINVAL for bad parameters. */
+ * queue is full; KVLLM_EINVAL for bad parameters (logged with the field and
+ * index: a token id out of range, min_tokens < 0, a grammar on a model
+ * without a vocabulary...).  The first constrained request of an engine
+ * builds its vocabulary index here (tens of milliseconds), never in a step. */
 int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *r, uint64_t *id);
 /* Abort a request (its sequences get a FINISH_ABORT event at the next step
  * and their blocks are released in it); thread-safe; unknown ids ignored.

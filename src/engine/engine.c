@@ -16,6 +16,7 @@
 #include "engine/engine_internal.h"
 #include "core/core.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,11 +34,16 @@ void engine_request_free(struct request *r) {
             kvllm_sampler_free(r->ctx[i].smp);
             if (r->ctx[i].has_detok) detok_deinit(&r->ctx[i].detok);
             free(r->ctx[i].held);
+            constrain_seq_free(&r->ctx[i]);
         }
         if (r->seqs) seq_free(r->seqs[i]);
     }
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->stop_ids);
+    free(r->ban);
+    free(r->min_mask);
+    constrain_unref(r->grammar);
     free(r->seqs);
     free(r->ctx);
     free(r);
@@ -110,6 +116,26 @@ static int inputs_init(struct kvllm_engine *e) {
     return 0;
 }
 
+/* EOS and the chat templates' end-of-turn tokens present in the vocabulary
+ * as control or user-defined tokens: a grammar's string may end with any of
+ * them, and min_tokens holds them back. */
+static void find_end_tokens(struct kvllm_engine *e) {
+    static const char *const names[] = { "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|eom_id|>",
+                                         "<|endoftext|>" };
+    const struct tokenizer *t = e->km->tok;
+    if (!t) return;
+    const int max_end = (int)(sizeof e->end_ids / sizeof *e->end_ids);
+    const int eos = tokenizer_eos(t), nt = tokenizer_n_vocab(t);
+    if (eos >= 0) e->end_ids[e->n_end++] = eos;
+    for (int id = 0; id < nt && e->n_end < max_end; id++) {
+        enum tok_type ty = tokenizer_type(t, id);
+        if (id == eos || (ty != TOK_CONTROL && ty != TOK_USER_DEFINED)) continue;
+        const char *p = tokenizer_piece(t, id);
+        for (size_t k = 0; p && k < sizeof names / sizeof *names; k++)
+            if (!strcmp(p, names[k])) { e->end_ids[e->n_end++] = id; break; }
+    }
+}
+
 int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
                struct kvllm_engine **out) {
     *out = NULL;
@@ -141,6 +167,9 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
     e->n_ctx = n_ctx;
     e->n_logits_max = n_logits_max > p.max_seqs ? n_logits_max : p.max_seqs;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
+    e->mask_words = (hp->n_vocab + 31) / 32;
+    find_end_tokens(e);
     e->inbox_tail = &e->inbox;
     e->next_id = 1;
     /* The waiting ring holds the accepted queue (max_queue) and the
@@ -196,6 +225,8 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     sched_deinit(&e->sched);
     block_pool_deinit(&e->pool);
     paged_kv_deinit(&e->kv);
+    constrain_engine_free(e);
+    pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -206,6 +237,59 @@ void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code) {
 }
 
 /* ---- submission (any thread) ---- */
+
+/* The fields of item 5 and the grammar: every id in range, counts sane. */
+static int check_constraints(struct kvllm_engine *e, const struct kvllm_request *q, int max_tokens) {
+    const int V = e->km->m->hp.n_vocab;
+    if (q->min_tokens < 0 || q->min_tokens > max_tokens) {
+        LOG_ERR("invalid request: min_tokens %d must be in [0, max_tokens = %d]", q->min_tokens, max_tokens);
+        return KVLLM_EINVAL;
+    }
+    if (q->n_stop_token_ids < 0 || (q->n_stop_token_ids && !q->stop_token_ids) || q->n_logit_bias < 0 ||
+        (q->n_logit_bias && !q->logit_bias)) {
+        LOG_ERR("invalid request: %d stop_token_ids, %d logit_bias entries (negative, or no array)",
+                q->n_stop_token_ids, q->n_logit_bias);
+        return KVLLM_EINVAL;
+    }
+    for (int i = 0; i < q->n_stop_token_ids; i++)
+        if (q->stop_token_ids[i] < 0 || q->stop_token_ids[i] >= V) {
+            LOG_ERR("stop_token_ids[%d] = %d is out of range (vocabulary of %d)", i, q->stop_token_ids[i], V);
+            return KVLLM_EINVAL;
+        }
+    for (int i = 0; i < q->n_logit_bias; i++)
+        if (q->logit_bias[i].token < 0 || q->logit_bias[i].token >= V || !isfinite(q->logit_bias[i].bias)) {
+            LOG_ERR("logit_bias[%d]: token %d (vocabulary of %d), bias %g: the token must be in range and the "
+                    "bias finite", i, q->logit_bias[i].token, V, (double)q->logit_bias[i].bias);
+            return KVLLM_EINVAL;
+        }
+    if (q->grammar && !e->km->tok) {
+        LOG_ERR("a grammar needs a vocabulary; the model has none");
+        return KVLLM_EINVAL;
+    }
+    return 0;
+}
+
+/* r's stop ids, and the tokens held back before min_tokens (EOS unless
+ * ignore_eos, the end tokens, the stop ids) with the mask that excludes
+ * them. */
+static int build_stops(struct kvllm_engine *e, const struct kvllm_request *q, struct request *r) {
+    const int ns = q->n_stop_token_ids;
+    if (ns && !(r->stop_ids = xmalloc((size_t)ns * sizeof *r->stop_ids))) return KVLLM_ENOMEM;
+    if (ns) memcpy(r->stop_ids, q->stop_token_ids, (size_t)ns * sizeof *r->stop_ids);
+    r->n_stop_ids = ns;
+    r->min_tokens = q->min_tokens;
+    if (!q->min_tokens) return 0;
+    if (!(r->ban = xmalloc((size_t)(e->n_end + ns) * sizeof *r->ban))) return KVLLM_ENOMEM;
+    const int eos = e->km->tok ? tokenizer_eos(e->km->tok) : -1;
+    for (int i = 0; i < e->n_end; i++)
+        if (e->end_ids[i] != eos || !q->ignore_eos || q->grammar) r->ban[r->n_ban++] = e->end_ids[i];
+    for (int i = 0; i < ns; i++) r->ban[r->n_ban++] = q->stop_token_ids[i];
+    if (q->grammar) return 0;   /* the grammar's mask is cleared of them per token */
+    if (!(r->min_mask = xmalloc((size_t)e->mask_words * sizeof *r->min_mask))) return KVLLM_ENOMEM;
+    memset(r->min_mask, 0xff, (size_t)e->mask_words * sizeof *r->min_mask);
+    for (int i = 0; i < r->n_ban; i++) r->min_mask[r->ban[i] >> 5] &= ~(1u << (r->ban[i] & 31));
+    return 0;
+}
 
 int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, struct request **out) {
     const struct kvllm_model *km = e->km;
@@ -229,7 +313,9 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
         return KVLLM_ERANGE;
     }
     int max_len = q->max_tokens > 0 ? q->n_prompt + q->max_tokens : e->n_ctx;
-    int rc = sched_check_fits(&e->sched, max_len, q->n);
+    int rc = check_constraints(e, q, max_len - q->n_prompt);
+    if (rc) return rc;
+    rc = sched_check_fits(&e->sched, max_len, q->n);
     if (rc) return rc;
     struct request *r = xcalloc(1, sizeof *r);
     if (!r) return KVLLM_ENOMEM;
@@ -239,10 +325,12 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->max_tokens = max_len - q->n_prompt;
     r->ignore_eos = q->ignore_eos;
     r->want_logits = q->want_logits;
+    r->grammar = constrain_ref(q->grammar);
     r->seqs = xcalloc((size_t)q->n, sizeof *r->seqs);
     r->ctx = xcalloc((size_t)q->n, sizeof *r->ctx);
     r->stop = q->n_stop ? xcalloc((size_t)q->n_stop, sizeof *r->stop) : NULL;
     rc = r->seqs && r->ctx && (r->stop || !q->n_stop) ? 0 : KVLLM_ENOMEM;
+    if (!rc) rc = build_stops(e, q, r);
     for (int i = 0; !rc && i < q->n_stop; i++) {
         r->stop[i] = strdup(q->stop[i] ? q->stop[i] : "");
         if (!r->stop[i]) rc = KVLLM_ENOMEM;
@@ -256,6 +344,8 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
         struct kvllm_sampling_params sp = q->sampling;
         sp.seed += (uint64_t)i;
         rc = kvllm_sampler_new(&sp, V, &c->smp);
+        if (!rc && q->n_logit_bias) rc = kvllm_sampler_set_logit_bias(c->smp, q->logit_bias, q->n_logit_bias);
+        if (!rc) rc = constrain_seq_new(e, r, c);
         if (!rc && !(r->seqs[i] = seq_new(0, q->prompt, q->n_prompt, max_len, e->p.block_size))) rc = KVLLM_ENOMEM;
         if (!rc && !q->no_text && km->tok) {
             detok_init(&c->detok, km->tok);

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "sched/scheduler.h"
 #include "tok/tokenizer.h"
+#include "grammar/grammar.h"
 
 #include <pthread.h>
 
@@ -32,6 +33,8 @@ struct seq_ctx {
     size_t n_held, cap_held;
     int n_generated;
     bool done;
+    struct gmatcher *gm;    /* this sample's grammar state (NULL: unconstrained) */
+    uint32_t *allow;        /* (mask_words) the grammar's allow-mask, filled per token; NULL without a grammar */
 };
 
 /* A session's evaluation in progress (session.c). */
@@ -56,6 +59,13 @@ struct request {
     int n_cached;
     struct session_eval *eval;  /* a session's sequence: logits are copied out, never sampled */
     struct request *next;   /* inbox or live list */
+    struct kvllm_grammar *grammar;  /* own reference (NULL: unconstrained); a constrained request never speculates */
+    int min_tokens;         /* the tokens of ban[] are masked until a sample has this many */
+    int32_t *stop_ids;      /* (n_stop_ids) stop_token_ids: finish with STOP, not part of the text */
+    int n_stop_ids;
+    int32_t *ban;           /* (n_ban) masked before min_tokens: EOS (unless ignore_eos), the end tokens, stop_ids */
+    int n_ban;
+    uint32_t *min_mask;     /* (mask_words) every token but ban[]: the mask before min_tokens without a grammar */
 };
 
 /* Step inputs: backend memory (d_*) sized for the largest step, and host
@@ -87,6 +97,11 @@ struct kvllm_engine {
     char *text;                                /* event text scratch */
     const float *cur_logits;                   /* row being sampled, for events */
     size_t cap_text;
+    int mask_words;                            /* (n_vocab + 31) / 32: one allow-mask */
+    int32_t end_ids[8];                        /* EOS and the chat end-of-turn tokens of the vocabulary */
+    int n_end;
+    pthread_mutex_t gv_mu;                     /* builds gv once, at the first constrained add (any thread) */
+    struct gvocab *gv;                         /* the vocabulary index for grammars (NULL until then) */
 
     pthread_mutex_t mu;                        /* guards the fields below, up to `live` */
     struct request *inbox, **inbox_tail;
@@ -113,11 +128,38 @@ void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code);
 /* session.c: a session's private engine (tests reach its hooks through it) */
 struct kvllm_engine *session_engine(struct kvllm_session *s);
 
+/* constrain.c: grammars in the engine (the grammar module behind four calls) */
+/* A reference to g for a request (NULL stays NULL). */
+struct kvllm_grammar *constrain_ref(const struct kvllm_grammar *g);
+void constrain_unref(struct kvllm_grammar *g);
+/* c's matcher and allow-mask for r's grammar; builds the engine's vocabulary
+ * index at the first call (any thread, under gv_mu).  KVLLM_EINVAL (logged)
+ * when the model has no vocabulary; KVLLM_ENOMEM. */
+int constrain_seq_new(struct kvllm_engine *e, const struct request *r, struct seq_ctx *c);
+void constrain_seq_free(struct seq_ctx *c);
+void constrain_engine_free(struct kvllm_engine *e);
+/* Fill c->allow for the next token: the number of allowed tokens (0: none) or < 0. */
+int constrain_fill(struct seq_ctx *c);
+/* Advance c's matcher by tok; < 0 (state unchanged) when the grammar refuses it. */
+int constrain_accept(struct seq_ctx *c, int32_t tok);
+/* Nothing but an end token may follow. */
+bool constrain_must_end(const struct seq_ctx *c);
+
 /* output.c: the stage after the forward pass */
 void output_finish_seq(struct kvllm_engine *e, struct seq *q, int32_t token, const char *text, size_t len,
                        enum kvllm_finish fin);
 /* Sample (or, for a session, copy out) from the logits of a sequence whose
- * known tokens are all computed. */
+ * known tokens are all computed (forks a request's n > 1 samples first). */
 void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits);
+/* The per-position path: sample q's next token from logits (its request's
+ * logit bias, grammar mask and min_tokens applied), then accept it (append,
+ * grammar advance, detokenize, stops, limits, events).  Speculative
+ * verification calls it once per verified position; it stops being called
+ * for q once q's seq_ctx is done.  Returns the token sampled, or < 0 when
+ * none could be (the sequence then ended with FINISH_ERROR). */
+int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float *logits);
+/* Whether tok ends a sample of r without being part of its text: EOS
+ * (unless ignore_eos), a stop_token_id, or with a grammar an end token. */
+bool output_is_end(const struct kvllm_engine *e, const struct request *r, int32_t tok);
 
 #endif

@@ -4,7 +4,15 @@
  * matched and withheld while they may still begin, and events go to the
  * request's callback.  Failures here (memory for withheld text, a sampler
  * that finds no valid token) end the sequence with KVLLM_FINISH_ERROR: an
- * error always reaches the caller, never a silent stop or a cut text. */
+ * error always reaches the caller, never a silent stop or a cut text.
+ *
+ * Per token (output_sample_accept): the allow-mask is made (the grammar's
+ * matcher fills it; before min_tokens the end tokens are cleared from it),
+ * the sampler applies the logit bias and the mask before everything else,
+ * the token is accepted (the matcher advances), and a grammar that admits
+ * nothing but its end finishes the sample with STOP at once.  Everything it
+ * touches was sized at add: nothing allocates here but the rare growth of
+ * withheld text past its reserve. */
 #include "engine/engine_internal.h"
 #include "core/core.h"
 
@@ -80,46 +88,104 @@ static void fail_seq(struct kvllm_engine *e, struct seq *q, const char *what) {
     output_finish_seq(e, q, -1, "", 0, KVLLM_FINISH_ERROR);
 }
 
-/* A sampled token: append, detokenize, check stops and limits, emit. */
+bool output_is_end(const struct kvllm_engine *e, const struct request *r, int32_t tok) {
+    const int eos = e->km->tok ? tokenizer_eos(e->km->tok) : -1;
+    if (tok == eos && (!r->ignore_eos || r->grammar)) return true;
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] == tok) return true;
+    if (r->grammar)
+        for (int i = 0; i < e->n_end; i++)
+            if (e->end_ids[i] == tok) return true;
+    return false;
+}
+
+/* A sampled token: append, advance the grammar, detokenize, check stops
+ * and limits, emit. */
 static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok) {
     struct seq_ctx *c = q->owner;
     struct request *r = c->req;
-    const int eos = e->km->tok ? tokenizer_eos(e->km->tok) : -1;
-    if (tok < 0) { fail_seq(e, q, "the sampler found no valid token (every logit NaN or -inf)"); return; }
-    if (tok == eos && !r->ignore_eos) {
+    if (tok < 0) { fail_seq(e, q, "the sampler found no valid token (every allowed logit NaN or -inf)"); return; }
+    if (output_is_end(e, r, tok)) {
         const char *rest = c->has_detok ? detok_flush(&c->detok) : "";
         if (rest && !hold(c, rest, strlen(rest))) { fail_seq(e, q, "out of memory holding text"); return; }
         output_finish_seq(e, q, -1, c->held ? c->held : "", c->n_held, KVLLM_FINISH_STOP);
         return;
     }
+    /* the grammar's end: nothing but an end token may follow this one */
+    bool gram_end = false;
+    if (c->gm) {
+        if (constrain_accept(c, tok) < 0) { fail_seq(e, q, "the grammar refused a token its own mask allowed"); return; }
+        gram_end = constrain_must_end(c);
+    }
     int32_t prev = q->tokens[q->n_tokens - 1];
     q->tokens[q->n_tokens++] = tok;
     c->n_generated++;
     bool at_limit = c->n_generated >= r->max_tokens || q->n_tokens >= q->max_len;
+    /* the grammar's end is a STOP even at the length limit: the string is whole */
+    enum kvllm_finish fin = gram_end ? KVLLM_FINISH_STOP : at_limit ? KVLLM_FINISH_LENGTH : KVLLM_FINISH_NONE;
     if (!c->has_detok) {
-        if (at_limit) output_finish_seq(e, q, tok, "", 0, KVLLM_FINISH_LENGTH);
+        if (fin) output_finish_seq(e, q, tok, "", 0, fin);
         else emit(e, q, tok, "", 0, KVLLM_FINISH_NONE);
         return;
     }
     const char *piece = detok_push(&c->detok, prev, tok);
     bool ok = !piece || hold(c, piece, strlen(piece));
-    if (ok && at_limit) {
+    if (ok && fin) {
         const char *rest = detok_flush(&c->detok);
         ok = !rest || hold(c, rest, strlen(rest));
     }
     if (!ok) { fail_seq(e, q, "out of memory holding text"); return; }
-    for (int i = 0; i < r->n_stop; i++) {
+    /* vLLM: no stop check of any kind before min_tokens */
+    for (int i = 0; c->n_generated >= r->min_tokens && i < r->n_stop; i++) {
         if (!*r->stop[i] || !c->n_held) continue;
         c->held[c->n_held] = 0;
         char *hit = strstr(c->held, r->stop[i]);
         if (hit) { output_finish_seq(e, q, tok, c->held, (size_t)(hit - c->held), KVLLM_FINISH_STOP); return; }
     }
-    size_t keep = at_limit ? 0 : stop_prefix_tail(r, c->held, c->n_held);
+    size_t keep = fin ? 0 : stop_prefix_tail(r, c->held, c->n_held);
     size_t out = c->n_held - keep;
-    if (at_limit) output_finish_seq(e, q, tok, c->held, out, KVLLM_FINISH_LENGTH);
+    if (fin) output_finish_seq(e, q, tok, c->held, out, fin);
     else emit(e, q, tok, c->held, out, KVLLM_FINISH_NONE);
     memmove(c->held, c->held + out, keep);
     c->n_held = keep;
+}
+
+/* Clear the bits of r's banned tokens in mask; returns how many were set. */
+static int clear_banned(const struct request *r, uint32_t *mask) {
+    int n = 0;
+    for (int i = 0; i < r->n_ban; i++) {
+        const int32_t t = r->ban[i];
+        const uint32_t bit = 1u << (t & 31);
+        if (mask[t >> 5] & bit) { mask[t >> 5] &= ~bit; n++; }
+    }
+    return n;
+}
+
+/* The allow-mask for c's next token (NULL: every token); *why names the
+ * reason when no token at all may follow (the mask is then unusable). */
+static const uint32_t *next_mask(struct kvllm_engine *e, struct seq_ctx *c, const char **why) {
+    const struct request *r = c->req;
+    const bool before_min = c->n_generated < r->min_tokens;
+    *why = NULL;
+    if (!c->gm) return before_min ? r->min_mask : NULL;
+    int n = constrain_fill(c);
+    if (n < 0) { *why = "the grammar's matcher failed"; return NULL; }
+    if (n == 0) { *why = "the grammar allows no token here (no token of the vocabulary continues it)"; return NULL; }
+    /* before min_tokens the ends are out, unless the grammar is complete and
+     * admits nothing else: then the grammar wins and the sample ends */
+    if (before_min && clear_banned(r, c->allow) == n) n = constrain_fill(c);
+    (void)e;
+    return c->allow;
+}
+
+int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float *logits) {
+    struct seq_ctx *c = q->owner;
+    const char *why;
+    const uint32_t *mask = next_mask(e, c, &why);
+    if (why) { fail_seq(e, q, why); return KVLLM_EINVAL; }
+    int32_t tok = kvllm_sampler_sample_masked(c->smp, logits, q->tokens, q->n_tokens, mask);
+    accept_token(e, q, tok);
+    return tok;
 }
 
 void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits) {
@@ -133,8 +199,8 @@ void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits
         r->forked = true;
         for (int i = 1; i < r->n; i++) {
             sched_fork(&e->sched, q, r->seqs[i]);
-            accept_token(e, r->seqs[i], kvllm_sampler_sample(r->ctx[i].smp, logits, q->tokens, q->n_tokens));
+            output_sample_accept(e, r->seqs[i], logits);
         }
     }
-    accept_token(e, q, kvllm_sampler_sample(c->smp, logits, q->tokens, q->n_tokens));
+    output_sample_accept(e, q, logits);
 }

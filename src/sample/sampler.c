@@ -20,6 +20,11 @@
  * tokens above the bucket where the mass reaches p, and falls back to a
  * full heapsort (O(n log n)) only if rounding made that cut fall short.
  *
+ * Before the chain, the logit bias is added (OpenAI's logit_bias) and an
+ * optional allow-mask (constrained decoding, min_tokens) sets every token
+ * it excludes to -inf, so penalties, truncation and temperature see only
+ * allowed tokens and greedy stays greedy among them.
+ *
  * Logits: -inf masks a token out; NaN counts as -inf; +inf counts as the
  * largest finite float (several +inf share the mass equally).  If every
  * token is masked, sample returns KVLLM_EINVAL. */
@@ -48,6 +53,8 @@ struct kvllm_sampler {
     struct cand *c;  /* (n_vocab) candidates, compacted as filters drop them */
     float *prob;     /* (n_vocab) unnormalized weights of c[i] for the draw */
     int32_t *count;  /* (n_vocab) occurrences in the penalty window while penalizing; else 0 */
+    struct kvllm_logit_bias *bias;  /* (n_bias) own copy; NULL when none */
+    int n_bias;
 };
 
 struct kvllm_sampling_params kvllm_sampling_default_params(void) {
@@ -126,11 +133,44 @@ int kvllm_sampler_new(const struct kvllm_sampling_params *p, int n_vocab, struct
     s->prob = (float *)(slab + off_prob);
     s->count = (int32_t *)(slab + off_count);
     memset(s->count, 0, n * sizeof(int32_t));
+    s->bias = NULL;
+    s->n_bias = 0;
     *out = s;
     return 0;
 }
 
-void kvllm_sampler_free(struct kvllm_sampler *s) { free(s); }
+void kvllm_sampler_free(struct kvllm_sampler *s) {
+    if (!s) return;
+    free(s->bias);
+    free(s);
+}
+
+int kvllm_sampler_set_logit_bias(struct kvllm_sampler *s, const struct kvllm_logit_bias *bias, int n) {
+    if (!s || n < 0 || (n > 0 && !bias)) {
+        LOG_ERR("%s: %s", __func__, !s ? "sampler is NULL" : "n < 0 or bias is NULL");
+        return KVLLM_EINVAL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (bias[i].token < 0 || bias[i].token >= s->n_vocab) {
+            LOG_ERR("%s: logit_bias[%d]: token %d is out of range (vocabulary of %d)", __func__, i,
+                    (int)bias[i].token, s->n_vocab);
+            return KVLLM_EINVAL;
+        }
+        if (!isfinite(bias[i].bias)) {
+            LOG_ERR("%s: logit_bias[%d]: the bias of token %d is not finite", __func__, i, (int)bias[i].token);
+            return KVLLM_EINVAL;
+        }
+    }
+    struct kvllm_logit_bias *copy = NULL;
+    if (n > 0) {
+        if (!(copy = xmalloc((size_t)n * sizeof *copy))) return KVLLM_ENOMEM;
+        memcpy(copy, bias, (size_t)n * sizeof *copy);
+    }
+    free(s->bias);
+    s->bias = copy;
+    s->n_bias = n;
+    return 0;
+}
 
 /* ---- ordering and heaps ---- */
 
@@ -217,12 +257,21 @@ static void apply_penalties(struct kvllm_sampler *s, const int32_t *history, int
 
 int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
                              const int32_t *history, int n_history) {
+    return kvllm_sampler_sample_masked(s, logits, history, n_history, NULL);
+}
+
+int32_t kvllm_sampler_sample_masked(struct kvllm_sampler *s, const float *logits, const int32_t *history,
+                                    int n_history, const uint32_t *allow) {
     if (!s || !logits) {
         LOG_ERR("%s: %s is NULL", __func__, !s ? "sampler" : "logits");
         return KVLLM_EINVAL;
     }
     const int n_vocab = s->n_vocab;
     memcpy(s->logits, logits, (size_t)n_vocab * sizeof(float));
+    for (int i = 0; i < s->n_bias; i++) s->logits[s->bias[i].token] += s->bias[i].bias;
+    if (allow)
+        for (int i = 0; i < n_vocab; i++)
+            if (!(allow[i >> 5] >> (i & 31) & 1u)) s->logits[i] = -INFINITY;
     apply_penalties(s, history, n_history);
 
     /* Candidates: drop -inf and NaN, clamp +inf. */
@@ -237,7 +286,8 @@ int32_t kvllm_sampler_sample(struct kvllm_sampler *s, const float *logits,
         n++;
     }
     if (n == 0) {
-        LOG_ERR("%s: every one of %d logits is -inf or NaN", __func__, n_vocab);
+        LOG_ERR("%s: every one of %d logits is -inf or NaN%s", __func__, n_vocab,
+                allow ? " or masked out" : "");
         return KVLLM_EINVAL;
     }
 

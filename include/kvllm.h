@@ -142,8 +142,31 @@ const char *kvllm_detok_flush(struct kvllm_detok *d);
 /* ---- chat templates ------------------------------------------------ */
 
 struct kvllm_chat_message {
-    const char *role;       /* "system", "user", "assistant", ... */
-    const char *content;    /* UTF-8 */
+    const char *role;       /* "system", "user", "assistant", "tool", ... */
+    const char *content;    /* UTF-8; NULL: None */
+    /* Tool calling (each NULL: the key is absent from the message the
+     * template sees, as templates test `'tool_calls' in message`): */
+    const char *tool_calls;     /* assistant: OpenAI's tool_calls, JSON array text
+                                 * [{"id", "type", "function": {"name", "arguments"}}]; an
+                                 * "arguments" string that parses as JSON reaches the
+                                 * template as that value (templates write it `| tojson`) */
+    const char *tool_call_id;   /* tool: the id of the call this answers */
+    const char *name;           /* tool: the function's name */
+};
+
+/* How a conversation is rendered (kvllm_chat_render_ex / _tokenize_ex);
+ * zero-initialised fields are the plain functions' behaviour. */
+struct kvllm_chat_opts {
+    bool add_generation_prompt;
+    bool special_in_content;    /* kvllm_chat_tokenize's flag */
+    /* The tool definitions, JSON array text ([{"type": "function",
+     * "function": {"name", "description", "parameters"}}]), given to the
+     * template as `tools`; NULL: `tools` is undefined. */
+    const char *tools;
+    /* Text appended after the rendering as the template's own text (control
+     * tokens read as such): the start of the assistant's answer, e.g.
+     * "<tool_call>\n" to make the model write a call.  NULL: none. */
+    const char *prefill;
 };
 
 /* Render a conversation with a chat template, as Hugging Face Transformers
@@ -174,6 +197,16 @@ int kvllm_chat_render(const struct kvllm_model *model, const char *template_text
 int kvllm_chat_tokenize(const struct kvllm_model *model, const char *template_text,
                         const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
                         bool special_in_content, int32_t **ids_out, int *n_out);
+
+/* kvllm_chat_render / kvllm_chat_tokenize with tools and a prefill (opts
+ * NULL: all zero).  Errors as theirs; a tools or tool_calls text that is not
+ * JSON, or not an array, is KVLLM_EINVAL (logged with the byte offset). */
+int kvllm_chat_render_ex(const struct kvllm_model *model, const char *template_text,
+                         const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                         char **out);
+int kvllm_chat_tokenize_ex(const struct kvllm_model *model, const char *template_text,
+                           const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                           int32_t **ids_out, int *n_out);
 
 /* ---- sampling ------------------------------------------------------ */
 

@@ -62,6 +62,26 @@ static struct jv message_text(struct jctx *c, const char *s) {
     return v;
 }
 
+/* An assistant message's tool_calls (OpenAI's JSON array text) as the list
+ * templates iterate.  OpenAI sends function.arguments as a JSON string;
+ * templates write `tool_call.arguments | tojson` expecting the mapping, so a
+ * string that parses as JSON is replaced by its value (as vLLM does), and
+ * one that does not is left a string. */
+static struct jv tool_calls_value(struct jctx *c, int i, const char *text) {
+    char what[64];
+    snprintf(what, sizeof what, "messages[%d].tool_calls", i);
+    struct jv calls = jjson_parse(c, what, text, strlen(text), true);
+    if (calls.kind != JK_LIST) jfail(c, NO_POS, KVLLM_EINVAL, "%s must be a JSON array, not %s", what, jv_type_name(calls));
+    for (size_t k = 0; k < calls.u.l->n; k++) {
+        struct jv call = calls.u.l->v[k], fn, args, parsed;
+        if (call.kind != JK_DICT || !jdict_get_str(call.u.d, jstr_c("function"), &fn) || fn.kind != JK_DICT) continue;
+        if (!jdict_get_str(fn.u.d, jstr_c("arguments"), &args) || args.kind != JK_STR) continue;
+        if (jjson_try_parse(c, what, args.u.s.p, args.u.s.n, true, &parsed))
+            jdict_set(c, fn.u.d, jv_cstr(c, "arguments"), parsed);
+    }
+    return calls;
+}
+
 static void set_variables(struct jctx *c, const struct chat_template_params *p) {
     struct jscope *g = jscope_new(c, NULL);
     jglobals_add(c, g);
@@ -71,9 +91,19 @@ static void set_variables(struct jctx *c, const struct chat_template_params *p) 
         const struct kvllm_chat_message *src = &p->msgs[i];
         jdict_set(c, m.u.d, jv_cstr(c, "role"), message_text(c, src->role));
         jdict_set(c, m.u.d, jv_cstr(c, "content"), message_text(c, src->content));
+        /* the tool fields exist only when given: templates test
+         * `'tool_calls' in message` and `message.tool_calls is defined` */
+        if (src->name) jdict_set(c, m.u.d, jv_cstr(c, "name"), message_text(c, src->name));
+        if (src->tool_calls) jdict_set(c, m.u.d, jv_cstr(c, "tool_calls"), tool_calls_value(c, i, src->tool_calls));
+        if (src->tool_call_id) jdict_set(c, m.u.d, jv_cstr(c, "tool_call_id"), message_text(c, src->tool_call_id));
         jlist_push(c, msgs.u.l, m);
     }
     jscope_set(c, g, jstr_c("messages"), msgs);
+    if (p->tools) {
+        struct jv tools = jjson_parse(c, "tools", p->tools, strlen(p->tools), true);
+        if (tools.kind != JK_LIST) jfail(c, NO_POS, KVLLM_EINVAL, "tools must be a JSON array, not %s", jv_type_name(tools));
+        jscope_set(c, g, jstr_c("tools"), tools);
+    }
     jscope_set(c, g, jstr_c("add_generation_prompt"), jv_bool(p->add_generation_prompt));
     set_str(c, g, "bos_token", p->bos_token);
     set_str(c, g, "eos_token", p->eos_token);

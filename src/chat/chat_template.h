@@ -16,6 +16,10 @@ struct chat_template_params {
     int n_msgs;
     bool add_generation_prompt;
     const char *bos_token, *eos_token;      /* NULL: "" */
+    /* The tool definitions, a JSON array text (OpenAI's request `tools`:
+     * [{"type": "function", "function": {...}}]), as the variable `tools`;
+     * NULL: `tools` is undefined. */
+    const char *tools;
     /* The date strftime_now() sees, "YYYY-MM-DD" (midnight).  NULL: the
      * KVLLM_TEMPLATE_NOW environment variable if set, else the local time. */
     const char *now;
@@ -28,8 +32,10 @@ struct chat_template_params {
 };
 
 /* Render tmpl (len bytes, UTF-8) with the variables messages (a list of
- * {"role", "content"} dicts), add_generation_prompt, bos_token and
- * eos_token; tools, documents and everything else are undefined.
+ * {"role", "content"} dicts, plus "name", "tool_calls" and "tool_call_id"
+ * where a message has them), add_generation_prompt, bos_token, eos_token
+ * and tools (when given); documents and everything else are undefined.
+ * Strings that came as JSON (tools, tool_calls) count as message text.
  * On success *out is a malloc'd NUL-terminated string (free()) and
  * *out_len (may be NULL) its length.  On error *out is NULL and one line
  * is logged, "chat template LINE:COL: message", with the position in the

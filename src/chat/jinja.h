@@ -401,6 +401,18 @@ struct jstr pystr_replace(struct jctx *c, struct jstr s, struct jstr old, struct
 int64_t pystr_find(struct jstr s, struct jstr sub, bool last);     /* in characters; -1: absent */
 int64_t pystr_count(struct jstr s, struct jstr sub);
 
+/* ---- jinja_json.c: JSON text as values (tools, tool_calls) ------------ */
+
+/* JSON text as Python's json.loads reads it (dicts in document order,
+ * integers int, other numbers float), every string (keys too) marked as
+ * message text when taint.  Malformed JSON fails the render (KVLLM_EINVAL,
+ * "WHAT: invalid JSON at byte N: why"); an integer past 64 bits or a lone
+ * surrogate escape, which a template value cannot hold, fails it too. */
+struct jv jjson_parse(struct jctx *c, const char *what, const char *s, size_t n, bool taint);
+/* The same, but malformed JSON returns false (*out untouched) instead of
+ * failing the render; the step and memory budgets still fail it. */
+bool jjson_try_parse(struct jctx *c, const char *what, const char *s, size_t n, bool taint, struct jv *out);
+
 /* ---- jinja_filters.c / jinja_methods.c --------------------------------- */
 
 /* Bind a builtin's arguments to its parameter names (NULL-terminated):

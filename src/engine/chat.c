@@ -52,7 +52,7 @@ static int encode(const struct tokenizer *tok, const char *text, size_t len, boo
 /* Check a conversation and resolve its template (template_text, or the
  * model's own) into *tmpl and the renderer's parameters. */
 static int chat_setup(const struct kvllm_model *km, const char *template_text, const struct kvllm_chat_message *msgs,
-                      int n_msgs, bool add_generation_prompt, struct gguf_str *tmpl, struct chat_template_params *p) {
+                      int n_msgs, const struct kvllm_chat_opts *o, struct gguf_str *tmpl, struct chat_template_params *p) {
     const char *name = km ? km->path : "chat template";
     if (n_msgs < 0 || (n_msgs > 0 && !msgs)) {
         LOG_ERR("%s: %d messages at %p", name, n_msgs, (const void *)msgs);
@@ -71,27 +71,67 @@ static int chat_setup(const struct kvllm_model *km, const char *template_text, c
     }
     const struct tokenizer *tok = km ? km->tok : NULL;
     *p = (struct chat_template_params){
-        .msgs = msgs, .n_msgs = n_msgs, .add_generation_prompt = add_generation_prompt,
+        .msgs = msgs, .n_msgs = n_msgs, .add_generation_prompt = o->add_generation_prompt, .tools = o->tools,
         .bos_token = special_piece(tok, tok ? tokenizer_bos(tok) : -1),
         .eos_token = special_piece(tok, tok ? tokenizer_eos(tok) : -1),
     };
     return 0;
 }
 
-int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
-                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
+/* The rendering with opts->prefill appended (template text: it sits after
+ * every span, so it is read for control tokens).  Returns 0 or < 0. */
+static int render(const struct gguf_str *tmpl, const struct chat_template_params *p, const char *prefill, char **text,
+                  size_t *len, struct chat_span **spans, size_t *n_spans) {
+    int rc = chat_template_render_spans(tmpl->ptr, (size_t)tmpl->len, p, text, len, spans, n_spans);
+    if (rc || !prefill || !*prefill) return rc;
+    size_t np = strlen(prefill);
+    char *t = realloc(*text, *len + np + 1);
+    if (!t) {
+        LOG_ERR("chat: out of memory for the prefill");
+        free(*text);
+        *text = NULL;
+        if (spans) { free(*spans); *spans = NULL; *n_spans = 0; }
+        return KVLLM_ENOMEM;
+    }
+    memcpy(t + *len, prefill, np + 1);
+    *text = t;
+    *len += np;
+    return 0;
+}
+
+int kvllm_chat_render_ex(const struct kvllm_model *km, const char *template_text,
+                         const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                         char **out) {
     *out = NULL;
+    const struct kvllm_chat_opts none = { 0 }, *o = opts ? opts : &none;
     struct gguf_str tmpl;
     struct chat_template_params p;
-    int rc = chat_setup(km, template_text, msgs, n_msgs, add_generation_prompt, &tmpl, &p);
-    return rc ? rc : chat_template_render(tmpl.ptr, (size_t)tmpl.len, &p, out, NULL);
+    int rc = chat_setup(km, template_text, msgs, n_msgs, o, &tmpl, &p);
+    size_t len = 0;
+    return rc ? rc : render(&tmpl, &p, o->prefill, out, &len, NULL, NULL);
+}
+
+int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
+                      const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
+    struct kvllm_chat_opts o = { .add_generation_prompt = add_generation_prompt };
+    return kvllm_chat_render_ex(km, template_text, msgs, n_msgs, &o, out);
 }
 
 int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
                         const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt,
                         bool special_in_content, int32_t **ids_out, int *n_out) {
+    struct kvllm_chat_opts o = { .add_generation_prompt = add_generation_prompt,
+                                 .special_in_content = special_in_content };
+    return kvllm_chat_tokenize_ex(km, template_text, msgs, n_msgs, &o, ids_out, n_out);
+}
+
+int kvllm_chat_tokenize_ex(const struct kvllm_model *km, const char *template_text,
+                           const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                           int32_t **ids_out, int *n_out) {
     *ids_out = NULL;
     *n_out = 0;
+    const struct kvllm_chat_opts none = { 0 }, *o = opts ? opts : &none;
+    const bool special_in_content = o->special_in_content;
     if (!km || !km->tok) {
         LOG_ERR("%s: the model carries no vocabulary; pass a tokenizer (--tokenizer PATH)",
                 km ? km->path : "chat template");
@@ -99,13 +139,13 @@ int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
     }
     struct gguf_str tmpl;
     struct chat_template_params p;
-    int rc = chat_setup(km, template_text, msgs, n_msgs, add_generation_prompt, &tmpl, &p);
+    int rc = chat_setup(km, template_text, msgs, n_msgs, o, &tmpl, &p);
     if (rc) return rc;
     const struct tokenizer *tok = km->tok;
     char *text = NULL;
     size_t len = 0, n_spans = 0;
     struct chat_span *spans = NULL;
-    rc = chat_template_render_spans(tmpl.ptr, (size_t)tmpl.len, &p, &text, &len, &spans, &n_spans);
+    rc = render(&tmpl, &p, o->prefill, &text, &len, &spans, &n_spans);
     if (rc) return rc;
     /* chat_span and tok_span are both (off, len) */
     struct tok_span *plain = n_spans ? xmalloc(n_spans * sizeof *plain) : NULL;

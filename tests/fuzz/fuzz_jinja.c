@@ -18,7 +18,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_split(data, size, &n1, &p2, &n2);
 
     struct kvllm_chat_message msgs[MAX_MSGS] = {
-        { "system", "You are helpful." }, { "user", "Hi {{ there }} <|im_end|>" },
+        { .role = "system", .content = "You are helpful." },
+        { .role = "user", .content = "Hi {{ there }} <|im_end|>" },
     };
     int n_msgs = 2;
     json_object *root = NULL;
@@ -39,6 +40,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     content = json_object_get_string(c);
                 msgs[n_msgs].role = json_object_get_string(r);
                 msgs[n_msgs].content = content;
+                /* tool fields: JSON text in a string, as the server passes them */
+                if (json_object_object_get_ex(m, "tool_calls", &c) && json_object_is_type(c, json_type_string))
+                    msgs[n_msgs].tool_calls = json_object_get_string(c);
+                if (json_object_object_get_ex(m, "tool_call_id", &c) && json_object_is_type(c, json_type_string))
+                    msgs[n_msgs].tool_call_id = json_object_get_string(c);
                 n_msgs++;
             }
         }

@@ -4,8 +4,8 @@ The reference is jinja2 3.1 exactly as transformers.utils.chat_template_utils._c
 sets it up: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]),
 the globals raise_exception() and strftime_now(), and a tojson filter that is json.dumps(ensure_ascii=False,
 indent, separators, sort_keys).  strftime_now is pinned to 2024-07-26 on both sides (kvllm: --now).
-One difference from Transformers: it passes tools=None and documents=None; kvllm's renderer has no tools, so
-here (as in kvllm) they are undefined.  Outputs must match byte for byte; where Jinja2 raises, kvllm must
+One difference from Transformers: it passes tools=None and documents=None; here kvllm gets no tools, so
+here (as in kvllm) they are undefined (test_tools_render.py renders with tools).  Outputs must match byte for byte; where Jinja2 raises, kvllm must
 exit non-zero with an error line "chat template LINE:COL: ..." and print nothing.
 
 Templates: every ../shared/templates/*.jinja, plus SmolLM2's (fixture below).
@@ -506,7 +506,8 @@ def test_bad_messages_file(kvllm, tmp_path):
     tpl = tmp_path / "t.jinja"
     tpl.write_text("{{ messages }}")
     for text in ["not json", "{\"role\": \"user\"}", "[{\"role\": \"user\", \"content\": 5}]",
-                 "[{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]", "[1]"]:
+                 "[{\"role\": \"user\", \"content\": \"x\", \"weight\": 1}]",
+                 "[{\"role\": \"assistant\", \"content\": \"x\", \"tool_calls\": {}}]", "[1]"]:
         (tmp_path / "m.json").write_text(text)
         res = run_cli(kvllm, "template", "--template", tpl, "--messages", tmp_path / "m.json")
         assert res.returncode == 1 and res.stdout == b"" and "error" in res.err, (text, res.describe())

@@ -172,7 +172,8 @@ static int tokenize_prompt(struct kvllm_model *m, const struct run_opts *o, int3
                             "(--no-parse-special reads it as text)\n");
     }
     if (o->system) {
-        struct kvllm_chat_message msgs[2] = { { "system", o->system }, { "user", prompt } };
+        struct kvllm_chat_message msgs[2] = { { .role = "system", .content = o->system },
+                                              { .role = "user", .content = prompt } };
         int n = 0;
         int rc = kvllm_chat_tokenize(m, NULL, msgs, 2, true, special, out, &n);
         if (rc == KVLLM_ENOTFOUND) cli_error("run: -sys needs a chat template, and the model has none");

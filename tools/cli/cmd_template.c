@@ -19,17 +19,19 @@
 
 static const char *k_usage =
     "usage: kvllm template (-m MODEL | --template FILE) --messages JSON_FILE [--add-generation-prompt]\n"
-    "                      [--bos TEXT] [--eos TEXT] [--now YYYY-MM-DD]\n"
+    "                      [--tools JSON_FILE] [--bos TEXT] [--eos TEXT] [--now YYYY-MM-DD]\n"
     "  -m, --model MODEL        use the model's chat template (GGUF tokenizer.chat_template) and BOS/EOS\n"
     "  --template FILE          a Jinja chat template file (with -m: instead of the model's)\n"
-    "  --messages FILE          the conversation: a JSON array of {\"role\": ..., \"content\": ...} ('-': stdin)\n"
+    "  --messages FILE          the conversation: a JSON array of {\"role\": ..., \"content\": ...} ('-': stdin);\n"
+    "                           also \"tool_calls\" (OpenAI's array), \"tool_call_id\" and \"name\"\n"
+    "  --tools FILE             tool definitions (OpenAI's request \"tools\" array), the template's `tools`\n"
     "  --add-generation-prompt  end with the assistant's turn header\n"
     "  --bos TEXT, --eos TEXT   bos_token / eos_token for --template without -m (default empty)\n"
     "  --now YYYY-MM-DD         the date strftime_now() sees (default: today; env KVLLM_TEMPLATE_NOW)\n"
     "  output: the rendered prompt on stdout, byte for byte\n";
 
 struct opts {
-    const char *model, *template_path, *messages, *bos, *eos, *now;
+    const char *model, *template_path, *messages, *bos, *eos, *now, *tools;
     bool add_gen;
 };
 
@@ -45,6 +47,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "--bos")) dst = &o->bos;
         else if (!strcmp(a, "--eos")) dst = &o->eos;
         else if (!strcmp(a, "--now")) dst = &o->now;
+        else if (!strcmp(a, "--tools")) dst = &o->tools;
         else if (!strcmp(a, "--add-generation-prompt")) { o->add_gen = true; continue; }
         else { cli_error("template: unknown argument '%s' (see kvllm template --help)", a); return 2; }
         if (!(*dst = cli_arg(argc, argv, &i))) return 2;
@@ -117,8 +120,10 @@ static int read_messages(const char *path, struct json_object **root, struct kvl
         }
         json_object_object_foreach(m, key, val) {
             (void)val;
-            if (strcmp(key, "role") && strcmp(key, "content")) {
-                cli_error("%s: message %d: only \"role\" and \"content\" are supported, not \"%s\"", path, i, key);
+            if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "tool_calls") &&
+                strcmp(key, "tool_call_id") && strcmp(key, "name")) {
+                cli_error("%s: message %d: only \"role\", \"content\", \"tool_calls\", \"tool_call_id\" and "
+                          "\"name\" are supported, not \"%s\"", path, i, key);
                 ok = false;
             }
         }
@@ -126,6 +131,18 @@ static int read_messages(const char *path, struct json_object **root, struct kvl
         (*msgs)[i].role = string_field(m, "role", i, &ok);
         if (ok && !(*msgs)[i].role) { cli_error("%s: message %d: \"role\" is null", path, i); ok = false; }
         if (ok) (*msgs)[i].content = string_field(m, "content", i, &ok);
+        struct json_object *v;
+        if (ok && json_object_object_get_ex(m, "tool_calls", &v)) {
+            if (!json_object_is_type(v, json_type_array)) {
+                cli_error("%s: message %d: \"tool_calls\" must be an array", path, i);
+                ok = false;
+            } else {   /* the library takes it as JSON text; the string lives in v */
+                (*msgs)[i].tool_calls = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+            }
+        }
+        if (ok && json_object_object_get_ex(m, "tool_call_id", &v))
+            (*msgs)[i].tool_call_id = string_field(m, "tool_call_id", i, &ok);
+        if (ok && json_object_object_get_ex(m, "name", &v)) (*msgs)[i].name = string_field(m, "name", i, &ok);
     }
     return ok ? n : -1;
 }
@@ -136,12 +153,15 @@ int cmd_template(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
     struct json_object *root = NULL;
     struct kvllm_chat_message *msgs = NULL;
-    char *tmpl = NULL, *out = NULL;
+    char *tmpl = NULL, *out = NULL, *tools = NULL;
     size_t tmpl_len = 0, out_len = 0;
     int status = 1, rc = 0;
     int n = read_messages(o.messages, &root, &msgs);
     if (n < 0) goto done;
     if (o.template_path && !(tmpl = cli_read_file(o.template_path, &tmpl_len))) goto done;
+    size_t tools_len = 0;
+    if (o.tools && !(tools = cli_read_file(o.tools, &tools_len))) goto done;
+    if (tools && strlen(tools) != tools_len) { cli_error("%s: the tools file contains a NUL byte", o.tools); goto done; }
     if (o.model) {
         /* the library reads the date from the environment */
         if (o.now && setenv("KVLLM_TEMPLATE_NOW", o.now, 1)) { cli_error("cannot set KVLLM_TEMPLATE_NOW"); goto done; }
@@ -153,13 +173,14 @@ int cmd_template(int argc, char **argv) {
         struct kvllm_model_params mp = kvllm_model_default_params();
         struct kvllm_model *m = NULL;
         rc = kvllm_model_load(o.model, &mp, &m);
-        if (!rc) rc = kvllm_chat_render(m, tmpl, msgs, n, o.add_gen, &out);
+        struct kvllm_chat_opts co = { .add_generation_prompt = o.add_gen, .tools = tools };
+        if (!rc) rc = kvllm_chat_render_ex(m, tmpl, msgs, n, &co, &out);
         if (!rc) out_len = strlen(out);
         kvllm_model_free(m);
     } else {
         struct chat_template_params p = {
             .msgs = msgs, .n_msgs = n, .add_generation_prompt = o.add_gen,
-            .bos_token = o.bos, .eos_token = o.eos, .now = o.now,
+            .bos_token = o.bos, .eos_token = o.eos, .now = o.now, .tools = tools,
         };
         rc = chat_template_render(tmpl, tmpl_len, &p, &out, &out_len);
     }
@@ -172,6 +193,7 @@ int cmd_template(int argc, char **argv) {
 done:
     free(out);
     free(tmpl);
+    free(tools);
     free(msgs);
     json_object_put(root);
     return status;

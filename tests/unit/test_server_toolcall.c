@@ -1,0 +1,199 @@
+/* test_server_toolcall.c — tool calls out of generated text: format
+ * detection on the shared templates, a table of outputs per format (one and
+ * several calls, text before and after, "parameters" or "arguments",
+ * arguments as a JSON string, malformed JSON returned as text, unicode, a
+ * missing closing tag), and the streaming parser fed every table entry in
+ * pieces of 1, 2, 3, 5 and 7 bytes: what it shows plus what it finishes
+ * with must equal the pure parse, and nothing that is part of a call is
+ * ever shown.  Call ids: shape and uniqueness. */
+#include "check.h"
+#include "server/toolcall.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct want_call { const char *name, *args; };
+
+struct row {
+    enum toolcall_format f;
+    const char *text;
+    const char *content;             /* NULL: none */
+    int n_calls;
+    struct want_call calls[3];
+};
+
+#define H TOOLCALL_HERMES
+#define L TOOLCALL_LLAMA3
+#define M TOOLCALL_MISTRAL
+
+static const struct row k_rows[] = {
+    /* Hermes / Qwen2.5 */
+    { H, "Hello there.", "Hello there.", 0, { { 0 } } },
+    { H, "Hello there.\n\n", "Hello there.\n\n", 0, { { 0 } } },
+    { H, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", NULL, 1,
+      { { "get_weather", "{\"city\":\"Paris\"}" } } },
+    { H, "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+         "{\"name\": \"b\", \"arguments\": {\"x\": [1, 2.5, true, null]}}\n</tool_call>", "Let me check.", 2,
+      { { "a", "{}" }, { "b", "{\"x\":[1,2.5,true,null]}" } } },
+    { H, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\"}}", NULL, 1,
+      { { "f", "{\"q\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}" } } },   /* no closing tag: EOS came first */
+    { H, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": 1}\n</tool_call>", 
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": 1}\n</tool_call>", 0, { { 0 } } },   /* malformed */
+    { H, "<tool_call>{\"name\": \"f\"}</tool_call> ok", "<tool_call>{\"name\": \"f\"}</tool_call> ok", 0, { { 0 } } },
+    { H, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>", NULL, 1,
+      { { "f", "{\"a\":1}" } } },
+    { H, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\nDone.", "Done.", 1, { { "f", "{}" } } },
+    { H, "I might use <tool_call> later.", "I might use <tool_call> later.", 0, { { 0 } } },
+    { H, "<tool_call>{\"name\": \"f\", \"parameters\": {\"k\": \"v\"}}</tool_call>", NULL, 1,
+      { { "f", "{\"k\":\"v\"}" } } },
+    { H, "<tool_call>[1, 2]</tool_call>", "<tool_call>[1, 2]</tool_call>", 0, { { 0 } } },
+    /* Llama 3.1 / 3.2 */
+    { L, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", NULL, 1,
+      { { "get_weather", "{\"city\":\"Paris\"}" } } },
+    { L, "  <|python_tag|>{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"arguments\": {\"n\": -1e3}}", NULL, 2,
+      { { "f", "{}" }, { "g", "{\"n\":-1e3}" } } },
+    { L, "The weather is nice.", "The weather is nice.", 0, { { 0 } } },
+    { L, "Sure: {\"name\": \"f\", \"parameters\": {}}", "Sure: {\"name\": \"f\", \"parameters\": {}}", 0, { { 0 } } },
+    { L, "{\"name\": \"f\", \"parameters\": {}} and more", "{\"name\": \"f\", \"parameters\": {}} and more", 0,
+      { { 0 } } },
+    { L, "{\"name\": \"f\", \"parameters\": {\"a\": 1}", "{\"name\": \"f\", \"parameters\": {\"a\": 1}", 0, { { 0 } } },
+    { L, "{\"answer\": 42}", "{\"answer\": 42}", 0, { { 0 } } },
+    { L, "<|python_ta", "<|python_ta", 0, { { 0 } } },
+    /* Mistral */
+    { M, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\xd0\x9c\xd0\xbe\xd1\x81\"}}]", NULL, 1,
+      { { "get_weather", "{\"city\":\"\xd0\x9c\xd0\xbe\xd1\x81\"}" } } },
+    { M, "Checking. [TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"z\": \"\"}}]",
+      "Checking.", 2, { { "a", "{}" }, { "b", "{\"z\":\"\"}" } } },
+    { M, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}]", "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}]", 0,
+      { { 0 } } },
+    { M, "No tools needed.", "No tools needed.", 0, { { 0 } } },
+    { M, "[TOOL_CALLS][]", "[TOOL_CALLS][]", 0, { { 0 } } },
+    /* no format: all text */
+    { TOOLCALL_NONE, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+      "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", 0, { { 0 } } },
+};
+
+static void check_result(int row, const char *how, const struct toolcall_result *r, const char *content) {
+    const struct row *w = &k_rows[row];
+    bool ok = (content == NULL) == (w->content == NULL) && (!content || !strcmp(content, w->content)) &&
+              r->n_calls == w->n_calls;
+    for (int i = 0; ok && i < w->n_calls; i++)
+        ok = !strcmp(r->calls[i].name, w->calls[i].name) && !strcmp(r->calls[i].arguments, w->calls[i].args);
+    CHECK_MSG(ok, "row %d (%s, %s): content '%s' (want '%s'), %d calls (want %d)%s%s%s%s", row,
+              toolcall_format_name(w->f), how, content ? content : "(null)", w->content ? w->content : "(null)",
+              r->n_calls, w->n_calls, r->n_calls ? ", first " : "", r->n_calls ? r->calls[0].name : "",
+              r->n_calls ? " " : "", r->n_calls ? r->calls[0].arguments : "");
+}
+
+static void test_table(void) {
+    for (int i = 0; i < (int)(sizeof k_rows / sizeof *k_rows); i++) {
+        struct toolcall_result r;
+        int rc = toolcall_parse(k_rows[i].f, k_rows[i].text, strlen(k_rows[i].text), &r);
+        CHECK(rc == 0);
+        check_result(i, "whole", &r, r.content);
+        toolcall_result_free(&r);
+    }
+}
+
+/* Every row in pieces: the content shown while streaming is never part of a
+ * call, and shown + finished equals the whole parse. */
+static void test_stream(void) {
+    static const size_t k_pieces[] = { 1, 2, 3, 5, 7, 1000 };
+    for (int i = 0; i < (int)(sizeof k_rows / sizeof *k_rows); i++) {
+        const char *t = k_rows[i].text;
+        size_t n = strlen(t);
+        for (size_t p = 0; p < sizeof k_pieces / sizeof *k_pieces; p++) {
+            struct toolcall_stream s;
+            toolcall_stream_init(&s, k_rows[i].f);
+            struct strbuf shown = { 0 };
+            for (size_t off = 0; off < n; off += k_pieces[p]) {
+                size_t k = n - off < k_pieces[p] ? n - off : k_pieces[p];
+                toolcall_stream_push(&s, t + off, k, &shown);
+                /* what is shown so far is a prefix of the final content */
+                const char *want = k_rows[i].content ? k_rows[i].content : "";
+                CHECK_MSG(shown.len <= strlen(want) && (!shown.len || !memcmp(shown.s, want, shown.len)),
+                          "row %d piece %zu: shown '%.*s' is not a prefix of '%s'", i, k_pieces[p], (int)shown.len,
+                          shown.s ? shown.s : "", want);
+            }
+            size_t before = shown.len;
+            struct toolcall_result r;
+            CHECK(toolcall_stream_finish(&s, &shown, &r) == 0);
+            char how[32];
+            snprintf(how, sizeof how, "stream by %zu (%zu shown early)", k_pieces[p], before);
+            check_result(i, how, &r, k_rows[i].content ? shown.s : (shown.len ? shown.s : NULL));
+            toolcall_result_free(&r);
+            sb_free(&shown);
+            toolcall_stream_deinit(&s);
+        }
+    }
+}
+
+/* Text streams early when it cannot be a call (not all held to the end). */
+static void test_stream_shows_text_early(void) {
+    struct toolcall_stream s;
+    struct strbuf shown = { 0 };
+    toolcall_stream_init(&s, TOOLCALL_HERMES);
+    toolcall_stream_push(&s, "Hello ", 6, &shown);
+    toolcall_stream_push(&s, "world <tool", 11, &shown);
+    CHECK_MSG(shown.len == 11 && !memcmp(shown.s, "Hello world", 11), "shown '%.*s'", (int)shown.len, shown.s);
+    sb_free(&shown);
+    toolcall_stream_deinit(&s);
+    toolcall_stream_init(&s, TOOLCALL_LLAMA3);
+    toolcall_stream_push(&s, " It is", 6, &shown);
+    CHECK_MSG(shown.len == 6, "llama3 text shown: '%.*s'", (int)shown.len, shown.s ? shown.s : "");
+    sb_free(&shown);
+    toolcall_stream_deinit(&s);
+}
+
+static void test_detect(void) {
+    static const struct { const char *file; enum toolcall_format f; } k[] = {
+        { "Qwen-Qwen2.5-7B-Instruct.jinja", TOOLCALL_HERMES },
+        { "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", TOOLCALL_HERMES },
+        { "Qwen-Qwen3-0.6B.jinja", TOOLCALL_HERMES },
+        { "meta-llama-Llama-3.1-8B-Instruct.jinja", TOOLCALL_LLAMA3 },
+        { "meta-llama-Llama-3.2-3B-Instruct.jinja", TOOLCALL_LLAMA3 },
+        { "mistralai-Mistral-Nemo-Instruct-2407.jinja", TOOLCALL_MISTRAL },
+        { "google-gemma-2-2b-it.jinja", TOOLCALL_NONE },
+        { "microsoft-Phi-3.5-mini-instruct.jinja", TOOLCALL_NONE },
+        { "ibm-granite-granite-3.3-2B-Instruct.jinja", TOOLCALL_NONE },
+    };
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/templates/%s", check_shared_dir(), k[i].file);
+        FILE *fp = fopen(path, "rb");
+        CHECK_MSG(fp != NULL, "cannot open %s", path);
+        if (!fp) continue;
+        static char buf[1 << 16];
+        size_t n = fread(buf, 1, sizeof buf - 1, fp);
+        fclose(fp);
+        buf[n] = 0;
+        enum toolcall_format f = toolcall_detect(buf);
+        CHECK_MSG(f == k[i].f, "%s: detected %s, want %s", k[i].file, toolcall_format_name(f),
+                  toolcall_format_name(k[i].f));
+    }
+    CHECK(toolcall_detect(NULL) == TOOLCALL_NONE);
+    for (int f = TOOLCALL_NONE; f <= TOOLCALL_MISTRAL; f++)
+        CHECK(toolcall_format_from_name(toolcall_format_name((enum toolcall_format)f)) == f);
+    CHECK(toolcall_format_from_name("granite") == -1);
+}
+
+static void test_ids(void) {
+    uint64_t st = 42;
+    char a[32], b[32];
+    toolcall_make_id(TOOLCALL_HERMES, &st, a);
+    toolcall_make_id(TOOLCALL_HERMES, &st, b);
+    CHECK_MSG(strlen(a) == 29 && !strncmp(a, "call_", 5) && strcmp(a, b), "ids %s %s", a, b);
+    toolcall_make_id(TOOLCALL_MISTRAL, &st, a);
+    CHECK_MSG(strlen(a) == 9 && strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9,
+              "mistral id %s", a);
+}
+
+int main(void) {
+    test_table();
+    test_stream();
+    test_stream_shows_text_early();
+    test_detect();
+    test_ids();
+    return check_report("test_server_toolcall");
+}

@@ -270,7 +270,10 @@ static int submit(struct server *s, struct job *j, const struct oai_request *rq,
         if (!rq->seed_set) sp.seed = splitmix64((uint64_t)(time_now() * 1e9) ^ atomic_fetch_add(&s->next_id, 1));
         struct kvllm_request q = { .prompt = ids[k], .n_prompt = n_ids[k], .max_tokens = max_tokens[k],
                                    .sampling = sp, .n = rq->n, .ignore_eos = rq->ignore_eos,
-                                   .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop };
+                                   .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop,
+                                   .grammar = rq->grammar, .min_tokens = rq->min_tokens,
+                                   .stop_token_ids = rq->stop_token_ids, .n_stop_token_ids = rq->n_stop_token_ids,
+                                   .logit_bias = rq->logit_bias, .n_logit_bias = rq->n_logit_bias };
         server_clear_error();
         int rc = job_submit(j, k, &q);
         if (rc == KVLLM_EBUSY)
@@ -280,6 +283,49 @@ static int submit(struct server *s, struct job *j, const struct oai_request *rq,
         if (rc) return oai_error_set(e, 500, NULL, NULL, "cannot queue the request: %s", kvllm_strerror(rc));
     }
     return 0;
+}
+
+/* The token ids of stop_token_ids and logit_bias against the vocabulary,
+ * min_tokens against max_tokens: 400s naming the field. */
+static int check_token_fields(struct server *s, const struct oai_request *rq, const int *max_tokens, int np,
+                              struct oai_error *e) {
+    for (int i = 0; i < rq->n_stop_token_ids; i++)
+        if (rq->stop_token_ids[i] >= s->n_vocab)
+            return oai_error_set(e, 400, NULL, "stop_token_ids", "stop_token_ids[%d] = %d is out of range "
+                                 "(vocabulary of %d)", i, rq->stop_token_ids[i], s->n_vocab);
+    for (int i = 0; i < rq->n_logit_bias; i++)
+        if (rq->logit_bias[i].token >= s->n_vocab)
+            return oai_error_set(e, 400, NULL, "logit_bias", "logit_bias: token %d is out of range (vocabulary of "
+                                 "%d)", rq->logit_bias[i].token, s->n_vocab);
+    for (int k = 0; k < np; k++)
+        if (rq->min_tokens > max_tokens[k])
+            return oai_error_set(e, 400, NULL, "min_tokens", "'min_tokens' (%d) exceeds the tokens this request may "
+                                 "generate (%d: max_tokens or what the context leaves)", rq->min_tokens,
+                                 max_tokens[k]);
+    return 0;
+}
+
+/* The text a completions prompt stands for (echo): its text, or its ids
+ * decoded.  malloc'd, *len bytes; NULL when out of memory. */
+static char *prompt_text(struct server *s, const struct oai_prompt *p, size_t *len) {
+    struct strbuf b = { 0 };
+    sb_put(&b, "", 0);
+    if (p->text) {
+        sb_put(&b, p->text, p->len);
+    } else {
+        struct kvllm_detok *d = NULL;
+        if (kvllm_detok_new(s->model, &d)) { sb_free(&b); return NULL; }
+        for (int i = 0; i < p->n_ids; i++) {
+            const char *piece = kvllm_detok_push(d, i ? p->ids[i - 1] : -1, p->ids[i]);
+            if (piece) sb_puts(&b, piece);
+        }
+        const char *rest = kvllm_detok_flush(d);
+        if (rest) sb_puts(&b, rest);
+        kvllm_detok_free(d);
+    }
+    if (b.oom) { sb_free(&b); return NULL; }
+    *len = b.len;
+    return sb_take(&b);
 }
 
 /* Everything before the engine: model name, chat rendering, tokenization,
@@ -307,7 +353,7 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
         if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], rq->llama, &ids[k], err)) < 0) return -1;
     for (int k = 0; k < np; k++)
         if (check_fit(s, rq, n_ids[k], &max_tokens[k], err)) return -1;
-    return 0;
+    return check_token_fields(s, rq, max_tokens, np, err);
 }
 
 int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind kind, const char *body, size_t len,
@@ -356,6 +402,12 @@ int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind 
                           rq.logprobs))
             rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
         resp.llama = rq.llama;
+    }
+    for (int k = 0; !rc && rq.echo && k < np; k++) {
+        size_t tl = 0;
+        char *t = prompt_text(s, &rq.prompts[k], &tl);
+        if (!t || oai_resp_set_echo(&resp, k, t, tl)) rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
+        free(t);
     }
     if (!rc) {
         uint64_t total = 0;

@@ -17,6 +17,8 @@
 #define OAI_MAX_PROMPTS 64      /* prompts in one completions request */
 #define OAI_MAX_N 128           /* samples per prompt */
 #define OAI_MAX_STOP 16         /* stop strings */
+#define OAI_MAX_STOP_IDS 64     /* stop_token_ids */
+#define OAI_MAX_BIAS 1024       /* logit_bias entries */
 
 struct oai_prompt {             /* a completions prompt: text or token ids */
     char *text;                 /* NULL when ids are given */
@@ -42,6 +44,16 @@ struct oai_request {
     bool stream, include_usage, ignore_eos;
     int logprobs;                        /* -1: none; else alternatives per position */
     double presence_penalty, frequency_penalty;   /* OpenAI penalties, passed to the sampler */
+    /* issue 16: constrained decoding and the fields once ignored */
+    struct kvllm_grammar *grammar;       /* own reference (NULL: none): response_format json_object /
+                                            json_schema, llama-server's grammar / json_schema, or a tool
+                                            choice; every sample's text is a string of it */
+    int min_tokens;                      /* vLLM: EOS and stop ids held back until this many tokens */
+    int32_t *stop_token_ids;             /* (n_stop_token_ids) vLLM: finish when sampled, not in the text */
+    int n_stop_token_ids;
+    struct kvllm_logit_bias *logit_bias; /* (n_logit_bias) OpenAI: {"token id": bias in [-100, 100]} */
+    int n_logit_bias;
+    bool echo;                           /* completions: the prompt's text goes before the completion */
 };
 
 struct oai_error {
@@ -77,7 +89,7 @@ struct oai_choice {
     size_t n_text;                       /* bytes of text produced so far (text_offset) */
     enum kvllm_finish finish;
     int n_generated;
-    bool started;                        /* streaming chat: the role delta was sent */
+    bool started;                        /* streaming: the role delta (chat) or the echo (completions) was sent */
     void *lp;                            /* json_object: log-probabilities so far (non-streaming) */
 };
 
@@ -92,12 +104,17 @@ struct oai_resp {
     int logprobs;                        /* -1: none */
     struct oai_choice *choices;          /* (n_choices) */
     int *n_prompt, *n_cached;            /* (n_prompts) usage */
+    char **echo;                         /* (n_prompts) completions' echo: the prompt's text; NULL: none */
+    size_t *n_echo;
 };
 
 /* Returns 0 or KVLLM_ENOMEM. */
 int oai_resp_init(struct oai_resp *r, bool chat, const char *id, long long created, const char *model_id,
                   const struct kvllm_model *model, const int *n_prompt, int n_prompts, int n, int logprobs);
 void oai_resp_deinit(struct oai_resp *r);
+/* Completions' echo: prompt k's text (copied) goes before each of its
+ * choices' text, and counts in text_offset.  0 or KVLLM_ENOMEM. */
+int oai_resp_set_echo(struct oai_resp *r, int k, const char *text, size_t len);
 /* Non-streaming: fold one event into the response. */
 void oai_resp_add(struct oai_resp *r, const struct job_event *e);
 /* The whole response body (malloc'd; NULL if out of memory). */

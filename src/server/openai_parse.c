@@ -3,10 +3,12 @@
  *
  * Parsing copies what it needs out of the JSON tree, so the tree is freed
  * before anything reaches the engine.  Every field is type- and range-checked
- * with a message naming it; unknown fields are ignored (as OpenAI-compatible
- * servers do); fields we cannot honour are refused rather than silently
- * dropped when ignoring them would change the output (echo, suffix,
- * logit_bias, tools). */
+ * with a message naming it.  No field is accepted and then ignored: the
+ * fields read here are honoured (docs/CLI.md lists them; `user` is metadata
+ * that cannot change the output), and fields of OpenAI, vLLM and
+ * llama-server that would change the output but are not implemented are
+ * refused with a 400 unless they hold their neutral value (k_refused).
+ * Other unknown fields are ignored, as OpenAI-compatible servers do. */
 #include "server/openai.h"
 
 #include <json-c/json.h>
@@ -121,6 +123,9 @@ static int copy_str(json_object *v, const char *what, char **out, size_t *len, s
     if (len) *len = n;
     return 1;
 }
+
+/* Until the grammar module is in the build nothing sets r->grammar. */
+static void oai_grammar_free(struct kvllm_grammar *g) { (void)g; }
 
 static int oom(struct oai_error *e) {
     e->status = 500;
@@ -269,28 +274,139 @@ static int parse_stop(json_object *root, struct oai_request *r, struct oai_error
     return 0;
 }
 
+/* Fields of OpenAI, vLLM and llama-server that would change the output if
+ * ignored, and their neutral values: refused unless absent, null or neutral
+ * (clients such as llama.cpp's web UI send the neutral values). */
+static const struct {
+    const char *key;
+    enum json_type type;   /* the type of the neutral value: boolean or double (numbers), else "empty" */
+    double neutral;
+    const char *instead;   /* what to use instead, or "" */
+} k_refused[] = {
+    { "typical_p", json_type_double, 1, "" },
+    { "tfs_z", json_type_double, 1, "" },
+    { "mirostat", json_type_double, 0, "" },
+    { "dynatemp_range", json_type_double, 0, "" },
+    { "dry_multiplier", json_type_double, 0, "" },
+    { "xtc_probability", json_type_double, 0, "" },
+    { "top_n_sigma", json_type_double, -1, "" },
+    { "n_probs", json_type_double, 0, "; use 'logprobs'" },
+    { "min_keep", json_type_double, 0, "" },
+    { "n_indent", json_type_double, 0, "" },
+    { "t_max_predict_ms", json_type_double, 0, "" },
+    { "length_penalty", json_type_double, 1, "" },
+    { "use_beam_search", json_type_boolean, 0, "" },
+    { "include_stop_str_in_output", json_type_boolean, 0, "" },
+    { "skip_special_tokens", json_type_boolean, 1, "" },
+    { "post_sampling_probs", json_type_boolean, 0, "" },
+    { "prompt_logprobs", json_type_null, 0, "" },
+    { "truncate_prompt_tokens", json_type_null, 0, "" },
+    { "bad_words", json_type_null, 0, "; use 'logit_bias' with -100" },
+    { "allowed_token_ids", json_type_null, 0, "; use 'logit_bias'" },
+    { "logits_processors", json_type_null, 0, "" },
+    { "samplers", json_type_null, 0, "" },
+    { "guided_json", json_type_null, 0, "; use response_format {\"type\": \"json_schema\"} or 'json_schema'" },
+    { "guided_grammar", json_type_null, 0, "; use 'grammar' (GBNF)" },
+    { "guided_regex", json_type_null, 0, "" },
+    { "guided_choice", json_type_null, 0, "" },
+    { "structured_outputs", json_type_null, 0, "; use response_format, 'grammar' or 'json_schema'" },
+};
+
+/* A refused field's value is neutral: a number or boolean equal to the
+ * neutral one, or an empty string, list or object. */
+static bool neutral(json_object *v, enum json_type want, double n) {
+    enum json_type t = json_object_get_type(v);
+    if (want == json_type_double && (t == json_type_int || t == json_type_double))
+        return json_object_get_double(v) == n;
+    if (want == json_type_boolean && t == json_type_boolean) return json_object_get_boolean(v) == (n != 0);
+    if (t == json_type_string) return json_object_get_string_len(v) == 0;
+    if (t == json_type_array) return json_object_array_length(v) == 0;
+    if (t == json_type_object) return json_object_object_length(v) == 0;
+    return false;
+}
+
 /* Fields that would change the output if ignored: refuse them. */
 static int refuse_unsupported(json_object *root, bool chat, struct oai_error *e) {
     json_object *v;
-    bool b = false;
     if (!chat) {
-        if (get_bool(root, "echo", &b, e) < 0) return -1;
-        if (b) return fail(e, "echo", "'echo' is not supported");
         if ((v = field(root, "suffix")) && !(json_object_get_type(v) == json_type_string && !json_object_get_string_len(v)))
             return fail(e, "suffix", "'suffix' is not supported");
-        int64_t best_of = 0;
-        if (get_int(root, "best_of", 1, OAI_MAX_N, &best_of, e) < 0) return -1;
     } else {
         if ((v = field(root, "tools")) && !(json_object_get_type(v) == json_type_array && !json_object_array_length(v)))
             return fail(e, "tools", "'tools' (function calling) is not supported");
-        if ((v = field(root, "response_format"))) {
-            json_object *t = json_object_get_type(v) == json_type_object ? field(v, "type") : NULL;
-            if (!t || json_object_get_type(t) != json_type_string || strcmp(json_object_get_string(t), "text"))
-                return fail(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
-        }
     }
-    if ((v = field(root, "logit_bias")) && !(json_object_get_type(v) == json_type_object && !json_object_object_length(v)))
-        return fail(e, "logit_bias", "'logit_bias' is not supported");
+    if ((v = field(root, "response_format"))) {
+        json_object *t = json_object_get_type(v) == json_type_object ? field(v, "type") : NULL;
+        if (!t || json_object_get_type(t) != json_type_string || strcmp(json_object_get_string(t), "text"))
+            return fail(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+    for (size_t i = 0; i < sizeof k_refused / sizeof *k_refused; i++)
+        if ((v = field(root, k_refused[i].key)) && !neutral(v, k_refused[i].type, k_refused[i].neutral))
+            return fail(e, k_refused[i].key, "'%s' is not supported%s", k_refused[i].key, k_refused[i].instead);
+    return 0;
+}
+
+/* vLLM's stop_token_ids: a list of token ids (the vocabulary range is the engine's check). */
+static int parse_stop_ids(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "stop_token_ids");
+    if (!v) return 0;
+    if (json_object_get_type(v) != json_type_array)
+        return fail(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids, not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (n > OAI_MAX_STOP_IDS)
+        return fail(e, "stop_token_ids", "at most %d stop_token_ids, got %zu", OAI_MAX_STOP_IDS, n);
+    if (!n) return 0;
+    if (!(r->stop_token_ids = malloc(n * sizeof *r->stop_token_ids))) return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_object *x = json_object_array_get_idx(v, i);
+        int64_t id = json_object_get_type(x) == json_type_int ? json_object_get_int64(x) : -1;
+        if (id < 0 || id > INT32_MAX)
+            return fail(e, "stop_token_ids", "stop_token_ids[%zu] must be a token id (an integer >= 0)", i);
+        r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
+    }
+    return 0;
+}
+
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100]}. */
+static int parse_logit_bias(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "logit_bias");
+    if (!v) return 0;
+    if (json_object_get_type(v) != json_type_object)
+        return fail(e, "logit_bias", "'logit_bias' must be an object of token ids to biases, not %s", type_name(v));
+    size_t n = (size_t)json_object_object_length(v);
+    if (n > OAI_MAX_BIAS) return fail(e, "logit_bias", "at most %d logit_bias entries, got %zu", OAI_MAX_BIAS, n);
+    if (!n) return 0;
+    if (!(r->logit_bias = malloc(n * sizeof *r->logit_bias))) return oom(e);
+    json_object_object_foreach(v, key, val) {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || id < 0 || id > INT32_MAX || (key[0] == '0' && key[1]))
+            return fail(e, "logit_bias", "logit_bias key '%.40s' must be a token id (a decimal integer >= 0)", key);
+        enum json_type t = json_object_get_type(val);
+        double b = t == json_type_int || t == json_type_double ? json_object_get_double(val) : NAN;
+        if (!(b >= -100 && b <= 100))
+            return fail(e, "logit_bias", "logit_bias['%s'] must be a number in [-100, 100]", key);
+        r->logit_bias[r->n_logit_bias++] = (struct kvllm_logit_bias){ (int32_t)id, (float)b };
+    }
+    return 0;
+}
+
+/* min_tokens, stop_token_ids, logit_bias, best_of and completions' echo. */
+static int parse_item5(json_object *root, struct oai_request *r, struct oai_error *e) {
+    int64_t i64;
+    int got;
+    if ((got = get_int(root, "min_tokens", 0, INT32_MAX, &i64, e)) < 0) return -1;
+    if (got) r->min_tokens = (int)i64;
+    if (parse_stop_ids(root, r, e) || parse_logit_bias(root, r, e)) return -1;
+    /* best_of: kvllm does not rank samples, so best_of may only equal n (then it changes nothing) */
+    if ((got = get_int(root, "best_of", 1, OAI_MAX_N, &i64, e)) < 0) return -1;
+    if (got && i64 != r->n)
+        return fail(e, "best_of", "'best_of' (%lld) must equal 'n' (%d): kvllm does not generate extra samples to "
+                    "return the best of them", (long long)i64, r->n);
+    if (!r->chat && get_bool(root, "echo", &r->echo, e) < 0) return -1;
+    if (r->echo && r->logprobs >= 0)
+        return fail(e, "echo", "'echo' with 'logprobs' is not supported (the prompt's log-probabilities are not "
+                    "computed)");
     return 0;
 }
 
@@ -308,8 +424,10 @@ static int parse_fields(json_object *root, struct oai_request *r, struct oai_err
     if (got) r->max_tokens = (int)i64;
     if ((got = get_num(root, "temperature", 0, 2, false, &d, e)) < 0) return -1;
     if (got) r->sp.temperature = (float)d;
-    if ((got = get_num(root, "top_p", 0, 1, true, &d, e)) < 0) return -1;
+    bool top_p_zero = false;
+    if ((got = get_num(root, "top_p", 0, 1, false, &d, e)) < 0) return -1;
     if (got) r->sp.top_p = (float)d;
+    if (got && d == 0) { top_p_zero = true; r->sp.top_p = 1.0f; }   /* OpenAI accepts 0: the top token, greedy */
     if ((got = get_int(root, "top_k", -1, INT32_MAX, &i64, e)) < 0) return -1;
     if (got) r->sp.top_k = i64 < 0 ? 0 : (int)i64;   /* -1 and 0: off (vLLM's convention) */
     if ((got = get_num(root, "min_p", 0, 1, false, &d, e)) < 0) return -1;
@@ -326,6 +444,8 @@ static int parse_fields(json_object *root, struct oai_request *r, struct oai_err
     r->sp.presence_penalty = (float)r->presence_penalty;
     r->sp.frequency_penalty = (float)r->frequency_penalty;
     if (r->presence_penalty != 0 || r->frequency_penalty != 0) r->sp.repeat_last_n = -1;
+    if ((got = get_int(root, "repeat_last_n", -1, INT32_MAX, &i64, e)) < 0) return -1;   /* llama-server's window */
+    if (got) r->sp.repeat_last_n = (int)i64;
     if (parse_stop(root, r, e)) return -1;
     if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
@@ -353,7 +473,8 @@ static int parse_fields(json_object *root, struct oai_request *r, struct oai_err
         if (got && !lp) return fail(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
         if (lp) r->logprobs = got ? (int)i64 : 0;
     }
-    return 0;
+    if (top_p_zero) r->sp.temperature = 0;
+    return parse_item5(root, r, e);
 }
 
 static int hex4(const char *s) {
@@ -437,6 +558,9 @@ void oai_request_free(struct oai_request *r) {
     free(r->msgs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->stop_token_ids);
+    free(r->logit_bias);
+    oai_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

@@ -73,7 +73,28 @@ void oai_resp_deinit(struct oai_resp *r) {
     free(r->choices);
     free(r->n_prompt);
     free(r->n_cached);
+    for (int k = 0; r->echo && k < r->n_prompts; k++) free(r->echo[k]);
+    free(r->echo);
+    free(r->n_echo);
     memset(r, 0, sizeof *r);
+}
+
+int oai_resp_set_echo(struct oai_resp *r, int k, const char *text, size_t len) {
+    if (!r->echo) {
+        r->echo = calloc((size_t)r->n_prompts, sizeof *r->echo);
+        r->n_echo = calloc((size_t)r->n_prompts, sizeof *r->n_echo);
+        if (!r->echo || !r->n_echo) return KVLLM_ENOMEM;
+    }
+    if (!(r->echo[k] = malloc(len + 1))) return KVLLM_ENOMEM;
+    memcpy(r->echo[k], text, len);
+    r->echo[k][len] = 0;
+    r->n_echo[k] = len;
+    for (int i = 0; i < r->n; i++) {   /* a whole response: the text starts with it */
+        struct oai_choice *ch = &r->choices[k * r->n + i];
+        sb_put(&ch->text, text, len);
+        ch->n_text = len;
+    }
+    return 0;
 }
 
 static const char *finish_name(enum kvllm_finish f) {
@@ -301,6 +322,13 @@ void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strb
         note_event(r, e);
         if (e->finish != KVLLM_FINISH_NONE) sse(out, llama_final(r, ch, "", 0));
         return;
+    }
+    if (!r->chat && !ch->started && r->echo && r->echo[e->choice / r->n]) {
+        /* completions' echo: the prompt's text comes first, in a chunk of its own */
+        const int k = e->choice / r->n;
+        sse(out, chunk(r, e->choice, json_object_new_string_len(r->echo[k], (int)r->n_echo[k]), NULL,
+                       KVLLM_FINISH_NONE));
+        ch->started = true;
     }
     if (r->chat && !ch->started) {
         /* OpenAI opens every chat choice with the role */

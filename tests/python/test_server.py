@@ -360,7 +360,7 @@ BAD = [
     ("prompt too long", "POST", "/v1/completions", json.dumps({"prompt": [5] * 600}).encode(), 400, "512"),
     ("temperature string", "POST", "/v1/completions", b'{"prompt": "a", "temperature": "hot"}', 400, "temperature"),
     ("temperature range", "POST", "/v1/completions", b'{"prompt": "a", "temperature": 5}', 400, "temperature"),
-    ("top_p zero", "POST", "/v1/completions", b'{"prompt": "a", "top_p": 0}', 400, "top_p"),
+    ("top_p negative", "POST", "/v1/completions", b'{"prompt": "a", "top_p": -0.5}', 400, "top_p"),
     ("n zero", "POST", "/v1/completions", b'{"prompt": "a", "n": 0}', 400, "'n'"),
     ("n absurd", "POST", "/v1/completions", b'{"prompt": "a", "n": 100000}', 400, "'n'"),
     ("n above max-seqs", "POST", "/v1/completions", b'{"prompt": "a", "n": 100}', 400, "max-seqs"),

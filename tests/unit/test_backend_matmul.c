@@ -54,21 +54,16 @@ static double rel_err(const float *out, const float *ref, size_t n) {
 
 struct backends { struct backend_ctx *scalar, *avx2[2]; /* a SIMD set with 1 and 2 threads */ };
 
-/* The 8-bit path's reference (qmm.h): rows quantized, then qmm_ref_dot. */
+/* The 8-bit path's reference (qmm.h, qmm_k.c): rows quantized, then the definition. */
 static void ref_q8(const struct tensor *w, const float *x, int n, float *y) {
     const int64_t K = w->ne0, M = w->ne1;
-    int8_t *q = malloc((size_t)K);
-    float *d = malloc((size_t)(K / 32) * sizeof *d);
-    int32_t *xs = malloc((size_t)(K / 32) * sizeof *xs);
-    KV_ASSERT(q && d && xs);
+    uint8_t *row = malloc(qmm_act_row_bytes(K));
+    KV_ASSERT(row);
     for (int t = 0; t < n; t++) {
-        qmm_quantize_row(x + (size_t)t * K, K, q, d, xs);
-        for (int64_t r = 0; r < M; r++)
-            y[(size_t)t * M + r] = qmm_ref_dot(w->type, tensor_row(w, r), q, d, xs, K);
+        qmm_quantize_act(w->type, x + (size_t)t * K, K, row);
+        for (int64_t r = 0; r < M; r++) y[(size_t)t * M + r] = qmm_ref_dot_act(w->type, tensor_row(w, r), row, K);
     }
-    free(q);
-    free(d);
-    free(xs);
+    free(row);
 }
 
 /* The integer path's arithmetic in double: activations quantized per block

@@ -61,6 +61,20 @@ ALWAYS_INLINE void store(float *y, vf a, int nr) {
     if (nr >= LANES) _mm512_storeu_ps(y, a);
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), a);
 }
+ALWAYS_INLINE vi or_(vi a, vi b) { return _mm512_or_si512(a, b); }
+ALWAYS_INLINE vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
+ALWAYS_INLINE vi mullo32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+ALWAYS_INLINE vi madd16(vi a, vi b) { return _mm512_madd_epi16(a, b); }
+ALWAYS_INLINE vi sll16_4(vi a) { return _mm512_slli_epi16(a, 4); }
+ALWAYS_INLINE vi sll16_3(vi a) { return _mm512_slli_epi16(a, 3); }
+ALWAYS_INLINE vi sll16_2(vi a) { return _mm512_slli_epi16(a, 2); }
+ALWAYS_INLINE vi srl16_2(vi a) { return _mm512_srli_epi16(a, 2); }
+ALWAYS_INLINE vi srl16(vi a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+ALWAYS_INLINE vi sll32_16(vi a) { return _mm512_slli_epi32(a, 16); }
+/* LANES bytes at p, zero- or sign-extended to the int32 lanes */
+ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+ALWAYS_INLINE vi ldi8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+ALWAYS_INLINE vf fnma_(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 #else
 ALWAYS_INLINE vi ldw(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 ALWAYS_INLINE vi bc32(int32_t v) { return _mm256_set1_epi32(v); }
@@ -84,6 +98,26 @@ ALWAYS_INLINE void store(float *y, vf a, int nr) {
     _mm256_storeu_ps(tmp, a);
     memcpy(y, tmp, (size_t)nr * sizeof *y);
 }
+#if QMM_ISA == 1
+/* vpdpbusd's sum, exact where no int16 pair saturates: the K-quants' codes
+ * are <= 63, so each pair is <= 2 * 63 * 127 */
+ALWAYS_INLINE vi dot(vi acc, vi u, vi s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#endif
+ALWAYS_INLINE vi or_(vi a, vi b) { return _mm256_or_si256(a, b); }
+ALWAYS_INLINE vi add32(vi a, vi b) { return _mm256_add_epi32(a, b); }
+ALWAYS_INLINE vi mullo32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+ALWAYS_INLINE vi madd16(vi a, vi b) { return _mm256_madd_epi16(a, b); }
+ALWAYS_INLINE vi sll16_4(vi a) { return _mm256_slli_epi16(a, 4); }
+ALWAYS_INLINE vi sll16_3(vi a) { return _mm256_slli_epi16(a, 3); }
+ALWAYS_INLINE vi sll16_2(vi a) { return _mm256_slli_epi16(a, 2); }
+ALWAYS_INLINE vi srl16_2(vi a) { return _mm256_srli_epi16(a, 2); }
+ALWAYS_INLINE vi srl16(vi a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+ALWAYS_INLINE vi sll32_16(vi a) { return _mm256_slli_epi32(a, 16); }
+ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
+ALWAYS_INLINE vi ldi8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
+ALWAYS_INLINE vf fnma_(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 #endif
 
 ALWAYS_INLINE size_t wblock(uint32_t type) {
@@ -165,6 +199,133 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
         store(j->y + (size_t)(t0 + t) * j->ys + (size_t)r0 + (size_t)(LANES * h), acc[t], n_here);
 }
 
+/* The K-quants (qmm_k.c): lanes [h * LANES, h * LANES + LANES) of group g,
+ * T tokens from t0.  Per super-block and token, the sub-blocks' integer dot
+ * products P (vpdpbusd, or its exact AVX2 equivalent) are scaled by the
+ * rows' sc in int32 (vpmulld) and summed into I; Q4_K / Q5_K's mins meet
+ * the token's 32-sums in vpmaddwd (pairs of int16: m[2k], m[2k+1] against
+ * xs32[2k], xs32[2k+1]).  All integer, all exact (bounds in qmm_k.c), so
+ * only the two float steps per super-block matter, done as qmm_k.c writes
+ * them.  The weights' codes are decoded once per 4 runs and used by every
+ * token of the tile. */
+ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, const uint8_t *g, int h, int64_t r0,
+                          int nr, int t0) {
+    const int64_t nb = j->K / QMM_QK;
+    const size_t gb = type == DTYPE_Q4_K ? 2368 : type == DTYPE_Q5_K ? 2880 : 3360;
+    const int8_t *xq[TT];
+    const float *xd[TT];
+    const int16_t *xs16[TT], *xs32[TT];
+    vf acc[TT];
+    for (int t = 0; t < T; t++) {
+        xq[t] = (const int8_t *)(const void *)(j->act + (size_t)(t0 + t) * j->astride);
+        xd[t] = (const float *)(const void *)(xq[t] + j->K);
+        xs16[t] = (const int16_t *)(const void *)(xd[t] + nb);
+        xs32[t] = xs16[t] + j->K / 16;
+        acc[t] = fzero();
+    }
+    const vi m0f = set1_i8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gp = g + (size_t)b * gb;
+        const vf dv = ldh(gp + 2 * LANES * h);
+        vi isum[TT];
+        for (int t = 0; t < T; t++) isum[t] = izero();
+        if (type == DTYPE_Q6_K) {
+            const uint8_t *scp = gp + 32 + LANES * h, *qhp = gp + 288 + 4 * LANES * h, *qlp = gp + 1312 + 4 * LANES * h;
+            const vi m30 = set1_i8(0x30);
+            for (int c = 0; c < 4; c++)
+                for (int q = 0; q < 2; q++) {     /* runs 4q .. 4q+3: sub-blocks 4c + q (low), 4c + 2 + q (high) */
+                    vi w[8];
+                    for (int k = 0; k < 4; k++) {
+                        const vi v = ldw(qlp + 64 * (8 * c + 4 * q + k)), hb = ldw(qhp + 64 * (4 * c + k));
+                        const vi lo = and_(v, m0f), hi = and_(srl4(v), m0f);
+                        if (q == 0) {
+                            w[k] = or_(lo, and_(sll16_4(hb), m30));
+                            w[4 + k] = or_(hi, and_(sll16_2(hb), m30));
+                        } else {
+                            w[k] = or_(lo, and_(hb, m30));
+                            w[4 + k] = or_(hi, and_(srl16_2(hb), m30));
+                        }
+                    }
+                    const vi slo = ldi8(scp + 16 * (4 * c + q)), shi = ldi8(scp + 16 * (4 * c + 2 + q));
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *x = xq[t] + QMM_QK * b + 64 * c + 16 * q;
+                        const int16_t *s16 = xs16[t] + 16 * b + 4 * c + q;
+                        vi plo = bc32(-32 * s16[0]), phi = bc32(-32 * s16[2]);
+                        for (int k = 0; k < 4; k++) {
+                            plo = dot(plo, w[k], bc32(ld32(x + 4 * k)));
+                            phi = dot(phi, w[4 + k], bc32(ld32(x + 32 + 4 * k)));
+                        }
+                        isum[t] = add32(isum[t], add32(mullo32(plo, slo), mullo32(phi, shi)));
+                    }
+                }
+            for (int t = 0; t < T; t++) acc[t] = fma_(cvt(isum[t]), mul(dv, set1f(xd[t][b])), acc[t]);
+            continue;
+        }
+        /* Q4_K, Q5_K */
+        const vf mv = ldh(gp + 32 + 2 * LANES * h);
+        const uint8_t *scp = gp + 64 + LANES * h, *mp = gp + 192 + LANES * h, *qhp = gp + 320 + 4 * LANES * h;
+        const uint8_t *qsp = gp + (type == DTYPE_Q4_K ? 320 : 832) + 4 * LANES * h;
+        const vi m10 = set1_i8(0x10);
+        for (int c = 0; c < 4; c++) {            /* sub-blocks 2c (low nibbles), 2c + 1 (high) */
+            vi plo[TT], phi[TT];
+            for (int t = 0; t < T; t++) plo[t] = phi[t] = izero();
+            for (int q = 0; q < 2; q++) {
+                vi w[8];
+                for (int k = 0; k < 4; k++) {
+                    const vi v = ldw(qsp + 64 * (8 * c + 4 * q + k));
+                    w[k] = and_(v, m0f);
+                    w[4 + k] = and_(srl4(v), m0f);
+                    if (type == DTYPE_Q5_K) {    /* bit 2c of the run's qh bytes for low, 2c + 1 for high */
+                        const vi hb = srl16(ldw(qhp + 64 * (4 * q + k)), 2 * c);
+                        w[k] = or_(w[k], and_(sll16_4(hb), m10));
+                        w[4 + k] = or_(w[4 + k], and_(sll16_3(hb), m10));
+                    }
+                }
+                for (int t = 0; t < T; t++) {
+                    const int8_t *x = xq[t] + QMM_QK * b + 64 * c + 16 * q;
+                    for (int k = 0; k < 4; k++) {
+                        plo[t] = dot(plo[t], w[k], bc32(ld32(x + 4 * k)));
+                        phi[t] = dot(phi[t], w[4 + k], bc32(ld32(x + 32 + 4 * k)));
+                    }
+                }
+            }
+            const vi slo = ldu8(scp + 16 * (2 * c)), shi = ldu8(scp + 16 * (2 * c + 1));
+            for (int t = 0; t < T; t++) isum[t] = add32(isum[t], add32(mullo32(plo[t], slo), mullo32(phi[t], shi)));
+        }
+        vi msum[TT];
+        for (int t = 0; t < T; t++) msum[t] = izero();
+        for (int k = 0; k < 4; k++) {            /* int16 pairs (m[2k], m[2k+1]) per lane */
+            const vi mm = or_(ldu8(mp + 16 * (2 * k)), sll32_16(ldu8(mp + 16 * (2 * k + 1))));
+            for (int t = 0; t < T; t++) {
+                int32_t pair;
+                memcpy(&pair, xs32[t] + 8 * b + 2 * k, 4);
+                msum[t] = add32(msum[t], madd16(mm, bc32(pair)));
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const vf dx = set1f(xd[t][b]);
+            acc[t] = fma_(cvt(isum[t]), mul(dv, dx), acc[t]);
+            acc[t] = fnma_(cvt(msum[t]), mul(mv, dx), acc[t]);
+        }
+    }
+    const int n_here = nr - LANES * h;
+    for (int t = 0; t < T; t++)
+        store(j->y + (size_t)(t0 + t) * j->ys + (size_t)r0 + (size_t)(LANES * h), acc[t], n_here);
+}
+
+ALWAYS_INLINE void group_k(uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
+    for (int h = 0; h * LANES < nr; h++) {
+        int t = 0;
+        for (; t + TT <= j->n; t += TT) tile_k(TT, type, j, g, h, r0, nr, t);
+        switch (j->n - t) {
+        case 3: tile_k(3, type, j, g, h, r0, nr, t); break;
+        case 2: tile_k(2, type, j, g, h, r0, nr, t); break;
+        case 1: tile_k(1, type, j, g, h, r0, nr, t); break;
+        default: break;
+        }
+    }
+}
+
 ALWAYS_INLINE void group(uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
     for (int h = 0; h * LANES < nr; h++) {
         int t = 0;
@@ -182,6 +343,17 @@ static void group_q8_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, in
 static void group_q4_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q4_0, j, g, r0, nr); }
 static void group_q4_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q4_1, j, g, r0, nr); }
 
+static void group_q4_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q4_K, j, g, r0, nr); }
+static void group_q5_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q5_K, j, g, r0, nr); }
+static void group_q6_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q6_K, j, g, r0, nr); }
+
 void QMM_GROUP_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
-    (j->type == DTYPE_Q8_0 ? group_q8_0 : j->type == DTYPE_Q4_0 ? group_q4_0 : group_q4_1)(j, g, r0, nr);
+    switch (j->type) {
+    case DTYPE_Q8_0: group_q8_0(j, g, r0, nr); break;
+    case DTYPE_Q4_0: group_q4_0(j, g, r0, nr); break;
+    case DTYPE_Q4_1: group_q4_1(j, g, r0, nr); break;
+    case DTYPE_Q4_K: group_q4_k(j, g, r0, nr); break;
+    case DTYPE_Q5_K: group_q5_k(j, g, r0, nr); break;
+    default: group_q6_k(j, g, r0, nr); break;
+    }
 }

@@ -13,9 +13,11 @@
 #include <string.h>
 
 bool qmm_supports(uint32_t type, int64_t K) {
+    if (qmm_is_k(type)) return K > 0 && K % QMM_QK == 0;
     return (type == DTYPE_Q8_0 || type == DTYPE_Q4_0 || type == DTYPE_Q4_1) && K > 0 && K % QMM_BLK == 0;
 }
 
+/* The K-quant row (K + K / 64 + K / 8 + K / 16 bytes) fits in this too. */
 size_t qmm_act_row_bytes(int64_t K) {
     return ((size_t)K + (size_t)(K / QMM_BLK) * 8 + 63) & ~(size_t)63;
 }
@@ -43,6 +45,32 @@ void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *x
         }
         xs[b] = s;
     }
+}
+
+/* The pointers into one activation row of K (qmm.h, qmm_k.c). */
+struct act_row { int8_t *q; float *d; int32_t *xs; int16_t *xs16, *xs32; };
+
+static struct act_row act_row_at(uint32_t type, uint8_t *row, int64_t K) {
+    struct act_row a = { .q = (int8_t *)row, .d = (float *)(void *)(row + K) };
+    if (qmm_is_k(type)) {
+        a.xs16 = (int16_t *)(void *)(a.d + K / QMM_QK);
+        a.xs32 = a.xs16 + K / 16;
+    } else {
+        a.xs = (int32_t *)(void *)(a.d + K / QMM_BLK);
+    }
+    return a;
+}
+
+void qmm_quantize_act(uint32_t type, const float *x, int64_t K, uint8_t *row) {
+    const struct act_row a = act_row_at(type, row, K);
+    if (qmm_is_k(type)) qmm_quantize_row_k(x, K, a.q, a.d, a.xs16, a.xs32);
+    else qmm_quantize_row(x, K, a.q, a.d, a.xs);
+}
+
+float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K) {
+    const struct act_row a = act_row_at(type, (uint8_t *)(uintptr_t)row, K);
+    if (qmm_is_k(type)) return qmm_ref_dot_k(type, w, a.q, a.d, a.xs16, a.xs32, K);
+    return qmm_ref_dot(type, w, a.q, a.d, a.xs, K);
 }
 
 /* ---- the reference ---- */
@@ -81,17 +109,34 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
 
 /* ---- the interleaved layout ---- */
 
-/* Bytes of one block of a 16-row group: the scales, then the codes. */
-static size_t gblock_bytes(uint32_t type) { return QMM_IL * wblock_bytes(type); }
+/* Bytes of one block of a 16-row group: the scales, then the codes (the
+ * K-quants' super-blocks: qmm_k.c). */
+size_t qmm_gblock_bytes(uint32_t type) {
+    switch (type) {
+    case DTYPE_Q4_K: return 2368;
+    case DTYPE_Q5_K: return 2880;
+    case DTYPE_Q6_K: return 3360;
+    default: return QMM_IL * wblock_bytes(type);
+    }
+}
+static size_t gblock_bytes(uint32_t type) { return qmm_gblock_bytes(type); }
 static size_t gscale_bytes(uint32_t type) { return type == DTYPE_Q4_1 ? 64 : 32; }
 
+size_t qmm_group_bytes(uint32_t type, int64_t K) {
+    return (size_t)(K / (qmm_is_k(type) ? QMM_QK : QMM_BLK)) * qmm_gblock_bytes(type);
+}
+
 size_t qmm_packed_bytes(const struct tensor *t) {
-    return (size_t)((t->ne1 + QMM_IL - 1) / QMM_IL) * QMM_IL * t->row_bytes;
+    return (size_t)((t->ne1 + QMM_IL - 1) / QMM_IL) * qmm_group_bytes(t->type, t->ne0);
 }
 
 /* Pack rows [r0, r0 + nr) (nr <= 16; the rest zero) of rows-layout weights
  * w (row_bytes rb) into one group at dst. */
 static void pack_group(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int nr, uint8_t *dst) {
+    if (qmm_is_k(type)) {
+        qmm_pack_group_k(type, w, rb, K, nr, dst);
+        return;
+    }
     const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
     const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2;
     memset(dst, 0, (size_t)(K / QMM_BLK) * gb);
@@ -107,7 +152,7 @@ static void pack_group(uint32_t type, const uint8_t *w, size_t rb, int64_t K, in
 }
 
 void qmm_pack(const struct tensor *t, uint8_t *dst) {
-    const size_t grp = QMM_IL * t->row_bytes;
+    const size_t grp = qmm_group_bytes(t->type, t->ne0);
     for (int64_t r0 = 0; r0 < t->ne1; r0 += QMM_IL)
         pack_group(t->type, (const uint8_t *)t->data + (size_t)r0 * t->row_bytes, t->row_bytes, t->ne0,
                    (int)(t->ne1 - r0 < QMM_IL ? t->ne1 - r0 : QMM_IL), dst + (size_t)(r0 / QMM_IL) * grp);
@@ -115,6 +160,11 @@ void qmm_pack(const struct tensor *t, uint8_t *dst) {
 
 void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst) {
     const uint32_t type = t->type;
+    if (qmm_is_k(type)) {
+        qmm_unpack_row_k(type, (const uint8_t *)t->data + (size_t)(r / QMM_IL) * qmm_group_bytes(type, t->ne0),
+                         (int)(r % QMM_IL), t->ne0, dst);
+        return;
+    }
     const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
     const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2, i = (int)(r % QMM_IL);
     const uint8_t *grp = (const uint8_t *)t->data + (size_t)(r / QMM_IL) * QMM_IL * t->row_bytes;
@@ -128,19 +178,17 @@ void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst) {
 }
 
 void qmm_group_scalar(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
-    const size_t rb = (size_t)(j->K / QMM_BLK) * wblock_bytes(j->type);
+    const size_t rb = qmm_is_k(j->type) ? (size_t)(j->K / QMM_QK) * dtype_block_bytes(j->type)
+                                        : (size_t)(j->K / QMM_BLK) * wblock_bytes(j->type);
     const struct tensor t = { .type = j->type, .ne0 = j->K, .ne1 = QMM_IL, .row_bytes = rb, .data = g,
                               .layout = TENSOR_Q8X16 };
     uint8_t row[(4096 + 1024) / 32 * sizeof(struct block_q8_0)];
     KV_ASSERT(rb <= sizeof row);   /* the test shapes */
     for (int i = 0; i < nr; i++) {
         qmm_unpack_row(&t, i, row);
-        for (int tk = 0; tk < j->n; tk++) {
-            const int8_t *xq = (const int8_t *)(const void *)(j->act + (size_t)tk * j->astride);
-            const float *xd = (const float *)(const void *)(xq + j->K);
+        for (int tk = 0; tk < j->n; tk++)
             j->y[(size_t)tk * j->ys + (size_t)(r0 + i)] =
-                qmm_ref_dot(j->type, row, xq, xd, (const int32_t *)(const void *)(xd + j->K / QMM_BLK), j->K);
-        }
+                qmm_ref_dot_act(j->type, row, j->act + (size_t)tk * j->astride, j->K);
     }
 }
 
@@ -158,9 +206,7 @@ static void quant_chunk(void *arg, long t, int ith) {
     (void)ith;
     const struct qmm_run *q = arg;
     const int64_t K = q->j.K;
-    int8_t *codes = (int8_t *)(void *)((uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride);
-    float *d = (float *)(void *)(codes + K);
-    qmm_quantize_row(q->x + (size_t)t * (size_t)K, K, codes, d, (int32_t *)(void *)(d + K / QMM_BLK));
+    qmm_quantize_act(q->j.type, q->x + (size_t)t * (size_t)K, K, (uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride);
 }
 
 #define QMM_GPC 2   /* groups per chunk of work */
@@ -168,7 +214,7 @@ static void quant_chunk(void *arg, long t, int ith) {
 static void group_chunk(void *arg, long u, int ith) {
     const struct qmm_run *q = arg;
     const struct tensor *w = q->w;
-    const size_t grp = QMM_IL * w->row_bytes;
+    const size_t grp = qmm_group_bytes(w->type, w->ne0);
     for (int64_t r0 = (int64_t)u * QMM_GPC * QMM_IL; r0 < w->ne1 && r0 < (int64_t)(u + 1) * QMM_GPC * QMM_IL;
          r0 += QMM_IL) {
         const int nr = (int)(w->ne1 - r0 < QMM_IL ? w->ne1 - r0 : QMM_IL);
@@ -187,7 +233,7 @@ static void group_chunk(void *arg, long u, int ith) {
 int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const size_t astride = qmm_act_row_bytes(w->ne0);
-    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || QMM_IL * w->row_bytes > cc->qpack_bytes) {
+    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || qmm_group_bytes(w->type, w->ne0) > cc->qpack_bytes) {
         LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)w->ne0);
         return KVLLM_ERANGE;
     }

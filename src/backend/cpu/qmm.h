@@ -39,6 +39,13 @@
 
 #define QMM_BLK 32
 #define QMM_IL 16           /* rows interleaved */
+#define QMM_QK 256          /* K-quant super-block (qmm_k.c) */
+
+/* K-quants (Q4_K, Q5_K, Q6_K) on the integer path: see qmm_k.c for their
+ * activation rows (Q8_K-style, one scale per 256), arithmetic and layout. */
+static inline bool qmm_is_k(uint32_t type) {
+    return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K;
+}
 
 /* Whether the integer path takes weights of type with rows of K. */
 bool qmm_supports(uint32_t type, int64_t K);
@@ -56,6 +63,27 @@ void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *x
 float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
                   int64_t K);
 
+/* The K-quant counterparts (qmm_k.c; K a multiple of 256): activations
+ * quantized per 256 with the code sums per 16 and per 32, and the reference
+ * dot product defined there. */
+void qmm_quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t *xs16, int16_t *xs32);
+float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
+                    const int16_t *xs32, int64_t K);
+
+/* Any type the path takes, on one activation row as the driver lays it out
+ * (qmm_act_row_bytes(K) bytes; the K-quant form for K-quant weights). */
+void qmm_quantize_act(uint32_t type, const float *x, int64_t K, uint8_t *row);
+float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K);
+
+/* Bytes of one 16-row group per block (32 elements; K-quants: 256) and of a
+ * whole group of rows of K. */
+size_t qmm_gblock_bytes(uint32_t type);
+size_t qmm_group_bytes(uint32_t type, int64_t K);
+/* qmm_k.c's halves of pack and unpack for one group (rows-layout rows at w,
+ * rb apart, nr <= 16 of them; the rest zero) and one row i of a group g. */
+void qmm_pack_group_k(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int nr, uint8_t *dst);
+void qmm_unpack_row_k(uint32_t type, const uint8_t *g, int i, int64_t K, uint8_t *dst);
+
 /* Bytes of t in TENSOR_Q8X16 (whole groups); pack t's rows there.  Unpack
  * row r of a packed tensor back to its rows-layout bytes (row_bytes). */
 size_t qmm_packed_bytes(const struct tensor *t);
@@ -68,7 +96,8 @@ struct qmm_job {
     size_t ys;                /* M */
     uint32_t type;
     int64_t K;
-    const uint8_t *act;       /* n quantized rows, astride bytes apart: codes (K), dx, xs (K / 32 each) */
+    const uint8_t *act;       /* n quantized rows, astride bytes apart: codes (K), dx, xs (K / 32 each);
+                                 K-quants: codes (K), dx (K / 256), xs16 (K / 16), xs32 (K / 32) */
     size_t astride;
     int n;
 };

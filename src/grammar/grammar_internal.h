@@ -1,0 +1,58 @@
+/* grammar_internal.h — the compiled form of a grammar, shared by the GBNF
+ * parser (gbnf.c), the JSON Schema compiler (json_schema.c) and the matcher
+ * (matcher.c).
+ *
+ * A grammar is llama.cpp's representation: every rule is a run of elements
+ * in one flat array, its alternatives separated by G_ALT and the rule closed
+ * by G_END.  A character class is one G_CHAR / G_CHAR_NOT element followed
+ * by G_CHAR_ALT (another char) and G_CHAR_RNG_UPPER (closes a range begun
+ * by the element before it) elements; "." is G_CHAR_ANY.  Repetitions were
+ * rewritten by the parser into generated rules, so the matcher sees only
+ * sequences, alternatives and rule references. */
+#ifndef KVLLM_GRAMMAR_INTERNAL_H
+#define KVLLM_GRAMMAR_INTERNAL_H
+
+#include "kvllm.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum gelem_type {
+    G_END = 0,         /* end of the rule */
+    G_ALT,             /* start of another alternative */
+    G_RULE_REF,        /* value: rule id */
+    G_CHAR,            /* value: code point; starts a positive class */
+    G_CHAR_NOT,        /* value: code point; starts a negated class */
+    G_CHAR_RNG_UPPER,  /* value: upper bound of the range begun by the previous element */
+    G_CHAR_ALT,        /* value: another code point of the class */
+    G_CHAR_ANY,        /* any code point */
+};
+
+struct gelem {
+    uint32_t type;   /* enum gelem_type */
+    uint32_t value;
+};
+
+struct kvllm_grammar {
+    atomic_int refs;
+    struct gelem *elems;     /* (n_elems) all rules, each ended by G_END */
+    uint32_t n_elems;
+    uint32_t *rule_start;    /* (n_rules) index of each rule's first element */
+    uint32_t n_rules;
+    uint32_t root;           /* the start rule */
+    char *gbnf;              /* the GBNF text it was compiled from (owned; for --print-gbnf) */
+};
+
+/* Parse GBNF text into a new grammar (refs = 1).  err gets "line:col: what". */
+int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap);
+
+/* Decode one UTF-8 byte into a running state.  n_remain: bytes still missing
+ * (0: *cp holds a complete code point), -1: invalid. */
+struct gutf8 {
+    uint32_t value;
+    int32_t n_remain;
+};
+
+#endif

@@ -197,6 +197,15 @@ struct backend_ops {
      * to block dst in every one of the n_layer layers */
     int (*copy_blocks)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                        const int32_t (*pairs)[2], int n);
+
+    /* ---- sampling stage ---- */
+    /* ids (n) = the greedy token of each row of x (n, dim): the index of the
+     * largest value, the lowest index on ties; NaN counts as -inf and +inf
+     * as the largest (the host sampler's order, so a greedy request gets the
+     * same token either way); -1 when every value is NaN or -inf.  The
+     * engine samples greedy rows that nothing else transforms here, so only
+     * the token id leaves the backend, not the row of logits. */
+    int (*argmax)(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim);
 };
 
 struct backend {

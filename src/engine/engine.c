@@ -99,7 +99,8 @@ static int inputs_init(struct kvllm_engine *e) {
     const size_t nb = (size_t)e->p.max_batch_tokens;
     in->max_blocks = (e->n_ctx + e->p.block_size - 1) / e->p.block_size;
     const size_t n_table = (size_t)e->p.max_seqs * (size_t)in->max_blocks;
-    int rc = be->ops->buf_alloc(be, (5 * nb + n_table) * sizeof(int32_t), &in->buf);
+    const size_t nl = (size_t)e->n_logits_max;
+    int rc = be->ops->buf_alloc(be, (5 * nb + n_table + nl) * sizeof(int32_t), &in->buf);
     if (rc) return rc;
     in->d_tok = in->buf.data;   /* backend addresses: passed to ops, never dereferenced */
     in->d_pos = in->d_tok + nb;
@@ -107,12 +108,14 @@ static int inputs_init(struct kvllm_engine *e) {
     in->d_seq = in->d_slot + nb;
     in->d_rows = in->d_seq + nb;
     in->d_table = in->d_rows + nb;
-    if (!(in->h = xmalloc(5 * nb * sizeof *in->h))) return KVLLM_ENOMEM;
+    in->d_ids = in->d_table + n_table;
+    if (!(in->h = xmalloc((5 * nb + nl) * sizeof *in->h))) return KVLLM_ENOMEM;
     in->h_tok = in->h;
     in->h_pos = in->h_tok + nb;
     in->h_slot = in->h_pos + nb;
     in->h_seq = in->h_slot + nb;
     in->h_rows = in->h_seq + nb;
+    in->h_ids = in->h_rows + nb;
     return 0;
 }
 
@@ -291,6 +294,18 @@ static int build_stops(struct kvllm_engine *e, const struct kvllm_request *q, st
     return 0;
 }
 
+/* The sampling stage runs in the backend (the argmax op) for a request
+ * whose next token is the plain argmax of its logits, so only the token id
+ * leaves the backend.  Anything that changes the logits before the argmax,
+ * or wants them, keeps the request on the host sampler: every such request
+ * field must be listed here. */
+static bool greedy_on_backend(const struct kvllm_request *q) {
+    const struct kvllm_sampling_params *p = &q->sampling;
+    return p->temperature <= 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f && !q->want_logits && q->n == 1 && !q->grammar && q->min_tokens == 0 &&
+           q->n_logit_bias == 0;
+}
+
 int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, struct request **out) {
     const struct kvllm_model *km = e->km;
     const int V = km->m->hp.n_vocab;
@@ -326,6 +341,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->ignore_eos = q->ignore_eos;
     r->want_logits = q->want_logits;
     r->grammar = constrain_ref(q->grammar);
+    r->backend_greedy = greedy_on_backend(q);
     r->seqs = xcalloc((size_t)q->n, sizeof *r->seqs);
     r->ctx = xcalloc((size_t)q->n, sizeof *r->ctx);
     r->stop = q->n_stop ? xcalloc((size_t)q->n_stop, sizeof *r->stop) : NULL;
@@ -488,10 +504,13 @@ static void reap(struct kvllm_engine *e) {
 
 /* The rows of sequence q's chunk that need logits, appended to the logit
  * lists: a session's evaluation wants its new rows (or the last), a
- * request's sequence its last row once its known tokens are all computed. */
-static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int row0, int nl) {
+ * request's sequence its last row once its known tokens are all computed.
+ * Only the rows whose token the backend picks (backend_greedy) or only the
+ * others, as `greedy` says: the step lists the former first. */
+static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int row0, int nl, bool greedy) {
     const struct request *r = ((struct seq_ctx *)q->owner)->req;
     const int V = e->km->m->hp.n_vocab;
+    if ((r->backend_greedy && !r->eval) != greedy) return nl;   /* a session's rows are copied out, never picked */
     for (int j = 0; j < n_new; j++) {
         const int t = q->n_computed + j;
         if (r->eval) {
@@ -510,9 +529,10 @@ static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int r
     return nl;
 }
 
-/* Upload the step's inputs and issue its ops; the logits rows' downloads
- * are issued too.  Returns the first error. */
-static int issue_batch(struct kvllm_engine *e, int *n_logits) {
+/* Upload the step's inputs and issue its ops; the downloads of the picked
+ * tokens (rows 0 .. n_greedy) and of the other logits rows (n_greedy ..
+ * n_logits) are issued too.  Returns the first error. */
+static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     const struct sched_batch *b = &e->sb;
     struct step_inputs *in = &e->in;
     struct backend_ctx *c = e->ctx;
@@ -522,10 +542,13 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits) {
     if (b->n_copies) rc = BE_OP(c, copy_blocks, e->kv.layers, e->kv.n_layer, (const int32_t(*)[2])b->copies,
                                 b->n_copies);
     int k = 0, nl = 0;
+    for (int i = 0, row0 = 0; i < b->n_seqs; row0 += b->n_new[i], i++)
+        nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, true);
+    const int ng = nl;
     for (int i = 0; i < b->n_seqs; i++) {
         struct seq *q = b->seqs[i];
         KV_ASSERT(q->n_blocks <= in->max_blocks);
-        nl = logit_rows_of(e, q, b->n_new[i], k, nl);
+        nl = logit_rows_of(e, q, b->n_new[i], k, nl, false);
         for (int j = 0; j < b->n_new[i]; j++, k++) {
             int t = q->n_computed + j;
             in->h_tok[k] = q->tokens[t];
@@ -546,10 +569,14 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits) {
                         .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
                         .n_logits = nl, .logit_rows = in->d_rows };
     if (!rc) rc = model_forward(e->km->m, c, e->kv.layers, &e->fb, &bt);
-    /* only the rows that are sampled or asked for leave the backend */
-    for (int i = 0; !rc && i < nl; i++)
+    /* the sampling stage: greedy rows are picked in the backend and only
+     * their token ids leave it; the other rows go to the host sampler */
+    if (!rc && ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
+    if (!rc && ng) rc = ops->download(c, in->h_ids, in->d_ids, (size_t)ng * sizeof(int32_t));
+    for (int i = ng; !rc && i < nl; i++)
         rc = ops->download(c, e->logit_dst[i], e->fb.logits + (size_t)i * V, (size_t)V * sizeof(float));
     *n_logits = nl;
+    *n_greedy = ng;
     return rc;
 }
 
@@ -568,8 +595,8 @@ static void fail_batch(struct kvllm_engine *e, int rc) {
 static void run_batch(struct kvllm_engine *e) {
     const struct sched_batch *b = &e->sb;
     const int bs = e->p.block_size;
-    int nl = 0;
-    int rc = issue_batch(e, &nl);
+    int nl = 0, ng = 0;
+    int rc = issue_batch(e, &nl, &ng);
     int rs = backend_sync(e->ctx);     /* the one wait of the step */
     if (rc || rs) { fail_batch(e, rc ? rc : rs); return; }
     sched_commit(&e->sched, b);
@@ -589,7 +616,9 @@ static void run_batch(struct kvllm_engine *e) {
     e->st.kv_waste_sum += alloc ? (double)(alloc - used) / (double)alloc : 0.0;
     e->st.kv_waste_ideal_sum += ideal ? (double)(ideal - used) / (double)ideal : 0.0;
 
-    for (int i = 0; i < nl; i++)
+    for (int i = 0; i < ng; i++) output_on_token(e, e->logit_seqs[i], e->in.h_ids[i]);
+    e->n_backend_picked += (uint64_t)ng;
+    for (int i = ng; i < nl; i++)
         if (e->logit_seqs[i]) output_on_logits(e, e->logit_seqs[i], e->logit_dst[i]);
 }
 

@@ -51,6 +51,7 @@ struct request {
     int n, n_done, max_tokens;
     bool ignore_eos, aborted, forked, queued, want_logits;
     bool failed;            /* a sequence ended with KVLLM_FINISH_ERROR */
+    bool backend_greedy;    /* its tokens are picked by the backend's argmax (engine.c: greedy_on_backend) */
     char **stop;
     int n_stop;
     size_t max_stop;        /* longest stop string */
@@ -74,8 +75,10 @@ struct step_inputs {
     struct backend_buf buf;
     int32_t *d_tok, *d_pos, *d_slot, *d_seq, *d_rows;   /* (max_batch_tokens) */
     int32_t *d_table;                                    /* (max_seqs, max_blocks) */
-    int32_t *h;                                          /* host slab: the five arrays above */
+    int32_t *d_ids;                                      /* (n_logits_max) tokens the backend picked */
+    int32_t *h;                                          /* host slab: the five arrays above, then h_ids */
     int32_t *h_tok, *h_pos, *h_slot, *h_seq, *h_rows;
+    int32_t *h_ids;                                      /* (n_logits_max) */
     int max_blocks;
 };
 
@@ -96,6 +99,7 @@ struct kvllm_engine {
     float *logits;                             /* host (n_logits_max, n_vocab): rows downloaded for sampling */
     char *text;                                /* event text scratch */
     const float *cur_logits;                   /* row being sampled, for events */
+    uint64_t n_backend_picked;                 /* tokens the backend's argmax picked (tests) */
     size_t cap_text;
     int mask_words;                            /* (n_vocab + 31) / 32: one allow-mask */
     int32_t end_ids[8];                        /* EOS and the chat end-of-turn tokens of the vocabulary */
@@ -161,5 +165,8 @@ int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float 
 /* Whether tok ends a sample of r without being part of its text: EOS
  * (unless ignore_eos), a stop_token_id, or with a grammar an end token. */
 bool output_is_end(const struct kvllm_engine *e, const struct request *r, int32_t tok);
+/* The same for a token the backend already picked (a greedy request whose
+ * logits never left the backend); -1: no valid token. */
+void output_on_token(struct kvllm_engine *e, struct seq *q, int32_t token);
 
 #endif

@@ -188,6 +188,13 @@ int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float 
     return tok;
 }
 
+void output_on_token(struct kvllm_engine *e, struct seq *q, int32_t token) {
+    struct seq_ctx *c = q->owner;
+    if (c->done || c->req->aborted) return;
+    e->cur_logits = NULL;
+    accept_token(e, q, token);
+}
+
 void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits) {
     struct seq_ctx *c = q->owner;
     struct request *r = c->req;

@@ -58,6 +58,8 @@
  *                                 the quantization error, bounds from test_backend_paged_attn.c)
  * copy_blocks      0      bytes   every byte of K, V and scales: dst blocks = src blocks, the rest
  *                                 untouched
+ * argmax           0      0       token ids exactly: ties (values on a coarse grid), NaN, +-inf,
+ *                                 rows with no finite value (-1), vocabulary-sized rows
  * Also: the error returns (paged attention over more tokens than the
  * context's max_tokens or past its max_ctx, get_rows out of range:
  * KVLLM_ERANGE, kept as the context's status until backend_sync) and the
@@ -85,7 +87,7 @@
 
 enum op {
     OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
-    OP_GELU, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_COUNT
+    OP_GELU, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
 };
 
 static const struct {
@@ -106,6 +108,7 @@ static const struct {
     [OP_KV_STORE] = { "kv_store", 0, 0 },          /* per type: k_store_bound */
     [OP_PAGED_ATTN] = { "paged_attention", 0, 0 }, /* per type: k_pa_* */
     [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
+    [OP_ARGMAX] = { "argmax", 0, 0 },
 };
 #define MATMUL_SIMD_FEW 5e-5   /* outputs of fewer than 8 values */
 /* matmul with integer activations (KVLLM_ACT=int, the types it takes):
@@ -506,6 +509,49 @@ static void test_gather_rows(int nc) {
         for (int b = 0; b < g_nbe; b++) free(outs[b]);
         free(x);
         free(ids);
+        free(ref);
+    }
+}
+
+/* The sampling stage's greedy token: ids compared exactly (as floats, so
+ * judge reports them with the other ops). */
+static void test_argmax(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const int dim = rnd(8) ? rnd_in(1, 300) : rnd_in(1000, 50000), n = rnd_in(1, 40);
+        const int mode = rnd(4);   /* 0 plain, 1 ties, 2 specials sprinkled, 3 some rows without a finite value */
+        float *x = xnew((size_t)n * dim * sizeof *x), *outs[MAX_BE];
+        double *ref = xnew((size_t)n * sizeof *ref);
+        for (int t = 0; t < n; t++) {
+            float *r = x + (size_t)t * dim;
+            const bool empty = mode == 3 && rnd(2);
+            for (int e = 0; e < dim; e++) {
+                float v = mode == 1 ? (float)(int)(gauss() * 2) : gauss() * 5;
+                if (mode >= 2 && !rnd(7)) v = rnd(3) == 0 ? NAN : rnd(2) ? -INFINITY : (mode == 2 && !rnd(4) ? INFINITY : -INFINITY);
+                r[e] = empty ? (rnd(2) ? NAN : -INFINITY) : v;
+            }
+            int best = -1;   /* the math: largest non-NaN value, lowest index; -inf never wins */
+            for (int e = 0; e < dim; e++)
+                if (!isnan(r[e]) && r[e] != -INFINITY && (best < 0 || r[e] > r[best])) best = e;
+            ref[t] = best;
+        }
+        char desc[96];
+        snprintf(desc, sizeof desc, "argmax dim=%d n=%d mode=%d", dim, n, mode);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            int32_t *ids = xnew((size_t)n * sizeof *ids);
+            outs[b] = xnew((size_t)n * sizeof(float));
+            struct backend_buf bx = buf_up(t, x, (size_t)n * dim * 4), bi = buf_up(t, NULL, (size_t)n * 4);
+            int rc = BE_OP(t->c, argmax, bi.data, bx.data, n, dim);
+            buf_down(t, ids, &bi, (size_t)n * 4);
+            sync_ok(t, rc, desc);
+            for (int r = 0; r < n; r++) outs[b][r] = (float)ids[r];
+            free(ids);
+            buf_drop(t, &bx);
+            buf_drop(t, &bi);
+        }
+        judge(OP_ARGMAX, outs, (size_t)n, ref, 0, 0, desc);
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(x);
         free(ref);
     }
 }
@@ -1453,6 +1499,7 @@ int main(void) {
     test_kv_store(CASES(100));
     test_paged_attention(CASES(150));
     test_copy_blocks(CASES(60));
+    test_argmax(CASES(60));
     fprintf(stderr, "(the next paged attention errors are expected)\n");
     for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
 

@@ -147,6 +147,7 @@ static const struct backend_ops k_scalar_ops = {
     .kv_store = cpu_kv_store,
     .paged_attention = cpu_paged_attention,
     .copy_blocks = cpu_copy_blocks,
+    .argmax = cpu_argmax,
 };
 
 /* ---- kernel sets ---- */

@@ -91,6 +91,18 @@ int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32
     return 0;
 }
 
+int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim) {
+    for (int i = 0; i < n; i++) {
+        const float *r = x + (size_t)i * dim;
+        int32_t best = -1;
+        float bv = -INFINITY;
+        for (int j = 0; j < dim; j++)
+            if (r[j] > bv) { best = j; bv = r[j]; }  /* NaN never compares greater; ties keep the lowest */
+        ids[i] = best;
+    }
+    return 0;
+}
+
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt, int n, int dim,
                 float eps) {
     const float *w = wt->data;

@@ -9,6 +9,7 @@
 int cpu_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
 int cpu_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
 int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim);
+int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim);
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim, float eps);
 int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, const struct tensor *b,
                   int n, int dim, float eps);

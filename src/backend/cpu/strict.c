@@ -164,6 +164,7 @@ WALLED(gelu, (struct backend_ctx *c, float *x, long n), (c, x, n))
 WALLED(kv_store, (struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                   const float *v, int n), (c, kv, slots, k, v, n))
 WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a), (c, a))
+WALLED(argmax, (struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim), (c, ids, x, n, dim))
 WALLED(copy_blocks, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                      const int32_t (*pairs)[2], int n), (c, layers, n_layer, pairs, n))
 
@@ -189,4 +190,5 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->kv_store = strict_kv_store;
     o->paged_attention = strict_paged_attention;
     o->copy_blocks = strict_copy_blocks;
+    o->argmax = strict_argmax;
 }

@@ -277,6 +277,11 @@ static int cuda_gather_rows(struct backend_ctx *c, float *y, const float *x, con
     return launched(cuk_gather_rows(cc_of(c)->stream, y, x, ids, n, dim), "gather_rows");
 }
 
+static int cuda_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim) {
+    CU_ENTER(c->be);
+    return launched(cuk_argmax(cc_of(c)->stream, ids, x, n, dim), "argmax");
+}
+
 static int cuda_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim,
                         float eps) {
     CU_ENTER(c->be);
@@ -414,6 +419,7 @@ static const struct backend_ops k_cuda_ops = {
     .kv_store = cuda_kv_store,
     .paged_attention = cuda_paged_attention,
     .copy_blocks = cuda_copy_blocks,
+    .argmax = cuda_argmax,
 };
 
 /* ---- the backend ---- */

@@ -33,6 +33,7 @@ enum cuda_dev_err {
 cudaError_t cuk_matmul(cudaStream_t s, float *y, const struct tensor *w, const float *x, int n);
 cudaError_t cuk_get_rows(cudaStream_t s, int *err, float *y, const struct tensor *w, const int32_t *ids, int n);
 cudaError_t cuk_gather_rows(cudaStream_t s, float *y, const float *x, const int32_t *ids, int n, int dim);
+cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, int n, int dim);
 cudaError_t cuk_rmsnorm(cudaStream_t s, float *y, const float *x, const float *w, int n, int dim, float eps);
 cudaError_t cuk_layernorm(cudaStream_t s, float *y, const float *x, const float *w, const float *b, int n, int dim,
                           float eps);

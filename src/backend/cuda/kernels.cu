@@ -55,6 +55,46 @@ extern "C" cudaError_t cuk_gather_rows(cudaStream_t s, float *y, const float *x,
     return CU_LAUNCH_CHECK();
 }
 
+/* ---- argmax: a block per row (the sampling stage's greedy token) ---- */
+
+/* (value, index) ordered as cpu_argmax orders them: larger value first,
+ * lower index on equal values; NaN is -inf; index -1 loses to everything. */
+__device__ __forceinline__ bool am_better(float v, int i, float bv, int bi) {
+    if (bi < 0) return i >= 0 && v > -INFINITY;
+    if (i < 0) return false;
+    return v > bv || (v == bv && i < bi);
+}
+
+__global__ void k_argmax(int32_t *ids, const float *x, int dim) {
+    __shared__ float sv[ROW_THREADS];
+    __shared__ int si[ROW_THREADS];
+    const float *r = x + (size_t)blockIdx.x * dim;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = r[j];
+        if (v != v) continue;   /* NaN */
+        if (am_better(v, j, bv, bi)) { bv = v; bi = j; }
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s && am_better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + s];
+            si[threadIdx.x] = si[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = si[0];
+}
+
+extern "C" cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, int n, int dim) {
+    if (n <= 0) return cudaSuccess;
+    k_argmax<<<n, ROW_THREADS, 0, s>>>(ids, x, dim);
+    return CU_LAUNCH_CHECK();
+}
+
 /* ---- norms: a block per row ---- */
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps) {

@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/qmm.h"
 #include "core/core.h"
+#include "num_util.h"
 
 #include <math.h>
 #include <string.h>
@@ -25,7 +26,7 @@
 
 static struct rng g_rng;
 
-static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
+static float urand(void) { return tu_urand(&g_rng); }
 
 /* A random (M, K) weight of `type`, owned by the caller (free t->data). */
 static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) {
@@ -40,16 +41,6 @@ static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) {
     }
     free(row);
     return (struct tensor){ .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = data };
-}
-
-static double rel_err(const float *out, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)out[i] - (double)ref[i];
-        num += d * d;
-        den += (double)ref[i] * (double)ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 struct backends { struct backend_ctx *scalar, *avx2[2]; /* a SIMD set with 1 and 2 threads */ };

@@ -76,6 +76,7 @@
 #include "backend/backend_list.h"
 #include "be_util.h"
 #include "core/core.h"
+#include "num_util.h"
 #include "tensor/dtype.h"
 
 #include <math.h>
@@ -182,17 +183,8 @@ static struct rng g_rng;
 
 static int rnd(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
 static int rnd_in(int lo, int hi) { return lo + rnd(hi - lo + 1); }
-static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
-
-static float gauss(void) {
-    float u, v, r;
-    do {
-        u = urand();
-        v = urand();
-        r = u * u + v * v;
-    } while (r >= 1 || r == 0);
-    return u * sqrtf(-2 * logf(r) / r);
-}
+static float urand(void) { return tu_urand(&g_rng); }
+static float gauss(void) { return tu_gauss(&g_rng); }
 
 static void *xnew(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -202,31 +194,8 @@ static void *xnew(size_t bytes) {
 
 static double dmax(double a, double b) { return a > b ? a : b; }   /* errors are never NaN (INFINITY) */
 
-/* ‖out − ref‖ / max(‖ref‖, floor) (absolute when that is 0); INFINITY on
- * NaN / Inf.  floor > 0 only for gelu (see the table). */
+/* The floor of rel_err_floor (num_util.h): > 0 only for gelu (see the table). */
 static double g_den_floor;
-
-static double rel_err_f(const float *out, const float *ref, size_t n) {
-    double num = 0, den = g_den_floor * g_den_floor;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)out[i] - (double)ref[i];
-        num += d * d;
-        den += (double)ref[i] * (double)ref[i];
-    }
-    if (!isfinite(num) || !isfinite(den)) return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double rel_err_d(const float *out, const double *ref, size_t n) {
-    double num = 0, den = g_den_floor * g_den_floor;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)out[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
-    if (!isfinite(num) || !isfinite(den)) return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 /* ---- backend memory: the only way in and out ---- */
 
@@ -289,7 +258,7 @@ static void judge(enum op op, float *const *outs, size_t n, const double *ref, d
     for (int i = 0; i < g_nbe; i++) {
         struct stat_ *s = &g_st[i][op];
         s->cases++;
-        const double e = rel_err_f(outs[i], outs[0], n);
+        const double e = rel_err_floor(outs[i], outs[0], n, g_den_floor);
         const double tol = !g_be[i].simd ? 0 : g_be[i].act_int && g_tol_act_int >= 0 ? g_tol_act_int : tol_simd;
         CHECK_MSG(e <= tol, "%s %s vs scalar: rel err %.3g > %.3g", g_be[i].name, desc, e, tol);
         s->vs_scalar = dmax(s->vs_scalar, e);
@@ -297,7 +266,7 @@ static void judge(enum op op, float *const *outs, size_t n, const double *ref, d
             CHECK_MSG(memcmp(outs[i], outs[g_be[i].twin], n * sizeof(float)) == 0, "%s %s: differs from %s",
                       g_be[i].name, desc, g_be[g_be[i].twin].name);
         if (ref) {
-            const double er = rel_err_d(outs[i], ref, n);
+            const double er = rel_err_floor(outs[i], ref, n, g_den_floor);
             CHECK_MSG(er <= tol_ref, "%s %s vs double reference: rel err %.3g > %.3g", g_be[i].name, desc, er,
                       tol_ref);
             s->vs_ref = dmax(s->vs_ref, er);
@@ -1203,8 +1172,9 @@ static void test_paged_attention(int nc) {
         judge(OP_PAGED_ATTN, outs, len, ref_st, k_pa_simd[type], k_pa_stored[type], desc);
         const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
         for (int b = 0; b < g_nbe; b++) {
-            const double e0 = rel_err_f(outs[b], outs[0], len), e1 = rel_err_d(outs[b], ref_st, len);
-            const double e2 = rel_err_d(outs[b], ref_in, len);
+            const double e0 = rel_err_floor(outs[b], outs[0], len, g_den_floor);
+            const double e1 = rel_err_floor(outs[b], ref_st, len, g_den_floor);
+            const double e2 = rel_err_floor(outs[b], ref_in, len, g_den_floor);
             CHECK_MSG(e2 <= tol_in, "%s %s vs the unquantized inputs: rel err %.3g > %.3g", g_be[b].name, desc, e2,
                       tol_in);
             g_st[b][OP_PAGED_ATTN].vs_input = dmax(g_st[b][OP_PAGED_ATTN].vs_input, e2);

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "be_util.h"
 #include "core/core.h"
+#include "num_util.h"
 #include "tensor/dtype.h"
 
 #include <math.h>
@@ -20,22 +21,7 @@
 
 static struct rng g_rng;
 
-/* Standard normal (Marsaglia's polar method, two per round). */
-static float gauss(void) {
-    static float spare;
-    static bool have;
-    if (have) { have = false; return spare; }
-    float u, v, r;
-    do {
-        u = rng_f32(&g_rng) * 2 - 1;
-        v = rng_f32(&g_rng) * 2 - 1;
-        r = u * u + v * v;
-    } while (r >= 1 || r == 0);
-    float f = sqrtf(-2 * logf(r) / r);
-    spare = v * f;
-    have = true;
-    return u * f;
-}
+static float gauss(void) { return tu_gauss(&g_rng); }
 
 static int rnd_int(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
 
@@ -242,12 +228,6 @@ static void ref_attention(const struct store *s, const struct seq *q, const floa
         }
     }
     free(sc);
-}
-
-static double rel_err(const float *out, const double *ref, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) { num += (out[i] - ref[i]) * (out[i] - ref[i]); den += ref[i] * ref[i]; }
-    return sqrt(num / den);
 }
 
 /* The kernel under test: the scalar one, then the AVX2 one where the CPU has it. */

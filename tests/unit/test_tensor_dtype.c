@@ -5,6 +5,7 @@
  * normal data and awkward inputs.  (Bit-exactness against gguf-py's decoder
  * is tests/python/test_quantize.py.) */
 #include "check.h"
+#include "num_util.h"
 #include "tensor/dtype.h"
 
 #include <math.h>
@@ -91,13 +92,6 @@ static void test_quant(uint32_t type, float step_frac) {
 
 /* ---- K-quants ---- */
 
-/* Standard normal from the LCG (Box-Muller). */
-static float gauss(unsigned *s) {
-    float u1 = (rnd(s) + 1.0f) * 0.5f, u2 = (rnd(s) + 1.0f) * 0.5f;
-    if (u1 < 1e-7f) u1 = 1e-7f;
-    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
-}
-
 /* Hand-built blocks: one element each, decoded from first principles. */
 static void test_k_layout(void) {
     float y[QK_K];
@@ -151,8 +145,10 @@ static void test_k_quant(uint32_t type, double rel, float steps) {
     enum { NB = 256, N = QK_K * NB };
     static float x[N], y[N];
     static uint8_t q[N];
-    unsigned s = 1234 + type;
-    for (int i = 0; i < N; i++) x[i] = gauss(&s) * (0.01f + (float)((i / QK_K) % 5));   /* scale varies by super-block */
+    struct rng s;
+    rng_seed(&s, 1234 + type);
+    /* the scale varies by super-block */
+    for (int i = 0; i < N; i++) x[i] = tu_gauss(&s) * (0.01f + (float)((i / QK_K) % 5));
     dtype_from_f32(type, x, q, N);
     dtype_to_f32(type, q, y, N);
     const int nmax = type == DTYPE_Q4_K ? 15 : type == DTYPE_Q5_K ? 31 : 63;
@@ -191,16 +187,17 @@ static void test_k_edges(uint32_t type) {
     uint8_t q[256];
     int bad = 0;
     for (int c = 0; c < 7; c++) {
-        unsigned s = 77 + (unsigned)c;
+        struct rng s;
+        rng_seed(&s, 77 + (uint64_t)c);
         for (int i = 0; i < QK_K; i++) {
             switch (c) {
             case 0: x[i] = 0; break;
             case 1: x[i] = 0.75f; break;
-            case 2: x[i] = i == 100 ? 1000.0f : gauss(&s) * 0.01f; break;
-            case 3: x[i] = -1.0f - fabsf(gauss(&s)); break;
-            case 4: x[i] = gauss(&s) * 1e-3f; break;
-            case 5: x[i] = i < 32 ? 0 : gauss(&s); break;     /* a zero sub-block */
-            default: x[i] = gauss(&s) * 1e-6f; break;         /* scales below f16's normal range */
+            case 2: x[i] = i == 100 ? 1000.0f : tu_gauss(&s) * 0.01f; break;
+            case 3: x[i] = -1.0f - fabsf(tu_gauss(&s)); break;
+            case 4: x[i] = tu_gauss(&s) * 1e-3f; break;
+            case 5: x[i] = i < 32 ? 0 : tu_gauss(&s); break;     /* a zero sub-block */
+            default: x[i] = tu_gauss(&s) * 1e-6f; break;         /* scales below f16's normal range */
             }
         }
         memset(q, 0xaa, sizeof q);

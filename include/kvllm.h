@@ -84,8 +84,9 @@ struct kvllm_model_params kvllm_model_default_params(void);
  *
  * Threads: a loaded model is immutable.  Any number of engines and
  * sessions, on any threads, may use one model at once, and kvllm_tokenize,
- * kvllm_detokenize and kvllm_chat_render may be called on it from any
- * thread; free it only after all of them are freed. */
+ * kvllm_token_to_bytes, kvllm_chat_render and kvllm_chat_tokenize may be
+ * called on it from any thread (a kvllm_detok is its caller's: one thread at
+ * a time); free it only after all of them are freed. */
 int kvllm_model_load(const char *path, const struct kvllm_model_params *params,
                      struct kvllm_model **out);
 void kvllm_model_free(struct kvllm_model *model);

@@ -1,10 +1,17 @@
 /* model.h — a loaded model: hyper-parameters from metadata, weights placed
  * by the backend that computes with them, and the forward pass.
  *
- * A loaded model is immutable: any number of engines on any threads may
- * run model_forward on it at once, each with its own execution context,
- * activation buffers and KV storage.  Model code never dereferences weight,
- * KV or activation memory: it only hands backend pointers to ops.
+ * Threads: a loaded model is immutable: any number of engines on any
+ * threads may run model_forward on it at once, each with its own execution
+ * context, activation buffers and KV storage (tests/unit/test_engine_share.c).
+ * A struct forward_buf belongs to one engine and is used by one thread at a
+ * time.  Model code never dereferences weight, KV or activation memory: it
+ * only hands backend pointers to ops.
+ *
+ * Ownership: model_load's model is the caller's and owns its backend (and
+ * with it the placed weights); free it with model_free (NULL-safe) after
+ * every engine, context and buffer made over it.  Errors are negative
+ * KVLLM_E* codes, logged once where they are found.
  *
  * The forward pass takes a batch of tokens from any number of sequences,
  * appends their K/V to the cache and computes logits for the rows that
@@ -78,7 +85,11 @@ struct model {
  * every key and tensor the architecture needs, and have the backend
  * (KVLLM_BACKEND, kernel set cpu_kind = KVLLM_CPU, NULL: best) place the
  * weights.  n_threads: the contexts' default (<= 0: all CPUs).  Errors are
- * logged with the path and the offending key/tensor. */
+ * logged with the path and the offending key/tensor: KVLLM_EIO,
+ * KVLLM_EFORMAT, KVLLM_EUNSUPPORTED (an architecture or dtype kvllm does not
+ * run), KVLLM_ENOMEM, or the backend's choice failing (KVLLM_EINVAL for an
+ * unknown KVLLM_BACKEND / KVLLM_CPU, KVLLM_ECPU for a kernel set this CPU
+ * cannot run); *out is NULL on error and nothing stays open. */
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
 void model_free(struct model *m);
 
@@ -103,7 +114,10 @@ struct batch {
 };
 
 /* Activation buffers (backend memory) for batches of up to n_max tokens,
- * n_logits_max of them with logits; sized once, reused every step. */
+ * n_logits_max of them with logits; sized once, reused every step.
+ * forward_buf_init returns 0, KVLLM_ERANGE (a size past the address space)
+ * or the backend's allocation error (nothing held then);
+ * forward_buf_deinit is NULL-safe and may be called on a zeroed buffer. */
 struct forward_buf {
     struct backend *be;
     struct backend_buf mem;

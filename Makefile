@@ -17,7 +17,7 @@ NVCC       ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc
 FUZZ_SECONDS ?= 60
 # make test's share of fuzzing: seconds per target
 FUZZ_CI_SECONDS ?= 20
-FUZZ_TARGETS := gguf hf tokenizer_json jinja openai
+FUZZ_TARGETS := gguf hf tokenizer_json jinja openai http
 # the unit tests that run threads, built and run under ThreadSanitizer
 TSAN_TESTS := test_core_threadpool test_engine_threads test_engine_share test_engine_faults
 SOAK_REQUESTS ?= 3000

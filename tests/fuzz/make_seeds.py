@@ -6,7 +6,9 @@ Seeds are small valid inputs, so libFuzzer starts from the parsers' accepting pa
 GGUF with a SentencePiece vocabulary and one with a byte-level BPE vocabulary; the Hugging Face
 folder `kvllm convert --to hf` makes of the first (config.json, the separator line, model.safetensors);
 its tokenizer.json and a hand-made byte-level one (a text to encode after the separator); the chat
-templates of ../shared/templates with a conversation; OpenAI request bodies.  Crash inputs found
+templates of ../shared/templates with a conversation; OpenAI request bodies; raw HTTP/1.1 exchanges
+for fuzz_http (every route, keep-alive and pipelined requests, chunked bodies, a stream, CORS
+preflight, a bad key, headers cut short as a slowloris client leaves them).  Crash inputs found
 later are kept beside the seeds under other names (crash-*), never rewritten by this script.
 """
 from __future__ import annotations
@@ -124,7 +126,53 @@ def main(kvllm: str) -> int:
     }
     for name, (chat, body) in bodies.items():
         put("openai", name, bytes([chat]) + json.dumps(body).encode())
+    http_seeds()
     return 0
+
+
+def http_request(method: str, path: str, body: bytes | None = None, key: str | None = "k",
+                 extra: str = "", chunked: bool = False) -> bytes:
+    """One HTTP/1.1 request as fuzz_http's server expects it (API key "k")."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    if key:
+        head += f"Authorization: Bearer {key}\r\n"
+    head += extra
+    if body is None:
+        return (head + "\r\n").encode()
+    head += "Content-Type: application/json\r\n"
+    if not chunked:
+        return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    out = (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
+    for i in range(0, len(body), 7):
+        part = body[i:i + 7]
+        out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+def http_seeds() -> None:
+    chat = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}).encode()
+    stream = json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "stream": True, "n": 2,
+                         "stream_options": {"include_usage": True}}).encode()
+    comp = json.dumps({"prompt": ["Once", "Lily"], "max_tokens": 3, "stop": ["."], "logprobs": 1}).encode()
+    seeds = {
+        "get-all": b"".join(http_request("GET", p) for p in
+                            ["/health", "/v1/models", "/v1/models/stories260K", "/version", "/props", "/metrics"]),
+        "chat": http_request("POST", "/v1/chat/completions", chat, extra="Connection: close\r\n"),
+        "stream": http_request("POST", "/v1/completions", stream),
+        "completions-chunked": http_request("POST", "/v1/completions", comp, chunked=True),
+        "llama-tokenize": http_request("POST", "/tokenize", b'{"content": "Once upon a time"}')
+        + http_request("POST", "/detokenize", b'{"tokens": [1, 2, 3]}')
+        + http_request("POST", "/completion", b'{"prompt": "Lily", "n_predict": 3}'),
+        "cors-preflight": http_request("OPTIONS", "/v1/chat/completions", key=None,
+                                       extra="Origin: http://a.example\r\nAccess-Control-Request-Method: POST\r\n"),
+        "bad-key": http_request("POST", "/v1/completions", comp, key="wrong"),
+        "slowloris": b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k\r\nX-a: ",
+        "short-body": http_request("POST", "/v1/completions", comp)[:-10],
+        "http10-head": b"HEAD /health HTTP/1.0\r\n\r\nGET /v1/models HTTP/1.0\r\nAuthorization: Bearer k\r\n\r\n",
+        "expect-continue": http_request("POST", "/v1/completions", comp, extra="Expect: 100-continue\r\n"),
+    }
+    for name, data in seeds.items():
+        put("http", name, data)
 
 
 if __name__ == "__main__":

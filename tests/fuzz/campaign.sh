@@ -14,7 +14,7 @@ targets=${*:-gguf hf tokenizer_json jinja openai http}
 for t in $targets; do
   mkdir -p "$build/corpus/$t"
   ( ASAN_OPTIONS=allocator_may_return_null=1 nice -n 19 /usr/bin/time -f "cpu_user_s=%U cpu_sys_s=%S wall_s=%e max_rss_kb=%M" \
-      "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=25 -rss_limit_mb=1536 -max_len=65536 \
+      "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=90 -rss_limit_mb=1536 -max_len=65536 \
       -print_final_stats=1 -artifact_prefix="$build/crash-$t-" "$build/corpus/$t" "tests/fuzz/corpus/$t" \
       > "$build/campaign-$t.log" 2>&1
     echo "exit=$?" >> "$build/campaign-$t.log" ) &

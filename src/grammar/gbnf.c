@@ -10,6 +10,7 @@
  * n-m optional rules).  Errors carry "line:col"; an undefined rule, a
  * missing root and left recursion (also through rules that can match
  * nothing) are refused. */
+#include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 #include "core/core.h"
 
@@ -501,6 +502,8 @@ int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t e
 int kvllm_grammar_from_gbnf(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap) {
     return gbnf_parse(text, out, err, err_cap);
 }
+
+const char *grammar_gbnf_text(const struct kvllm_grammar *g) { return g && g->gbnf ? g->gbnf : ""; }
 
 struct kvllm_grammar *kvllm_grammar_ref(struct kvllm_grammar *g) {
     if (g) atomic_fetch_add(&g->refs, 1);

@@ -24,6 +24,10 @@
 struct gvocab;
 struct gmatcher;
 
+/* The GBNF text the grammar was compiled from (a JSON Schema's generated
+ * rules); valid while g is. */
+const char *grammar_gbnf_text(const struct kvllm_grammar *g);
+
 /* tok_bytes[i] / tok_len[i]: the raw bytes token i stands for mid-text
  * (kvllm_token_to_bytes); a control token has is_special[i] true and is
  * never allowed by a grammar, except the end tokens end_ids[0..n_end)

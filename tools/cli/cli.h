@@ -14,6 +14,7 @@ int cmd_batch(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 /* `kvllm bench serve` (cmd_bench_serve.c), dispatched from cmd_bench. */
 int bench_serve_cmd(int argc, char **argv);
 

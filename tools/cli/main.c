@@ -15,6 +15,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "batch",    cmd_batch,    "run many prompts through the engine at once (for tests)" },
     { "template", cmd_template, "render a chat template for a conversation (prints the prompt exactly)" },
     { "chat",     cmd_chat,     "converse with an instruct model via its chat template (KV cache kept across turns)" },
+    { "grammar",  cmd_grammar,  "compile a GBNF / JSON Schema grammar, print it, check a text, time its masks" },
     { "serve",    cmd_serve,    "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)" },
 };
 

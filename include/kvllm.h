@@ -281,6 +281,22 @@ void kvllm_grammar_free(struct kvllm_grammar *g);  /* drops one reference; NULL-
 
 struct kvllm_engine;
 
+/* Speculative decoding: how a sequence's draft tokens are proposed.  Each
+ * step, a sequence in decode appends up to spec_tokens drafts; one forward
+ * computes its last token and the drafts, and the request's own sampler
+ * verifies them position by position, keeping the drafts it would have
+ * sampled anyway and the token it samples at the first mismatch.  Every
+ * kernel is batch-invariant, so the logits of each position are bit-identical
+ * to decoding one token at a time: the output is identical token for token
+ * (greedy, and sampled too: the sampler is called exactly as often, in the
+ * same order, on the same logits).  Only the speed changes. */
+enum kvllm_spec {
+    KVLLM_SPEC_NONE = 0,    /* off */
+    KVLLM_SPEC_NGRAM,       /* prompt lookup: the tokens that followed the latest earlier occurrence of the
+                               sequence's last n-gram (spec_ngram_max down to spec_ngram_min) in its own context */
+    KVLLM_SPEC_DRAFT,       /* a draft model (draft_model, same vocabulary) run greedily over its own paged KV */
+};
+
 struct kvllm_engine_params {
     int n_ctx;              /* longest sequence (prompt + output); <= 0: the model's trained context */
     uint64_t kv_mem;        /* KV pool in bytes; 0: from kv_tokens */
@@ -292,6 +308,11 @@ struct kvllm_engine_params {
     int max_queue;          /* requests waiting (1024); more: kvllm_engine_add fails with KVLLM_EBUSY */
     bool prefix_caching;    /* reuse cached full blocks of identical prefixes (true) */
     bool no_kv_cache;       /* baseline: drop every sequence's K/V after each step, recompute the prefix */
+    /* speculative decoding (off by default); never with no_kv_cache, sessions or n > 1 forks' first token */
+    enum kvllm_spec spec;   /* KVLLM_SPEC_NONE (default), _NGRAM or _DRAFT */
+    int spec_tokens;        /* drafts per sequence and step (k); <= 0 with spec on: 5 */
+    int spec_ngram_min, spec_ngram_max;  /* prompt lookup n-gram sizes; <= 0: 1 and 3 */
+    struct kvllm_model *draft_model;     /* KVLLM_SPEC_DRAFT: the drafter (borrowed: outlives the engine) */
 };
 struct kvllm_engine_params kvllm_engine_default_params(void);
 
@@ -394,6 +415,12 @@ struct kvllm_engine_stats {
     double kv_waste_ideal_sum;                 /* per-step sum of the waste if only last blocks were partial */
     uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
     uint64_t failed_steps;                     /* steps whose ops failed (their requests got FINISH_ERROR) */
+    /* speculative decoding: drafts verified (those after a sequence's end, which no one compared, are
+       not counted) and those accepted (acceptance rate = spec_accepted / spec_drafted); spec_verifies:
+       sequence-steps that verified at least one draft;
+       spec_accept_hist[i]: verifications that accepted i drafts (the last bin counts i >= 16) */
+    uint64_t spec_drafted, spec_accepted, spec_verifies;
+    uint64_t spec_accept_hist[17];
 };
 /* Engine-thread state: call it from the thread that steps the engine (or
  * between steps); other threads must take their own snapshot there. */

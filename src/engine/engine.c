@@ -29,8 +29,11 @@ struct kvllm_engine_params kvllm_engine_default_params(void) {
 
 void engine_request_free(struct request *r) {
     if (!r) return;
+    /* a draft shadow leaves the draft engine's scheduler, releasing its blocks there */
+    if (r->shadow_of && r->seqs && r->seqs[0]->status != SEQ_FINISHED) sched_finish(&r->shadow_of->sched, r->seqs[0]);
     for (int i = 0; i < r->n; i++) {
         if (r->ctx) {
+            engine_request_free(r->ctx[i].shadow);
             kvllm_sampler_free(r->ctx[i].smp);
             if (r->ctx[i].has_detok) detok_deinit(&r->ctx[i].detok);
             free(r->ctx[i].held);
@@ -44,6 +47,7 @@ void engine_request_free(struct request *r) {
     free(r->ban);
     free(r->min_mask);
     constrain_unref(r->grammar);
+    if (r->own_eval) free(r->eval);
     free(r->seqs);
     free(r->ctx);
     free(r);
@@ -184,6 +188,8 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
     struct backend_ctx_params cp = { .n_threads = km->m->n_threads, .max_tokens = p.max_batch_tokens,
                                      .max_ctx = n_ctx, .n_head = hp->n_head, .head_dim = hp->head_dim,
                                      .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd };
+    rc = spec_init(e);   /* before sizing: speculation wants 1 + k logits rows per sequence */
+    if (rc) { kvllm_engine_free(e); return rc; }
     const size_t V = (size_t)hp->n_vocab, nl = (size_t)e->n_logits_max;
     rc = plan_pool(e, (enum kv_type)kt);
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
@@ -201,6 +207,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
         e->aborts = xmalloc((size_t)e->cap_aborts * sizeof *e->aborts);
         if (!e->logit_seqs || !e->logit_dst || !e->logits || !e->text || !e->aborts) rc = KVLLM_ENOMEM;
     }
+    if (!rc) rc = spec_start(e);
     if (rc) { kvllm_engine_free(e); return rc; }
     *out = e;
     return 0;
@@ -214,6 +221,7 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     if (!e) return;
     for (struct request *r = e->live, *n; r; r = n) { n = r->next; engine_request_free(r); }
     for (struct request *r = e->inbox, *n; r; r = n) { n = r->next; engine_request_free(r); }
+    spec_deinit(e);   /* after the requests: their draft shadows leave the draft engine first */
     struct backend *be = e->km->m->be;
     free(e->aborts);
     free(e->logit_seqs);
@@ -376,6 +384,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
             r->seqs[i]->n_reserved = i == 0 ? q->n : 1;
         }
     }
+    if (!rc) rc = spec_request_init(e, r);
     if (rc) { engine_request_free(r); return rc; }
     *out = r;
     return 0;
@@ -519,7 +528,7 @@ static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int r
             e->logit_seqs[nl] = NULL;
             e->logit_dst[nl] = ev->dst + (ev->all ? (size_t)(t - ev->first) * V : 0);
         } else {
-            if (t != q->n_tokens - 1) continue;
+            if (t < q->n_tokens - 1 - q->n_spec) continue;   /* the last row, and one per draft */
             e->logit_seqs[nl] = q;
             e->logit_dst[nl] = e->logits + (size_t)nl * V;
         }
@@ -616,14 +625,26 @@ static void run_batch(struct kvllm_engine *e) {
     e->st.kv_waste_sum += alloc ? (double)(alloc - used) / (double)alloc : 0.0;
     e->st.kv_waste_ideal_sum += ideal ? (double)(ideal - used) / (double)ideal : 0.0;
 
-    for (int i = 0; i < ng; i++) output_on_token(e, e->logit_seqs[i], e->in.h_ids[i]);
+    /* a speculating sequence's rows are consecutive in its group: its last token's, then one per
+     * draft; the greedy group's tokens were picked by the backend, the others are sampled here */
+    for (int i = 0; i < ng;) {
+        struct seq *q = e->logit_seqs[i];
+        if (q->n_spec) { i += spec_verify(e, q, NULL, e->in.h_ids + i); continue; }
+        output_on_token(e, q, e->in.h_ids[i]);
+        i++;
+    }
     e->n_backend_picked += (uint64_t)ng;
-    for (int i = ng; i < nl; i++)
-        if (e->logit_seqs[i]) output_on_logits(e, e->logit_seqs[i], e->logit_dst[i]);
+    for (int i = ng; i < nl;) {
+        struct seq *q = e->logit_seqs[i];
+        if (q && q->n_spec) { i += spec_verify(e, q, e->logit_dst + i, NULL); continue; }
+        if (q) output_on_logits(e, q, e->logit_dst[i]);
+        i++;
+    }
 }
 
 int engine_step(struct kvllm_engine *e) {
     drain_inbox(e);
+    if (e->p.spec != KVLLM_SPEC_NONE) spec_propose(e);
     sched_schedule(&e->sched, &e->sb);
     int n = e->sb.n_tokens;
     /* a request's prefix-cache hit is known once its prompt was admitted */

@@ -35,6 +35,7 @@ struct seq_ctx {
     bool done;
     struct gmatcher *gm;    /* this sample's grammar state (NULL: unconstrained) */
     uint32_t *allow;        /* (mask_words) the grammar's allow-mask, filled per token; NULL without a grammar */
+    struct request *shadow; /* KVLLM_SPEC_DRAFT: this sequence's copy in the draft engine (spec.c) */
 };
 
 /* A session's evaluation in progress (session.c). */
@@ -59,6 +60,7 @@ struct request {
     struct seq_ctx *ctx;    /* (n) */
     int n_cached;
     struct session_eval *eval;  /* a session's sequence: logits are copied out, never sampled */
+    bool own_eval;              /* eval is freed with the request (a draft shadow's) */
     struct request *next;   /* inbox or live list */
     struct kvllm_grammar *grammar;  /* own reference (NULL: unconstrained); a constrained request never speculates */
     int min_tokens;         /* the tokens of ban[] are masked until a sample has this many */
@@ -67,6 +69,7 @@ struct request {
     int32_t *ban;           /* (n_ban) masked before min_tokens: EOS (unless ignore_eos), the end tokens, stop_ids */
     int n_ban;
     uint32_t *min_mask;     /* (mask_words) every token but ban[]: the mask before min_tokens without a grammar */
+    struct kvllm_engine *shadow_of; /* a draft shadow: the draft engine whose scheduler holds it (NULL: not queued) */
 };
 
 /* Step inputs: backend memory (d_*) sized for the largest step, and host
@@ -115,6 +118,9 @@ struct kvllm_engine {
 
     struct request *live;                      /* engine thread only */
     struct kvllm_engine_stats st;
+    struct kvllm_engine *draft;                /* KVLLM_SPEC_DRAFT: the draft model's private engine (spec.c) */
+    struct seq **spec_part;                    /* (max_seqs) sequences drafting in this step */
+    int *spec_room;                            /* (max_seqs) drafts each may take */
 };
 
 /* engine.c */
@@ -128,6 +134,22 @@ int engine_step(struct kvllm_engine *e);
 /* Test hook: the fail_after-th op from now fails with code (an injected
  * device or kernel error). */
 void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code);
+
+/* spec.c: speculative decoding (see kvllm.h, enum kvllm_spec) */
+/* At creation: the parameters checked and defaulted; for a draft model its private engine. */
+int spec_init(struct kvllm_engine *e);
+/* At the end of creation (the pool planned): a draft model's engine. */
+int spec_start(struct kvllm_engine *e);
+void spec_deinit(struct kvllm_engine *e);
+/* When a request is built (never in a step): a draft model's shadow of each sample. */
+int spec_request_init(struct kvllm_engine *e, struct request *r);
+/* Before scheduling: append drafts to running sequences in decode (seq.n_spec). */
+void spec_propose(struct kvllm_engine *e);
+/* After the forward: verify q's drafts with its 1 + n_spec logits rows
+ * (or, for a request whose greedy tokens the backend picks, the 1 + n_spec
+ * picked ids; rows is then NULL) through the per-token output path; roll
+ * back what was rejected.  Returns the rows consumed (1 + n_spec). */
+int spec_verify(struct kvllm_engine *e, struct seq *q, float *const *rows, const int32_t *ids);
 
 /* session.c: a session's private engine (tests reach its hooks through it) */
 struct kvllm_engine *session_engine(struct kvllm_session *s);

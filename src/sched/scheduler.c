@@ -141,6 +141,8 @@ static void preempt_last(struct sched *s) {
     struct seq *v = s->running[s->n_running - 1];
     remove_running(s, s->n_running - 1);
     release_blocks(s, v);
+    v->n_tokens -= v->n_spec;   /* drafts are not worth recomputing: the recompute proposes afresh */
+    v->n_spec = 0;
     v->status = SEQ_WAITING;
     v->n_preemptions++;
     s->n_preemptions++;
@@ -211,6 +213,13 @@ void sched_schedule(struct sched *s, struct sched_batch *b) {
         struct seq *q = s->running[i];
         int c = q->n_tokens - q->n_computed;
         if (c <= 0) continue;
+        /* drafts give way first: to the budget, then to the free blocks (never preempt for them) */
+        int drop = c > budget ? c - budget : 0;
+        if (drop > q->n_spec) drop = q->n_spec;
+        while (drop < q->n_spec && blocks_needed(s, q, q->n_computed + c - drop) > s->pool->n_free) drop++;
+        q->n_spec -= drop;
+        q->n_tokens -= drop;
+        c -= drop;
         if (c > budget) c = budget;
         while (blocks_needed(s, q, q->n_computed + c) > s->pool->n_free) {
             struct seq *victim = s->running[s->n_running - 1];
@@ -228,26 +237,46 @@ void sched_schedule(struct sched *s, struct sched_batch *b) {
         budget -= b->n_new[b->n_seqs - 1];
 }
 
-void sched_commit(struct sched *s, const struct sched_batch *b) {
+/* Publish q's full blocks whose tokens are computed and verified (no draft). */
+static void publish_full(struct sched *s, struct seq *q) {
     const int bs = s->pool->block_size;
+    const int n_verified = q->n_tokens - q->n_spec;
+    int n_full = (q->n_computed < n_verified ? q->n_computed : n_verified) / bs;
+    hash_blocks(s, q, n_full);
+    for (; q->n_published < n_full; q->n_published++) {
+        const int k = q->n_published;
+        int32_t id = q->blocks[k], parent = k ? q->blocks[k - 1] : -1;
+        if (s->pool->hash[id] != 0) continue; /* a hit, or shared: published already */
+        /* a parent that is not the cached copy of its prefix (another block won that
+         * hash) could never be matched as the parent: its children stay unpublished */
+        if (parent >= 0 && s->pool->hash[parent] != q->hashes[k - 1]) continue;
+        block_pool_publish(s->pool, id, q->hashes[k], parent, q->tokens + (size_t)k * bs);
+    }
+}
+
+void sched_commit(struct sched *s, const struct sched_batch *b) {
     for (int i = 0; i < b->n_seqs; i++) {
         struct seq *q = b->seqs[i];
         if (q->status != SEQ_RUNNING) continue;
         q->n_computed += b->n_new[i];
         if (s->cfg.no_kv_cache && q->n_computed == q->n_tokens) { release_blocks(s, q); continue; }
-        if (!s->cfg.prefix_caching) continue;
-        int n_full = q->n_computed / bs;
-        hash_blocks(s, q, n_full);
-        for (; q->n_published < n_full; q->n_published++) {
-            const int k = q->n_published;
-            int32_t id = q->blocks[k], parent = k ? q->blocks[k - 1] : -1;
-            if (s->pool->hash[id] != 0) continue; /* a hit, or shared: published already */
-            /* a parent that is not the cached copy of its prefix (another block won that
-             * hash) could never be matched as the parent: its children stay unpublished */
-            if (parent >= 0 && s->pool->hash[parent] != q->hashes[k - 1]) continue;
-            block_pool_publish(s->pool, id, q->hashes[k], parent, q->tokens + (size_t)k * bs);
-        }
+        if (s->cfg.prefix_caching) publish_full(s, q);
     }
+}
+
+void sched_spec_resolve(struct sched *s, struct seq *q, int n_valid) {
+    q->n_spec = 0;
+    if (q->status != SEQ_RUNNING) return;
+    KV_ASSERT(n_valid >= 0 && n_valid <= q->n_computed && n_valid <= q->n_tokens);
+    const int bs = s->pool->block_size;
+    const int keep = sched_blocks_for(s, n_valid);
+    /* blocks past keep hold only rejected positions: allocated this step, never published */
+    for (int i = q->n_blocks - 1; i >= keep; i--) block_pool_release(s->pool, q->blocks[i]);
+    if (q->n_blocks > keep) q->n_blocks = keep;
+    q->n_computed = n_valid;
+    /* hashes and publications never covered a draft (publish_full), so none is undone here */
+    KV_ASSERT(q->n_hashed <= n_valid / bs);
+    if (s->cfg.prefix_caching) publish_full(s, q);
 }
 
 void sched_fork(struct sched *s, struct seq *parent, struct seq *child) {
@@ -280,4 +309,15 @@ void sched_finish(struct sched *s, struct seq *q) {
     }
     release_blocks(s, q);
     q->status = SEQ_FINISHED;
+}
+
+void sched_truncate(struct sched *s, struct seq *q, int n_tokens) {
+    KV_ASSERT(!s->cfg.prefix_caching && n_tokens >= 0 && n_tokens <= q->n_tokens);
+    q->n_tokens = n_tokens;
+    q->n_spec = 0;
+    if (q->n_computed > n_tokens) q->n_computed = n_tokens;
+    if (q->status != SEQ_RUNNING) return;
+    const int keep = sched_blocks_for(s, q->n_computed);
+    for (int i = q->n_blocks - 1; i >= keep; i--) block_pool_release(s->pool, q->blocks[i]);
+    if (q->n_blocks > keep) q->n_blocks = keep;
 }

@@ -76,8 +76,34 @@ int sched_add(struct sched *s, struct seq *q);
 /* Build the next batch.  Mutates block tables, admits and preempts. */
 void sched_schedule(struct sched *s, struct sched_batch *b);
 
-/* After the batch was computed: n_computed += n_new, publish full blocks. */
+/* After the batch was computed: n_computed += n_new, publish full blocks
+ * (only blocks whose tokens are all verified: never one holding a draft). */
 void sched_commit(struct sched *s, const struct sched_batch *b);
+
+/* Speculative decoding.  A running sequence in decode (n_computed ==
+ * n_tokens - 1) may carry drafts: the caller appends them to tokens[] and
+ * sets n_spec before sched_schedule, which computes them with the last
+ * token like a small prefill chunk.  Drafts are opportunistic: when the
+ * step's token budget or the free blocks fall short, the scheduler drops
+ * drafts (from the end) before it preempts anyone, and a preempted
+ * sequence loses its drafts.
+ *
+ * After the step the caller verifies the drafts, sets n_tokens to what it
+ * kept (accepted drafts and the token sampled after them) and calls
+ * sched_spec_resolve with n_valid, the leading positions whose K/V are
+ * right (those computed from tokens that were kept): n_computed becomes
+ * n_valid, the blocks past the ones covering n_valid positions go back to
+ * the pool, and full blocks now verified are published.  n_spec becomes 0.
+ * A sequence that finished meanwhile (its blocks already released) only
+ * has n_spec cleared. */
+void sched_spec_resolve(struct sched *s, struct seq *q, int n_valid);
+
+/* Forget q's tokens from position n_tokens on (a draft model's shadow of a
+ * sequence brought back to the tokens its sequence kept): n_computed is
+ * capped at n_tokens, drafts dropped, and a running sequence releases the
+ * blocks past those covering n_computed.  Only for a scheduler without prefix caching (a
+ * published block must never be written again). */
+void sched_truncate(struct sched *s, struct seq *q, int n_tokens);
 
 /* A running sequence that shares the parent's blocks (n > 1 samples): the
  * child must have the same first n_computed tokens; it takes one of the

@@ -19,6 +19,9 @@ struct seq {
     int n_prompt;
     int max_len;           /* prompt + max new tokens: the most this sequence can ever hold */
     int n_computed;        /* leading tokens whose K/V are in blocks */
+    int n_spec;            /* the last n_spec of tokens[0, n_tokens) are unverified drafts (speculative
+                              decoding): computed like any token, never hashed or published, dropped
+                              on preemption, and resolved by sched_spec_resolve after the step */
     int32_t *blocks;       /* (max_blocks) block table, append-only while running */
     int n_blocks, max_blocks;
     uint64_t *hashes;      /* (max_blocks) hash chain of the leading full blocks */

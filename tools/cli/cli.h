@@ -38,6 +38,13 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
 struct kvllm_engine_params;
 int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p);
 extern const char *const cli_engine_usage;
+/* Speculation from the engine options: --spec-tokens alone means prompt
+ * lookup; --draft-model's model is loaded into p->draft_model (the caller
+ * frees it with kvllm_model_free after the engine).  0, or 1 (reported). */
+int cli_spec_setup(struct kvllm_engine_params *p, int n_threads);
+/* One stderr line: drafts accepted, acceptance rate (nothing when speculation is off). */
+struct kvllm_engine;
+void cli_spec_report(struct kvllm_engine *e, const struct kvllm_engine_params *p);
 /* Sampling options shared by run, chat and batch (--temp, --top-k, --top-p,
  * --min-p, --repeat-penalty, --seed); same return values as cli_engine_opt. */
 struct kvllm_sampling_params;

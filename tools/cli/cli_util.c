@@ -77,7 +77,15 @@ const char *const cli_engine_usage =
     "  --block-size N         positions per KV block (default 16)\n"
     "  --max-seqs N           sequences running at once (default 32)\n"
     "  --max-batch-tokens N   tokens computed per step (default 512)\n"
-    "  --no-prefix-cache      do not reuse cached blocks of identical prompt prefixes\n";
+    "  --no-prefix-cache      do not reuse cached blocks of identical prompt prefixes\n"
+    "speculative decoding (output identical token for token; only the speed changes):\n"
+    "  --spec-ngram           prompt lookup: drafts copied from the sequence's own context\n"
+    "  --draft-model FILE     a draft model of the same vocabulary (also -md, --model-draft)\n"
+    "  --spec-tokens N        drafts per step and sequence (default 5; also --draft-max); alone: prompt lookup\n"
+    "  --spec-ngram-max N     longest n-gram prompt lookup matches (default 3)\n";
+
+/* --draft-model's path, loaded by cli_spec_setup */
+static const char *g_draft_path;
 
 static bool parse_size(const char *s, uint64_t *out) {
     char *end;
@@ -102,6 +110,19 @@ int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p)
     const char *a = argv[*i], *v;
     long l;
     if (!strcmp(a, "--no-prefix-cache")) { p->prefix_caching = false; return 1; }
+    if (!strcmp(a, "--spec-ngram") || !strcmp(a, "--prompt-lookup")) { p->spec = KVLLM_SPEC_NGRAM; return 1; }
+    if (!strcmp(a, "--draft-model") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
+        if (!(v = cli_arg(argc, argv, i))) return -1;
+        g_draft_path = v;
+        p->spec = KVLLM_SPEC_DRAFT;
+        return 1;
+    }
+    if (!strcmp(a, "--spec-tokens") || !strcmp(a, "--draft-max") || !strcmp(a, "--spec-ngram-max")) {
+        if (!(v = cli_arg(argc, argv, i)) || !cli_int(a, v, 1, 64, &l)) return -1;
+        if (!strcmp(a, "--spec-ngram-max")) p->spec_ngram_max = (int)l;
+        else p->spec_tokens = (int)l;
+        return 1;
+    }
     if (strcmp(a, "--kv-mem") && strcmp(a, "--kv-tokens") && strcmp(a, "--kv-type") && strcmp(a, "--block-size") &&
         strcmp(a, "--max-seqs") && strcmp(a, "--max-batch-tokens"))
         return 0;
@@ -119,6 +140,26 @@ int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p)
         else p->max_batch_tokens = (int)l;
     }
     return 1;
+}
+
+int cli_spec_setup(struct kvllm_engine_params *p, int n_threads) {
+    if (p->spec == KVLLM_SPEC_NONE && p->spec_tokens > 0) p->spec = KVLLM_SPEC_NGRAM;
+    if (p->spec != KVLLM_SPEC_DRAFT || p->draft_model) return 0;
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.n_threads = n_threads;
+    return kvllm_model_load(g_draft_path, &mp, &p->draft_model) ? 1 : 0;
+}
+
+void cli_spec_report(struct kvllm_engine *e, const struct kvllm_engine_params *p) {
+    if (p->spec == KVLLM_SPEC_NONE) return;
+    struct kvllm_engine_stats st;
+    kvllm_engine_get_stats(e, &st);
+    fprintf(stderr, "kvllm: speculation (%s): %llu of %llu drafts accepted (%.1f %%) in %llu verifications, "
+                    "%.2f tokens per sequence-step\n",
+            p->spec == KVLLM_SPEC_DRAFT ? "draft model" : "prompt lookup", (unsigned long long)st.spec_accepted,
+            (unsigned long long)st.spec_drafted, st.spec_drafted ? 100.0 * st.spec_accepted / st.spec_drafted : 0.0,
+            (unsigned long long)st.spec_verifies,
+            st.spec_verifies ? 1.0 + (double)st.spec_accepted / st.spec_verifies : 1.0);
 }
 
 bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *b) {

@@ -101,7 +101,7 @@ int cmd_batch(int argc, char **argv) {
     struct req_tag *tags = calloc((size_t)n_req, sizeof *tags);
     b.seqs = calloc((size_t)n_req * (size_t)n_per, sizeof *b.seqs);
     int rc = tags && b.seqs ? kvllm_model_load(model, &mp, &m) : KVLLM_ENOMEM;
-    if (!rc) rc = kvllm_engine_new(m, &ep, &e);
+    if (!rc) rc = cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL : kvllm_engine_new(m, &ep, &e);
     if (!rc) b.n_vocab = kvllm_model_describe(m)->n_vocab;
     for (int i = 0; !rc && i < n_req * n_per; i++) {
         b.seqs[i].ids = malloc((size_t)max_tokens * sizeof(int32_t));
@@ -128,6 +128,7 @@ int cmd_batch(int argc, char **argv) {
                 (unsigned long long)st.steps, (unsigned long long)st.preemptions,
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens, st.blocks_held,
                 st.blocks_cached, st.blocks_free, st.blocks_total);
+        cli_spec_report(e, &ep);
     }
     if (!rc && logits_path) {
         FILE *f = fopen(logits_path, "wb");
@@ -141,6 +142,7 @@ int cmd_batch(int argc, char **argv) {
     free(ids);
     free(off);
     kvllm_engine_free(e);
+    kvllm_model_free(ep.draft_model);
     kvllm_model_free(m);
     return rc ? 1 : 0;
 }

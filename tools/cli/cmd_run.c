@@ -248,7 +248,7 @@ static int run(struct run_opts *op) {
     o.ep.no_kv_cache = o.no_kv;
     /* one sequence: a pool for more than it can use would only cost memory */
     if (!o.ep.kv_mem && !o.ep.kv_tokens) o.ep.kv_tokens = (int)(n_prompt + o.n_predict);
-    if (kvllm_engine_new(model, &o.ep, &eng)) goto fail;
+    if (cli_spec_setup(&o.ep, mp.n_threads) || kvllm_engine_new(model, &o.ep, &eng)) goto fail;
     if (!o.quiet)
         fprintf(stderr, "kvllm: %s, %d layers, n_embd %d, vocab %d, kernels %s; prompt %d tokens, generating %ld\n",
                 d->arch, d->n_layer, d->n_embd, d->n_vocab, kvllm_model_backend(model), n_prompt, o.n_predict);
@@ -274,12 +274,15 @@ static int run(struct run_opts *op) {
                 n_prompt, 1e3 * (t1 - t0), n_prompt / (t1 - t0 + 1e-12), pr.n_gen, 1e3 * (t2 - t1),
                 pr.n_gen > 1 ? (pr.n_gen - 1) / (t2 - t1 + 1e-12) : 0.0,
                 pr.n_gen > 1 ? 1e3 * (t2 - t1) / (pr.n_gen - 1) : 0.0, o.no_kv ? " [no KV cache]" : "");
+    if (!o.quiet) cli_spec_report(eng, &o.ep);
     kvllm_engine_free(eng);
+    kvllm_model_free(o.ep.draft_model);
     kvllm_model_free(model);
     free(ids);
     return 0;
 fail:
     kvllm_engine_free(eng);
+    kvllm_model_free(o.ep.draft_model);
     kvllm_model_free(model);
     free(ids);
     return 1;

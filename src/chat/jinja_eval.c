@@ -637,6 +637,9 @@ static int exec_for(struct jctx *c, struct jscope *sc, const struct jnode *s) {
         exec_block(c, jscope_new(c, sc), s->v2, s->n2);
         return FLOW_NORMAL;
     }
+    /* jinja2 runs the else block unless some iteration reached the end of the body: one that
+     * ends in break or continue does not count (its compiled loop clears the flag at the end) */
+    bool completed = false;
     struct jloop *loop = jalloc(c, sizeof *loop);
     loop->items = items;
     loop->n = n;
@@ -649,8 +652,11 @@ static int exec_for(struct jctx *c, struct jscope *sc, const struct jnode *s) {
         struct jscope *it = jscope_new(c, sc);
         jscope_set(c, it, jstr_c("loop"), lv);
         assign(c, it, s->a, items[i]);
-        if (exec_block(c, it, s->v, s->n) == FLOW_BREAK) break;
+        const int flow = exec_block(c, it, s->v, s->n);
+        if (flow == FLOW_BREAK) break;
+        completed |= flow == FLOW_NORMAL;
     }
+    if (!completed) exec_block(c, jscope_new(c, sc), s->v2, s->n2);
     return FLOW_NORMAL;
 }
 
@@ -671,14 +677,14 @@ static int exec(struct jctx *c, struct jscope *sc, const struct jnode *s) {
         return s->c ? exec(c, sc, s->c) : FLOW_NORMAL;
     case JS_FOR: return exec_for(c, sc, s);
     case JS_SET: assign(c, sc, s->a, jeval(c, sc, s->b)); return FLOW_NORMAL;
-    case JS_SETBLOCK: {
-        struct jv v = jv_str(capture(c, sc, s->v, s->n));
+    case JS_SETBLOCK: {   /* its body is a frame of its own: a set inside does not leak out */
+        struct jv v = jv_str(capture(c, jscope_new(c, sc), s->v, s->n));
         if (s->b) v = eval_filter(c, sc, s->b, v);
         assign(c, sc, s->a, v);
         return FLOW_NORMAL;
     }
     case JS_FILTERBLOCK: {
-        struct jv v = eval_filter(c, sc, s->b, jv_str(capture(c, sc, s->v, s->n)));
+        struct jv v = eval_filter(c, sc, s->b, jv_str(capture(c, jscope_new(c, sc), s->v, s->n)));
         jv_write_str(c, s->pos, c->out, v);
         return FLOW_NORMAL;
     }

@@ -313,9 +313,12 @@ static struct jv f_indent(struct jctx *c, uint32_t pos, struct jv v, const struc
         int64_t w = jgiven(p[0]) ? jarg_int(c, pos, "width", p[0]) : 4;
         for (int64_t k = 0; k < w; k++) jb_putc(c, &ind, ' ');
     }
+    /* jinja2 appends "\n" to its argument with += before anything else, so a number, None or a
+     * list fails there (the differential fuzzer, docs/RELIABILITY.md) */
+    if (v.kind != JK_STR)
+        jfail(c, pos, KVLLM_EINVAL, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
     struct jbuf s = { 0 };
-    struct jstr text = jv_to_str(c, pos, v);
-    jb_put(c, &s, text.p, text.n);
+    jb_put(c, &s, v.u.s.p, v.u.s.n);
     jb_putc(c, &s, '\n');   /* jinja2's quirk for splitlines */
     struct jv lines = pystr_splitlines(c, jb_str(&s), false);
     struct jbuf out = { 0 };

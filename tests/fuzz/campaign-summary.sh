@@ -12,7 +12,7 @@ for log in "$build"/campaign-*.log; do
   ft=$(echo "$last" | grep -oE 'ft: [0-9]+' | grep -oE '[0-9]+')
   corp=$(echo "$last" | grep -oE 'corp: [0-9]+' | grep -oE '[0-9]+')
   crashes=$(ls "$build"/crash-"$t"-* 2>/dev/null | grep -vc -- '-slow-unit-')
-  slow=$(ls "$build"/crash-"$t"-*-slow-unit-* 2>/dev/null | wc -l)
+  slow=$(ls "$build"/crash-"$t"-slow-unit-* 2>/dev/null | wc -l)
   cpu=$(grep -oE 'cpu_user_s=[0-9.]+ cpu_sys_s=[0-9.]+ wall_s=[0-9.]+' "$log")
   echo "$t: execs=${execs:-?} exec_per_s=${rate:-?} cov=${cov:-?} ft=${ft:-?} corpus=${corp:-?} crashes=$crashes slow_units=$slow $cpu $(tail -1 "$log")"
 done

@@ -147,7 +147,11 @@ static struct jv get_slice(struct jctx *c, struct jscope *sc, const struct jnode
     bool seq = obj.kind == JK_STR ||
                (obj.kind == JK_LIST && (obj.u.l->shape == JL_LIST || obj.u.l->shape == JL_TUPLE ||
                                         obj.u.l->shape == JL_RANGE));
-    if (!seq || !ok) return jv_undef((struct jstr){ 0 });   /* TypeError, caught by jinja2's getitem */
+    /* jinja2 compiles a slice to Python's own obj[a:b:c] (not its getitem, which would turn the
+     * TypeError into an undefined value), so these fail the render */
+    if (obj.kind == JK_DICT) jfail(c, e->pos, KVLLM_EINVAL, "unhashable type: 'slice'");
+    if (!seq) jfail(c, e->pos, KVLLM_EINVAL, "'%s' object is not subscriptable", jv_type_name(obj));
+    if (!ok) jfail(c, e->pos, KVLLM_EINVAL, "slice indices must be integers or None or have an __index__ method");
     size_t n;
     const struct jv *items = obj.kind == JK_STR ? jv_iterate(c, e->pos, obj, &n) : obj.u.l->v;
     if (obj.kind == JK_LIST) n = obj.u.l->n;
@@ -162,7 +166,8 @@ static struct jv get_slice(struct jctx *c, struct jscope *sc, const struct jnode
         r.safe = obj.safe;
         return r;
     }
-    struct jv r = jv_list(c, obj.u.l->shape == JL_LIST ? JL_LIST : JL_TUPLE, cnt);
+    /* a slice of a list is a list, of a tuple a tuple, of a range a range */
+    struct jv r = jv_list(c, obj.u.l->shape, cnt);
     for (size_t k = 0; k < cnt; k++) jlist_push(c, r.u.l, items[start + (int64_t)k * step]);
     return r;
 }

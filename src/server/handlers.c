@@ -262,6 +262,131 @@ int handle_pending(struct server *s, struct MHD_Connection *c, void **pending) {
 
 /* ---- completions and chat ---- */
 
+/* ---- tool calling ---- */
+
+/* What a chat request's tools change: the template gets them, the answer is
+ * parsed for calls in the server's format, and a forced call (required, or
+ * a named function) starts the answer with the format's opening and is
+ * constrained by the grammar of its JSON Schema. */
+struct tool_plan {
+    const char *tools;               /* JSON text for the template; NULL: not offered */
+    enum toolcall_format format;     /* TOOLCALL_NONE: answers are not parsed */
+    const char *prefill;             /* static; NULL: none */
+    struct kvllm_grammar *grammar;   /* a forced call's grammar (own reference); NULL: none */
+};
+
+/* A forced call's JSON Schema compiled (gram's compiler): a keyword it
+ * cannot enforce is a 400 naming its path, never a call left unconstrained. */
+static int tool_grammar_compile(const char *schema, bool strict, struct kvllm_grammar **g, struct oai_error *err) {
+    char why[256] = "";
+    int rc = kvllm_grammar_from_json_schema(schema, strict, g, why, sizeof why);
+    if (rc == KVLLM_ENOMEM) return oai_error_set(err, 500, NULL, NULL, "out of memory");
+    if (rc)
+        return oai_error_set(err, 400, NULL, "tools", "the function's parameters cannot be enforced for a forced "
+                             "call (tool_choice required or named): %s (the call's schema holds the function's "
+                             "parameters under $.properties.arguments, or .parameters for Llama 3)", why);
+    return 0;
+}
+
+/* The opening a forced call starts with, written by the prompt so that
+ * the model continues inside a call (Llama 3 has none: its call is the
+ * whole answer). */
+static const char *call_opening(enum toolcall_format f) {
+    switch (f) {
+    case TOOLCALL_HERMES: return "<tool_call>\n";
+    case TOOLCALL_MISTRAL: return "[TOOL_CALLS]";
+    default: return NULL;
+    }
+}
+
+/* The JSON Schema of what a forced call's answer is after its opening: a
+ * call object {"name": one of the functions, "arguments" (Llama 3:
+ * "parameters"): that function's parameters schema}, for Mistral inside a
+ * list of one (or more, with parallel calls).  tools: the request's
+ * validated `tools`; only: the named function (NULL: any).  *strict: a
+ * function asked for OpenAI's strict mode.  Returns malloc'd JSON text, or
+ * NULL when out of memory. */
+static char *call_schema(const char *tools, const char *only, enum toolcall_format f, bool parallel, bool *strict) {
+    json_object *t = json_tokener_parse(tools), *any = json_object_new_array();
+    *strict = false;
+    for (size_t k = 0; t && k < json_object_array_length(t); k++) {
+        json_object *fn = json_object_object_get(json_object_array_get_idx(t, k), "function");
+        json_object *name = json_object_object_get(fn, "name"), *params = json_object_object_get(fn, "parameters");
+        json_object *st = json_object_object_get(fn, "strict");
+        if (only && strcmp(json_object_get_string(name), only)) continue;
+        if (st && json_object_get_boolean(st)) *strict = true;
+        json_object *call = json_object_new_object(), *props = json_object_new_object();
+        json_object *nm = json_object_new_object(), *en = json_object_new_array(), *req = json_object_new_array();
+        const char *args_key = f == TOOLCALL_LLAMA3 ? "parameters" : "arguments";
+        json_object_array_add(en, json_object_get(name));
+        json_object_object_add(nm, "enum", en);
+        json_object_object_add(props, "name", nm);
+        json_object_object_add(props, args_key, params ? json_object_get(params)
+                                                       : json_tokener_parse("{\"type\": \"object\", \"properties\": {}}"));
+        json_object_object_add(call, "type", json_object_new_string("object"));
+        json_object_object_add(call, "properties", props);
+        json_object_array_add(req, json_object_new_string("name"));
+        json_object_array_add(req, json_object_new_string(args_key));
+        json_object_object_add(call, "required", req);
+        json_object_object_add(call, "additionalProperties", json_object_new_boolean(0));
+        json_object_array_add(any, call);
+    }
+    json_object *one;
+    if (json_object_array_length(any) == 1) {
+        one = json_object_get(json_object_array_get_idx(any, 0));
+    } else {
+        one = json_object_new_object();
+        json_object_object_add(one, "anyOf", json_object_get(any));
+    }
+    json_object_put(any);
+    json_object_put(t);
+    if (f == TOOLCALL_MISTRAL) {
+        json_object *list = json_object_new_object();
+        json_object_object_add(list, "type", json_object_new_string("array"));
+        json_object_object_add(list, "items", one);
+        json_object_object_add(list, "minItems", json_object_new_int(1));
+        if (!parallel) json_object_object_add(list, "maxItems", json_object_new_int(1));
+        one = list;
+    }
+    const char *str = json_object_to_json_string_ext(one, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *out = str ? strdup(str) : NULL;
+    json_object_put(one);
+    return out;
+}
+
+/* The grammar of a forced call (see call_schema). */
+static int call_grammar(const struct oai_request *rq, enum toolcall_format f, struct kvllm_grammar **g,
+                        struct oai_error *err) {
+    *g = NULL;
+    bool strict;
+    char *schema = call_schema(rq->tools, rq->tool_choice == OAI_TOOL_NAMED ? rq->tool_name : NULL, f,
+                               rq->parallel_tool_calls, &strict);
+    if (!schema) return oai_error_set(err, 500, NULL, NULL, "out of memory");
+    int rc = tool_grammar_compile(schema, strict, g, err);
+    free(schema);
+    return rc;
+}
+
+static int plan_tools(struct server *s, const struct oai_request *rq, struct tool_plan *tp, struct oai_error *err) {
+    *tp = (struct tool_plan){ .format = TOOLCALL_NONE };
+    if (!rq->chat || rq->tool_choice == OAI_TOOL_NONE || !rq->tools) return 0;   /* none: not offered, not parsed */
+    if (s->tool_format == TOOLCALL_NONE)
+        return oai_error_set(err, 400, "tools_unsupported", "tools",
+                             "this server reads no tool calls: its chat template shows no tool-call format kvllm "
+                             "knows (Hermes/Qwen <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]) and no "
+                             "--tool-call-format was given; send tool_choice \"none\" or leave out 'tools'");
+    tp->tools = rq->tools;
+    tp->format = (enum toolcall_format)s->tool_format;
+    if (rq->tool_choice == OAI_TOOL_REQUIRED || rq->tool_choice == OAI_TOOL_NAMED) {
+        if (rq->grammar)
+            return oai_error_set(err, 400, NULL, "tool_choice", "a forced tool call cannot be combined with "
+                                 "response_format, grammar or json_schema: the call has its own grammar");
+        tp->prefill = call_opening(tp->format);
+        if (call_grammar(rq, tp->format, &tp->grammar, err)) return -1;
+    }
+    return 0;
+}
+
 /* Submit every prompt; on failure the ones already queued are aborted. */
 static int submit(struct server *s, struct job *j, const struct oai_request *rq, int np, int32_t **ids,
                   const int *n_ids, const int *max_tokens, struct oai_error *e) {
@@ -331,15 +456,16 @@ static char *prompt_text(struct server *s, const struct oai_prompt *p, size_t *l
 /* Everything before the engine: model name, chat rendering, tokenization,
  * context checks.  Fills ids / n_ids / max_tokens (np entries). */
 static int prepare(struct server *s, const struct oai_request *rq, int np, int32_t **ids, int *n_ids, int *max_tokens,
-                   struct oai_error *err) {
+                   struct tool_plan *tp, struct oai_error *err) {
     if (rq->model && strcmp(rq->model, s->model_id))
         return oai_error_set(err, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
                          rq->model, s->model_id);
     if (rq->chat) {
         /* rendered and tokenized: message text stays text unless --special-in-content */
         server_clear_error();
-        int cr = kvllm_chat_tokenize(s->model, s->chat_template, rq->msgs, rq->n_msgs, true, s->special_in_content,
-                                     &ids[0], &n_ids[0]);
+        struct kvllm_chat_opts co = { .add_generation_prompt = true, .special_in_content = s->special_in_content,
+                                      .tools = tp->tools, .prefill = tp->prefill };
+        int cr = kvllm_chat_tokenize_ex(s->model, s->chat_template, rq->msgs, rq->n_msgs, &co, &ids[0], &n_ids[0]);
         if (cr == KVLLM_ENOTFOUND)
             return oai_error_set(err, 400, "no_chat_template", "messages",
                              "this model has no chat template; start the server with --chat-template FILE, or use "
@@ -389,8 +515,14 @@ int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind 
     int *n_ids = calloc((size_t)np, sizeof *n_ids), *max_tokens = calloc((size_t)np, sizeof *max_tokens);
     struct job *j = NULL;
     struct oai_resp resp = { 0 };
+    struct tool_plan tp = { .format = TOOLCALL_NONE };
     int rc = ids && n_ids && max_tokens ? 0 : oai_error_set(&err, 500, NULL, NULL, "out of memory");
-    if (!rc) rc = prepare(s, &rq, np, ids, n_ids, max_tokens, &err);
+    if (!rc) rc = plan_tools(s, &rq, &tp, &err);
+    if (!rc && tp.grammar) {   /* the request owns it from here (oai_request_free) */
+        rq.grammar = tp.grammar;
+        tp.grammar = NULL;
+    }
+    if (!rc) rc = prepare(s, &rq, np, ids, n_ids, max_tokens, &tp, &err);
     if (!rc && !(j = job_new(s, np, rq.n, s->n_vocab, rq.logprobs, t_arrival, rq.stream)))
         rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     if (!rc) rc = submit(s, j, &rq, np, ids, n_ids, max_tokens, &err);
@@ -402,6 +534,9 @@ int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind 
                           rq.logprobs))
             rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
         resp.llama = rq.llama;
+        uint64_t ids_seed = splitmix64(atomic_fetch_add(&s->next_id, 1) ^ (uint64_t)(time_now() * 1e9));
+        if (!rc && oai_resp_set_tools(&resp, tp.format, tp.prefill, !rq.parallel_tool_calls, ids_seed))
+            rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     }
     for (int k = 0; !rc && rq.echo && k < np; k++) {
         size_t tl = 0;

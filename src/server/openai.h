@@ -9,6 +9,7 @@
 #include "kvllm.h"
 #include "server/job.h"
 #include "server/strbuf.h"
+#include "server/toolcall.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,6 +27,8 @@ struct oai_prompt {             /* a completions prompt: text or token ids */
     int32_t *ids;
     int n_ids;
 };
+
+enum oai_tool_choice { OAI_TOOL_NONE, OAI_TOOL_AUTO, OAI_TOOL_REQUIRED, OAI_TOOL_NAMED };
 
 struct oai_request {
     bool chat;
@@ -54,6 +57,14 @@ struct oai_request {
     struct kvllm_logit_bias *logit_bias; /* (n_logit_bias) OpenAI: {"token id": bias in [-100, 100]} */
     int n_logit_bias;
     bool echo;                           /* completions: the prompt's text goes before the completion */
+    /* tool calling (chat): the validated `tools` array as JSON text (NULL: none, or an empty
+     * list), tool_choice (default auto with tools, none without), the function a named choice
+     * names, parallel_tool_calls (default true; false: at most one call is returned) */
+    char *tools;
+    int n_tools;
+    enum oai_tool_choice tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
 };
 
 struct oai_error {
@@ -91,6 +102,7 @@ struct oai_choice {
     int n_generated;
     bool started;                        /* streaming: the role delta (chat) or the echo (completions) was sent */
     void *lp;                            /* json_object: log-probabilities so far (non-streaming) */
+    struct toolcall_stream *tc;          /* streaming chat with tools: the call parser (NULL: none) */
 };
 
 struct oai_resp {
@@ -106,6 +118,11 @@ struct oai_resp {
     int *n_prompt, *n_cached;            /* (n_prompts) usage */
     char **echo;                         /* (n_prompts) completions' echo: the prompt's text; NULL: none */
     size_t *n_echo;
+    /* tool calls (oai_resp_set_tools): parsed out of chat choices in this format */
+    enum toolcall_format tool_format;    /* TOOLCALL_NONE: no parsing */
+    const char *tool_prefill;            /* static: the answer's opening that the prompt already holds */
+    bool tool_single;                    /* parallel_tool_calls false: at most one call */
+    uint64_t tool_ids;                   /* call-id generator state */
 };
 
 /* Returns 0 or KVLLM_ENOMEM. */
@@ -115,6 +132,13 @@ void oai_resp_deinit(struct oai_resp *r);
 /* Completions' echo: prompt k's text (copied) goes before each of its
  * choices' text, and counts in text_offset.  0 or KVLLM_ENOMEM. */
 int oai_resp_set_echo(struct oai_resp *r, int k, const char *text, size_t len);
+/* Chat: return tool calls parsed out of each choice's text in format f
+ * (toolcall.h) as message.tool_calls / streamed tool_call deltas, with
+ * finish_reason "tool_calls".  prefill (static, may be NULL): text the
+ * prompt ended with that belongs to the answer (a forced call's opening).
+ * single: at most one call per choice.  id_seed: where call ids start.
+ * Returns 0 or KVLLM_ENOMEM. */
+int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed);
 /* Non-streaming: fold one event into the response. */
 void oai_resp_add(struct oai_resp *r, const struct job_event *e);
 /* The whole response body (malloc'd; NULL if out of memory). */

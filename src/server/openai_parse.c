@@ -124,8 +124,8 @@ static int copy_str(json_object *v, const char *what, char **out, size_t *len, s
     return 1;
 }
 
-/* Until the grammar module is in the build nothing sets r->grammar. */
-static void oai_grammar_free(struct kvllm_grammar *g) { (void)g; }
+/* r->grammar is the request's own reference (a forced tool call's, for now). */
+static void oai_grammar_free(struct kvllm_grammar *g) { kvllm_grammar_free(g); }
 
 static int oom(struct oai_error *e) {
     e->status = 500;
@@ -226,6 +226,152 @@ static int parse_content(json_object *m, size_t i, const char *role, char **out,
     return 0;
 }
 
+/* ---- tool calling: tools, tool_choice, and the tool fields of messages ---- */
+
+#define OAI_MAX_TOOLS 128
+
+/* A function name as OpenAI allows it: [a-zA-Z0-9_-], 1 to 64 characters. */
+static bool function_name_ok(const char *s, size_t n) {
+    if (n < 1 || n > 64) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* A string field of o copied into *out (absent or null: left NULL). */
+static int opt_str(json_object *o, const char *key, const char *what, char **out, struct oai_error *e) {
+    json_object *v = field(o, key);
+    return v ? (copy_str(v, what, out, NULL, e) < 0 ? -1 : 0) : 0;
+}
+
+/* An assistant message's tool_calls ([{"id", "type": "function", "function":
+ * {"name", "arguments"}}]) kept as JSON text for the template; a tool
+ * message's tool_call_id and name.  An assistant turn that only calls has
+ * content None, as the client sent it. */
+static int parse_message_tools(json_object *m, size_t i, const char *role, struct kvllm_chat_message *msg,
+                               struct oai_error *e) {
+    json_object *tc = field(m, "tool_calls");
+    if (tc && !strcmp(role, "assistant")) {
+        if (json_object_get_type(tc) != json_type_array)
+            return fail(e, "messages", "messages[%zu].tool_calls must be a list, not %s", i, type_name(tc));
+        size_t n = json_object_array_length(tc);
+        for (size_t k = 0; k < n; k++) {
+            json_object *c = json_object_array_get_idx(tc, k), *fn, *name, *args;
+            if (json_object_get_type(c) != json_type_object || !(fn = field(c, "function")) ||
+                json_object_get_type(fn) != json_type_object)
+                return fail(e, "messages", "messages[%zu].tool_calls[%zu] must be an object with a 'function' object",
+                            i, k);
+            if (!(name = field(fn, "name")) || json_object_get_type(name) != json_type_string)
+                return fail(e, "messages", "messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
+            args = field(fn, "arguments");
+            if (args && json_object_get_type(args) != json_type_string && json_object_get_type(args) != json_type_object)
+                return fail(e, "messages", "messages[%zu].tool_calls[%zu].function.arguments must be a string", i, k);
+        }
+        if (n) {
+            const char *t = json_object_to_json_string_ext(tc, JSON_FLAGS);
+            if (!t || !(msg->tool_calls = strdup(t))) return oom(e);
+            json_object *c = field(m, "content");
+            if (!c || (json_object_get_type(c) == json_type_string && !json_object_get_string_len(c))) {
+                free((char *)msg->content);   /* "" from parse_content: the template sees None */
+                msg->content = NULL;
+            }
+        }
+    } else if (tc && json_object_get_type(tc) != json_type_array) {
+        return fail(e, "messages", "messages[%zu].tool_calls must be a list, not %s", i, type_name(tc));
+    }
+    char *s = NULL;
+    if (opt_str(m, "tool_call_id", "messages.tool_call_id", &s, e)) return -1;
+    msg->tool_call_id = s;
+    s = NULL;
+    if (opt_str(m, "name", "messages.name", &s, e)) return -1;
+    msg->name = s;
+    return 0;
+}
+
+/* `tools`: [{"type": "function", "function": {"name", "description",
+ * "parameters", "strict"}}], checked and kept as JSON text. */
+static int parse_tools(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "tools");
+    if (!v) return 0;
+    if (json_object_get_type(v) != json_type_array)
+        return fail(e, "tools", "'tools' must be a list, not %s", type_name(v));
+    size_t n = json_object_array_length(v);
+    if (!n) return 0;
+    if (n > OAI_MAX_TOOLS) return fail(e, "tools", "at most %d tools, got %zu", OAI_MAX_TOOLS, n);
+    for (size_t k = 0; k < n; k++) {
+        json_object *t = json_object_array_get_idx(v, k), *type, *fn, *name, *x;
+        if (json_object_get_type(t) != json_type_object)
+            return fail(e, "tools", "tools[%zu] must be an object, not %s", k, type_name(t));
+        if (!(type = field(t, "type")) || json_object_get_type(type) != json_type_string ||
+            strcmp(json_object_get_string(type), "function"))
+            return fail(e, "tools", "tools[%zu].type must be \"function\"", k);
+        if (!(fn = field(t, "function")) || json_object_get_type(fn) != json_type_object)
+            return fail(e, "tools", "tools[%zu].function must be an object", k);
+        if (!(name = field(fn, "name")) || json_object_get_type(name) != json_type_string ||
+            !function_name_ok(json_object_get_string(name), (size_t)json_object_get_string_len(name)))
+            return fail(e, "tools", "tools[%zu].function.name must be a string of 1 to 64 letters, digits, '_' or '-'",
+                        k);
+        for (size_t j = 0; j < k; j++) {
+            json_object *o = field(field(json_object_array_get_idx(v, j), "function"), "name");
+            if (!strcmp(json_object_get_string(o), json_object_get_string(name)))
+                return fail(e, "tools", "tools[%zu]: the function '%s' is defined twice", k, json_object_get_string(name));
+        }
+        if ((x = field(fn, "description")) && json_object_get_type(x) != json_type_string)
+            return fail(e, "tools", "tools[%zu].function.description must be a string", k);
+        if ((x = field(fn, "parameters")) && json_object_get_type(x) != json_type_object)
+            return fail(e, "tools", "tools[%zu].function.parameters must be a JSON Schema object", k);
+        if ((x = field(fn, "strict")) && json_object_get_type(x) != json_type_boolean)
+            return fail(e, "tools", "tools[%zu].function.strict must be a boolean", k);
+    }
+    const char *t = json_object_to_json_string_ext(v, JSON_FLAGS);
+    if (!t || !(r->tools = strdup(t))) return oom(e);
+    r->n_tools = (int)n;
+    return 0;
+}
+
+/* tool_choice: "none" | "auto" | "required" | {"type": "function",
+ * "function": {"name"}} (a function of `tools`); parallel_tool_calls. */
+static int parse_tool_choice(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *v = field(root, "tool_choice");
+    r->tool_choice = r->tools ? OAI_TOOL_AUTO : OAI_TOOL_NONE;
+    r->parallel_tool_calls = true;
+    if (get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
+    if (!v) return 0;
+    if (json_object_get_type(v) == json_type_string) {
+        const char *s = json_object_get_string(v);
+        if (!strcmp(s, "none")) r->tool_choice = OAI_TOOL_NONE;
+        else if (!strcmp(s, "auto")) r->tool_choice = r->tools ? OAI_TOOL_AUTO : OAI_TOOL_NONE;
+        else if (!strcmp(s, "required")) r->tool_choice = OAI_TOOL_REQUIRED;
+        else return fail(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    } else if (json_object_get_type(v) == json_type_object) {
+        json_object *type = field(v, "type"), *fn = field(v, "function"), *name = fn ? field(fn, "name") : NULL;
+        if (!type || json_object_get_type(type) != json_type_string || strcmp(json_object_get_string(type), "function") ||
+            !name || json_object_get_type(name) != json_type_string)
+            return fail(e, "tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": "
+                        "{\"name\": ...}}");
+        if (copy_str(name, "tool_choice", &r->tool_name, NULL, e) < 0) return -1;
+        r->tool_choice = OAI_TOOL_NAMED;
+    } else {
+        return fail(e, "tool_choice", "'tool_choice' must be a string or an object, not %s", type_name(v));
+    }
+    if ((r->tool_choice == OAI_TOOL_REQUIRED || r->tool_choice == OAI_TOOL_NAMED) && !r->tools)
+        return fail(e, "tool_choice", "'tool_choice' %s needs 'tools'",
+                    r->tool_choice == OAI_TOOL_NAMED ? "naming a function" : "\"required\"");
+    if (r->tool_choice == OAI_TOOL_NAMED) {
+        json_object *tools = field(root, "tools");
+        bool found = false;
+        for (size_t k = 0; k < json_object_array_length(tools) && !found; k++)
+            found = !strcmp(json_object_get_string(field(field(json_object_array_get_idx(tools, k), "function"), "name")),
+                            r->tool_name);
+        if (!found) return fail(e, "tool_choice", "'tool_choice' names the function '%s', which is not in 'tools'",
+                                r->tool_name);
+    }
+    return 0;
+}
+
 static int parse_messages(json_object *root, struct oai_request *r, struct oai_error *e) {
     static const char *const roles[] = { "system", "developer", "user", "assistant", "tool" };
     json_object *v = field(root, "messages");
@@ -253,6 +399,7 @@ static int parse_messages(json_object *root, struct oai_request *r, struct oai_e
         r->msgs[i].role = roles[k];
         if (parse_content(m, i, roles[k], &content, e)) return -1;
         r->msgs[i].content = content;
+        if (parse_message_tools(m, i, roles[k], &r->msgs[i], e)) return -1;
     }
     return 0;
 }
@@ -331,9 +478,6 @@ static int refuse_unsupported(json_object *root, bool chat, struct oai_error *e)
     if (!chat) {
         if ((v = field(root, "suffix")) && !(json_object_get_type(v) == json_type_string && !json_object_get_string_len(v)))
             return fail(e, "suffix", "'suffix' is not supported");
-    } else {
-        if ((v = field(root, "tools")) && !(json_object_get_type(v) == json_type_array && !json_object_array_length(v)))
-            return fail(e, "tools", "'tools' (function calling) is not supported");
     }
     if ((v = field(root, "response_format"))) {
         json_object *t = json_object_get_type(v) == json_type_object ? field(v, "type") : NULL;
@@ -415,6 +559,7 @@ static int parse_fields(json_object *root, struct oai_request *r, struct oai_err
     if ((v = field(root, "model")) && copy_str(v, "model", &r->model, NULL, e) < 0) return -1;
     if (r->chat ? parse_messages(root, r, e) : parse_prompt(root, r, e)) return -1;
     if (refuse_unsupported(root, r->chat, e)) return -1;
+    if (r->chat && (parse_tools(root, r, e) || parse_tool_choice(root, r, e))) return -1;
 
     int64_t i64;
     double d;
@@ -554,7 +699,14 @@ void oai_request_free(struct oai_request *r) {
     free(r->model);
     for (int i = 0; i < r->n_prompts; i++) { free(r->prompts[i].text); free(r->prompts[i].ids); }
     free(r->prompts);
-    for (int i = 0; i < r->n_msgs; i++) free((char *)r->msgs[i].content);
+    for (int i = 0; i < r->n_msgs; i++) {
+        free((char *)r->msgs[i].content);
+        free((char *)r->msgs[i].tool_calls);
+        free((char *)r->msgs[i].tool_call_id);
+        free((char *)r->msgs[i].name);
+    }
+    free(r->tools);
+    free(r->tool_name);
     free(r->msgs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);

@@ -69,6 +69,8 @@ void oai_resp_deinit(struct oai_resp *r) {
     for (int i = 0; r->choices && i < r->n_choices; i++) {
         sb_free(&r->choices[i].text);
         json_object_put(r->choices[i].lp);
+        if (r->choices[i].tc) toolcall_stream_deinit(r->choices[i].tc);
+        free(r->choices[i].tc);
     }
     free(r->choices);
     free(r->n_prompt);
@@ -107,6 +109,86 @@ static const char *finish_name(enum kvllm_finish f) {
 }
 
 const char *oai_finish_name(enum kvllm_finish f) { return finish_name(f); }
+
+/* ---- tool calls ---- */
+
+int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed) {
+    r->tool_format = f;
+    r->tool_prefill = prefill && *prefill ? prefill : NULL;
+    r->tool_single = single;
+    r->tool_ids = id_seed;
+    if (!r->chat || f == TOOLCALL_NONE) return 0;
+    for (int c = 0; c < r->n_choices; c++) {
+        if (!(r->choices[c].tc = malloc(sizeof *r->choices[c].tc))) return KVLLM_ENOMEM;
+        toolcall_stream_init(r->choices[c].tc, f);
+        if (r->tool_prefill) {   /* an opening is held, never shown */
+            struct strbuf shown = { 0 };
+            toolcall_stream_push(r->choices[c].tc, r->tool_prefill, strlen(r->tool_prefill), &shown);
+            sb_free(&shown);
+        }
+    }
+    return 0;
+}
+
+/* The calls of one choice's whole text (prefill first); 0 or KVLLM_ENOMEM. */
+static int parse_calls(struct oai_resp *r, const struct oai_choice *ch, struct toolcall_result *res) {
+    struct strbuf all = { 0 };
+    if (r->tool_prefill) sb_puts(&all, r->tool_prefill);
+    sb_put(&all, ch->text.s ? ch->text.s : "", ch->text.len);
+    int rc = all.oom ? KVLLM_ENOMEM : toolcall_parse(r->tool_format, all.s ? all.s : "", all.len, res);
+    sb_free(&all);
+    return rc;
+}
+
+/* parallel_tool_calls false: the first call only. */
+static void limit_calls(const struct oai_resp *r, struct toolcall_result *res) {
+    while (r->tool_single && res->n_calls > 1) {
+        struct toolcall *c = &res->calls[--res->n_calls];
+        free(c->name);
+        free(c->arguments);
+    }
+}
+
+/* A choice that made calls finished for them (unless it failed). */
+static const char *tools_finish(enum kvllm_finish f, int n_calls) {
+    if (n_calls && (f == KVLLM_FINISH_STOP || f == KVLLM_FINISH_LENGTH)) return "tool_calls";
+    return finish_name(f);
+}
+
+/* {"index", "id", "type": "function", "function": {"name", "arguments"}}:
+ * the whole call (id NULL: an arguments-only stream delta). */
+static json_object *call_json(int index, const char *id, const char *name, const char *args) {
+    json_object *o = json_object_new_object(), *fn = json_object_new_object();
+    if (index >= 0) json_object_object_add(o, "index", json_object_new_int(index));
+    if (id) {
+        json_object_object_add(o, "id", json_object_new_string(id));
+        json_object_object_add(o, "type", json_object_new_string("function"));
+    }
+    if (name) json_object_object_add(fn, "name", json_object_new_string(name));
+    json_object_object_add(fn, "arguments", json_object_new_string(args));
+    json_object_object_add(o, "function", fn);
+    return o;
+}
+
+/* Non-streaming: message.content (null when only calls) and message.tool_calls. */
+static int tools_message(struct oai_resp *r, struct oai_choice *ch, json_object *m, const char **fin) {
+    struct toolcall_result res;
+    if (parse_calls(r, ch, &res)) return KVLLM_ENOMEM;
+    limit_calls(r, &res);
+    json_object_object_add(m, "content", res.content ? json_object_new_string(res.content) : NULL);
+    if (res.n_calls) {
+        json_object *a = json_object_new_array();
+        for (int k = 0; k < res.n_calls; k++) {
+            char id[32];
+            toolcall_make_id(r->tool_format, &r->tool_ids, id);
+            json_object_array_add(a, call_json(-1, id, res.calls[k].name, res.calls[k].arguments));
+        }
+        json_object_object_add(m, "tool_calls", a);
+    }
+    *fin = tools_finish(ch->finish, res.n_calls);
+    toolcall_result_free(&res);
+    return 0;
+}
 
 /* ---- llama-server's /completion shape ---- */
 
@@ -243,11 +325,6 @@ static json_object *envelope(const struct oai_resp *r, const char *object) {
     return o;
 }
 
-static json_object *finish_json(enum kvllm_finish f) {
-    const char *s = finish_name(f);
-    return s ? json_object_new_string(s) : NULL;
-}
-
 char *oai_resp_json(struct oai_resp *r) {
     if (r->llama) {
         const struct oai_choice *ch = &r->choices[0];
@@ -259,10 +336,22 @@ char *oai_resp_json(struct oai_resp *r) {
         json_object *x = json_object_new_object();
         json_object *text = json_object_new_string_len(ch->text.s ? ch->text.s : "", (int)ch->text.len);
         json_object_object_add(x, "index", json_object_new_int(c));
+        const char *fin = finish_name(ch->finish);
         if (r->chat) {
             json_object *m = json_object_new_object();
             json_object_object_add(m, "role", json_object_new_string("assistant"));
-            json_object_object_add(m, "content", text);
+            if (r->tool_format != TOOLCALL_NONE) {
+                json_object_put(text);
+                if (tools_message(r, ch, m, &fin)) {
+                    json_object_put(m);
+                    json_object_put(x);
+                    json_object_put(cs);
+                    json_object_put(o);
+                    return NULL;
+                }
+            } else {
+                json_object_object_add(m, "content", text);
+            }
             json_object_object_add(x, "message", m);
             json_object *lp = NULL;
             if (r->logprobs >= 0) {
@@ -276,7 +365,7 @@ char *oai_resp_json(struct oai_resp *r) {
             json_object_object_add(x, "logprobs", ch->lp);
             ch->lp = NULL;
         }
-        json_object_object_add(x, "finish_reason", finish_json(ch->finish));
+        json_object_object_add(x, "finish_reason", fin ? json_object_new_string(fin) : NULL);
         json_object_array_add(cs, x);
     }
     json_object_object_add(o, "choices", cs);
@@ -294,17 +383,56 @@ static void sse(struct strbuf *out, json_object *o) {
     json_object_put(o);
 }
 
-static json_object *chunk(const struct oai_resp *r, int c, json_object *delta_or_text, json_object *lp,
-                          enum kvllm_finish f) {
+static json_object *chunk_named(const struct oai_resp *r, int c, json_object *delta_or_text, json_object *lp,
+                                const char *finish) {
     json_object *o = envelope(r, r->chat ? "chat.completion.chunk" : "text_completion");
     json_object *cs = json_object_new_array(), *x = json_object_new_object();
     json_object_object_add(x, "index", json_object_new_int(c));
     json_object_object_add(x, r->chat ? "delta" : "text", delta_or_text);
     json_object_object_add(x, "logprobs", lp);
-    json_object_object_add(x, "finish_reason", finish_json(f));
+    json_object_object_add(x, "finish_reason", finish ? json_object_new_string(finish) : NULL);
     json_object_array_add(cs, x);
     json_object_object_add(o, "choices", cs);
     return o;
+}
+
+static json_object *chunk(const struct oai_resp *r, int c, json_object *delta_or_text, json_object *lp,
+                          enum kvllm_finish f) {
+    return chunk_named(r, c, delta_or_text, lp, finish_name(f));
+}
+
+/* Streaming chat with tools: content as the call parser lets it out, and at
+ * the end each call as OpenAI streams one (a delta with index, id, type and
+ * name and empty arguments, then the arguments), then a last chunk with
+ * finish_reason "tool_calls". */
+static void stream_event_tools(struct oai_resp *r, const struct job_event *e, json_object *lp, struct strbuf *out) {
+    struct oai_choice *ch = &r->choices[e->choice];
+    struct strbuf shown = { 0 };
+    struct toolcall_result res = { 0 };
+    const bool fin = e->finish != KVLLM_FINISH_NONE;
+    toolcall_stream_push(ch->tc, e->text, e->len, &shown);
+    if (fin && toolcall_stream_finish(ch->tc, &shown, &res)) out->oom = true;
+    limit_calls(r, &res);
+    if (shown.len || lp) {
+        json_object *d = json_object_new_object();
+        json_object_object_add(d, "content", json_object_new_string_len(shown.s ? shown.s : "", (int)shown.len));
+        sse(out, chunk(r, e->choice, d, lp, KVLLM_FINISH_NONE));
+    }
+    sb_free(&shown);
+    if (!fin) return;
+    for (int k = 0; k < res.n_calls; k++) {
+        char id[32];
+        toolcall_make_id(r->tool_format, &r->tool_ids, id);
+        for (int part = 0; part < 2; part++) {
+            json_object *d = json_object_new_object(), *a = json_object_new_array();
+            json_object_array_add(a, part ? call_json(k, NULL, NULL, res.calls[k].arguments)
+                                          : call_json(k, id, res.calls[k].name, ""));
+            json_object_object_add(d, "tool_calls", a);
+            sse(out, chunk(r, e->choice, d, NULL, KVLLM_FINISH_NONE));
+        }
+    }
+    sse(out, chunk_named(r, e->choice, json_object_new_object(), NULL, tools_finish(e->finish, res.n_calls)));
+    toolcall_result_free(&res);
 }
 
 void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strbuf *out) {
@@ -339,6 +467,18 @@ void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strb
         ch->started = true;
     }
     bool has_lp = r->logprobs >= 0 && e->token >= 0;
+    if (r->chat && ch->tc) {
+        json_object *lp = NULL;
+        if (has_lp) {
+            lp = json_object_new_object();
+            json_object *a = json_object_new_array();
+            json_object_array_add(a, chat_lp_entry(r, e));
+            json_object_object_add(lp, "content", a);
+        }
+        stream_event_tools(r, e, lp, out);
+        note_event(r, e);
+        return;
+    }
     /* a token whose text is withheld (a possible stop string, half a
      * character) makes no chunk unless its log-probability was asked for */
     if (e->len || has_lp || e->finish != KVLLM_FINISH_NONE) {

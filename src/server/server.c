@@ -12,6 +12,7 @@
  * stops, then the engine thread exits when idle, so no job is left waiting
  * for an event that will never come. */
 #include "server/server_internal.h"
+#include "server/toolcall.h"
 #include "core/core.h"
 
 #include <json-c/json.h>
@@ -217,6 +218,12 @@ static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 int server_start(const struct server_params *p, struct server **out) {
     *out = NULL;
+    int tf = p->tool_call_format && strcmp(p->tool_call_format, "auto") ? toolcall_format_from_name(p->tool_call_format)
+                                                                         : TOOLCALL_NONE;
+    if (tf < 0) {
+        LOG_ERR("--tool-call-format: '%s' is not auto, hermes, llama3, mistral or none", p->tool_call_format);
+        return KVLLM_EINVAL;
+    }
     struct server *s = calloc(1, sizeof *s);
     if (!s) return KVLLM_ENOMEM;
     s->host = strdup(p->host ? p->host : "127.0.0.1");
@@ -224,6 +231,8 @@ int server_start(const struct server_params *p, struct server **out) {
     s->model_id = strdup(p->model_id ? p->model_id : "default");
     s->chat_template = dup_or_null(p->chat_template);
     s->special_in_content = p->special_in_content;
+    s->tool_format = tf;
+    s->tool_format_forced = p->tool_call_format && strcmp(p->tool_call_format, "auto");
     s->max_body = p->max_body ? p->max_body : (size_t)1 << 20;
     s->metrics_public = p->metrics_public;
     s->header_timeout = p->header_timeout > 0 ? p->header_timeout : 10;
@@ -269,6 +278,15 @@ int server_ready(struct server *s, struct kvllm_model *model, struct kvllm_engin
     /* the engine thread does not run yet: reading the stats here is safe */
     kvllm_engine_get_stats(engine, &s->stats);
     s->pool_tokens = s->stats.blocks_total * s->stats.block_size;
+    if (!s->tool_format_forced) {   /* the template's text says how its model calls tools */
+        size_t len = 0;
+        const char *t = s->chat_template ? s->chat_template
+                                         : kvllm_model_meta_str(model, "tokenizer.chat_template", &len);
+        char *z = t && !s->chat_template ? strndup(t, len) : NULL;
+        if (t && !s->chat_template && !z) return KVLLM_ENOMEM;
+        s->tool_format = toolcall_detect(z ? z : t);
+        free(z);
+    }
     if (pthread_create(&s->engine_thread, NULL, engine_main, s)) return KVLLM_ENOMEM;
     s->engine_started = true;
     atomic_store(&s->state, SRV_READY);

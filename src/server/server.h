@@ -38,12 +38,16 @@ struct server_params {
     double log_interval;        /* seconds between engine lines while busy (0: none) */
     int max_seqs;               /* the engine's sequences at once, for /props (0: unknown) */
     const char *version, *commit;   /* for /version and /props (NULL: "unknown") */
+    /* How tool calls are read out of answers: "hermes", "llama3", "mistral", "none" (no tool
+     * calling); NULL or "auto": detected from the chat template's text (toolcall_detect). */
+    const char *tool_call_format;
 };
 
 struct server;
 
-/* Copies p's strings.  Returns 0, KVLLM_EIO (cannot bind, logged) or
- * KVLLM_ENOMEM; on error *out is NULL. */
+/* Copies p's strings.  Returns 0, KVLLM_EIO (cannot bind, logged),
+ * KVLLM_EINVAL (an unknown tool_call_format, logged) or KVLLM_ENOMEM; on
+ * error *out is NULL. */
 int server_start(const struct server_params *p, struct server **out);
 /* The port actually bound. */
 int server_port(const struct server *s);

@@ -26,6 +26,8 @@ struct server {
     char *host, *api_key, *model_id, *chat_template;
     size_t max_body;
     bool special_in_content;          /* kvllm_chat_tokenize's flag (--special-in-content) */
+    int tool_format;                  /* enum toolcall_format: --tool-call-format, else detected at server_ready */
+    bool tool_format_forced;
     bool metrics_public;
     double header_timeout, body_timeout, idle_timeout;   /* seconds */
     int max_conns, max_conns_per_client;

@@ -166,8 +166,22 @@ static void parse_llama3(const char *s, size_t n, struct strbuf *outside, struct
 /* Mistral: text, then [TOOL_CALLS] and a JSON array of calls (or one call). */
 static void parse_mistral(const char *s, size_t n, struct strbuf *outside, struct calls *c) {
     const char *m = find(s, n, 0, k_mistral);
-    if (!m) { sb_put(outside, s, n); return; }
-    size_t at = (size_t)(m - s), i = at + sizeof k_mistral - 1;
+    size_t at, i;
+    if (m) {
+        at = (size_t)(m - s);
+        i = at + sizeof k_mistral - 1;
+    } else {
+        /* [TOOL_CALLS] is a control token, which detokenizes to nothing:
+         * an answer that is only a JSON array of calls counts too */
+        at = i = 0;
+        while (i < n && is_ws(s[i])) i++;
+        if (i == n || s[i] != '[') { sb_put(outside, s, n); return; }
+        size_t k = i;
+        json_object *probe = json_at(s, n, &k);
+        json_object_put(probe);
+        while (k < n && is_ws(s[k])) k++;
+        if (!probe || k != n) { sb_put(outside, s, n); return; }
+    }
     json_object *o = json_at(s, n, &i);
     struct calls got = { 0 };
     bool ok = o != NULL;
@@ -274,7 +288,13 @@ void toolcall_stream_push(struct toolcall_stream *s, const char *text, size_t le
     size_t n = s->text.len, end = n;
     switch (s->f) {
     case TOOLCALL_HERMES: end = marker_start(t, n, s->n_shown, k_hermes_open, &s->held); break;
-    case TOOLCALL_MISTRAL: end = marker_start(t, n, s->n_shown, k_mistral, &s->held); break;
+    case TOOLCALL_MISTRAL: {
+        size_t i = 0;
+        while (i < n && is_ws(t[i])) i++;
+        if (i < n && t[i] == '[' && s->n_shown <= i) { s->held = true; return; }   /* maybe a bare call array */
+        end = marker_start(t, n, s->n_shown, k_mistral, &s->held);
+        break;
+    }
     case TOOLCALL_LLAMA3: {
         /* calls only when the answer starts with one: decided on the first
          * character that is not whitespace */

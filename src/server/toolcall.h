@@ -12,7 +12,8 @@
  *            [<|python_tag|>]{"name": ..., "parameters": {...}}, several calls
  *            separated by ';'
  *   MISTRAL  (Mistral Nemo)  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
- *            text may come before
+ *            text may come before; [TOOL_CALLS] is a control token, which
+ *            detokenizes to nothing, so an answer that is only the array counts
  * A call is a JSON object with a string "name" and an "arguments" or
  * "parameters" value that is an object (or a string holding one).  Whatever
  * does not parse as such a call is text: a malformed call comes back in the

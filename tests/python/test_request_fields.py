@@ -203,7 +203,8 @@ ACCEPTED = {
     "logprobs": "test_server.py", "top_logprobs": "test_server.py", "min_tokens": "test_min_tokens",
     "stop_token_ids": "test_stop_token_ids", "logit_bias": "test_logit_bias", "best_of": "test_best_of",
     "echo": "test_echo", "response_format": "test_constrained.py", "grammar": "test_constrained.py",
-    "json_schema": "test_constrained.py", "suffix": "test_refused_unless_neutral", "tools": "the tools tests",
+    "json_schema": "test_constrained.py", "suffix": "test_refused_unless_neutral", "tools": "test_tools.py",
+    "tool_choice": "test_tools.py", "parallel_tool_calls": "test_tools.py", "function": "test_tools.py (tool_choice)",
     "n_predict": "test_server_endpoints.py (llama-server's /completion)",
     "repeat_penalty": "test_server_endpoints.py (llama-server's /completion)",
 }

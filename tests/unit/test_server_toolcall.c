@@ -69,6 +69,10 @@ static const struct row k_rows[] = {
       { { 0 } } },
     { M, "No tools needed.", "No tools needed.", 0, { { 0 } } },
     { M, "[TOOL_CALLS][]", "[TOOL_CALLS][]", 0, { { 0 } } },
+    { M, " [{\"name\": \"a\", \"arguments\": {\"k\": 1}}]", NULL, 1, { { "a", "{\"k\":1}" } } },   /* marker detokenized to nothing */
+    { M, "[1] is a list", "[1] is a list", 0, { { 0 } } },
+    { M, "[{\"name\": \"a\", \"arguments\": {}}] trailing", "[{\"name\": \"a\", \"arguments\": {}}] trailing", 0,
+      { { 0 } } },
     /* no format: all text */
     { TOOLCALL_NONE, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
       "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", 0, { { 0 } } },

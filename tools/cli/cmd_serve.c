@@ -41,6 +41,8 @@ static const char *k_usage =
     "  --chat-template FILE   Jinja chat template (default: the model's own)\n"
     "  --special-in-content   control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\n"
     "                         control tokens, as Transformers does (default: it is read as text)\n"
+    "  --tool-call-format F   how tool calls are read from answers: auto (default: from the chat template's\n"
+    "                         text), hermes, llama3, mistral, or none (tool calling off)\n"
     "  --allowed-origins LIST CORS: origins (comma-separated, or '*') whose pages may call the server from a\n"
     "                         browser: OPTIONS preflight answered, Access-Control-Allow-* headers (default: none)\n"
     "  --log-format text|json one line per finished request and a periodic engine line, as text (default) or JSON\n"
@@ -147,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--tokenizer")) tokenizer = v;
         else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) alias = v;
         else if (!strcmp(a, "--allowed-origins")) sp.allowed_origins = v;
+        else if (!strcmp(a, "--tool-call-format")) sp.tool_call_format = v;
         else if (!strcmp(a, "--log-format")) {
             if (strcmp(v, "text") && strcmp(v, "json")) { cli_error("--log-format: '%s' is not text or json", v); return 2; }
             sp.log_json = !strcmp(v, "json");

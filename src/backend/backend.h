@@ -230,15 +230,14 @@ struct backend_ctx {
  * build or CPU lacks.
  *
  * Activations (SIMD sets): f32 arithmetic on dequantized weights by
- * default (KVLLM_ACT=f32).  KVLLM_ACT=int multiplies Q8_0 / Q4_0 / Q4_1 weights with
- * activations quantized to 13-bit integer codes per block of 32 (integer
- * dot products: single-stream decode of large Q4 models about 1.6x faster,
- * prefill and batched steps about 0.5-0.7x; docs/PERF.md).  KVLLM_ACT=q8
- * quantizes activations to 8-bit codes per block of 32 and multiplies
- * Q8_0 / Q4_0 / Q4_1 weights with integer dot products (vpmaddubsw on AVX2,
+ * default (KVLLM_ACT=f32).  KVLLM_ACT=q8 quantizes activations per row to
+ * 8-bit codes (blocks of 32 for Q8_0 / Q4_0 / Q4_1, of 256 for Q4_K / Q5_K
+ * / Q6_K) and multiplies with integer dot products (vpmaddubsw on AVX2,
  * vpdpbusd where the CPU has AVX-VNNI or AVX-512 VNNI), bit-identical
  * across kernel sets, on weights repacked at placement into 16-row
- * interleaved blocks (src/backend/cpu/qmm.h).  The choice is
+ * interleaved blocks (src/backend/cpu/qmm.h); other weight types, and the
+ * logits' matrix (TENSOR_F_LOGITS), keep f32 arithmetic.  KVLLM_ACT=int
+ * takes the older 13-bit codes for Q8_0 / Q4_0 / Q4_1.  The choice is
  * per backend, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);
 /* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU with kernel set

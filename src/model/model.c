@@ -312,6 +312,7 @@ static int place_weights(struct model *m) {
         _Static_assert(sizeof lt / sizeof lt[0] <= 18, "per_layer");
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
     }
+    (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_LOGITS;   /* a hint (tensor.h) */
     int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
     free(ts);
     if (!rc && m->tied_output) m->output = m->tok_embd;

@@ -16,7 +16,15 @@ struct tensor {
     const void *data;   /* (ne1, ne0) of type, or as layout says */
     uint32_t layout;    /* TENSOR_ROWS (0): rows as above; otherwise a backend's repacked layout
                            (set by place_weights; only that backend's ops read it) */
+    uint32_t flags;     /* TENSOR_F_* hints from the model to the backend */
 };
+
+/* The matrix whose product is the logits (the output head, or the token
+ * embedding when the head is tied to it).  The CPU backend's 8-bit path
+ * leaves it to f32 activations: its activation rounding decided near-ties
+ * of the top token (SmolLM2: 95.9 % top-1 agreement with the exact path
+ * with it, 97.5 % without; docs/PERF.md). */
+#define TENSOR_F_LOGITS 1u
 
 enum tensor_layout {
     TENSOR_ROWS = 0,

@@ -13,7 +13,7 @@ kvllm's quantizers are read back through gguf.GGUFReader and decoded by gguf-py:
   * an already-quantized input is refused without --allow-requantize (llama-quantize's rule), and an
     output that cannot be created is refused, both before any work and leaving no file;
   * the output is byte-identical for 1, 2 and 3 threads;
-  * KVLLM_CPU=scalar and avx2 give the same logits within 1e-5.
+  * KVLLM_CPU=scalar and avx2 (KVLLM_ACT=f32) give the same logits within 1e-5.
 Model shapes: n_embd 256, n_ff 768, vocab 512 (rows are whole 256-element super-blocks).
 """
 from __future__ import annotations
@@ -206,7 +206,7 @@ def test_scalar_and_avx2_agree(kvllm, models, quantized, tmp_path, qtype):
     runs = {}
     for kind in ("scalar", "avx2"):
         res = run_cli(kvllm, "eval", "-m", path, "--tokens", " ".join(map(str, m.tokens)), "--prefill", "4",
-                      "-o", tmp_path / f"{kind}.bin", env={"KVLLM_CPU": kind})
+                      "-o", tmp_path / f"{kind}.bin", env={"KVLLM_CPU": kind, "KVLLM_ACT": "f32"})
         res.check_ok()
         runs[kind] = np.fromfile(tmp_path / f"{kind}.bin", dtype="<f4")
     a, b = runs["scalar"], runs["avx2"]

@@ -316,8 +316,10 @@ int main(void) {
     }
     struct backends B = { 0 };
     CHECK((B.scalar = tb_new("scalar", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    setenv("KVLLM_ACT", "f32", 1);   /* first the f32 path (the default); q8 and int below */
     CHECK((B.avx2[0] = tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
     CHECK((B.avx2[1] = tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    unsetenv("KVLLM_ACT");
     if (!B.scalar || !B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
     if (threadpool_size(cpu_ctx_of(B.avx2[1])->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 

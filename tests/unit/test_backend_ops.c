@@ -1384,7 +1384,10 @@ static void test_errors(struct tbe *t) {
 
 static void add_backend(const char *kind, bool strict, bool simd, bool act_int, int twin, int n_threads) {
     struct tbe *t = &g_be[g_nbe];
-    if (act_int) setenv("KVLLM_ACT", "int", 1);   /* read when the backend is created */
+    /* read when the backend is created; f32 unless asked (the 8-bit path,
+     * q8, is checked bit for bit against its definition by
+     * test_backend_matmul.c and test_backend_qk.c) */
+    setenv("KVLLM_ACT", act_int ? "int" : "f32", 1);
     t->c = tb_new(kind, strict, n_threads, MAX_COLS, MAX_TOKENS, MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
     unsetenv("KVLLM_ACT");
     CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);

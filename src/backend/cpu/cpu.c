@@ -233,8 +233,15 @@ int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     b->ops = ops;
     b->be.ops = &b->ops;
     b->qrows = qrows;
+    /* The default is still f32.  q8 (8-bit activations for the weight types
+     * with integer kernels, qmm.h; f32 for the rest and for the logits'
+     * matrix) meets the issue's bar against llama.cpp on every SmolLM2 file
+     * (docs/PERF.md, test_kld.py), but it changes SmolLM2-135M's greedy
+     * answers to some of the tests' prompts (as llama.cpp's own differ from
+     * the f32 path's), so flipping it waits for those tests to pin f32.  The
+     * scalar set, the oracle, stays f32 whatever KVLLM_ACT says. */
     const char *act = getenv("KVLLM_ACT");
-    b->act = ACT_F32;   /* the default (also for scalar, the oracle, whatever KVLLM_ACT says) */
+    b->act = ACT_F32;
     if (act && strcmp(act, "int") == 0) b->act = ACT_INT;
     else if (act && strcmp(act, "q8") == 0) b->act = ACT_Q8;
     else if (act && *act && strcmp(act, "f32") != 0)

@@ -18,6 +18,12 @@ bool qmm_supports(uint32_t type, int64_t K) {
 }
 
 /* The K-quant row (K + K / 64 + K / 8 + K / 16 bytes) fits in this too. */
+/* Whether the 8-bit path takes tensor t: its type and row length, and not
+ * the logits' matrix (tensor.h: TENSOR_F_LOGITS stays with f32 activations). */
+static bool q8_takes(const struct tensor *t) {
+    return qmm_supports(t->type, t->ne0) && !(t->flags & TENSOR_F_LOGITS);
+}
+
 size_t qmm_act_row_bytes(int64_t K) {
     return ((size_t)K + (size_t)(K / QMM_BLK) * 8 + 63) & ~(size_t)63;
 }
@@ -248,7 +254,7 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const struct cpu_backend *b = cpu_backend_of(c->be);
-    if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && qmm_supports(w->type, w->ne0))) {
+    if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && q8_takes(w))) {
         KV_ASSERT(b->qrows);
         return qmm_matmul(c, y, w, x, n, b->qrows);
     }
@@ -276,14 +282,14 @@ int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, ui
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         if (!ts[i]->data) continue;
-        if (ts[i]->layout == TENSOR_ROWS && qmm_supports(ts[i]->type, ts[i]->ne0))
+        if (ts[i]->layout == TENSOR_ROWS && q8_takes(ts[i]))
             total += (qmm_packed_bytes(ts[i]) + 63) & ~(size_t)63;
         else *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
     }
     if (b->packed) total = 0;   /* placed once per backend: later tensors stay in rows (packed on the fly) */
     if (!total) {
         for (int i = 0; i < n; i++)
-            if (ts[i]->data && ts[i]->layout == TENSOR_ROWS && qmm_supports(ts[i]->type, ts[i]->ne0))
+            if (ts[i]->data && ts[i]->layout == TENSOR_ROWS && q8_takes(ts[i]))
                 *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
         return 0;
     }
@@ -295,7 +301,7 @@ int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, ui
     uint8_t *at = p;
     for (int i = 0; i < n; i++) {
         struct tensor *t = ts[i];
-        if (!t->data || t->layout != TENSOR_ROWS || !qmm_supports(t->type, t->ne0)) continue;
+        if (!t->data || t->layout != TENSOR_ROWS || !q8_takes(t)) continue;
         qmm_pack(t, at);
         t->data = at;
         t->layout = TENSOR_Q8X16;

@@ -118,7 +118,7 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 
 /* backend_ops.matmul of the SIMD kernel sets: the integer path, with the
  * backend's group kernel (struct cpu_backend.qrows, chosen at creation), for
- * the types it takes when the context's act is ACT_Q8 (and always for a
+ * the types it takes (not the logits' matrix, tensor.h) when the context's act is ACT_Q8 (and always for a
  * TENSOR_Q8X16 tensor); otherwise the AVX2 f32 matmul. */
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
 /* backend_ops.get_rows of the SIMD sets: TENSOR_Q8X16 rows unpacked, others

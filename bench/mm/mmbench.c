@@ -36,7 +36,18 @@ static struct backend_ctx *mk(const char *kind, const char *act, int64_t K, int 
 int main(int argc, char **argv) {
     const int64_t K = argc > 1 ? atol(argv[1]) : 2048, M = argc > 2 ? atol(argv[2]) : 2048;
     const int reps = argc > 3 ? atoi(argv[3]) : 5;
-    static const uint32_t types[] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1 };
+    /* argv[4]: the types, comma-separated (default Q4_0,Q8_0,Q4_1; also Q4_K, Q5_K, Q6_K) */
+    uint32_t types[8] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1 };
+    size_t n_types = 3;
+    if (argc > 4) {
+        static const uint32_t known[] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+        n_types = 0;
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", argv[4]);
+        for (char *tok = strtok(buf, ","); tok && n_types < 8; tok = strtok(NULL, ","))
+            for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+                if (!strcmp(tok, dtype_name(known[i]))) types[n_types++] = known[i];
+    }
     static const int ns[] = { 1, 4, 16, 128 };
     struct rng rg;
     rng_seed(&rg, 1);
@@ -45,7 +56,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < 128 * K; i++) x[i] = rng_f32(&rg) * 2 - 1;
     printf("K=%lld M=%lld, 1 thread, best of %d, CPU time\n| type | n | path | GFLOP/s | ratio vs f32 |\n|---|---:|---|---:|---:|\n",
            (long long)K, (long long)M, reps);
-    for (size_t it = 0; it < sizeof types / sizeof *types; it++) {
+    for (size_t it = 0; it < n_types; it++) {
         uint64_t rb;
         dtype_row_bytes(types[it], (uint64_t)K, &rb);
         uint8_t *data = malloc(rb * (size_t)M);

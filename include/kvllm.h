@@ -451,6 +451,19 @@ void kvllm_session_free(struct kvllm_session *s);
 int kvllm_session_n_past(const struct kvllm_session *s);
 /* Forget everything from position `pos` on (0: empty the cache). */
 void kvllm_session_truncate(struct kvllm_session *s, int pos);
+/* Forget positions p0 .. p1-1 and move the ones after them down by
+ * p1 - p0, keeping their K/V (a context shift, as llama.cpp's: K is rotated
+ * back by the RoPE angle of the distance).  What the moved positions hold
+ * is not what evaluating the remaining tokens afresh would give: beyond the
+ * first layer their K/V were computed attending to the forgotten positions,
+ * and K is rounded to the KV type once more (docs/CLI.md, chat).
+ * Returns 0; KVLLM_EINVAL (logged) unless 0 <= p0 <= p1 <= n_past;
+ * KVLLM_EUNSUPPORTED, changing nothing, when positions cannot be moved
+ * (learned positions as GPT-2's, a session without KV cache, a backend
+ * without the op): truncate at p0 and evaluate again instead; with p1 =
+ * n_past it is a truncation and works for every model.  KVLLM_EBACKEND when
+ * the op failed: the session then holds positions 0 .. p0-1. */
+int kvllm_session_discard(struct kvllm_session *s, int p0, int p1);
 
 /* Evaluate n tokens at positions n_past .. n_past+n-1, appending their K/V
  * (in chunks of max_batch).  logits (may be NULL) receives n_vocab floats

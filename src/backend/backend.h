@@ -26,7 +26,8 @@
  * no reduction split across threads), so a sequence's output never depends
  * on what else shares the batch or on the thread count.
  *
- * Adding a backend: fill a struct backend_ops (every member is required),
+ * Adding a backend: fill a struct backend_ops (every member is required
+ * unless marked optional),
  * return a struct backend from a constructor, and run the per-op harness
  * (tests/unit/test_backend_ops.c) against the scalar reference. */
 #ifndef KVLLM_BACKEND_H
@@ -197,6 +198,17 @@ struct backend_ops {
      * to block dst in every one of the n_layer layers */
     int (*copy_blocks)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                        const int32_t (*pairs)[2], int n);
+    /* Context shift (chat dropping old turns): in every one of the n_layer
+     * layers, move the K and V rows of slot src[i] to slot dst[i] (host
+     * memory; slots >= 0), every kv head, for i = 0 .. n-1 in that order
+     * (the caller orders them so that no move writes a slot a later move
+     * reads), K rotated by the RoPE angle of delta positions (p as in rope;
+     * delta < 0 moves positions back).  A K row goes through f32 and is
+     * stored again (quantized anew for the 8-bit types); V rows and their
+     * scales are copied as they are.  Optional: NULL when the backend cannot
+     * (the caller recomputes the positions instead). */
+    int (*kv_shift)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
+                    const int32_t *dst, int n, int delta, const struct rope_params *p);
 
     /* ---- sampling stage ---- */
     /* ids (n) = the greedy token of each row of x (n, dim): the index of the

@@ -20,6 +20,7 @@ struct kvllm_session {
     struct request *r;      /* one sequence, never sampled */
     struct session_eval ev;
     bool no_kv_cache, queued;
+    int32_t *shift_src, *shift_dst;   /* (n_ctx) each: kvllm_session_discard's moves (host) */
 };
 
 int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params *p, struct kvllm_session **out) {
@@ -53,6 +54,9 @@ int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params 
     int rows = ep.max_batch_tokens < SESSION_LOGIT_ROWS ? ep.max_batch_tokens : SESSION_LOGIT_ROWS;
     int rc = engine_new(km, &ep, rows, &s->e);
     if (!rc && !(s->r = xcalloc(1, sizeof *s->r))) rc = KVLLM_ENOMEM;
+    if (!rc && (!(s->shift_src = xmalloc((size_t)n_ctx * sizeof *s->shift_src)) ||
+                !(s->shift_dst = xmalloc((size_t)n_ctx * sizeof *s->shift_dst))))
+        rc = KVLLM_ENOMEM;
     if (!rc) {
         struct request *r = s->r;
         r->n = 1;
@@ -76,6 +80,8 @@ void kvllm_session_free(struct kvllm_session *s) {
     if (s->queued) sched_finish(&s->e->sched, s->r->seqs[0]);
     engine_request_free(s->r);
     kvllm_engine_free(s->e);
+    free(s->shift_src);
+    free(s->shift_dst);
     free(s);
 }
 
@@ -95,6 +101,51 @@ void kvllm_session_truncate(struct kvllm_session *s, int pos) {
     q->n_tokens = pos;
     if (q->n_computed > pos) q->n_computed = pos;
     release_tail(s, sched_blocks_for(&s->e->sched, pos));
+}
+
+/* Context shift, in the manner of llama.cpp's: position p >= p1 moves to
+ * p - (p1 - p0) within the sequence's own blocks (row by row, in order of
+ * position, so a move never overwrites a row still to be read), its K rotated back by the
+ * RoPE angle of the distance; then the blocks past the new end go back to
+ * the pool.  Rows below p0 are never written, so a failed op leaves the
+ * first p0 positions intact. */
+int kvllm_session_discard(struct kvllm_session *s, int p0, int p1) {
+    struct kvllm_engine *e = s->e;
+    struct seq *q = s->r->seqs[0];
+    const int n = q->n_tokens;
+    if (p0 < 0 || p1 < p0 || p1 > n) {
+        LOG_ERR("cannot discard positions %d .. %d of a session holding %d", p0, p1 - 1, n);
+        return KVLLM_EINVAL;
+    }
+    if (p0 == p1) return 0;
+    if (p1 == n) {   /* nothing after the range: a truncation, for any model */
+        kvllm_session_truncate(s, p0);
+        return 0;
+    }
+    struct rope_params rp;
+    if (s->no_kv_cache || model_rope_params(e->km->m, &rp) || !e->ctx->ops->kv_shift) return KVLLM_EUNSUPPORTED;
+    KV_ASSERT(q->n_computed == n);   /* a session is idle between evaluations */
+    const int delta = p1 - p0, bs = e->kv.block_size, n_move = n - p1;
+    for (int i = 0; i < n_move; i++) {
+        const int from = p1 + i, to = p0 + i;
+        s->shift_src[i] = q->blocks[from / bs] * bs + from % bs;
+        s->shift_dst[i] = q->blocks[to / bs] * bs + to % bs;
+    }
+    /* in position order, a move writes the slot of position p0 + i, which
+     * no later move reads (they read positions p1 + j > p0 + i) */
+    BE_OP(e->ctx, kv_shift, e->kv.layers, e->kv.n_layer, s->shift_src, s->shift_dst, n_move, -delta, &rp);
+    int rc = backend_sync(e->ctx);
+    if (rc) {
+        kvllm_session_truncate(s, p0);
+        return KVLLM_EBACKEND;
+    }
+    memmove(q->tokens + p0, q->tokens + p1, (size_t)n_move * sizeof *q->tokens);
+    q->n_tokens = q->n_computed = n - delta;
+    const int full = p0 / bs;   /* blocks before p0 are untouched: their hashes stand */
+    if (q->n_hashed > full) q->n_hashed = full;
+    if (q->n_published > full) q->n_published = full;
+    release_tail(s, sched_blocks_for(&e->sched, q->n_tokens));
+    return 0;
 }
 
 int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n, bool all_logits, float *logits) {

@@ -80,10 +80,8 @@ int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_
     const struct model_hparams *hp = &m->hp;
     const int n = bt->n_tokens, E = hp->n_embd;
     KV_ASSERT(n >= 1 && n <= b->n_max && bt->n_logits >= 0 && bt->n_logits <= b->n_logits_max);
-    const struct rope_params rp = {
-        .n_rot = hp->n_rot, .theta = hp->rope_theta, .freq_scale = hp->rope_freq_scale,
-        .freq_factors = m->rope_freqs.data ? &m->rope_freqs : NULL, .neox = m->rope_neox,
-    };
+    struct rope_params rp;
+    model_rope_params(m, &rp);   /* unused for learned positions */
 
     OP(get_rows, b->x, &m->tok_embd, bt->tokens, n);
     if (m->learned_pos) {   /* positions were checked against n_ctx_train by the engine; get_rows checks again */

@@ -361,6 +361,15 @@ int model_check_ctx(const struct model *m, int n_ctx) {
     return 0;
 }
 
+int model_rope_params(const struct model *m, struct rope_params *out) {
+    const struct model_hparams *hp = &m->hp;
+    *out = (struct rope_params){
+        .n_rot = hp->n_rot, .theta = hp->rope_theta, .freq_scale = hp->rope_freq_scale,
+        .freq_factors = m->rope_freqs.data ? &m->rope_freqs : NULL, .neox = m->rope_neox,
+    };
+    return m->learned_pos || hp->n_rot == 0 ? KVLLM_EUNSUPPORTED : 0;
+}
+
 void model_free(struct model *m) {
     if (!m) return;
     backend_free(m->be);   /* the placed weights with it */

@@ -99,6 +99,11 @@ void model_free(struct model *m);
  * sizing anything; model_forward asserts positions are in range. */
 int model_check_ctx(const struct model *m, int n_ctx);
 
+/* The RoPE settings K was rotated with (model_forward's): 0, or
+ * KVLLM_EUNSUPPORTED when positions are not rotations (learned positions: GPT-2),
+ * so cached K cannot be moved to other positions (kv_shift). */
+int model_rope_params(const struct model *m, struct rope_params *out);
+
 /* One step's tokens, from any number of sequences.  Every array is
  * backend memory (uploaded by the engine); the counts are host values. */
 struct batch {

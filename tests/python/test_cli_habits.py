@@ -234,7 +234,8 @@ def test_chat_ctrl_c_stops_the_answer(kvllm, smollm2):
 
 def test_chat_outgrows_the_context(run, smollm2):
     """A conversation four times longer than -c goes on to the end: the oldest turns after the system
-    message are dropped with a note, every turn is answered, the system prompt's cache is reused."""
+    message are dropped with a note, every turn is answered, the system prompt's cache is reused, and the
+    turns kept stay cached (context shift): a turn that drops computes only its new message."""
     ctx = 200
     questions = [f"Question {i}: what is {i} plus {i}? Answer in one sentence and show the steps." for i in range(24)]
     res = run("chat", "-m", smollm2, "-c", ctx, "-n", "32", "--temp", "0", "--interactive", "-t", "1",
@@ -249,6 +250,15 @@ def test_chat_outgrows_the_context(run, smollm2):
     # the system message stayed: every prompt still starts with its tokens, reused from the KV cache
     reuse = [int(x) for x in re.findall(r"prompt \d+ tokens: (\d+) reused", res.err)]
     assert all(r >= 5 for r in reuse[1:]), reuse
+    drops = {int(t) for t in re.findall(r"turn (\d+): the conversation outgrew", res.err)}
+    shifts = {int(t): int(n) for t, n in re.findall(r"turn (\d+): context shift: (\d+) cached tokens", res.err)}
+    assert len(drops) >= 10 and set(shifts) == drops and min(shifts.values()) >= 40, (drops, shifts)
+    computed = {int(t): int(n) for t, n in re.findall(r"turn (\d+): prompt \d+ tokens: \d+ reused from the KV "
+                                                      r"cache, (\d+) computed", res.err)}
+    q_max = max(len(parse_ids(run("tokenize", "-m", smollm2, "--ids", q).check_ok().out)) for q in questions[-3:])
+    # the new message with its template tokens (<|im_start|>user ... <|im_start|>assistant) and the end of
+    # the previous answer: the kept turns are not among them
+    assert all(computed[t] <= q_max + 12 for t in drops), (computed, q_max)
 
 
 def test_chat_clear_and_file(run, smollm2, tmp_path):

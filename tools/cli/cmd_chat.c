@@ -15,6 +15,17 @@
  * was generated, the common prefix simply ends there and the rest is
  * recomputed — the cache never holds a token the prompt does not.
  *
+ * Context overflow: when the conversation and room for an answer no longer
+ * fit -c, whole turns after the system message are dropped, oldest first
+ * (noted on stderr).  The cache then holds [system | dropped | kept]: the
+ * dropped positions are discarded and the kept ones moved down in place
+ * (kvllm_session_discard: llama.cpp's context shift, K re-rotated by the
+ * distance), so only the new message is computed.  The kept turns' K/V
+ * above the first layer were computed while they could see the dropped
+ * turns, which a fresh evaluation would not: an approximation llama.cpp
+ * makes too (docs/CLI.md); --no-context-shift recomputes the kept turns
+ * instead, as do models whose positions cannot move (GPT-2's learned ones).
+ *
  * Input: with -p, or when stdin is not a terminal, one answer and exit (the
  * -p text, else the whole of stdin is the user's message).  On a terminal,
  * or with --interactive, each line of stdin is a user turn until EOF or
@@ -68,20 +79,23 @@ static const char *k_usage =
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
     "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
+    "  --no-context-shift     when old turns are dropped, recompute the kept ones rather than move their\n"
+    "                         cached K/V down (exact, slower; the default moves them as llama.cpp does)\n"
     "  --special-in-content   control-token text typed in a message (\"<|im_end|>\") becomes control tokens,\n"
     "                         as Transformers does (default: it is read as text)\n"
     "  -v, --verbose          also print each rendered prompt to stderr\n"
     "  -q, --quiet            only errors on stderr\n"
     "  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
     "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
-    "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr).\n"
+    "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr);\n"
+    "  the turns kept stay in the KV cache, moved down (a context shift), unless --no-context-shift.\n"
     "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
 
 struct chat_opts {
     const char *model, *tokenizer, *template_path, *prompt, *system, *file;
     struct kvllm_engine_params ep;  /* KV options (--kv-type, --block-size, --kv-mem, ...) */
     long n_predict, n_ctx, n_threads;
-    bool seed_set, interactive, no_reuse, verbose, quiet, special_in_content;
+    bool seed_set, interactive, no_reuse, no_shift, verbose, quiet, special_in_content;
     struct kvllm_sampling_params sp;
 };
 
@@ -111,6 +125,7 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
         else if (!strcmp(a, "--interactive")) o->interactive = true;
         else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;
+        else if (!strcmp(a, "--no-context-shift")) o->no_shift = true;
         else if (!strcmp(a, "--special-in-content")) o->special_in_content = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
@@ -150,7 +165,8 @@ struct chat {
     char *answer;                     /* the answer being generated, answer_len bytes */
     size_t answer_len, answer_cap;
     long n_predict;
-    bool quiet, verbose, no_reuse, special_in_content;
+    bool quiet, verbose, no_reuse, no_shift, special_in_content;
+    bool shift_unsupported;           /* the model's positions cannot move: noted once */
     bool interrupted;                 /* the last answer was cut by Ctrl-C */
     int turn;
 };
@@ -213,6 +229,40 @@ static bool answer_add(struct chat *c, const char *s) {
     return true;
 }
 
+/* After turns were dropped the cache holds [prefix (p0 tokens) | dropped
+ * (delta) | rest] while the prompt ids are [prefix | rest | new]: the rest
+ * is found where the dropped turns end (the prompt that still held them
+ * was delta tokens longer), the dropped positions discarded and the rest
+ * moved down.  Returns the tokens kept that way (have and the session then
+ * hold p0 + that many), or 0 when nothing could be (the caller truncates
+ * at p0 and computes the rest). */
+static int shift_kept(struct chat *c, const int32_t *ids, int n_ids, int p0, int delta) {
+    if (c->no_shift || c->shift_unsupported || delta <= 0) return 0;
+    int m = 0;
+    while (p0 + delta + m < c->n_have && p0 + m < n_ids && c->have[p0 + delta + m] == ids[p0 + m]) m++;
+    if (m == 0) return 0;
+    kvllm_session_truncate(c->sess, p0 + delta + m);   /* fewer rows to move */
+    c->n_have = p0 + delta + m;
+    int rc = kvllm_session_discard(c->sess, p0, p0 + delta);
+    if (rc == KVLLM_EUNSUPPORTED) {
+        c->shift_unsupported = true;
+        if (!c->quiet)
+            fprintf(stderr, "kvllm: turn %d: no context shift for this model (learned positions) or backend (no "
+                            "kv_shift op): the kept turns are recomputed\n", c->turn);
+        return 0;
+    }
+    if (rc) {   /* the op failed (reported): the session holds the prefix only */
+        c->n_have = p0;
+        return 0;
+    }
+    memmove(c->have + p0, c->have + p0 + delta, (size_t)m * sizeof *c->have);
+    c->n_have = p0 + m;
+    if (!c->quiet)
+        fprintf(stderr, "kvllm: turn %d: context shift: %d cached tokens of the kept turns moved back %d positions "
+                        "(K re-rotated), not recomputed\n", c->turn, m, delta);
+    return m;
+}
+
 /* One user turn: render, reuse the cached prefix, evaluate the rest, stream
  * the answer, add it to the conversation.  Returns 0, or 1 (reported) with
  * the user's message taken back out of the conversation
@@ -225,13 +275,14 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
     int n_gen = 0, n_ids = 0;
     /* room for an answer: a quarter of the context, or -n if less */
     const int room = c->n_predict < c->n_ctx / 4 ? (int)c->n_predict : c->n_ctx / 4;
-    int dropped = 0, rc;
+    int dropped = 0, rc, n_full = -1;   /* n_full: tokens of the prompt before any turn was dropped */
     for (;;) {
         rc = kvllm_chat_tokenize(c->model, c->tmpl, c->msgs, c->n_msgs, true, c->special_in_content, &ids, &n_ids);
         if (rc) {
             if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
             goto fail;
         }
+        if (n_full < 0) n_full = n_ids;
         /* too long: drop the oldest turn after the system message (the new message stays) */
         int first = c->n_msgs > 0 && !strcmp(c->msgs[0].role, "system");
         if (n_ids + room <= c->n_ctx || c->n_msgs - first <= 1) break;
@@ -261,6 +312,7 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
      * evaluated so that there are logits to sample from */
     int keep = 0;
     while (!c->no_reuse && keep < c->n_have && keep < n_ids && c->have[keep] == ids[keep]) keep++;
+    if (dropped && !c->no_reuse) keep += shift_kept(c, ids, n_ids, keep, n_full - n_ids);
     if (keep == n_ids) keep--;
     kvllm_session_truncate(c->sess, keep);
     c->n_have = keep;
@@ -399,7 +451,7 @@ int cmd_chat(int argc, char **argv) {
     if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
 
     struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse,
-                      .special_in_content = o.special_in_content };
+                      .no_shift = o.no_shift, .special_in_content = o.special_in_content };
     char *tmpl = NULL, *input = NULL, *file_text = NULL;
     int status = 1;
     if (o.file) {

@@ -81,6 +81,12 @@ void cpu_wall_remove(struct cpu_backend *b, void *p);
  * an all-zero row gets scale 0 and codes 0. */
 int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
                  const float *k, const float *v, int n);
+/* backend_ops.kv_shift (backend.h): moves rows layer by layer (a thread a
+ * layer), K through f32 rotated by delta positions and stored again as
+ * kv_store stores it.  KVLLM_EINVAL (logged) for a negative slot or an
+ * n_rot the context's scratch cannot hold. */
+int cpu_kv_shift(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
+                 const int32_t *dst, int n, int delta, const struct rope_params *p);
 
 /* backend_ops.paged_attention (see struct paged_attn_args).  head_dim is at
  * most CPU_PAGED_ATTN_MAX_HEAD_DIM; n_tokens at most the context's

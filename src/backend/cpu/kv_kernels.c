@@ -362,3 +362,75 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
 int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a) {
     return cpu_paged_attention_with(c, a, pa_chunk_scalar);
 }
+
+/* ---- kv_shift ---- */
+
+struct shift_job {
+    struct cpu_ctx *cc;
+    const struct kv_layer_view *layers;
+    const int32_t *src, *dst;
+    int n, delta;
+    const struct rope_params *p;
+};
+
+/* Chunk: one layer, its moves in order (a layer's moves may depend on one
+ * another; layers never do).  The rotation is cpu_rope's arithmetic with
+ * the position delta: angles in double, cos/sin rounded to f32, one f32
+ * rotation per pair. */
+static void shift_layer(void *arg, long il, int ith) {
+    const struct shift_job *j = arg;
+    const struct kv_layer_view *kv = &j->layers[il];
+    const struct rope_params *p = j->p;
+    const int hd = kv->head_dim, half = p->n_rot / 2;
+    const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;
+    const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
+    float *buf = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols;   /* (head_dim) */
+    float *cs = buf + hd, *sn = cs + half;                                       /* (half) each */
+    for (int i = 0; i < half; i++) {
+        double ang = (double)j->delta * pow((double)p->theta, -2.0 * i / (double)p->n_rot);
+        if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
+        if (ff) ang /= (double)ff[i];
+        cs[i] = (float)cos(ang);
+        sn[i] = (float)sin(ang);
+    }
+    const size_t eb = kv_elem_bytes(kv->type), row_bytes = (size_t)hd * eb;
+    for (int m = 0; m < j->n; m++) {
+        for (int h = 0; h < kv->n_head_kv; h++) {
+            const size_t rs = kv_row(kv, (size_t)j->src[m], h), rd = kv_row(kv, (size_t)j->dst[m], h);
+            const float *x = pa_row(kv->type, kv->k, rs, hd, buf);
+            if (x != buf) memcpy(buf, x, (size_t)hd * sizeof *buf);
+            if (kv->k_scale)
+                for (int e = 0; e < hd; e++) buf[e] *= kv->k_scale[rs];
+            for (int i = 0; i < half; i++) {
+                float *q = buf + (size_t)i * step;
+                float a = q[0], b = q[other];
+                q[0] = a * cs[i] - b * sn[i];
+                q[other] = a * sn[i] + b * cs[i];
+            }
+            store_row(kv, kv->k, kv->k_scale, rd, buf);
+            if (rd == rs) continue;
+            memcpy((uint8_t *)kv->v + rd * row_bytes, (const uint8_t *)kv->v + rs * row_bytes, row_bytes);
+            if (kv->v_scale) kv->v_scale[rd] = kv->v_scale[rs];
+        }
+    }
+}
+
+int cpu_kv_shift(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
+                 const int32_t *dst, int n, int delta, const struct rope_params *p) {
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    if (n <= 0 || n_layer <= 0) return 0;
+    const int hd = layers[0].head_dim;
+    if (p->n_rot < 0 || p->n_rot % 2 || p->n_rot > hd || (int64_t)hd + p->n_rot > cc->scratch_cols) {
+        LOG_ERR("kv_shift: n_rot %d with head_dim %d (scratch of %lld floats)", p->n_rot, hd,
+                (long long)cc->scratch_cols);
+        return KVLLM_EINVAL;
+    }
+    for (int m = 0; m < n; m++)
+        if (src[m] < 0 || dst[m] < 0) {
+            LOG_ERR("kv_shift: move %d from slot %d to slot %d", m, src[m], dst[m]);
+            return KVLLM_EINVAL;
+        }
+    struct shift_job j = { cc, layers, src, dst, n, delta, p };
+    threadpool_run_chunks(cc->pool, n_layer, shift_layer, &j);
+    return 0;
+}

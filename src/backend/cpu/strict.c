@@ -167,6 +167,9 @@ WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a)
 WALLED(argmax, (struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim), (c, ids, x, n, dim))
 WALLED(copy_blocks, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                      const int32_t (*pairs)[2], int n), (c, layers, n_layer, pairs, n))
+WALLED(kv_shift, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
+                  const int32_t *dst, int n, int delta, const struct rope_params *p),
+       (c, layers, n_layer, src, dst, n, delta, p))
 
 void cpu_strict_ops(struct cpu_backend *b) {
     struct backend_ops *o = &b->ops;
@@ -191,4 +194,5 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->paged_attention = strict_paged_attention;
     o->copy_blocks = strict_copy_blocks;
     o->argmax = strict_argmax;
+    o->kv_shift = strict_kv_shift;
 }

@@ -136,6 +136,31 @@ def test_bench_llama_bench_aliases_and_formats(run, stories):
     assert len(cs) == 4 and cs[0]["model"] == "stories260K.bin" and float(cs[0]["tokens_per_s_median"]) > 0
 
 
+def test_bench_lists_one_row_per_combination(run, stories):
+    """llama-bench's lists: -p, -n, -t and -b take comma lists, one row per combination, nested as
+    llama-bench nests them (threads, batch size, depth, then each -p and each -n), in every format."""
+    args = ["bench", "model", "-m", stories["bin"], "-p", "8,16", "-n", "4,6", "-t", "1,2", "-b", "4,8", "-r", "1"]
+    want = [(t, b, test) for t in (1, 2) for b in (4, 8) for test in ("pp8", "pp16", "tg4", "tg6")]
+    js = json.loads(run(*args, "-o", "json").check_ok().out)
+    assert [(r["threads"], r["n_batch"], r["test"]) for r in js] == want, js
+    assert all((r["pp"], r["tg"]) == ((int(r["test"][2:]), 0) if r["test"].startswith("pp") else (0, int(r["test"][2:])))
+               for r in js)
+    jl = [json.loads(l) for l in run(*args, "-o", "jsonl").check_ok().out.splitlines()]
+    assert [(r["threads"], r["n_batch"], r["test"]) for r in jl] == want
+    cs = list(csv.DictReader(io.StringIO(run(*args, "-o", "csv").check_ok().out)))
+    assert [(int(r["threads"]), int(r["n_batch"]), r["test"]) for r in cs] == want
+    md = run(*args).check_ok().out.splitlines()
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in md[2:] if l.startswith("|")]
+    ti, bi, xi = head.index("threads"), head.index("n_batch"), head.index("test")
+    assert [(int(r[ti]), int(r[bi]), r[xi]) for r in rows] == want, md
+    # without -b: no n_batch column in the table; the machine formats still say which (the default, 512)
+    res = run("bench", "model", "-m", stories["bin"], "-p", "8", "-n", "0", "-r", "1", "-t", "1").check_ok()
+    assert "n_batch" not in res.out
+    assert json.loads(run("bench", "model", "-m", stories["bin"], "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-o",
+                          "json").check_ok().out)[0]["n_batch"] == 512
+
+
 def test_bench_long_model_name_keeps_columns(run, stories, tmp_path):
     long = tmp_path / ("a-model-with-a-rather-long-file-name-for-the-table-" + "x" * 20 + ".bin")
     long.symlink_to(stories["bin"])

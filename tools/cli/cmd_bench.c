@@ -17,17 +17,18 @@
 
 static const char *k_usage =
     "usage: kvllm bench model -m MODEL[,MODEL...] [options]   (llama-bench's short options work)\n"
-    "  -p, --pp N        prompt tokens per prefill test (default 512, 0 = skip)\n"
-    "  -n, --tg N        generated tokens per generation test (default 128, 0 = skip)\n"
+    "  -p, --pp LIST     prompt tokens per prefill test, e.g. 128,512 (default 512, 0 = skip)\n"
+    "  -n, --tg LIST     generated tokens per generation test, e.g. 32,128 (default 128, 0 = skip)\n"
     "  -t, --threads LIST  thread counts, e.g. 1,2 (default: all CPUs)\n"
     "  -d, --depth LIST  context already filled before each test (default 0)\n"
     "  -r, --reps N      repetitions (default 5)\n"
-    "  -b, --batch-size N  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
+    "  -b, --batch-size LIST  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
     "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
     "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench)\n"
-    "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads, test, depth,\n"
-    "  batch, kv, tokens/s, ms/token, roofline\n"
+    "  one row per combination of -t, -b, -d and the tests (each -p; each -n with each --batch), in that nesting\n"
+    "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads,\n"
+    "  n_batch (md: only with -b), test, depth, batch, kv, tokens/s, ms/token, roofline\n"
     "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
     "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
     "  the weights fit in the last-level cache); a run that preempts a sequence fails\n";
@@ -36,14 +37,17 @@ enum bench_fmt { FMT_MD, FMT_JSON, FMT_JSONL, FMT_CSV };
 
 struct bench_opts {
     char models[1024];
-    long pp, tg, reps, ubatch;
+    long reps;
     enum bench_fmt fmt;
     int w_model;          /* width of the model column (md) */
     int n_rows;           /* rows printed so far (json separators) */
-    long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST];
-    int n_threads, n_depth, n_batch;
-    bool no_kv;
+    long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST], pp[MAX_LIST], tg[MAX_LIST], ubatch[MAX_LIST];
+    int n_threads, n_depth, n_batch, n_pp, n_tg, n_ubatch;
+    bool no_kv, show_ubatch;   /* show_ubatch: -b given, the md table gets an n_batch column */
 };
+
+/* Tokens per forward pass a session gets for -b value ub (the session's default when 0). */
+static long eff_ubatch(long ub) { return ub > 0 ? ub : 512; }
 
 static long cpu_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -98,11 +102,11 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Time one test: fill `depth` positions untimed, then either one prefill of
  * n tokens (pp) or n single-token decode steps (tg).  Returns seconds or < 0. */
-static double run_once(struct kvllm_model *m, const struct bench_opts *o, long depth, long n, bool gen,
+static double run_once(struct kvllm_model *m, const struct bench_opts *o, long ubatch, long depth, long n, bool gen,
                        unsigned *seed) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
     struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv,
-                                       .max_batch = (int)o->ubatch };
+                                       .max_batch = (int)ubatch };
     struct kvllm_session *s;
     if (kvllm_session_new(m, &sp, &s)) return -1;
     long total = depth + n;
@@ -231,7 +235,7 @@ static void json_str(const char *s) {
 static void print_header(struct bench_opts *o) {
     if (o->fmt == FMT_JSON) { puts("["); return; }
     if (o->fmt == FMT_CSV) {
-        puts("model,size_bytes,params,backend,type,threads,test,pp,tg,depth,batch,kv_cache,tokens_per_s_median,"
+        puts("model,size_bytes,params,backend,type,threads,n_batch,test,pp,tg,depth,batch,kv_cache,tokens_per_s_median,"
              "tokens_per_s_sd,ms_per_token_median,roofline_pct,weights_in_llc");
         return;
     }
@@ -240,11 +244,11 @@ static void print_header(struct bench_opts *o) {
     int w = o->w_model < (int)sizeof dash - 3 ? o->w_model : (int)sizeof dash - 3;
     memset(dash, '-', (size_t)w + 2);
     dash[w + 2] = 0;
-    printf("| %-*s | %10s | %9s | %-16s | %-5s | %7s | %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model", "size",
-           "params", "backend", "type", "threads", "test", "depth", "batch", "kv", "tokens/s (median ± sd)", "ms/token",
-           "roofline");
-    printf("|%s|-----------:|----------:|------------------|-------|--------:|--------|------:|------:|------|"
-           "------------------------:|-----------:|---------:|\n", dash);
+    printf("| %-*s | %10s | %9s | %-16s | %-5s | %7s |%s %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model",
+           "size", "params", "backend", "type", "threads", o->show_ubatch ? " n_batch |" : "", "test", "depth", "batch",
+           "kv", "tokens/s (median ± sd)", "ms/token", "roofline");
+    printf("|%s|-----------:|----------:|------------------|-------|--------:|%s--------|------:|------:|------|"
+           "------------------------:|-----------:|---------:|\n", dash, o->show_ubatch ? "--------:|" : "");
 }
 
 static void print_footer(const struct bench_opts *o) {
@@ -253,7 +257,7 @@ static void print_footer(const struct bench_opts *o) {
 
 /* roofline < 0: the weights fit in the last-level cache (no roofline). */
 static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_t size, uint64_t params, long threads,
-                      long pp, long tg, long depth, long batch, double med, double sd, double roofline) {
+                      long ubatch, long pp, long tg, long depth, long batch, double med, double sd, double roofline) {
     long n = pp ? pp : tg;
     char test[32];
     snprintf(test, sizeof test, "%s%ld", pp ? "pp" : "tg", n);
@@ -265,16 +269,17 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         printf(", \"size_bytes\": %llu, \"params\": %llu, \"backend\": ", (unsigned long long)size,
                (unsigned long long)params);
         json_str(mc->backend);
-        printf(", \"type\": \"%s\", \"threads\": %ld, \"test\": \"%s\", \"pp\": %ld, \"tg\": %ld, \"depth\": %ld, "
-               "\"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, \"tokens_per_s_sd\": %.3f, "
-               "\"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f, \"weights_in_llc\": %s}\n",
-               mc->type, threads, test, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
+        printf(", \"type\": \"%s\", \"threads\": %ld, \"n_batch\": %ld, \"test\": \"%s\", \"pp\": %ld, \"tg\": %ld, "
+               "\"depth\": %ld, \"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, "
+               "\"tokens_per_s_sd\": %.3f, \"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f, "
+               "\"weights_in_llc\": %s}\n",
+               mc->type, threads, ubatch, test, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
                tg && roofline > 0 ? roofline : 0.0, roofline < 0 ? "true" : "false");
     } else if (o->fmt == FMT_CSV) {
         printf("\"");
         for (const char *p = mc->name; *p; p++) printf(*p == '"' ? "\"\"" : "%c", *p);
-        printf("\",%llu,%llu,%s,%s,%ld,%s,%ld,%ld,%ld,%ld,%d,%.3f,%.3f,%.4f,%.1f,%d\n", (unsigned long long)size,
-               (unsigned long long)params, mc->backend, mc->type, threads, test, pp, tg, depth, batch, !o->no_kv, med,
+        printf("\",%llu,%llu,%s,%s,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%.3f,%.3f,%.4f,%.1f,%d\n", (unsigned long long)size,
+               (unsigned long long)params, mc->backend, mc->type, threads, ubatch, test, pp, tg, depth, batch, !o->no_kv, med,
                sd, 1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0);
     } else {
         char roof[16] = "", sz[32], pr[32];
@@ -282,17 +287,49 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         if (tg && roofline < 0) snprintf(roof, sizeof roof, "in LLC");
         fmt_size(sz, sizeof sz, mc->size_gib);
         fmt_params(pr, sizeof pr, mc->params_b);
-        printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld | %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
-               o->w_model, mc->name, sz, pr, mc->backend, mc->type, threads, test, depth, batch, o->no_kv ? "off" : "on",
-               med, sd, 1e3 / med, roof);
+        char nb[32] = "";
+        if (o->show_ubatch) snprintf(nb, sizeof nb, " %7ld |", ubatch);
+        printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld |%s %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
+               o->w_model, mc->name, sz, pr, mc->backend, mc->type, threads, nb, test, depth, batch,
+               o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
     }
     o->n_rows++;
     fflush(stdout);
 }
 
+/* One row: --reps runs of a test (prefill of n tokens, or n decode steps of
+ * B sequences), median and standard deviation of tokens/s.  1 on failure. */
+static int bench_row(struct bench_opts *o, struct kvllm_model *m, const struct model_cols *mc, int threads, double bw,
+                     long ubatch, long depth, long n, long B, bool gen) {
+    const struct kvllm_model_desc *md = kvllm_model_describe(m);
+    const double wbytes = (double)md->weight_bytes;
+    double tps[64];
+    unsigned seed = 1234;
+    for (long r = 0; r < o->reps; r++) {
+        double dt = B > 1 ? run_batch_tg(m, depth, n, B, &seed) : run_once(m, o, ubatch, depth, n, gen, &seed);
+        if (dt < 0) return 1;
+        tps[r] = (double)(n * B) / dt;
+    }
+    double mean = 0, var = 0;
+    for (long r = 0; r < o->reps; r++) mean += tps[r] / (double)o->reps;
+    for (long r = 0; r < o->reps; r++) var += (tps[r] - mean) * (tps[r] - mean);
+    double sd = o->reps > 1 ? sqrt(var / (double)(o->reps - 1)) : 0;
+    qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
+    double med = o->reps % 2 ? tps[o->reps / 2] : 0.5 * (tps[o->reps / 2 - 1] + tps[o->reps / 2]);
+    double roof = bw > 0 && !o->no_kv ? 100.0 * med / (double)B * wbytes / bw : 0;
+    if (roof > 0 && wbytes <= llc_bytes()) roof = -1;   /* cache-resident: no memory roofline */
+    print_row(o, mc, md->weight_bytes, md->n_params, threads, eff_ubatch(ubatch), gen ? 0 : n, gen ? n : 0, depth, B,
+              med, sd, roof);
+    return 0;
+}
+
+/* Rows nest as llama-bench's: threads, batch size, depth, then the tests
+ * (every -p, then every -n with every --batch). */
 static int bench_model(struct bench_opts *o, const char *path) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
+    bool any_tg = false;
+    for (int i = 0; i < o->n_tg; i++) any_tg |= o->tg[i] > 0;
     for (int ti = 0; ti < o->n_threads; ti++) {
         struct kvllm_model_params mp = kvllm_model_default_params();
         mp.n_threads = (int)o->threads[ti];
@@ -302,43 +339,32 @@ static int bench_model(struct bench_opts *o, const char *path) {
         const struct model_cols mc = { .name = base, .type = md->weight_type, .backend = kvllm_model_backend(m),
                                        .size_gib = (double)md->weight_bytes / 1073741824.0,
                                        .params_b = (double)md->n_params / 1e9 };
-        const double wbytes = (double)md->weight_bytes;
-        const double bw = o->tg > 0 ? read_bandwidth(mp.n_threads) : 0, llc = llc_bytes();
-        for (int di = 0; di < o->n_depth; di++) {
-            for (int test = 0; test < 1 + o->n_batch; test++) {
-                /* test 0: prefill; 1..n_batch: decode with batch[test - 1] sequences */
-                long n = test == 0 ? o->pp : o->tg, B = test == 0 ? 1 : o->batch[test - 1];
-                if (n <= 0) continue;
-                double tps[64];
-                unsigned seed = 1234;
-                for (long r = 0; r < o->reps; r++) {
-                    double dt = B > 1 ? run_batch_tg(m, o->depth[di], n, B, &seed)
-                                      : run_once(m, o, o->depth[di], n, test > 0, &seed);
-                    if (dt < 0) { kvllm_model_free(m); return 1; }
-                    tps[r] = (double)(n * B) / dt;
-                }
-                double mean = 0, var = 0;
-                for (long r = 0; r < o->reps; r++) mean += tps[r] / (double)o->reps;
-                for (long r = 0; r < o->reps; r++) var += (tps[r] - mean) * (tps[r] - mean);
-                double sd = o->reps > 1 ? sqrt(var / (double)(o->reps - 1)) : 0;
-                qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
-                double med = o->reps % 2 ? tps[o->reps / 2] : 0.5 * (tps[o->reps / 2 - 1] + tps[o->reps / 2]);
-                double roof = bw > 0 && !o->no_kv ? 100.0 * med / (double)B * wbytes / bw : 0;
-                if (roof > 0 && wbytes <= llc) roof = -1;   /* cache-resident: no memory roofline */
-                print_row(o, &mc, md->weight_bytes, md->n_params, mp.n_threads, test == 0 ? n : 0, test > 0 ? n : 0,
-                          o->depth[di], B, med, sd, roof);
+        const double bw = any_tg ? read_bandwidth(mp.n_threads) : 0;
+        int rc = 0;
+        for (int ui = 0; ui < o->n_ubatch && !rc; ui++)
+            for (int di = 0; di < o->n_depth && !rc; di++) {
+                for (int pi = 0; pi < o->n_pp && !rc; pi++)
+                    if (o->pp[pi] > 0)
+                        rc = bench_row(o, m, &mc, mp.n_threads, bw, o->ubatch[ui], o->depth[di], o->pp[pi], 1, false);
+                for (int gi = 0; gi < o->n_tg && !rc; gi++)
+                    for (int bi = 0; bi < o->n_batch && !rc && o->tg[gi] > 0; bi++)
+                        rc = bench_row(o, m, &mc, mp.n_threads, bw, o->ubatch[ui], o->depth[di], o->tg[gi],
+                                       o->batch[bi], true);
             }
-        }
         kvllm_model_free(m);
+        if (rc) return 1;
     }
     return 0;
 }
 
 static int bench_model_cmd(int argc, char **argv) {
-    struct bench_opts o = { .pp = 512, .tg = 128, .reps = 5, .n_threads = 1, .n_depth = 1, .n_batch = 1 };
+    struct bench_opts o = { .reps = 5, .n_threads = 1, .n_depth = 1, .n_batch = 1, .n_pp = 1, .n_tg = 1, .n_ubatch = 1 };
     o.threads[0] = cpu_threads();
     o.depth[0] = 0;
     o.batch[0] = 1;
+    o.pp[0] = 512;
+    o.tg[0] = 128;
+    o.ubatch[0] = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_gpu_usage, stdout); return 0; }
@@ -349,13 +375,16 @@ static int bench_model_cmd(int argc, char **argv) {
         if (!strstr(k_usage, a) || a[0] != '-') { cli_unknown("bench model", a, k_usage, NULL); return 2; }
         if (!(v = cli_arg(argc, argv, &i))) return 2;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) snprintf(o.models, sizeof o.models, "%s", v);
-        else if (!strcmp(a, "--pp") || !strcmp(a, "-p") || !strcmp(a, "--n-prompt")) { if (!cli_int(a, v, 0, 1 << 20, &o.pp)) return 2; }
-        else if (!strcmp(a, "--tg") || !strcmp(a, "-n") || !strcmp(a, "--n-gen")) { if (!cli_int(a, v, 0, 1 << 20, &o.tg)) return 2; }
+        else if (!strcmp(a, "--pp") || !strcmp(a, "-p") || !strcmp(a, "--n-prompt")) { if ((o.n_pp = cli_int_list(a, v, 0, 1 << 20, o.pp, MAX_LIST)) < 0) return 2; }
+        else if (!strcmp(a, "--tg") || !strcmp(a, "-n") || !strcmp(a, "--n-gen")) { if ((o.n_tg = cli_int_list(a, v, 0, 1 << 20, o.tg, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--reps") || !strcmp(a, "-r") || !strcmp(a, "--repetitions")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--depth") || !strcmp(a, "-d") || !strcmp(a, "--n-depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
         else if (!strcmp(a, "--batch")) { if ((o.n_batch = cli_int_list(a, v, 1, 4096, o.batch, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { if (!cli_int(a, v, 1, 1 << 16, &o.ubatch)) return 2; }
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            if ((o.n_ubatch = cli_int_list(a, v, 1, 1 << 16, o.ubatch, MAX_LIST)) < 0) return 2;
+            o.show_ubatch = true;
+        }
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!strcmp(v, "json")) o.fmt = FMT_JSON;
             else if (!strcmp(v, "jsonl")) o.fmt = FMT_JSONL;

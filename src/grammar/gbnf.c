@@ -485,6 +485,7 @@ int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t e
             g->n_rules = p.n_rules;
             g->root = root;
             atomic_init(&g->refs, 1);
+            pthread_mutex_init(&g->lock, NULL);
         }
     }
     free_rules(&p);
@@ -512,6 +513,8 @@ struct kvllm_grammar *kvllm_grammar_ref(struct kvllm_grammar *g) {
 
 void kvllm_grammar_free(struct kvllm_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+    gshared_free(g->shared);
+    pthread_mutex_destroy(&g->lock);
     free(g->elems);
     free(g->rule_start);
     free(g->gbnf);

@@ -14,6 +14,7 @@
 
 #include "kvllm.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -43,7 +44,14 @@ struct kvllm_grammar {
     uint32_t n_rules;
     uint32_t root;           /* the start rule */
     char *gbnf;              /* the GBNF text it was compiled from (owned; for --print-gbnf) */
+    /* The one mutable part: masks' context cache shared by every matcher of this grammar over one
+     * vocabulary (matcher.c), so a context computed for one request serves the next.  Created by the
+     * first gmatcher_new, guarded by lock, freed with the grammar. */
+    pthread_mutex_t lock;
+    struct gshared *shared;
 };
+
+void gshared_free(struct gshared *s);
 
 /* Parse GBNF text into a new grammar (refs = 1).  err gets "line:col: what". */
 int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap);

@@ -23,12 +23,16 @@
  * tokens that do pop below it ("uncertain").  A mask is then, per stack,
  * the cached accepted set OR-ed in, plus a walk with the full stack that
  * visits only subtrees holding uncertain tokens.  The cache is filled lazily
- * into storage sized by gmatcher_new; nothing is allocated after that. */
+ * into storage sized by gmatcher_new; nothing is allocated after that.
+ * Computed contexts are also published to the grammar's shared store (one
+ * per grammar, for the first vocabulary it is used with, GM_SHARED entries),
+ * so the next matcher of the same grammar copies them instead of walking. */
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 #include "core/core.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +43,7 @@
 #define GM_SETS (1u << 15)          /* interned stack sets per call */
 #define GM_SET_WORDS (1u << 18)     /* their stack ids */
 #define GM_MEMO (1u << 16)          /* remembered transitions (set, partial char, byte) -> set; direct-mapped */
+#define GM_SHARED 256               /* contexts kept in a grammar's shared store */
 #define GM_ROWS 512                 /* sets with a 256-entry transition row (at a character boundary) */
 #define GM_CACHE_K 4                /* frames in a cache key */
 #define GM_CACHE_ENTRIES 96         /* cached contexts per matcher (cleared when full) */
@@ -54,6 +59,7 @@ struct gtnode {
 };
 
 struct gvocab {
+    uint64_t id;             /* unique per gvocab_new (a freed vocabulary's address may come back) */
     int n_vocab, n_words;
     char *blob;              /* every token's bytes */
     uint64_t *off;           /* (n_vocab + 1) token i is blob[off[i] .. off[i+1]) */
@@ -131,6 +137,8 @@ int gvocab_new(int n_vocab, const char *const *tok_bytes_in, const size_t *tok_l
     }
     struct gvocab *v = calloc(1, sizeof *v);
     if (!v) return KVLLM_ENOMEM;
+    static atomic_uint_fast64_t next_id = 1;
+    v->id = atomic_fetch_add(&next_id, 1);
     v->n_vocab = n_vocab;
     v->n_words = (n_vocab + 31) / 32;
     uint64_t total = 0;
@@ -249,8 +257,24 @@ struct gcache_entry {
     uint32_t *unc;    /* (trie words) DFS-order tokens that pop below the key */
 };
 
+/* A grammar's shared context store: entries are appended under g->lock and never change after. */
+struct gshared {
+    uint64_t vocab_id;
+    int n, n_words, trie_words;
+    struct gcache_entry e[GM_SHARED];
+    uint32_t *slab;
+};
+
+void gshared_free(struct gshared *s) {
+    if (!s) return;
+    free(s->slab);
+    free(s);
+}
+
 struct gmatcher {
     const struct kvllm_grammar *g;
+    struct kvllm_grammar *gm;   /* the same grammar, for its lock and shared store */
+    struct gshared *shared;     /* NULL: the store belongs to another vocabulary */
     const struct gvocab *v;
     /* kept states */
     struct gkept hist[GM_HISTORY + 1];
@@ -647,6 +671,22 @@ static struct gcache_entry *cache_get(struct gmatcher *m, uint32_t s) {
     c->full = full;
     memset(c->acc, 0, (size_t)m->v->n_words * sizeof *c->acc);
     memset(c->unc, 0, (size_t)m->trie_words * sizeof *c->unc);
+    if (m->shared) {
+        pthread_mutex_lock(&m->gm->lock);
+        const struct gshared *sh = m->shared;
+        for (int j = 0; j < sh->n; j++) {
+            const struct gcache_entry *e = &sh->e[j];
+            if (e->klen == klen && e->full == full && !memcmp(e->key, key, klen * sizeof *key)) {
+                memcpy(c->acc, e->acc, (size_t)m->v->n_words * sizeof *c->acc);
+                memcpy(c->unc, e->unc, (size_t)m->trie_words * sizeof *c->unc);
+                c->has_unc = e->has_unc;
+                pthread_mutex_unlock(&m->gm->lock);
+                m->cache_tab[i] = (int16_t)m->n_cache++;
+                return c;
+            }
+        }
+        pthread_mutex_unlock(&m->gm->lock);
+    }
     /* the local stack: the key's frames alone */
     uint32_t local = 0;
     for (int j = klen - 1; j >= 0; j--) local = push(m, local, key[j]);
@@ -657,6 +697,21 @@ static struct gcache_entry *cache_get(struct gmatcher *m, uint32_t s) {
     if (m->overflow) return NULL;
     c->has_unc = bit_any(c->unc, 0, m->v->n_trie_tok);
     m->cache_tab[i] = (int16_t)m->n_cache++;
+    if (m->shared) {   /* publish (another matcher may have published the same key meanwhile: harmless) */
+        pthread_mutex_lock(&m->gm->lock);
+        struct gshared *sh = m->shared;
+        if (sh->n < GM_SHARED) {
+            struct gcache_entry *e = &sh->e[sh->n];
+            memcpy(e->key, key, klen * sizeof *key);
+            e->klen = klen;
+            e->full = full;
+            e->has_unc = c->has_unc;
+            memcpy(e->acc, c->acc, (size_t)m->v->n_words * sizeof *c->acc);
+            memcpy(e->unc, c->unc, (size_t)m->trie_words * sizeof *c->unc);
+            sh->n++;
+        }
+        pthread_mutex_unlock(&m->gm->lock);
+    }
     return c;
 }
 
@@ -688,6 +743,7 @@ int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct g
     struct gmatcher *m = calloc(1, sizeof *m);
     if (!m) return KVLLM_ENOMEM;
     m->g = g;
+    m->gm = (struct kvllm_grammar *)g;   /* its lock and shared store are the grammar's only mutable state */
     m->v = v;
     bool ok = true;
     for (int i = 0; i <= GM_HISTORY; i++) ok &= (m->hist[i].buf = malloc(GM_STATE_CAP * sizeof(uint32_t))) != NULL;
@@ -714,6 +770,25 @@ int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct g
         gmatcher_free(m);
         return KVLLM_ENOMEM;
     }
+    /* the grammar's shared store: made for the first vocabulary this grammar meets */
+    pthread_mutex_lock(&m->gm->lock);
+    if (!m->gm->shared) {
+        struct gshared *sh = calloc(1, sizeof *sh);
+        size_t per_sh = (size_t)v->n_words + (size_t)m->trie_words;
+        if (sh) sh->slab = malloc(GM_SHARED * per_sh * sizeof(uint32_t));
+        if (sh && sh->slab) {
+            sh->vocab_id = v->id;
+            for (int i = 0; i < GM_SHARED; i++) {
+                sh->e[i].acc = sh->slab + (size_t)i * per_sh;
+                sh->e[i].unc = sh->e[i].acc + v->n_words;
+            }
+            m->gm->shared = sh;
+        } else {
+            gshared_free(sh);   /* no store: this matcher works alone */
+        }
+    }
+    m->shared = m->gm->shared && m->gm->shared->vocab_id == v->id ? m->gm->shared : NULL;
+    pthread_mutex_unlock(&m->gm->lock);
     memset(m->cache_tab, 0xff, 2 * GM_CACHE_ENTRIES * sizeof *m->cache_tab);
     for (int i = 0; i < GM_CACHE_ENTRIES; i++) {
         m->cache[i].acc = (uint32_t *)m->slab + (size_t)i * per;

@@ -43,10 +43,11 @@
 #define GM_SETS (1u << 15)          /* interned stack sets per call */
 #define GM_SET_WORDS (1u << 18)     /* their stack ids */
 #define GM_MEMO (1u << 16)          /* remembered transitions (set, partial char, byte) -> set; direct-mapped */
-#define GM_SHARED 256               /* contexts kept in a grammar's shared store */
+#define GM_SHARED 512               /* contexts kept in a grammar's shared store */
 #define GM_ROWS 512                 /* sets with a 256-entry transition row (at a character boundary) */
-#define GM_CACHE_K 4                /* frames in a cache key */
-#define GM_CACHE_ENTRIES 96         /* cached contexts per matcher (cleared when full) */
+#define GM_CACHE_K 3                /* frames in a cache key: enough for a string's content loop, shared by every
+                                       string property (a fourth frame would name the property) */
+#define GM_CACHE_ENTRIES 128        /* cached contexts per matcher (cleared when full) */
 
 /* ---- vocabulary ---- */
 

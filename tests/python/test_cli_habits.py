@@ -362,3 +362,19 @@ def test_tokenize_shows_text_and_raw_pieces(run, shared):
     assert raw == "1\t<s>\n15043\t\u2581Hello\n3186\t\u2581world\n13\t<0x0A>\n", raw
     res = run("tokenize", *spm, "--raw-pieces", "--ids", "Hello")
     assert res.returncode == 2 and "--raw-pieces" in res.err, res.describe()
+
+
+def test_quantize_trailing_thread_count_as_llama_quantize(run, tmp_path):
+    """llama-quantize IN OUT TYPE [nthreads]: the trailing number is the thread count, the output the
+    same bytes as with -t."""
+    from gen_model import ModelConfig, write_model
+    src = write_model(tmp_path / "f32.gguf", ModelConfig(n_vocab=300, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+                                                         n_ff=128), seed=3)
+    a = run("quantize", src, tmp_path / "a.gguf", "Q8_0", "1").check_ok()
+    assert "(1 threads)" in a.err, a.err
+    run("quantize", src, tmp_path / "b.gguf", "Q8_0", "-t", "2").check_ok()
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    bad = run("quantize", src, tmp_path / "c.gguf", "Q8_0", "two")
+    assert bad.returncode == 2 and "nthreads" in bad.err, bad.describe()
+    extra = run("quantize", src, tmp_path / "c.gguf", "Q8_0", "1", "x")
+    assert extra.returncode == 2 and "unexpected argument 'x'" in extra.err, extra.describe()

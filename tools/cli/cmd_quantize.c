@@ -40,10 +40,11 @@
 #include <sys/stat.h>
 
 static const char *k_usage =
-    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [-t N] [--allow-requantize]\n"
+    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [N] [-t N] [--allow-requantize]\n"
     "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K: every weight matrix in TYPE\n"
     "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
-    "  -t, --threads N     threads (default: all CPUs); the output is the same for any N\n"
+    "  -t, --threads N     threads (default: all CPUs); the output is the same for any N; a number\n"
+    "                      after TYPE is the same (llama-quantize's nthreads)\n"
     "  --allow-requantize  convert tensors that are already quantized (Q8_0, Q4_K, ...); without it\n"
     "                      such a file is refused, as llama-quantize does (the error compounds: quantize\n"
     "                      the F16/F32 original instead).  Tensors already in their target type are\n"
@@ -271,6 +272,9 @@ int cmd_quantize(int argc, char **argv) {
             return 2;
         } else if (n_pos < 3) {
             pos[n_pos++] = argv[i];
+        } else if (n_pos == 3 && !threads) {   /* llama-quantize's trailing [nthreads] */
+            if (!cli_int("nthreads", argv[i], 1, 1024, &threads)) return 2;
+            n_pos++;
         } else {
             cli_error("quantize: unexpected argument '%s'", argv[i]);
             return 2;

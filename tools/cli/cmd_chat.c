@@ -243,6 +243,7 @@ static int shift_kept(struct chat *c, const int32_t *ids, int n_ids, int p0, int
     if (m == 0) return 0;
     kvllm_session_truncate(c->sess, p0 + delta + m);   /* fewer rows to move */
     c->n_have = p0 + delta + m;
+    const double t0 = cli_time();
     int rc = kvllm_session_discard(c->sess, p0, p0 + delta);
     if (rc == KVLLM_EUNSUPPORTED) {
         c->shift_unsupported = true;
@@ -259,7 +260,7 @@ static int shift_kept(struct chat *c, const int32_t *ids, int n_ids, int p0, int
     c->n_have = p0 + m;
     if (!c->quiet)
         fprintf(stderr, "kvllm: turn %d: context shift: %d cached tokens of the kept turns moved back %d positions "
-                        "(K re-rotated), not recomputed\n", c->turn, m, delta);
+                        "(K re-rotated), not recomputed (%.2f ms)\n", c->turn, m, delta, 1e3 * (cli_time() - t0));
     return m;
 }
 

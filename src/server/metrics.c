@@ -100,6 +100,16 @@ char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st) {
               "# TYPE kvllm_preemptions_total counter\nkvllm_preemptions_total %llu\n",
               st->n_running, st->n_waiting, st->blocks_held, st->blocks_cached, st->blocks_free, hit,
               (unsigned long long)st->preemptions);
+    /* speculative decoding (vLLM names its counters spec_decode_num_draft_tokens / _accepted_tokens) */
+    double acc = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
+    sb_printf(&b,
+              "# HELP kvllm_spec_draft_tokens_total Draft tokens verified (speculative decoding).\n"
+              "# TYPE kvllm_spec_draft_tokens_total counter\nkvllm_spec_draft_tokens_total %llu\n"
+              "# HELP kvllm_spec_accepted_tokens_total Draft tokens accepted.\n"
+              "# TYPE kvllm_spec_accepted_tokens_total counter\nkvllm_spec_accepted_tokens_total %llu\n"
+              "# HELP kvllm_spec_acceptance_rate Draft tokens accepted / verified (0 without speculation).\n"
+              "# TYPE kvllm_spec_acceptance_rate gauge\nkvllm_spec_acceptance_rate %.6f\n",
+              (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_accepted, acc);
     if (b.oom) { free(b.s); return NULL; }
     return sb_take(&b);
 }

@@ -475,7 +475,8 @@ static int bench_throughput_cmd(int argc, char **argv) {
     unsigned rs = (unsigned)seed;
     for (long i = 0; i < shared; i++) prefix[i] = (int32_t)(3 + tp_rand(&rs) % (unsigned)(V - 3));
     struct tp_count cnt = { 0 };
-    int rc = toks && prefix ? kvllm_engine_new(m, &ep, &e) : KVLLM_ENOMEM;
+    int rc = !toks || !prefix ? KVLLM_ENOMEM : cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL
+           : kvllm_engine_new(m, &ep, &e);
     double t0 = cli_time();
     uint64_t n_prompt_total = 0;
     for (long r = 0; !rc && r < n_req;) {
@@ -510,19 +511,24 @@ static int bench_throughput_cmd(int argc, char **argv) {
                    "\"mean_batch\": %.3f, \"kv_utilization_pct\": %.3f, \"kv_waste_pct\": %.3f, "
                    "\"kv_waste_ideal_pct\": %.3f, "
                    "\"prefix_hit_pct\": %.3f, \"preemptions\": %llu, \"requests\": %ld, \"seconds\": %.3f, "
-                   "\"static\": %s, \"steps\": %llu, \"blocks_total\": %d, \"block_size\": %d}\n",
+                   "\"static\": %s, \"steps\": %llu, \"blocks_total\": %d, \"block_size\": %d, "
+                   "\"spec_drafted\": %llu, \"spec_accepted\": %llu, \"spec_acceptance_pct\": %.3f}\n",
                    rps, tps, ops, mb, util, waste, ideal, hit, (unsigned long long)st.preemptions, n_req, dt,
-                   is_static ? "true" : "false", (unsigned long long)st.steps, st.blocks_total, st.block_size);
+                   is_static ? "true" : "false", (unsigned long long)st.steps, st.blocks_total, st.block_size,
+                   (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted,
+                   st.spec_drafted ? 100.0 * (double)st.spec_accepted / (double)st.spec_drafted : 0.0);
         else
             printf("| batching | requests/s | tokens/s | output tok/s | mean batch | KV util %% | KV waste %% "
                    "(ideal) | prefix hit %% | preemptions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
                    "| %s | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f (%.2f) | %.1f | %llu |\n",
                    is_static ? "static" : "continuous", rps, tps, ops, mb, util, waste, ideal, hit,
                    (unsigned long long)st.preemptions);
+        cli_spec_report(e, &ep);
     }
     free(toks);
     free(prefix);
     kvllm_engine_free(e);
+    kvllm_model_free(ep.draft_model);
     kvllm_model_free(m);
     return rc ? 1 : 0;
 }

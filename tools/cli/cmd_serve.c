@@ -218,7 +218,7 @@ int cmd_serve(int argc, char **argv) {
     if (!rc) {
         const struct kvllm_model_desc *d = kvllm_model_describe(m);
         ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
-        rc = kvllm_engine_new(m, &ep, &e);
+        rc = cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL : kvllm_engine_new(m, &ep, &e);
     }
     if (!rc && !template_path && !kvllm_model_meta_str(m, "tokenizer.chat_template", NULL))
         server_log(srv, KVLLM_LOG_WARN, "%s has no chat template (a base model?): /v1/chat/completions will answer 400; "
@@ -235,6 +235,7 @@ int cmd_serve(int argc, char **argv) {
     }
     server_stop(srv);
     kvllm_engine_free(e);
+    kvllm_model_free(ep.draft_model);
     kvllm_model_free(m);
     server_free(srv);
     return rc ? 1 : 0;

@@ -48,6 +48,8 @@ int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params 
     if (p && p->max_batch > 0) ep.max_batch_tokens = p->max_batch;
     ep.prefix_caching = false;
     ep.no_kv_cache = false;
+    ep.spec = KVLLM_SPEC_NONE;   /* a session samples nothing: there is nothing to draft */
+    ep.draft_model = NULL;
     struct kvllm_session *s = xcalloc(1, sizeof *s);
     if (!s) return KVLLM_ENOMEM;
     s->no_kv_cache = p && p->no_kv_cache;

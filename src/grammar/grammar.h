@@ -38,7 +38,12 @@ int gvocab_new(int n_vocab, const char *const *tok_bytes, const size_t *tok_len,
 void gvocab_free(struct gvocab *v);
 int gvocab_n_vocab(const struct gvocab *v);
 
-/* g and v must outlive the matcher (the engine holds a grammar reference). */
+/* g and v must outlive the matcher (the engine holds a grammar reference).
+ * Sizes every working store (about 8 MB); fill_mask and accept then never
+ * allocate, and fail with KVLLM_ERANGE (logged, state unchanged) if a
+ * grammar outgrows them.  Matchers of one grammar share the masks' context
+ * cache through the grammar (internally locked): any thread may run any
+ * matcher, one thread per matcher at a time. */
 int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct gmatcher **out);
 void gmatcher_free(struct gmatcher *m);
 /* allow: (n_vocab + 31) / 32 words; bit (id & 31) of word id >> 5 is set
@@ -52,7 +57,9 @@ bool gmatcher_can_end(const struct gmatcher *m);
 /* Nothing but an end token can follow: the sequence may finish now. */
 bool gmatcher_must_end(const struct gmatcher *m);
 /* Undo the last n accepted tokens (speculative decoding); n <= accepted
- * tokens since gmatcher_new, within the history depth given at creation. */
+ * tokens since gmatcher_new, and at most GMATCHER_HISTORY (32): the matcher
+ * keeps that many past states.  KVLLM_EINVAL (state unchanged) beyond. */
+#define GMATCHER_HISTORY 32
 int gmatcher_rollback(struct gmatcher *m, int n);
 
 #endif

@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GM_HISTORY 32               /* tokens gmatcher_rollback can undo */
+#define GM_HISTORY GMATCHER_HISTORY /* tokens gmatcher_rollback can undo */
 #define GM_MAX_STACKS 1024          /* stacks in one set */
 #define GM_STATE_CAP 4096           /* positions (plus one depth per stack) in one kept state */
 #define GM_NODES (1u << 16)         /* scratch stack nodes per call */

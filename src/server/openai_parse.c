@@ -124,8 +124,6 @@ static int copy_str(json_object *v, const char *what, char **out, size_t *len, s
     return 1;
 }
 
-/* r->grammar is the request's own reference (a forced tool call's, for now). */
-static void oai_grammar_free(struct kvllm_grammar *g) { kvllm_grammar_free(g); }
 
 static int oom(struct oai_error *e) {
     e->status = 500;
@@ -479,14 +477,77 @@ static int refuse_unsupported(json_object *root, bool chat, struct oai_error *e)
         if ((v = field(root, "suffix")) && !(json_object_get_type(v) == json_type_string && !json_object_get_string_len(v)))
             return fail(e, "suffix", "'suffix' is not supported");
     }
-    if ((v = field(root, "response_format"))) {
-        json_object *t = json_object_get_type(v) == json_type_object ? field(v, "type") : NULL;
-        if (!t || json_object_get_type(t) != json_type_string || strcmp(json_object_get_string(t), "text"))
-            return fail(e, "response_format", "only response_format {\"type\": \"text\"} is supported");
-    }
     for (size_t i = 0; i < sizeof k_refused / sizeof *k_refused; i++)
         if ((v = field(root, k_refused[i].key)) && !neutral(v, k_refused[i].type, k_refused[i].neutral))
             return fail(e, k_refused[i].key, "'%s' is not supported%s", k_refused[i].key, k_refused[i].instead);
+    return 0;
+}
+
+/* Compile a JSON Schema (a JSON value) for `what`; a schema the compiler
+ * refuses is a 400 naming the field and the schema's path. */
+static int compile_schema(json_object *schema, bool strict, const char *param, const char *what,
+                          struct kvllm_grammar **g, struct oai_error *e) {
+    enum json_type t = json_object_get_type(schema);
+    if (schema && t != json_type_object && t != json_type_boolean)
+        return fail(e, param, "%s must be a JSON Schema (an object), not %s", what, type_name(schema));
+    const char *text = schema ? json_object_to_json_string_ext(schema, JSON_FLAGS) : "{}";
+    if (!text) return oom(e);
+    char msg[384] = "";
+    int rc = kvllm_grammar_from_json_schema(text, strict, g, msg, sizeof msg);
+    if (rc == KVLLM_ENOMEM) return oom(e);
+    if (rc) return fail(e, param, "%s: %s", what, *msg ? msg : kvllm_strerror(rc));
+    return 0;
+}
+
+/* Constrained output: response_format json_object / json_schema (strict
+ * honoured; llama-server's json_object with a "schema" too), llama-server's
+ * top-level grammar (GBNF text) and json_schema.  At most one; compiled here
+ * so that a bad schema or grammar is a 400 naming where. */
+static int parse_constraint(json_object *root, struct oai_request *r, struct oai_error *e) {
+    json_object *rf = field(root, "response_format"), *gb = field(root, "grammar"), *js = field(root, "json_schema");
+    const char *rf_type = NULL;
+    if (rf) {
+        json_object *t = json_object_get_type(rf) == json_type_object ? field(rf, "type") : NULL;
+        if (!t || json_object_get_type(t) != json_type_string)
+            return fail(e, "response_format", "'response_format' must be an object with a 'type': text, "
+                        "json_object or json_schema");
+        rf_type = json_object_get_string(t);
+        if (strcmp(rf_type, "text") && strcmp(rf_type, "json_object") && strcmp(rf_type, "json_schema"))
+            return fail(e, "response_format", "response_format type '%.40s' is not one of text, json_object, "
+                        "json_schema", rf_type);
+        if (!strcmp(rf_type, "text")) rf_type = NULL;
+    }
+    if ((rf_type != NULL) + (gb != NULL) + (js != NULL) > 1)
+        return fail(e, rf_type ? "response_format" : "grammar", "give one of response_format (json_object or "
+                    "json_schema), 'grammar' and 'json_schema', not several");
+    if (rf_type && !strcmp(rf_type, "json_object")) {
+        json_object *schema = field(rf, "schema");   /* llama-server's extension */
+        if (schema) return compile_schema(schema, false, "response_format", "response_format.schema", &r->grammar, e);
+        int rc = kvllm_grammar_json_object(&r->grammar);
+        return rc == KVLLM_ENOMEM ? oom(e) : rc ? fail(e, "response_format", "json_object: %s", kvllm_strerror(rc)) : 0;
+    }
+    if (rf_type) {   /* json_schema: {"name", "description", "schema", "strict"} */
+        json_object *o = field(rf, "json_schema");
+        if (!o || json_object_get_type(o) != json_type_object)
+            return fail(e, "response_format", "response_format json_schema needs a 'json_schema' object "
+                        "({\"name\", \"schema\", \"strict\"})");
+        json_object *name = field(o, "name");
+        if (name && json_object_get_type(name) != json_type_string)
+            return fail(e, "response_format", "response_format.json_schema.name must be a string");
+        bool strict = false;
+        if (get_bool(o, "strict", &strict, e) < 0) return -1;
+        return compile_schema(field(o, "schema"), strict, "response_format", "response_format.json_schema.schema",
+                              &r->grammar, e);
+    }
+    if (js) return compile_schema(js, false, "json_schema", "json_schema", &r->grammar, e);
+    if (gb) {
+        if (json_object_get_type(gb) != json_type_string)
+            return fail(e, "grammar", "'grammar' must be a string (GBNF), not %s", type_name(gb));
+        char msg[384] = "";
+        int rc = kvllm_grammar_from_gbnf(json_object_get_string(gb), &r->grammar, msg, sizeof msg);
+        if (rc == KVLLM_ENOMEM) return oom(e);
+        if (rc) return fail(e, "grammar", "grammar: %s", *msg ? msg : kvllm_strerror(rc));
+    }
     return 0;
 }
 
@@ -619,6 +680,7 @@ static int parse_fields(json_object *root, struct oai_request *r, struct oai_err
         if (lp) r->logprobs = got ? (int)i64 : 0;
     }
     if (top_p_zero) r->sp.temperature = 0;
+    if (parse_constraint(root, r, e)) return -1;
     return parse_item5(root, r, e);
 }
 
@@ -712,7 +774,7 @@ void oai_request_free(struct oai_request *r) {
     free(r->stop);
     free(r->stop_token_ids);
     free(r->logit_bias);
-    oai_grammar_free(r->grammar);
+    kvllm_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

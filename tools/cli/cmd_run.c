@@ -32,6 +32,11 @@ static const char *k_usage =
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  --no-kv-cache          recompute the whole prefix every step (baseline)\n"
     "  --ignore-eos           do not stop at end-of-sequence\n"
+    "  --grammar FILE         constrain the output to a GBNF grammar (llama.cpp's format; start rule root)\n"
+    "  --json-schema FILE     constrain the output to JSON valid under a JSON Schema\n"
+    "  --json-schema-strict   with --json-schema: no properties beyond those listed (OpenAI's strict)\n"
+    "  --min-tokens N         end-of-sequence and --stop-token-id held back until N tokens\n"
+    "  --stop-token-id ID     stop when this token id is sampled (not printed); repeatable\n"
     "  --no-echo              do not print the prompt\n"
     "  --ids                  print the generated token ids instead of text\n"
     "  --color [on|off|auto]  prompt echo in yellow, generated text plain (alone: on; auto: on a terminal)\n"
@@ -47,6 +52,11 @@ struct run_opts {
     long n_predict, n_ctx, n_threads;
     int parse_special;      /* -1: when the prompt holds special-token text; 0 / 1: as told */
     bool no_kv, ignore_eos, no_echo, ids, quiet, seed_set, color, verbose_prompt;
+    const char *grammar_file, *schema_file;
+    bool schema_strict;
+    long min_tokens;
+    int32_t stop_ids[16];
+    int n_stop_ids;
     struct kvllm_sampling_params sp;
     struct kvllm_engine_params ep;
 };
@@ -104,6 +114,23 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
         else if (!strcmp(a, "--no-kv-cache")) o->no_kv = true;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+        else if (!strcmp(a, "--grammar") || !strcmp(a, "--grammar-file")) { ARG(); o->grammar_file = v; }
+        else if (!strcmp(a, "--json-schema") || !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file")) {
+            ARG();
+            o->schema_file = v;
+        }
+        else if (!strcmp(a, "--json-schema-strict")) o->schema_strict = true;
+        else if (!strcmp(a, "--min-tokens")) { ARG(); if (!cli_int(a, v, 0, 1 << 24, &o->min_tokens)) return 2; }
+        else if (!strcmp(a, "--stop-token-id")) {
+            long id;
+            ARG();
+            if (!cli_int(a, v, 0, INT32_MAX, &id)) return 2;
+            if (o->n_stop_ids == (int)(sizeof o->stop_ids / sizeof *o->stop_ids)) {
+                cli_error("--stop-token-id: at most %d", (int)(sizeof o->stop_ids / sizeof *o->stop_ids));
+                return 2;
+            }
+            o->stop_ids[o->n_stop_ids++] = (int32_t)id;
+        }
         else if (!strcmp(a, "--no-echo")) o->no_echo = true;
         else if (!strcmp(a, "--ids")) o->ids = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
@@ -120,6 +147,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         o->prompt = o->prompt_buf;
     }
     if (o->system && !o->prompt) { cli_error("run: -sys needs a prompt (-p or -f) to answer"); return 2; }
+    if (o->grammar_file && o->schema_file) { cli_error("run: give --grammar or --json-schema, not both"); return 2; }
+    if (o->schema_strict && !o->schema_file) { cli_error("run: --json-schema-strict needs --json-schema"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
     return 0;
 }
@@ -191,6 +220,23 @@ static int tokenize_prompt(struct kvllm_model *m, const struct run_opts *o, int3
 
 static int run(struct run_opts *op);
 
+/* The grammar of --grammar / --json-schema (NULL without either); < 0 with
+ * the error printed (the file and the compiler's line:col or schema path). */
+static int load_grammar(const struct run_opts *o, struct kvllm_grammar **g) {
+    *g = NULL;
+    const char *path = o->grammar_file ? o->grammar_file : o->schema_file;
+    if (!path) return 0;
+    size_t len;
+    char *text = cli_read_file(path, &len);
+    if (!text) return KVLLM_EIO;
+    char err[512] = "";
+    int rc = o->grammar_file ? kvllm_grammar_from_gbnf(text, g, err, sizeof err)
+                             : kvllm_grammar_from_json_schema(text, o->schema_strict, g, err, sizeof err);
+    free(text);
+    if (rc) cli_error("%s: %s", path, *err ? err : kvllm_strerror(rc));
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
     struct run_opts o = { 0 };
     int rc = parse(argc, argv, &o);
@@ -213,6 +259,8 @@ static int run(struct run_opts *op) {
 
     int32_t *ids = NULL;
     struct kvllm_engine *eng = NULL;
+    struct kvllm_grammar *gram = NULL;
+    if (load_grammar(&o, &gram)) goto fail;
     int n_prompt = tokenize_prompt(model, &o, &ids);
     if (n_prompt < 0) goto fail;
     if (o.verbose_prompt) {
@@ -257,6 +305,8 @@ static int run(struct run_opts *op) {
     struct kvllm_request req = {
         .prompt = ids, .n_prompt = n_prompt, .max_tokens = (int)o.n_predict, .sampling = o.sp, .n = 1,
         .ignore_eos = o.ignore_eos, .no_text = o.ids, .on_event = on_event, .user = &pr,
+        .grammar = gram, .min_tokens = (int)o.min_tokens, .stop_token_ids = o.stop_ids,
+        .n_stop_token_ids = o.n_stop_ids,
     };
     if (o.n_predict > 0 && kvllm_engine_add(eng, &req, NULL)) goto fail;
     if (!o.ids && !o.no_echo && o.prompt && !o.system)
@@ -277,12 +327,14 @@ static int run(struct run_opts *op) {
     if (!o.quiet) cli_spec_report(eng, &o.ep);
     kvllm_engine_free(eng);
     kvllm_model_free(o.ep.draft_model);
+    kvllm_grammar_free(gram);
     kvllm_model_free(model);
     free(ids);
     return 0;
 fail:
     kvllm_engine_free(eng);
     kvllm_model_free(o.ep.draft_model);
+    kvllm_grammar_free(gram);
     kvllm_model_free(model);
     free(ids);
     return 1;

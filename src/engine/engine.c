@@ -350,6 +350,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->want_logits = q->want_logits;
     r->grammar = constrain_ref(q->grammar);
     r->backend_greedy = greedy_on_backend(q);
+    r->greedy = !(q->sampling.temperature > 0.0f);
     r->seqs = xcalloc((size_t)q->n, sizeof *r->seqs);
     r->ctx = xcalloc((size_t)q->n, sizeof *r->ctx);
     r->stop = q->n_stop ? xcalloc((size_t)q->n_stop, sizeof *r->stop) : NULL;

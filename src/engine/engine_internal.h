@@ -63,6 +63,7 @@ struct request {
     bool own_eval;              /* eval is freed with the request (a draft shadow's) */
     struct request *next;   /* inbox or live list */
     struct kvllm_grammar *grammar;  /* own reference (NULL: unconstrained); a constrained request never speculates */
+    bool greedy;            /* temperature <= 0: a grammar's mask is filled only when the argmax is refused */
     int min_tokens;         /* the tokens of ban[] are masked until a sample has this many */
     int32_t *stop_ids;      /* (n_stop_ids) stop_token_ids: finish with STOP, not part of the text */
     int n_stop_ids;

@@ -10,7 +10,9 @@
  * matcher fills it; before min_tokens the end tokens are cleared from it),
  * the sampler applies the logit bias and the mask before everything else,
  * the token is accepted (the matcher advances), and a grammar that admits
- * nothing but its end finishes the sample with STOP at once.  Everything it
+ * nothing but its end finishes the sample with STOP at once.  Greedy first
+ * offers the matcher the unconstrained argmax and fills the mask only when
+ * the grammar refuses it (the same token either way).  Everything it
  * touches was sized at add: nothing allocates here but the rare growth of
  * withheld text past its reserve. */
 #include "engine/engine_internal.h"
@@ -101,7 +103,7 @@ bool output_is_end(const struct kvllm_engine *e, const struct request *r, int32_
 
 /* A sampled token: append, advance the grammar, detokenize, check stops
  * and limits, emit. */
-static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok) {
+static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok, bool advanced) {
     struct seq_ctx *c = q->owner;
     struct request *r = c->req;
     if (tok < 0) { fail_seq(e, q, "the sampler found no valid token (every allowed logit NaN or -inf)"); return; }
@@ -114,7 +116,7 @@ static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok) {
     /* the grammar's end: nothing but an end token may follow this one */
     bool gram_end = false;
     if (c->gm) {
-        if (constrain_accept(c, tok) < 0) { fail_seq(e, q, "the grammar refused a token its own mask allowed"); return; }
+        if (!advanced && constrain_accept(c, tok) < 0) { fail_seq(e, q, "the grammar refused a token its own mask allowed"); return; }
         gram_end = constrain_must_end(c);
     }
     int32_t prev = q->tokens[q->n_tokens - 1];
@@ -180,11 +182,23 @@ static const uint32_t *next_mask(struct kvllm_engine *e, struct seq_ctx *c, cons
 
 int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float *logits) {
     struct seq_ctx *c = q->owner;
+    const struct request *r = c->req;
+    if (c->gm && r->greedy) {
+        /* Greedy under a grammar: when the unconstrained argmax is a token the
+         * grammar accepts, it is also the argmax among the allowed tokens (same
+         * ties, lowest id), so the mask need not be filled.  End tokens, which
+         * min_tokens may hold back, always take the full path. */
+        int32_t tok = kvllm_sampler_sample_masked(c->smp, logits, q->tokens, q->n_tokens, NULL);
+        if (tok >= 0 && !output_is_end(e, r, tok) && constrain_accept(c, tok) == 0) {
+            accept_token(e, q, tok, true);
+            return tok;
+        }
+    }
     const char *why;
     const uint32_t *mask = next_mask(e, c, &why);
     if (why) { fail_seq(e, q, why); return KVLLM_EINVAL; }
     int32_t tok = kvllm_sampler_sample_masked(c->smp, logits, q->tokens, q->n_tokens, mask);
-    accept_token(e, q, tok);
+    accept_token(e, q, tok, false);
     return tok;
 }
 
@@ -192,7 +206,7 @@ void output_on_token(struct kvllm_engine *e, struct seq *q, int32_t token) {
     struct seq_ctx *c = q->owner;
     if (c->done || c->req->aborted) return;
     e->cur_logits = NULL;
-    accept_token(e, q, token);
+    accept_token(e, q, token, false);
 }
 
 void output_on_logits(struct kvllm_engine *e, struct seq *q, const float *logits) {

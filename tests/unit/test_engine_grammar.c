@@ -3,7 +3,8 @@
  * the matcher under test):
  *   - a bounded grammar ([a-z ]{3,30} "."): every sample, greedy and at
  *     temperature 1 with n = 3 (a matcher each), finishes with STOP on a
- *     string of it;
+ *     string of it; greedy (which skips the mask when the grammar accepts
+ *     the argmax) equals top-k 1 through the full mask;
  *   - greedy identity: the unconstrained greedy text as a literal grammar,
  *     and as a star of the characters it uses, gives the same text
  *     (STOP at its end for the literal, LENGTH for the star);
@@ -43,6 +44,8 @@ static void blocks_free(struct kvllm_engine *e) {
     CHECK_MSG(st.blocks_held == 0, "%d blocks held", st.blocks_held);
 }
 
+static int g_top_k;   /* top-k of the next runs (0: off) */
+
 static int run(struct kvllm_engine *e, struct kvllm_grammar *g, float temp, int n, int max_tokens, struct run *out) {
     memset(out, 0, sizeof *out);
     struct kvllm_request q = { .prompt = k_prompt, .n_prompt = (int)(sizeof k_prompt / sizeof *k_prompt),
@@ -51,6 +54,7 @@ static int run(struct kvllm_engine *e, struct kvllm_grammar *g, float temp, int 
     q.sampling = kvllm_sampling_default_params();
     q.sampling.temperature = temp;
     q.sampling.seed = 42;
+    q.sampling.top_k = g_top_k;
     int rc = kvllm_engine_add(e, &q, NULL);
     while (!kvllm_engine_idle(e)) kvllm_engine_step(e);
     blocks_free(e);
@@ -105,6 +109,14 @@ int main(void) {
     CHECK(run(e, words, 0, 1, 64, r) == 0);
     CHECK_MSG(r->fin[0] == KVLLM_FINISH_STOP && is_words_dot(r->text[0]), "greedy: finish %d, '%s'", r->fin[0],
               r->text[0]);
+    /* greedy takes a shortcut (the argmax, if the grammar accepts it, without filling the mask); top-k 1
+     * at temperature 1 fills the mask at every token and must pick the same tokens */
+    struct run *full = calloc(1, sizeof *full);
+    g_top_k = 1;
+    CHECK(run(e, words, 1.0f, 1, 64, full) == 0);
+    g_top_k = 0;
+    CHECK_MSG(!strcmp(full->text[0], r->text[0]), "greedy '%s', top-k 1 '%s'", r->text[0], full->text[0]);
+    free(full);
     CHECK(run(e, words, 1.0f, 3, 64, r) == 0);
     int distinct = 0;
     for (int i = 0; i < 3; i++) {

@@ -76,12 +76,12 @@ void qmm_quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t 
     }
 }
 
-/* One super-block of a rows-layout row as plain numbers: codes q (256,
- * unsigned), scales sc (Q4_K/Q5_K: 8 of 0..63; Q6_K: 16 int8), mins m (8;
+/* One super-block of a rows-layout row as plain numbers (decoded without
+ * codes when the caller copies the bits itself): codes q (256, unsigned), scales sc (Q4_K/Q5_K: 8 of 0..63; Q6_K: 16 int8), mins m (8;
  * Q6_K: none) and the f16 d, dmin. */
 struct kblock { uint8_t q[QMM_QK]; int sc[16]; int m[8]; uint16_t d, dmin; };
 
-static void kblock_decode(uint32_t type, const uint8_t *blk, struct kblock *k) {
+static void kblock_decode(uint32_t type, const uint8_t *blk, struct kblock *k, bool codes) {
     if (type == DTYPE_Q6_K) {
         const struct block_q6_K *b = (const struct block_q6_K *)(const void *)blk;
         for (int h = 0; h < 2; h++)
@@ -99,7 +99,7 @@ static void kblock_decode(uint32_t type, const uint8_t *blk, struct kblock *k) {
     const struct block_q4_K *b4 = (const struct block_q4_K *)(const void *)blk;
     const uint8_t *qs = type == DTYPE_Q4_K ? b4->qs : ((const struct block_q5_K *)(const void *)blk)->qs;
     const uint8_t *qh = type == DTYPE_Q5_K ? ((const struct block_q5_K *)(const void *)blk)->qh : NULL;
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < 4 && codes; c++)
         for (int l = 0; l < 32; l++) {
             k->q[64 * c + l] = (uint8_t)((qs[32 * c + l] & 0xf) | (qh ? ((qh[l] >> (2 * c)) & 1) << 4 : 0));
             k->q[64 * c + 32 + l] = (uint8_t)((qs[32 * c + l] >> 4) | (qh ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0));
@@ -162,7 +162,7 @@ float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const flo
     float acc = 0;
     struct kblock k;
     for (int64_t b = 0; b < K / QMM_QK; b++) {
-        kblock_decode(type, w + (size_t)b * bb, &k);
+        kblock_decode(type, w + (size_t)b * bb, &k, true);
         const int8_t *x = xq + b * QMM_QK;
         const float dd = f16_to_f32(k.d) * xd[b];
         int32_t I = 0;
@@ -198,7 +198,7 @@ void qmm_pack_group_k(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int
         uint8_t *g = dst + (size_t)b * gb;
         for (int i = 0; i < nr; i++) {
             const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bb;
-            kblock_decode(type, blk, &k);
+            kblock_decode(type, blk, &k, type == DTYPE_Q6_K);   /* Q4_K / Q5_K: bits copied as they are */
             memcpy(g + 2 * i, &k.d, 2);
             if (type == DTYPE_Q6_K) {
                 for (int s = 0; s < 16; s++) g[32 + 16 * s + i] = (uint8_t)(int8_t)k.sc[s];

@@ -30,10 +30,6 @@ ADD = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-# A forced call is constrained by a grammar compiled from the call's JSON Schema; until the engine runs
-# grammars (src/engine/constrain.c is a stub that refuses them) a forced call is refused (500).
-NEEDS_SCHEMA_GRAMMAR = pytest.mark.xfail(reason="the engine does not run grammars yet (constrain.c stub)",
-                                         strict=False)
 TEMPLATES = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja", "llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja"}
 
 
@@ -109,7 +105,6 @@ def test_auto_text_or_valid_call(served):
     assert [c["name"] for c in calls] == [c.function.name for c in m.tool_calls or []]
 
 
-@NEEDS_SCHEMA_GRAMMAR
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_forced_call_is_always_valid(served, choice):
     _, client, _ = served
@@ -167,7 +162,6 @@ def test_tool_choice_none_and_parallel_flag(served):
     assert with_tools.usage.prompt_tokens > r.usage.prompt_tokens + 40
 
 
-@NEEDS_SCHEMA_GRAMMAR
 def test_parallel_false_gives_one_call(served):
     _, client, _ = served
     r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
@@ -211,3 +205,29 @@ def test_template_without_tool_format(kvllm, smollm2):
     # a bad --tool-call-format is a usage error at start
     with pytest.raises(RuntimeError):
         Server(kvllm, smollm2, "--tool-call-format", "granite")
+
+
+def test_mistral_forced_call(kvllm, smollm2, shared):
+    """Mistral Nemo's template: [TOOL_CALLS] opens a forced call, ids are 9 letters and digits (the template
+    refuses others), and a second turn with those ids renders."""
+    s = Server(kvllm, smollm2, "--served-model-name", "smol", "--max-model-len", "2048", "-np", "2",
+               "--chat-template", shared / "templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja")
+    try:
+        client = openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=96, temperature=0)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls", r
+        _check_calls(calls)
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in calls), calls
+        content, scalls, fin, _ = _stream(client, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=96,
+                                          temperature=0)
+        assert fin == "tool_calls" and [(c["name"], c["arguments"]) for c in scalls] == \
+            [(c.function.name, c.function.arguments) for c in calls]
+        msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+                      {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"}]
+        r = client.chat.completions.create(model="smol", messages=msgs, tools=TOOLS, max_tokens=24, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err

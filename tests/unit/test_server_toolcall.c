@@ -133,6 +133,48 @@ static void test_stream(void) {
     }
 }
 
+/* Every prefix of every row (an answer cut anywhere, by max_tokens or a
+ * stop), and each row with one byte flipped: streaming in pieces of 3 gives
+ * exactly what the whole parse gives, content and calls. */
+static bool same_result(const struct toolcall_result *a, const char *a_content, const struct toolcall_result *b) {
+    const char *bc = b->content ? b->content : "";
+    if (strcmp(a_content ? a_content : "", bc) || a->n_calls != b->n_calls) return false;
+    for (int i = 0; i < a->n_calls; i++)
+        if (strcmp(a->calls[i].name, b->calls[i].name) || strcmp(a->calls[i].arguments, b->calls[i].arguments))
+            return false;
+    return true;
+}
+
+static void test_stream_equals_whole_on_cuts(void) {
+    static const char k_flip[] = "{}[]\":,<>/ \nx";
+    for (int i = 0; i < (int)(sizeof k_rows / sizeof *k_rows); i++) {
+        const char *t = k_rows[i].text;
+        size_t n = strlen(t);
+        char *buf = malloc(n + 1);
+        for (size_t cut = 0; cut <= n + n; cut++) {
+            size_t len = cut <= n ? cut : n;
+            memcpy(buf, t, n + 1);
+            if (cut > n) buf[cut - n - 1] = k_flip[(cut * 7) % (sizeof k_flip - 1)];   /* a flipped byte */
+            struct toolcall_result whole, streamed;
+            CHECK(toolcall_parse(k_rows[i].f, buf, len, &whole) == 0);
+            struct toolcall_stream st;
+            struct strbuf shown = { 0 };
+            toolcall_stream_init(&st, k_rows[i].f);
+            for (size_t off = 0; off < len; off += 3)
+                toolcall_stream_push(&st, buf + off, len - off < 3 ? len - off : 3, &shown);
+            CHECK(toolcall_stream_finish(&st, &shown, &streamed) == 0);
+            CHECK_MSG(same_result(&streamed, shown.s, &whole),
+                      "row %d cut %zu: streamed '%s' + %d calls, whole '%s' + %d", i, cut, shown.s ? shown.s : "", streamed.n_calls, whole.content ? whole.content : "(null)",
+                      whole.n_calls);
+            toolcall_result_free(&whole);
+            toolcall_result_free(&streamed);
+            sb_free(&shown);
+            toolcall_stream_deinit(&st);
+        }
+        free(buf);
+    }
+}
+
 /* Text streams early when it cannot be a call (not all held to the end). */
 static void test_stream_shows_text_early(void) {
     struct toolcall_stream s;
@@ -197,6 +239,7 @@ int main(void) {
     test_table();
     test_stream();
     test_stream_shows_text_early();
+    test_stream_equals_whole_on_cuts();
     test_detect();
     test_ids();
     return check_report("test_server_toolcall");

@@ -321,7 +321,9 @@ static char *call_schema(const char *tools, const char *only, enum toolcall_form
         json_object_array_add(en, json_object_get(name));
         json_object_object_add(nm, "enum", en);
         json_object_object_add(props, "name", nm);
-        json_object *no_params = params ? NULL : json_tokener_parse("{\"type\": \"object\", \"properties\": {}}");
+        /* a function without parameters takes none: its arguments are {} */
+        json_object *no_params = params ? NULL : json_tokener_parse("{\"type\": \"object\", \"properties\": {}, "
+                                                                    "\"additionalProperties\": false}");
         json_object_object_add(props, args_key, params ? json_object_get(params) : no_params);
         json_object_object_add(call, "type", json_object_new_string("object"));
         json_object_object_add(call, "properties", props);

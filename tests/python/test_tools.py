@@ -171,6 +171,18 @@ def test_parallel_false_gives_one_call(served):
         _check_calls(c.message.tool_calls)
 
 
+def test_function_without_parameters(served):
+    """A function without `parameters` takes none: a forced call to it has arguments {}."""
+    _, client, _ = served
+    now = {"type": "function", "function": {"name": "now", "description": "The current time."}}
+    r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What time is it?"}],
+                                       tools=[now, WEATHER], tool_choice={"type": "function", "function": {"name": "now"}},
+                                       max_tokens=40, temperature=0)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and [(c.function.name, c.function.arguments) for c in calls] == \
+        [("now", "{}")], r
+
+
 def test_refusals(served):
     _, client, s = served
     bad = [

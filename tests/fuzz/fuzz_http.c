@@ -50,7 +50,6 @@ static struct kvllm_model *g_model;
 static struct kvllm_engine *g_engine;
 static int g_port;
 static unsigned long g_inputs;
-static unsigned long g_mhd_double_heads;   /* libmicrohttpd's duplicated error heads seen (one_response) */
 
 static double now_s(void) {
     struct timespec ts;
@@ -125,13 +124,13 @@ static long one_response(const char *p, size_t n, int *status, bool closed) {
     if (p[9] < '1' || p[9] > '5' || p[10] < '0' || p[10] > '9' || p[11] < '0' || p[11] > '9') return -1;
     *status = (p[9] - '0') * 100 + (p[10] - '0') * 10 + (p[11] - '0');
     if (*status < 200 || *status == 204 || *status == 304) return (long)hlen;
-    /* libmicrohttpd 0.9.75 (Debian 12) sends the head of its built-in error page twice when it refuses
-     * a request itself (a Content-Length that is not a number: found by this target, docs/RELIABILITY.md).
-     * kvllm never sees such a request, so the duplicate is skipped here rather than reported. */
-    if (*status >= 400 && n >= 2 * hlen && !memcmp(p, p + hlen, hlen)) {
-        g_mhd_double_heads++;
-        return (long)hlen;
-    }
+    /* A head followed at once by another status line has no body: the answer to a HEAD request
+     * (which carries the Content-Length of the body it leaves out), or libmicrohttpd 0.9.75's
+     * (Debian 12) error page, whose head it sends twice when it refuses a request itself (a
+     * Content-Length that is not a number: found by this target, docs/RELIABILITY.md; kvllm never
+     * sees such a request).  kvllm's bodies (JSON, SSE) never begin with "HTTP/1.". */
+    if (n - hlen >= 7 && !memcmp(p + hlen, "HTTP/1.", 7)) return (long)hlen;
+    if (!closed && n - hlen < 7 && !memcmp(p + hlen, "HTTP/1.", n - hlen)) return 0;
     long clen = -1;
     bool chunked = false;
     for (const char *l = memchr(p, '\n', hlen) + 1; l < end;) {

@@ -144,9 +144,9 @@ class Gen:
         r = self.r
         ty = ty or r.choice(["str", "str", "int", "bool", "list"])
         if d > 3:
-            return {"str": self.lit_str(), "int": str(r.randint(-3, 9)), "bool": r.choice(["true", "false"]),
-                    "list": "[1, 2]", "dict": "{'a': 1}", "msg": "messages[0]"}[ty if ty in
-                                                                                ("str", "int", "bool", "list", "dict", "msg") else "str"]
+            leaf = {"str": self.lit_str(), "int": str(r.randint(-3, 9)), "bool": r.choice(["true", "false"]),
+                    "list": "[1, 2]", "dict": "{'a': 1}", "msg": "messages[0]"}
+            return leaf.get(ty, leaf["str"])
         v = self.var(ty)
         if ty == "str":
             k = r.randint(0, 22)
@@ -238,7 +238,8 @@ class Gen:
             if k == 1:
                 return r.choice(["true", "false", "True", "none is none", "add_generation_prompt"])
             if k == 2:
-                return f"{self.expr('int', d + 1)} {r.choice(['==', '!=', '<', '>', '<=', '>='])} {self.expr('int', d + 1)}"
+                left = self.expr('int', d + 1)
+                return f"{left} {r.choice(['==', '!=', '<', '>', '<=', '>='])} {self.expr('int', d + 1)}"
             if k == 3:
                 return f"{self.expr('str', d + 1)} {r.choice(['==', '!='])} {self.expr('str', d + 1)}"
             if k == 4:
@@ -270,8 +271,9 @@ class Gen:
             if k == 1:
                 return "messages"
             if k == 2:
-                return f"range({r.choice(['0', '1', '3', '5', '1, 4', '5, 0, -2', '0, 6, 2'])})|list" if r.random() < 0.5 \
-                    else f"range({r.randint(0, 4)})"
+                if r.random() < 0.5:
+                    return "range(" + r.choice(["0", "1", "3", "5", "1, 4", "5, 0, -2", "0, 6, 2"]) + ")|list"
+                return f"range({r.randint(0, 4)})"
             if k == 3:
                 return "[" + ", ".join(self.expr(r.choice(["str", "int"]), d + 1) for _ in range(r.randint(0, 3))) + "]"
             if k == 4:

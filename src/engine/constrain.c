@@ -31,7 +31,8 @@ static int build_vocab(struct kvllm_engine *e) {
     int rc = len && bytes && special ? 0 : KVLLM_ENOMEM;
     size_t total = 0;
     for (int i = 0; !rc && i < V; i++) {
-        int n = i < nt ? tokenizer_token_bytes(t, -2, i, NULL, 0) : 0;
+        char probe[1];   /* the length alone (memcpy of 0 bytes still wants a real pointer) */
+        int n = i < nt ? tokenizer_token_bytes(t, -2, i, probe, 0) : 0;
         enum tok_type ty = i < nt ? tokenizer_type(t, i) : TOK_UNUSED;
         special[i] = n <= 0 || ty == TOK_CONTROL || ty == TOK_UNKNOWN || ty == TOK_UNUSED;
         len[i] = special[i] ? 0 : (size_t)n;

@@ -2,46 +2,15 @@
  * buffer is sized when the engine and its requests are created.  The test
  * counts calls to malloc, calloc, realloc and aligned allocations made by
  * any thread while an engine decodes in steady state (4 requests with stop
- * strings and text, after their prompts) and requires 0.
- *
- * Counting: in a plain build the test defines the allocator functions
- * itself (they forward to glibc's __libc_* entry points); under
- * AddressSanitizer, which owns malloc, through its malloc hook. */
+ * strings and text, after their prompts) and requires 0
+ * (counted as alloc_count.h says). */
 #include "check.h"
 #include "stories_util.h"
 #include "kvllm.h"
+#include "alloc_count.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-
-static atomic_int g_counting, g_allocs;
-
-static void note(size_t n) {
-    if (atomic_load(&g_counting)) atomic_fetch_add(&g_allocs, 1);
-    (void)n;
-}
-
-#if defined(__SANITIZE_ADDRESS__)
-/* declared here, not from <sanitizer/allocator_interface.h>: gcc ships no such header (clang
- * does), while both ASan runtimes export the function */
-int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
-                                              void (*free_hook)(const volatile void *));
-static void hook_malloc(const volatile void *p, size_t n) { (void)p; note(n); }
-static void hook_free(const volatile void *p) { (void)p; }
-static void install(void) { __sanitizer_install_malloc_and_free_hooks(hook_malloc, hook_free); }
-#else
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-void *malloc(size_t n) { note(n); return __libc_malloc(n); }
-void *calloc(size_t a, size_t b) { note(a * b); return __libc_calloc(a, b); }
-void *realloc(void *p, size_t n) { note(n); return __libc_realloc(p, n); }
-void *aligned_alloc(size_t al, size_t n) { note(n); return __libc_memalign(al, n); }
-int posix_memalign(void **p, size_t al, size_t n) { note(n); *p = __libc_memalign(al, n); return *p ? 0 : 12; }
-static void install(void) {}
-#endif
 
 static int g_tokens;
 static void on_event(const struct kvllm_event *ev, void *user) {
@@ -50,7 +19,7 @@ static void on_event(const struct kvllm_event *ev, void *user) {
 }
 
 int main(void) {
-    install();
+    alloc_count_install();
     struct kvllm_model *m = load_stories(2);
     if (!m) return check_report("test_engine_noalloc");
     struct kvllm_engine *e = NULL;

@@ -115,7 +115,6 @@ static int bench_mask(const struct kvllm_grammar *g, const char *model_path, con
     if (!ids || !t) goto out;
     kvllm_tokenize(model, text, strlen(text), false, false, ids, n_ids);
     int n_t = 0;
-    double first_sum = 0;
     for (long r = 0; r < reps; r++) {
         struct gmatcher *m;
         if (gmatcher_new(g, v, &m)) goto out;
@@ -130,7 +129,6 @@ static int bench_mask(const struct kvllm_grammar *g, const char *model_path, con
                 goto out;
             }
             t[n_t++] = (b - a) * 1e6;
-            if (i == 0) first_sum += (b - a) * 1e6;
         }
         if (!gmatcher_can_end(m)) {
             cli_error("the text is an incomplete string of the grammar");

@@ -1,22 +1,60 @@
 #!/usr/bin/env bash
-# campaign.sh — a long fuzzing campaign: every target named runs at once, each for SECONDS of
-# wall-clock at nice 19 (the machine is shared), from the committed corpus and what earlier runs
-# found.  Writes $FUZZ_BUILD/campaign-<target>.log (libFuzzer's output, its final stats, and the
-# CPU time from /usr/bin/time); crashes go to $FUZZ_BUILD/crash-<target>-*.  The figures in
-# docs/RELIABILITY.md come from these logs (tests/fuzz/campaign-summary.sh).
+# campaign.sh — a long fuzzing campaign, measured in CPU time: each target named runs until its
+# fuzzer process has had SECONDS of CPU (user + sys), in libFuzzer runs of at most CHUNK (600) s of
+# wall-clock each, every run resuming from the corpus the earlier ones grew.  On a shared machine a
+# wall-clock hour can give a target a minute of CPU (docs/RELIABILITY.md): counting CPU makes "an
+# hour per target" mean an hour of fuzzing however busy the machine is, and lets a benchmark pause the
+# campaign (kill -STOP / -CONT on the fuzz_* processes) without shortening it.  PAR targets run at
+# once (default 1), at nice 19.
 #
-#   tests/fuzz/campaign.sh SECONDS [build-fuzz] [target ...]
+# Writes $build/campaign-<target>.log: every run's libFuzzer output, then per run a line
+#   run=N cpu_user_s=U cpu_sys_s=S wall_s=W max_rss_kb=K exit=E
+# and at the end "total cpu_s=... wall_s=... runs=... execs=..."; crashes go to
+# $build/crash-<target>-* and stop that target's campaign (exit != 0 on its last run line).
+# tests/fuzz/campaign-summary.sh turns the logs into docs/RELIABILITY.md's table.
+#
+#   [PAR=n] [CHUNK=s] tests/fuzz/campaign.sh SECONDS [build-fuzz] [target ...]
 set -u
-secs=${1:?seconds}
+secs=${1:?seconds of CPU per target}
 build=${2:-build-fuzz}
 shift $(( $# >= 2 ? 2 : $# ))
 targets=${*:-gguf hf tokenizer_json jinja openai http}
-for t in $targets; do
+chunk=${CHUNK:-600}
+par=${PAR:-1}
+
+one_target() {
+  local t=$1 log="$build/campaign-$1.log" cpu=0 wall=0 runs=0 execs=0
   mkdir -p "$build/corpus/$t"
-  ( ASAN_OPTIONS=allocator_may_return_null=1 nice -n 19 /usr/bin/time -f "cpu_user_s=%U cpu_sys_s=%S wall_s=%e max_rss_kb=%M" \
-      "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=90 -rss_limit_mb=1536 -max_len=65536 \
-      -print_final_stats=1 -artifact_prefix="$build/crash-$t-" "$build/corpus/$t" "tests/fuzz/corpus/$t" \
-      > "$build/campaign-$t.log" 2>&1
-    echo "exit=$?" >> "$build/campaign-$t.log" ) &
+  : > "$log"
+  while awk -v c="$cpu" -v s="$secs" 'BEGIN { exit !(c < s) }'; do
+    runs=$((runs + 1))
+    local left tm rc
+    left=$(awk -v c="$cpu" -v s="$secs" -v k="$chunk" 'BEGIN { l = s - c; if (l > k) l = k; printf "%d", l < 30 ? 30 : l }')
+    tm=$(mktemp)
+    ASAN_OPTIONS=allocator_may_return_null=1 nice -n 19 /usr/bin/time -o "$tm" \
+        -f "cpu_user_s=%U cpu_sys_s=%S wall_s=%e max_rss_kb=%M" \
+        "$build/tests/fuzz/fuzz_$t" -max_total_time="$left" -timeout=90 -rss_limit_mb=1536 -max_len=65536 \
+        -print_final_stats=1 -artifact_prefix="$build/crash-$t-" "$build/corpus/$t" "tests/fuzz/corpus/$t" \
+        >> "$log" 2>&1
+    rc=$?
+    echo "run=$runs $(grep -oE 'cpu_user_s=.*' "$tm") exit=$rc" >> "$log"
+    local u s w e
+    u=$(grep -oE 'cpu_user_s=[0-9.]+' "$tm" | cut -d= -f2); s=$(grep -oE 'cpu_sys_s=[0-9.]+' "$tm" | cut -d= -f2)
+    w=$(grep -oE 'wall_s=[0-9.]+' "$tm" | cut -d= -f2)
+    rm -f "$tm"
+    e=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
+    cpu=$(awk -v a="$cpu" -v u="${u:-0}" -v s="${s:-0}" 'BEGIN { printf "%.1f", a + u + s }')
+    wall=$(awk -v a="$wall" -v w="${w:-0}" 'BEGIN { printf "%.1f", a + w }')
+    execs=$((execs + ${e:-0}))
+    [ "$rc" -ne 0 ] && break
+  done
+  echo "total cpu_s=$cpu wall_s=$wall runs=$runs execs=$execs" >> "$log"
+}
+
+running=0
+for t in $targets; do
+  one_target "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$par" ]; then wait -n; running=$((running - 1)); fi
 done
 wait

@@ -99,9 +99,9 @@ def eval_logits(binary: str | Path, model: str | Path, tokens: Sequence[int], ou
                 act: str = "f32") -> np.ndarray:
     """Run `kvllm eval` and return its logits (n_tokens, n_vocab).
 
-    act: KVLLM_ACT for the run.  f32 (here and kvllm's default) keeps every weight type on f32
-    arithmetic, which the reference comparisons' 1e-4 bounds are made for; "int" takes the integer
-    activations (relative error about 1e-3); "" leaves kvllm's own default."""
+    act: KVLLM_ACT for the run.  f32 (the default here; kvllm's own is q8) keeps every weight type on
+    f32 arithmetic, which the reference comparisons' 1e-4 bounds are made for; "int" and "q8" take
+    integer activations (relative error about 1e-3 and 1e-2); "" leaves kvllm's own default."""
     args = ["eval", "-m", model, "--tokens", " ".join(str(int(t)) for t in tokens)]
     if prefill is not None:
         args += ["--prefill", str(prefill)]

@@ -36,7 +36,7 @@ def prompt_ids(err: str) -> list[int]:
 
 # ---- run --------------------------------------------------------------------------------------
 
-def test_run_special_text_as_tokenize_parse_special(run, smollm2):
+def test_run_special_text_as_tokenize_parse_special(run, smollm2, f32_answers):
     """llama-cli reads <|im_start|> in a prompt as the control token: so does run, by default."""
     tok = run("tokenize", "-m", smollm2, "--parse-special", "--ids", IM).check_ok()
     want = parse_ids(tok.out)
@@ -51,7 +51,7 @@ def test_run_special_text_as_tokenize_parse_special(run, smollm2):
     assert len(prompt_ids(res.err)) > len(want) + 10, res.describe()
 
 
-def test_run_system_prompt_uses_template(run, smollm2):
+def test_run_system_prompt_uses_template(run, smollm2, f32_answers):
     tmpl = run("tokenize", "-m", smollm2, "--parse-special", "--ids",
                "<|im_start|>system\nYou are terse.<|im_end|>\n" + IM).check_ok()
     res = run("run", "-m", smollm2, "-sys", "You are terse.", "-p", "What is the capital of France?",
@@ -229,7 +229,7 @@ class Pty:
         raise AssertionError("no exit")
 
 
-def test_chat_ctrl_c_stops_the_answer(kvllm, smollm2):
+def test_chat_ctrl_c_stops_the_answer(kvllm, smollm2, f32_answers):
     p = Pty([str(kvllm), "chat", "-m", str(smollm2), "--temp", "0", "-n", "400", "-c", "2048", "-t", "1"])
     try:
         p.expect(rb"\n> ")
@@ -286,7 +286,7 @@ def test_chat_outgrows_the_context(run, smollm2):
     assert all(computed[t] <= q_max + 12 for t in drops), (computed, q_max)
 
 
-def test_chat_clear_and_file(run, smollm2, tmp_path):
+def test_chat_clear_and_file(run, smollm2, tmp_path, f32_answers):
     res = run("chat", "-m", smollm2, "--temp", "0", "-n", "32", "--interactive", "-t", "1",
               stdin=b"My name is Zorblax.\n/clear\nWhat is the capital of France?\n/exit\n").check_ok()
     assert "conversation cleared" in res.err

@@ -41,7 +41,11 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def srv(kvllm, smollm2):
-    s = Server(kvllm, "-m", smollm2, "-c", "2048", "-t", "2", "--max-seqs", "16")
+    """On the f32 path: the suite needs SmolLM2-135M to finish its answers within the bounds chosen for the
+    f32 path's greedy outputs (conftest.F32_ANSWERS_WHY); the grammar engine is the same on every path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVLLM_ACT", "f32")
+        s = Server(kvllm, "-m", smollm2, "-c", "2048", "-t", "2", "--max-seqs", "16")
     yield s
     s.stop()
 

@@ -87,8 +87,12 @@ def test_reference_is_not_degenerate(cases):
 
 # KVLLM_ACT=int: Q8_0 / Q4_0 / Q4_1 multiply 13-bit integer activations (one scale per block of 32).  The
 # rounding of the activations (half a step of amax / 4095 per block) gives about 1e-3 relative on logits
-# here (measured 2e-4 .. 1.3e-3); a wrong block scale or code gives O(1).  "" is kvllm's default (f32).
+# here (measured 2e-4 .. 1.3e-3); a wrong block scale or code gives O(1).  "" is kvllm's default, 8-bit
+# activations (KVLLM_ACT=q8; half a step of amax / 127 per block of 32): measured 0.9-2.7e-2 relative on
+# these random-weight models' logits (as llama.cpp's own 8-bit activations; real models are judged by KL
+# divergence, test_kld.py); a wrong scale, code or block gives O(1).
 INT_TOL = 5e-3
+Q8_TOL = 6e-2
 
 
 @pytest.mark.parametrize("act", ["", "int"])
@@ -99,7 +103,8 @@ def test_default_and_integer_activations_match_reference(kvllm, cases, tmp_path,
         got = eval_logits(kvllm, c.path, c.tokens, tmp_path / "logits.bin", act=act, **MODES[mode])
         err = rel_err(got, c.ref)
         print(f"{config} KVLLM_ACT={act or '(default)'} {mode}: max rel err {err.max():.3g}")
-        assert err.max() <= INT_TOL, f"{config}/{mode} KVLLM_ACT={act}: rel err {err.max():.3g}"
+        tol = INT_TOL if act == "int" else Q8_TOL
+        assert err.max() <= tol, f"{config}/{mode} KVLLM_ACT={act}: rel err {err.max():.3g}"
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -31,7 +31,11 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 @pytest.fixture(scope="module")
 def srv(kvllm, smollm2):
-    s = Server(kvllm, "-m", smollm2, "-c", "1024", "-t", "2", "--max-seqs", "8")
+    """On the f32 path: some cases check the content of SmolLM2-135M's greedy answers (a comma to stop
+    at; conftest.F32_ANSWERS_WHY)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVLLM_ACT", "f32")
+        s = Server(kvllm, "-m", smollm2, "-c", "1024", "-t", "2", "--max-seqs", "8")
     yield s
     s.stop()
 

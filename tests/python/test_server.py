@@ -230,7 +230,7 @@ def test_gqa_model(gqa_srv):
     assert len(r.choices) == 4 and all(len(c.logprobs.token_logprobs) <= 6 for c in r.choices)
 
 
-def test_smollm2_chat_and_completions(kvllm, smollm2):
+def test_smollm2_chat_and_completions(kvllm, smollm2, f32_answers):
     """A real instruct model with its own chat template (from the GGUF) and byte-level BPE."""
     s = Server(kvllm, "-m", smollm2, "-t", "1", "--alias", "smollm2", "-c", "2048")
     try:

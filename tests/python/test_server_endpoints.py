@@ -21,9 +21,13 @@ SYS = "<|im_start|>system\nYou are terse.<|im_end|>\n"
 
 @pytest.fixture(scope="module")
 def smol(kvllm, smollm2):
-    """vLLM's spelling: the model positional, --served-model-name, --max-model-len, -np, --jinja."""
-    s = Server(kvllm, smollm2, "--served-model-name", "smol", "--max-model-len", "1024", "-np", "3", "--jinja",
-               "-t", "1", "--allowed-origins", "http://good.example,http://also.example", "--log-interval", "0.05")
+    """vLLM's spelling: the model positional, --served-model-name, --max-model-len, -np, --jinja.  On the f32
+    path: test_llama_server_completion checks the answer (conftest.F32_ANSWERS_WHY)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVLLM_ACT", "f32")
+        s = Server(kvllm, smollm2, "--served-model-name", "smol", "--max-model-len", "1024", "-np", "3", "--jinja",
+                   "-t", "1", "--allowed-origins", "http://good.example,http://also.example", "--log-interval",
+                   "0.05")
     yield s
     rc, err = s.stop()
     assert rc == 0, err

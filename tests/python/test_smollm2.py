@@ -33,7 +33,7 @@ def test_run_writes_sane_text(run, smollm2):
     assert "\ufffd" not in text, r.describe()
 
 
-def test_chat_answers_one_turn(run, smollm2):
+def test_chat_answers_one_turn(run, smollm2, f32_answers):
     r = run("chat", "-m", smollm2, "-p", "What is the capital of France?", "-n", "32", "--temp", "0",
             "-c", "512", "-v").check_ok()
     text = r.stdout.decode("utf-8")
@@ -62,9 +62,10 @@ def test_chat_keeps_kv_cache_across_turns(run, smollm2):
 
 def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     """The fast paths against the scalar reference (f32 arithmetic on dequantized weights), teacher-forced
-    over a real text: the argmax at every position agrees on >= 99 % of positions for the default SIMD
-    path (f32 arithmetic on the dequantized weights), >= 97 % for KVLLM_ACT=int (13-bit integer
-    activations).
+    over a real text: the argmax at every position agrees on >= 99 % of positions for the SIMD f32 path
+    (KVLLM_ACT=f32: f32 arithmetic on the dequantized weights), >= 97 % for KVLLM_ACT=int (13-bit integer
+    activations).  The default (8-bit activations, as llama.cpp's) is judged as the field judges it, by
+    its KL divergence against this reference next to llama.cpp's: test_kld.py.
     Max relative logit errors are printed (about 1e-6 and 1e-3)."""
     import numpy as np
     from kvtest import parse_ids
@@ -76,19 +77,19 @@ def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
     ids = parse_ids(run("tokenize", "-m", smollm2, "--ids", text).check_ok().out)
     assert len(ids) >= 80
     logits = {}
-    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("int", {"KVLLM_ACT": "int"})):
+    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("f32", {"KVLLM_ACT": "f32"}), ("int", {"KVLLM_ACT": "int"})):
         out = tmp_path / f"{name}.bin"
         r = run("eval", "-m", smollm2, "--tokens", " ".join(map(str, ids)), "-o", out, env=env, timeout=600)
         r.check_ok()
         logits[name] = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
     ref = logits["scalar"]
     top_ref = ref.argmax(axis=1)
-    for name in ("default", "int"):
+    for name in ("f32", "int"):
         got = logits[name]
         agree = float((got.argmax(axis=1) == top_ref).mean())
         rel = float(np.abs(got - ref).max() / np.abs(ref).max())
         print(f"{name}: top-1 agreement {agree:.2%} over {len(ids)} positions, max rel logit error {rel:.3g}")
-        # the default must reach 99 %; the opt-in integer path (about 1e-3 relative logit error) flips
+        # the f32 path must reach 99 %; the opt-in integer path (about 1e-3 relative logit error) flips
         # one near-tie of these 80 positions with some builds (98.75 %), so it is held to 97 %
-        bound = 0.99 if name == "default" else 0.97
+        bound = 0.99 if name == "f32" else 0.97
         assert agree >= bound, f"{name}: top-1 agreement {agree:.2%} with the scalar path"

@@ -2,10 +2,13 @@
 TinyLlama-1.1B shape (n_embd 2048, 22 layers, 32 heads / 4 KV heads, ffn 5632, vocab 32000; 1.17 GB,
 written by gen_model in about 30 s), teacher-forced over 96 random token ids.  The fast paths'
 argmax must agree with the scalar path's (f32 arithmetic on dequantized weights, the oracle) at
->= 99 % of positions: the default path (f32 arithmetic, FMA rounding only) and the opt-in 13-bit
+>= 99 % of positions on the f32 path (KVLLM_ACT=f32: FMA rounding only) and the 13-bit
 integer-activation path (KVLLM_ACT=int).  Measured: 100 % for both, max relative logit error
-1.4e-6 (default) and 8.5e-4 (int).  On a CPU without AVX2 the default path is the scalar path and
-agrees trivially.
+1.4e-6 (f32) and 8.5e-4 (int).  The default, 8-bit activations as llama.cpp's (KVLLM_ACT=q8), is
+judged on real models by its KL divergence next to llama.cpp's (test_kld.py); on this random-weight
+model, whose next-token distributions are nearly flat (ties everywhere), it agrees at 93.75 % (max
+relative logit error 2.6e-2), held here to >= 90 %: a wrong scale or block agrees at chance.  On a
+CPU without AVX2 every path is the scalar path and agrees trivially.
 """
 from __future__ import annotations
 
@@ -24,15 +27,17 @@ def test_q8_0_tinyllama_shape_agrees_with_scalar(run, tmp_path):
     rng = np.random.default_rng(11)
     tokens = " ".join(str(int(t)) for t in rng.integers(3, 32000, N_TOKENS))
     logits = {}
-    for name, env in (("scalar", {"KVLLM_CPU": "scalar"}), ("default", {}), ("int", {"KVLLM_ACT": "int"})):
+    paths = (("scalar", {"KVLLM_CPU": "scalar"}), ("f32", {"KVLLM_ACT": "f32"}), ("int", {"KVLLM_ACT": "int"}),
+             ("default", {}))
+    for name, env in paths:
         out = tmp_path / f"{name}.bin"
         run("eval", "-m", path, "--tokens", tokens, "-o", out, env=env, timeout=900).check_ok()
         logits[name] = np.fromfile(out, dtype="<f4").reshape(N_TOKENS, -1)
     path.unlink()   # 1.17 GB: do not keep it for the rest of the session
     ref = logits["scalar"]
-    for name in ("default", "int"):
+    for name, bound in (("f32", 0.99), ("int", 0.99), ("default", 0.90)):
         got = logits[name]
         agree = float((got.argmax(axis=1) == ref.argmax(axis=1)).mean())
         rel = float(np.abs(got - ref).max() / np.abs(ref).max())
         print(f"{name}: top-1 agreement {agree:.2%} over {N_TOKENS} positions, max rel logit error {rel:.3g}")
-        assert agree >= 0.99, f"{name}: top-1 agreement {agree:.2%} with the scalar path"
+        assert agree >= bound, f"{name}: top-1 agreement {agree:.2%} with the scalar path"

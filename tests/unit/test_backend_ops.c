@@ -3,8 +3,10 @@
  *
  * Backends: "scalar" (the reference), "avx2" (where the CPU has AVX2, FMA
  * and F16C; otherwise a SKIP line naming what is missing), the same two
- * kernel sets behind the strict wall ("strict/scalar", "strict/avx2"), and
- * avx2 with integer activations ("avx2+act=int", KVLLM_ACT=int), and "cuda"
+ * kernel sets behind the strict wall ("strict/scalar", "strict/avx2"), the
+ * SIMD sets with 8-bit activations ("avx2+act=q8", "avx512+act=q8": kvllm's
+ * default, KVLLM_ACT=q8; the others here are pinned to f32) and avx2 with
+ * 13-bit ones ("avx2+act=int", KVLLM_ACT=int), and "cuda"
  * where this build has the CUDA backend and the machine a CUDA device
  * (otherwise a SKIP line saying which is missing).  A future backend joins
  * the list in main() and must pass the same table.  A device backend finds
@@ -35,7 +37,9 @@
  *                                 product's cancellation can dominate the norm, the larger of
  *                                 5e-5 and the dot products' error bound 2 K 2^-24 ‖|W||x|‖/‖y‖;
  *                                 integer activations 1e-3 (5e-3), 13-bit codes per block, or
- *                                 that rounding's bound (half a step times Σ|w|) where larger
+ *                                 that rounding's bound (half a step times Σ|w|) where larger;
+ *                                 8-bit activations (q8) that rounding's bound alone (half a step
+ *                                 of amax / 127 per block of 32, K-quants 256, times Σ|w|)
  * get_rows         0      0       ref: dtype.h's dequantizer (tested in test_tensor_dtype)
  * gather_rows      0      0       a copy
  * rmsnorm          2e-6   2e-6    f32 sum of squares over <= 300 values
@@ -73,6 +77,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/qmm.h"
 #include "backend/backend_list.h"
 #include "be_util.h"
 #include "core/core.h"
@@ -143,7 +148,7 @@ static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0
 
 /* ---- backends ---- */
 
-#define MAX_BE 6
+#define MAX_BE 10
 #define MAX_TOKENS 40         /* tokens per step: contexts are sized for it */
 #define MAX_CTX 2200          /* longest attention context */
 #define MAX_COLS 1024         /* longest weight row */
@@ -155,7 +160,8 @@ struct tbe {
     struct backend_ctx *c;    /* tb_new: the context on a backend of its own */
     struct backend *be;
     bool simd;                /* another kernel set than the scalar reference */
-    bool act_int;             /* KVLLM_ACT=int: Q8_0 / Q4_0 / Q4_1 matmuls on 13-bit activations */
+    const char *act;          /* KVLLM_ACT: "f32", "int" (Q8_0 / Q4_0 / Q4_1 on 13-bit activations) or
+                                 "q8" (qmm.h's types on 8-bit activations) */
     int twin;                 /* the same kernels without the wall, or -1 */
     bool device;              /* a GPU: errors seen only on the device come from backend_sync alone */
 };
@@ -246,9 +252,9 @@ static struct tensor vec_tensor(const float *data, int n) {
     return (struct tensor){ .type = DTYPE_F32, .ne0 = n, .ne1 = 1, .row_bytes = (size_t)n * 4, .data = data };
 }
 
-/* The SIMD bound of the integer-activation backend (< 0: tol_simd), set
- * around judge() for the matmuls it computes on integer activations. */
-static double g_tol_act_int = -1;
+/* The SIMD bounds of the integer-activation backends (< 0: tol_simd), set
+ * around judge() for the matmuls they compute on integer activations. */
+static double g_tol_act_int = -1, g_tol_act_q8 = -1;
 
 /* Record case outputs outs[b] (n floats each) of op: each against the scalar
  * backend's (outs[0]), its twin's, and ref (double, NULL: none) within
@@ -259,7 +265,10 @@ static void judge(enum op op, float *const *outs, size_t n, const double *ref, d
         struct stat_ *s = &g_st[i][op];
         s->cases++;
         const double e = rel_err_floor(outs[i], outs[0], n, g_den_floor);
-        const double tol = !g_be[i].simd ? 0 : g_be[i].act_int && g_tol_act_int >= 0 ? g_tol_act_int : tol_simd;
+        const double tol = !g_be[i].simd                                          ? 0
+                           : !strcmp(g_be[i].act, "int") && g_tol_act_int >= 0 ? g_tol_act_int
+                           : !strcmp(g_be[i].act, "q8") && g_tol_act_q8 >= 0   ? g_tol_act_q8
+                                                                               : tol_simd;
         CHECK_MSG(e <= tol, "%s %s vs scalar: rel err %.3g > %.3g", g_be[i].name, desc, e, tol);
         s->vs_scalar = dmax(s->vs_scalar, e);
         if (g_be[i].twin >= 0)
@@ -312,17 +321,19 @@ static struct tensor rand_weight(uint32_t type, int64_t K, int64_t M) {
  * result), from each dot product's own: *r_abs = ‖e‖ / ‖y‖ with e = 2 K
  * 2^-24 |W||x| (f32 sums in any order, two kernels); *r_int = the same plus
  * the integer path's activation rounding, half a step of amax / 4095 per
- * block of 32 times Σ|w| over the block. */
+ * block of 32 times Σ|w| over the block; *r_q8 = the same for 8-bit codes,
+ * half a step of amax / 127 per block of 32 (K-quants: 256, qmm_k.c). */
 static void matmul_bounds(const struct tensor *w, const float *x, int n, const float *y, double *r_abs,
-                          double *r_int) {
+                          double *r_int, double *r_q8) {
     const int64_t K = w->ne0, M = w->ne1;
     float *wr = xnew((size_t)K * sizeof *wr);
-    double e_abs = 0, e_int = 0, y2 = 0;
+    double e_abs = 0, e_int = 0, e_q8 = 0, y2 = 0;
+    const int64_t qb = qmm_is_k(w->type) ? QMM_QK : QMM_BLK;
     for (int64_t r = 0; r < M; r++) {
         dtype_to_f32(w->type, tensor_row(w, r), wr, K);
         for (int t = 0; t < n; t++) {
             const float *xt = x + (size_t)t * K;
-            double a = 0, q = 0;
+            double a = 0, q = 0, q8 = 0;
             for (int64_t k0 = 0; k0 < K; k0 += 32) {
                 double amax = 0, sw = 0;
                 for (int64_t k = k0; k < k0 + 32 && k < K; k++) {
@@ -332,15 +343,25 @@ static void matmul_bounds(const struct tensor *w, const float *x, int n, const f
                 }
                 q += sw * amax / 4095 / 2;
             }
+            for (int64_t k0 = 0; k0 < K; k0 += qb) {
+                double amax = 0, sw = 0;
+                for (int64_t k = k0; k < k0 + qb && k < K; k++) {
+                    amax = dmax(amax, fabs(xt[k]));
+                    sw += fabs(wr[k]);
+                }
+                q8 += sw * amax / 127 / 2;
+            }
             const double yv = y[(size_t)t * M + r], ea = 2 * (double)K * 0x1p-24 * a;
             e_abs += ea * ea;
             e_int += (ea + q) * (ea + q);
+            e_q8 += (ea + q8) * (ea + q8);
             y2 += yv * yv;
         }
     }
     free(wr);
     *r_abs = y2 > 0 ? sqrt(e_abs / y2) : INFINITY;
     *r_int = y2 > 0 ? sqrt(e_int / y2) : INFINITY;
+    *r_q8 = y2 > 0 ? sqrt(e_q8 / y2) : INFINITY;
 }
 
 static void test_matmul(void) {
@@ -371,13 +392,14 @@ static void test_matmul(void) {
         }
         /* a few outputs: one near-zero dot product can dominate the norm, so
          * the bounds also admit the dot products' own error bounds */
-        const bool few = n * M < 8, ia = cpu_matmul_int_supports(w[i].type, K);
-        double r_abs, r_int;
-        matmul_bounds(&w[i], x, n, outs[0], &r_abs, &r_int);
+        const bool few = n * M < 8, ia = cpu_matmul_int_supports(w[i].type, K), iq = qmm_supports(w[i].type, K);
+        double r_abs, r_int, r_q8;
+        matmul_bounds(&w[i], x, n, outs[0], &r_abs, &r_int, &r_q8);
         double tol = few ? dmax(MATMUL_SIMD_FEW, r_abs) : k_tol[OP_MATMUL].simd;
         if (ia) g_tol_act_int = dmax(few ? MATMUL_INT_FEW : MATMUL_INT, r_int);   /* never flaky: a bound */
+        if (iq) g_tol_act_q8 = r_q8;   /* the bound itself: a wrong scale or code exceeds it by far */
         judge(OP_MATMUL, outs, (size_t)n * (size_t)M, NULL, tol, 0, desc);
-        g_tol_act_int = -1;
+        g_tol_act_int = g_tol_act_q8 = -1;
         for (int b = 0; b < g_nbe; b++) free(outs[b]);
         free(x);
     }
@@ -1382,12 +1404,12 @@ static void test_errors(struct tbe *t) {
 
 /* ---- main ---- */
 
-static void add_backend(const char *kind, bool strict, bool simd, bool act_int, int twin, int n_threads) {
+static void add_backend(const char *kind, bool strict, bool simd, const char *act, int twin, int n_threads) {
     struct tbe *t = &g_be[g_nbe];
-    /* read when the backend is created; f32 unless asked (the 8-bit path,
-     * q8, is checked bit for bit against its definition by
-     * test_backend_matmul.c and test_backend_qk.c) */
-    setenv("KVLLM_ACT", act_int ? "int" : "f32", 1);
+    /* read when the backend is created (the 8-bit path, q8, is also checked
+     * bit for bit against its definition by test_backend_matmul.c and
+     * test_backend_qk.c) */
+    setenv("KVLLM_ACT", act, 1);
     t->c = tb_new(kind, strict, n_threads, MAX_COLS, MAX_TOKENS, MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
     unsetenv("KVLLM_ACT");
     CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);
@@ -1395,14 +1417,16 @@ static void add_backend(const char *kind, bool strict, bool simd, bool act_int, 
     t->be = t->c->be;
     t->name = t->c->ops->name;
     t->simd = simd;
-    t->act_int = act_int;
+    t->act = act;
     t->twin = twin;
     char want[32];
     snprintf(want, sizeof want, "%s%s", strict ? "strict/" : "", kind);
     CHECK_MSG(strcmp(t->name, want) == 0, "backend named %s, expected %s", t->name, want);
-    if (act_int) {
-        CHECK(cpu_ctx_of(t->c)->act == ACT_INT);
-        t->name = "avx2+act=int";
+    if (strcmp(act, "f32") != 0) {
+        static char labels[MAX_BE][32];
+        CHECK(cpu_ctx_of(t->c)->act == (strcmp(act, "int") == 0 ? ACT_INT : ACT_Q8));
+        snprintf(labels[g_nbe], sizeof labels[g_nbe], "%s+act=%s", t->name, act);
+        t->name = labels[g_nbe];
     }
     g_nbe++;
 }
@@ -1421,7 +1445,7 @@ static void add_cuda_backend(void) {
         t->c = NULL;
         return;
     }
-    *t = (struct tbe){ .name = "cuda", .c = t->c, .be = be, .simd = true, .twin = -1, .device = true };
+    *t = (struct tbe){ .name = "cuda", .c = t->c, .be = be, .simd = true, .act = "f32", .twin = -1, .device = true };
     g_nbe++;
 }
 
@@ -1436,7 +1460,7 @@ int main(void) {
     cpu_features_get(&f);
     const bool avx2 = f.avx2 && f.fma && f.f16c;
     unsetenv("KVLLM_ACT");   /* f32 activations unless a backend asks */
-    add_backend("scalar", false, false, false, -1, 1);
+    add_backend("scalar", false, false, "f32", -1, 1);
     if (g_nbe != 1) return check_report("test_backend_ops");
     int i_avx2 = -1;
     if (!cpu_avx2_built()) {
@@ -1445,13 +1469,22 @@ int main(void) {
         printf("SKIP avx2: CPU lacks%s%s%s\n", f.avx2 ? "" : " AVX2", f.fma ? "" : " FMA", f.f16c ? "" : " F16C");
     } else {
         i_avx2 = g_nbe;
-        add_backend("avx2", false, true, false, -1, 2);
+        add_backend("avx2", false, true, "f32", -1, 2);
     }
-    add_backend("scalar", true, false, false, 0, 2);
+    add_backend("scalar", true, false, "f32", 0, 2);
     if (i_avx2 >= 0) {
-        add_backend("avx2", true, true, false, i_avx2, 1);
-        add_backend("avx2", false, true, true, -1, 2);
+        add_backend("avx2", true, true, "f32", i_avx2, 1);
+        add_backend("avx2", false, true, "int", -1, 2);
+        const int i_q8 = g_nbe;
+        add_backend("avx2", false, true, "q8", -1, 2);
+        add_backend("avx2", true, true, "q8", i_q8, 1);
     }
+    const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
+    if (!cpu_q8_avx512_built()) printf("SKIP avx512+act=q8: this build has no AVX-512 kernels\n");
+    else if (!avx512)
+        printf("SKIP avx512+act=q8: CPU lacks%s%s%s%s%s\n", avx2 ? "" : " AVX2/FMA/F16C", f.avx512f ? "" : " AVX-512F",
+               f.avx512bw ? "" : " AVX-512BW", f.avx512vl ? "" : " AVX-512VL", f.avx512vnni ? "" : " AVX-512-VNNI");
+    else add_backend("avx512", false, true, "q8", -1, 2);
     char why[256];
     if (backend_cuda_probe(why, sizeof why) == 0) printf("SKIP cuda: %s\n", why);
     else add_cuda_backend();
@@ -1476,7 +1509,7 @@ int main(void) {
     fprintf(stderr, "(the next paged attention errors are expected)\n");
     for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
 
-    printf("  %-14s %-16s %6s  %-22s %-22s %s\n", "backend", "op", "cases", "worst vs scalar (tol)",
+    printf("  %-18s %-16s %6s  %-22s %-22s %s\n", "backend", "op", "cases", "worst vs scalar (tol)",
            "worst vs ref (tol)", "");
     for (int b = 0; b < g_nbe; b++)
         for (int op = 0; op < OP_COUNT; op++) {
@@ -1484,7 +1517,7 @@ int main(void) {
             char ts[32], tr[32];
             const double tol_s = !g_be[b].simd              ? 0
                                  : op == OP_PAGED_ATTN          ? k_pa_simd[0]
-                                 : op == OP_MATMUL && g_be[b].act_int ? MATMUL_INT
+                                 : op == OP_MATMUL && !strcmp(g_be[b].act, "int") ? MATMUL_INT
                                                                 : k_tol[op].simd;
             snprintf(ts, sizeof ts, "%.3g (%.2g)", s->vs_scalar, tol_s);
             if (op == OP_LAYERNORM && g_be[b].simd) snprintf(ts, sizeof ts, "%.3g (cond.)", s->vs_scalar);
@@ -1494,15 +1527,18 @@ int main(void) {
             else if (op == OP_COPY_BLOCKS) snprintf(tr, sizeof tr, "%.3g (exact)", s->vs_ref);
             else if (op == OP_LAYERNORM) snprintf(tr, sizeof tr, "%.3g (cond.)", s->vs_ref);
             else snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_tol[op].ref);
-            printf("  %-14s %-16s %6ld  %-22s %-22s", g_be[b].name, k_tol[op].name, s->cases, ts, tr);
+            printf("  %-18s %-16s %6ld  %-22s %-22s", g_be[b].name, k_tol[op].name, s->cases, ts, tr);
             if (op == OP_PAGED_ATTN) printf(" vs inputs %.3g", s->vs_input);
-            if (op == OP_MATMUL && g_be[b].act_int) printf(" (Q8_0, Q4_0, Q4_1; other types %.2g)", k_tol[op].simd);
+            if (op == OP_MATMUL && !strcmp(g_be[b].act, "int"))
+                printf(" (Q8_0, Q4_0, Q4_1; other types %.2g)", k_tol[op].simd);
+            if (op == OP_MATMUL && !strcmp(g_be[b].act, "q8"))
+                printf(" (tol: the rounding's bound for qmm.h's types; other types %.2g)", k_tol[op].simd);
             printf("\n");
         }
     printf("  paged_attention by kv type (worst vs scalar / vs double over stored values / vs f32 inputs, "
            "Gaussian K):\n");
     for (int b = 0; b < g_nbe; b++) {
-        printf("    %-14s", g_be[b].name);
+        printf("    %-18s", g_be[b].name);
         for (int ty = 0; ty < KV_TYPE_COUNT_; ty++)
             printf(" %s %.2g/%.2g/%.2g", k_kv_names[ty], g_pa_worst[b][ty][0], g_pa_worst[b][ty][1],
                    g_pa_worst[b][ty][2]);

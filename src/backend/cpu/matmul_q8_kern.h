@@ -34,6 +34,18 @@ typedef __m256 vf;
 #define LANES 8
 #endif
 #define TT 4                /* tokens per tile */
+/* Software prefetch distance into a group's bytes (the first pass over a
+ * group, lanes 0.., first token tile: the one that reads it from memory).
+ * With few tokens (batched decode) each block's arithmetic is short and the
+ * hardware prefetcher alone leaves the weights' loads exposed. */
+#ifndef QMM_PF
+#define QMM_PF 4096
+#endif
+
+/* Prefetch the bytes [p + QMM_PF, p + QMM_PF + n) (a hint: never faults). */
+ALWAYS_INLINE void prefetch_ahead(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + QMM_PF + o, _MM_HINT_T0);
+}
 
 ALWAYS_INLINE int32_t ld32(const int8_t *p) {
     int32_t v;
@@ -140,8 +152,10 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
         xs[t] = (const int32_t *)(const void *)(xd[t] + nb);
         acc[t] = fzero();
     }
+    const bool pf = h == 0 && t0 == 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gp = g + (size_t)b * gb;
+        if (pf) prefetch_ahead(gp, gb);
         const vf dv = ldh(gp + 2 * LANES * h);
         vf mv = fzero();
         if (type == DTYPE_Q4_1) mv = ldh(gp + 32 + 2 * LANES * h);
@@ -224,8 +238,10 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
         acc[t] = fzero();
     }
     const vi m0f = set1_i8(0x0f);
+    const bool pf = h == 0 && t0 == 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gp = g + (size_t)b * gb;
+        if (pf) prefetch_ahead(gp, gb);
         const vf dv = ldh(gp + 2 * LANES * h);
         vi isum[TT];
         for (int t = 0; t < T; t++) isum[t] = izero();

@@ -330,6 +330,54 @@ static void test_accuracy(int pool) {
                k_type_names[t], g_err_store[t], g_err_f32in[t], k_bound_f32in[t]);
 }
 
+/* ---- the AVX-512 step's shapes ---- */
+
+/* Every head-tile height (g = 1..8: 4-head tiles and their remainders),
+ * every value-tile width and Kt depth (head_dim 16..256 in steps of 16,
+ * and 40, which takes the AVX2 step), partial 16-position blocks (odd
+ * contexts, and one across the split point), every KV type: against the
+ * double-precision softmax over the stored values. */
+static void test_shapes(int pool) {
+    static const int ctx[] = { 1, 7, 16, 17, 63, 64, 65, 130, 1031 };
+    static const int hds[] = { 16, 32, 40, 48, 64, 80, 128, 208, 256 };
+    enum { NC = (int)(sizeof ctx / sizeof ctx[0]), NH = (int)(sizeof hds / sizeof hds[0]) };
+    double worst[KV_TYPE_COUNT_] = { 0 };
+    for (int type = 0; type < KV_TYPE_COUNT_; type++)
+        for (int g = 1; g <= 8; g++)
+            for (int hi = 0; hi < NH; hi++) {
+                const int nkv = 1 + (g + hi) % 2, n_head = g * nkv, hd = hds[hi], bs = (g + hi) % 3 ? 16 : 7;
+                int nb = 8;
+                for (int c = 0; c < NC; c++) nb += (ctx[c] + bs - 1) / bs;
+                struct store s;
+                store_init(&s, (enum kv_type)type, nb, bs, nkv, hd);
+                struct seq seqs[NC], *sp[NC];
+                int32_t pos[NC];
+                for (int c = 0; c < NC; c++) {
+                    seq_make(&seqs[c], &s, ctx[c], false);
+                    sp[c] = &seqs[c];
+                    pos[c] = ctx[c] - 1;
+                }
+                float *q = rand_q(NC, n_head, hd);
+                float *out = malloc((size_t)NC * n_head * hd * sizeof *out);
+                double *ref = malloc((size_t)n_head * hd * sizeof *ref);
+                run_pa(pool, &s, n_head, NC, sp, pos, q, out);
+                for (int c = 0; c < NC; c++) {
+                    ref_attention(&s, &seqs[c], q + (size_t)c * n_head * hd, n_head, pos[c],
+                                  1.0f / sqrtf((float)hd), 1, ref);
+                    double e = rel_err(out + (size_t)c * n_head * hd, ref, n_head * hd);
+                    CHECK_MSG(e <= 1e-5, "%s g %d (%d/%d) hd %d bs %d ctx %d: %.3g vs stored values",
+                              k_type_names[type], g, n_head, nkv, hd, bs, ctx[c], e);
+                    worst[type] = e > worst[type] ? e : worst[type];
+                }
+                free(q); free(out); free(ref);
+                for (int c = 0; c < NC; c++) seq_free(&seqs[c]);
+                store_free(&s);
+            }
+    printf("  shapes g 1..8, head_dim 16..256, max rel err vs stored values (bound 1e-5):");
+    for (int t = 0; t < KV_TYPE_COUNT_; t++) printf(" %s %.3g", k_type_names[t], worst[t]);
+    printf("\n");
+}
+
 /* ---- batch and thread-count invariance, prefill chunk ---- */
 
 /* Configurations: GQA with block sizes 16 and 7, and a wide MQA group (80
@@ -524,6 +572,16 @@ int main(void) {
         test_invariance(pools);
     } else {
         printf("  SKIP avx2 step: not built or the CPU lacks AVX2/FMA/F16C\n");
+    }
+    if (cpu_attn_avx512_built() && cpu_avx2_built() && f.avx2 && f.fma && f.f16c && f.avx512f) {
+        printf("  avx512 step:\n");
+        g_pa = cpu_paged_attention_avx512;
+        test_accuracy(pools[1]);
+        test_shapes(pools[1]);
+        test_invariance(pools);
+    } else {
+        printf("  SKIP avx512 step: %s\n", !cpu_attn_avx512_built() ? "not built (no -mavx512f x86-64 target)"
+                                            : "the CPU lacks AVX-512F (or AVX2/FMA/F16C)");
     }
     return check_report("test_backend_paged_attn");
 }

@@ -205,7 +205,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         }
         ops->name = "avx512";
         ops->matmul = cpu_matmul_simd;
-        ops->paged_attention = cpu_paged_attention_avx2;
+        ops->paged_attention = cpu_attn_avx512_built() ? cpu_paged_attention_avx512 : cpu_paged_attention_avx2;
         *qrows = qmm_group_avx512;
         return 0;
     }

@@ -123,6 +123,13 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
  * cpu_features_get() reports avx2, fma and f16c. */
 int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a);
 
+/* paged_attention with the AVX-512 step (attn_avx512.c; head sizes that are
+ * not a multiple of 16 take the AVX2 step); call only when this build has it
+ * (cpu_attn_avx512_built) and cpu_features_get() reports avx512f and the
+ * AVX2 trio. */
+bool cpu_attn_avx512_built(void);
+int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_args *a);
+
 /* Exact, branch-free (vectorizable) equivalents of f16_to_f32 and
  * fp8_e4m3_to_f32: no subnormal floating-point operands, so neither DAZ nor
  * denormal stalls matter.  NaN inputs give a NaN (payload may differ). */

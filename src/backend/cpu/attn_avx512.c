@@ -127,9 +127,38 @@ ALWAYS_INLINE void transpose16(__m512 r[16]) {
     }
 }
 
+/* The next step's K then V rows, one cache line at a time: the step
+ * requests them spread over its own work (a burst of 256 requests stalls
+ * on the line-fill buffers: measured, the burst took a third of the step),
+ * and flushes the rest at its end. */
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
+struct pf_cursor {
+    const char *base, *v;     /* K until its rows are done, then V */
+    const size_t *rows;
+    size_t rb, off;           /* bytes per row; next line's offset in its row */
+    int n, row;
+};
+
+ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
+    for (; k > 0 && c->row < c->n; k--) {
+        _mm_prefetch(c->base + c->rows[c->row] * c->rb + c->off, PF_HINT);
+        c->off += 64;
+        if (c->off >= c->rb) {
+            c->off = 0;
+            if (++c->row == c->n && c->base != c->v) {
+                c->base = c->v;
+                c->row = 0;
+            }
+        }
+    }
+}
+
 /* K rows rows[0 .. n) into kt (hd x 64, dims-major); rows n .. 63 of the
  * last 16-row block are 0. */
-ALWAYS_INLINE void widen_kt(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt) {
+ALWAYS_INLINE void widen_kt(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt,
+                            struct pf_cursor *pf) {
     for (int p0 = 0; p0 < n; p0 += 16) {
         const int np = n - p0 < 16 ? n - p0 : 16;
         for (int d0 = 0; d0 < hd; d0 += 16) {
@@ -138,17 +167,19 @@ ALWAYS_INLINE void widen_kt(enum kv_type type, const void *base, const size_t *r
                 r[i] = i < np ? load16(type, base, rows[p0 + i] * (size_t)hd + (size_t)d0) : _mm512_setzero_ps();
             transpose16(r);
             for (int i = 0; i < 16; i++) _mm512_store_ps(kt + (size_t)(d0 + i) * KT_STRIDE + p0, r[i]);
+            pf_issue(pf, 2);
         }
     }
 }
 
-static void widen_kt_any(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt) {
+static void widen_kt_any(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt,
+                         struct pf_cursor *pf) {
     switch (type) {
-    case KV_F32: widen_kt(KV_F32, base, rows, n, hd, kt); break;
-    case KV_F16: widen_kt(KV_F16, base, rows, n, hd, kt); break;
-    case KV_BF16: widen_kt(KV_BF16, base, rows, n, hd, kt); break;
-    case KV_INT8: widen_kt(KV_INT8, base, rows, n, hd, kt); break;
-    default: widen_kt(KV_FP8, base, rows, n, hd, kt); break;
+    case KV_F32: widen_kt(KV_F32, base, rows, n, hd, kt, pf); break;
+    case KV_F16: widen_kt(KV_F16, base, rows, n, hd, kt, pf); break;
+    case KV_BF16: widen_kt(KV_BF16, base, rows, n, hd, kt, pf); break;
+    case KV_INT8: widen_kt(KV_INT8, base, rows, n, hd, kt, pf); break;
+    default: widen_kt(KV_FP8, base, rows, n, hd, kt, pf); break;
     }
 }
 
@@ -157,7 +188,7 @@ static void widen_kt_any(enum kv_type type, const void *base, const size_t *rows
 /* RH (1..4) heads q (RH, hd) x RB (1..4) blocks of 16 positions from kt:
  * sc[h * cap + 16 b + i] = dot * rs[16 b + i] for lanes 16 b + i < n. */
 ALWAYS_INLINE void score_tile(const int RH, const int RB, const float *q, int hd, const float *kt,
-                              const float *rs, int n, float *sc, int cap) {
+                              const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {
     __m512 a[4][4];
     for (int h = 0; h < RH; h++)
         for (int b = 0; b < RB; b++) a[h][b] = _mm512_setzero_ps();
@@ -168,6 +199,7 @@ ALWAYS_INLINE void score_tile(const int RH, const int RB, const float *q, int hd
             const __m512 qv = _mm512_set1_ps(q[(size_t)h * hd + d]);
             for (int b = 0; b < RB; b++) a[h][b] = _mm512_fmadd_ps(qv, kv[b], a[h][b]);
         }
+        pf_issue(pf, 1);
     }
     for (int b = 0; b < RB; b++) {
         const int left = n - 16 * b;
@@ -178,60 +210,81 @@ ALWAYS_INLINE void score_tile(const int RH, const int RB, const float *q, int hd
 }
 
 static void score_tile_any(int rh, int rb, const float *q, int hd, const float *kt, const float *rs, int n,
-                           float *sc, int cap) {
+                           float *sc, int cap, struct pf_cursor *pf) {
     switch (rh * 4 + rb) {
-#define ST(H, B) case H * 4 + B: score_tile(H, B, q, hd, kt, rs, n, sc, cap); break;
+#define ST(H, B) case H * 4 + B: score_tile(H, B, q, hd, kt, rs, n, sc, cap, pf); break;
     ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
     ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
     ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
     ST(1, 4) ST(1, 3) ST(1, 2)
 #undef ST
-    default: score_tile(1, 1, q, hd, kt, rs, n, sc, cap); break;
+    default: score_tile(1, 1, q, hd, kt, rs, n, sc, cap, pf); break;
     }
 }
 
-/* ---- values: acc_h += Σ_p w[h][p] V[p], 4 heads x 64 dims ---- */
+/* ---- values: acc_h += Σ_p w[h][p] V[p], 16 accumulators ---- */
 
-/* RH (1..4) heads' accumulators acc[h] (16 RD floats from dim d0, RD 1..4)
- * += Σ_p w[h * cap + p] * vr[p][d0 ..], p ascending. */
-ALWAYS_INLINE void value_tile(const int RH, const int RD, float *const *acc, int d0, const float *const *vr,
-                              const float *w, int cap, int n) {
-    __m512 a[4][4];
+/* RH heads' accumulators acc[h] (16 RD floats from dim d0; RH * RD <= 16)
+ * += Σ_p w[h * cap + p] * V[p][d0 ..], p ascending, one FMA chain per
+ * element.  V rows vr[p]: f16 (VF16, widened here: each element once when
+ * the tile spans all heads) or f32.  Per position RD row loads and RH
+ * weight broadcasts feed RH * RD FMAs. */
+ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float *const *acc, int d0,
+                              const void *const *vr, const float *w, int cap, int n, struct pf_cursor *pf) {
+    __m512 a[8][4];
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) a[h][d] = _mm512_loadu_ps(acc[h] + d0 + 16 * d);
     for (int p = 0; p < n; p++) {
         __m512 vv[4];
-        for (int d = 0; d < RD; d++) vv[d] = reg512(_mm512_loadu_ps(vr[p] + d0 + 16 * d));
+        for (int d = 0; d < RD; d++)
+            vv[d] = VF16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)vr[p] + d0 + 16 * d)))
+                         : reg512(_mm512_loadu_ps((const float *)vr[p] + d0 + 16 * d));
         for (int h = 0; h < RH; h++) {
             const __m512 wv = _mm512_set1_ps(w[(size_t)h * cap + p]);
             for (int d = 0; d < RD; d++) a[h][d] = _mm512_fmadd_ps(wv, vv[d], a[h][d]);
         }
+        pf_issue(pf, 1);
     }
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) _mm512_storeu_ps(acc[h] + d0 + 16 * d, a[h][d]);
 }
 
-static void value_tile_any(int rh, int rd, float *const *acc, int d0, const float *const *vr, const float *w,
-                           int cap, int n) {
-    switch (rh * 4 + rd) {
-#define VT(H, D) case H * 4 + D: value_tile(H, D, acc, d0, vr, w, cap, n); break;
-    VT(4, 4) VT(4, 3) VT(4, 2) VT(4, 1)
-    VT(3, 4) VT(3, 3) VT(3, 2) VT(3, 1)
-    VT(2, 4) VT(2, 3) VT(2, 2) VT(2, 1)
-    VT(1, 4) VT(1, 3) VT(1, 2)
-#undef VT
-    default: value_tile(1, 1, acc, d0, vr, w, cap, n); break;
+#define VT(H, D) case H * 8 + D: value_tile(VF16, H, D, acc, d0, vr, w, cap, n, pf); break;
+#define VT_CASES VT(8, 2) VT(7, 2) VT(6, 2) VT(5, 2) VT(4, 2) VT(3, 2) VT(2, 2) VT(1, 2) \
+                 VT(8, 1) VT(7, 1) VT(6, 1) VT(5, 1) VT(4, 1) VT(3, 1) VT(2, 1)         \
+                 VT(4, 4) VT(3, 4) VT(2, 4) VT(1, 4) VT(4, 3) VT(3, 3) VT(2, 3) VT(1, 3)
+static void value_tile_f32(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
+                           int cap, int n, struct pf_cursor *pf) {
+    const bool VF16 = false;
+    switch (rh * 8 + rd) {
+    VT_CASES
+    default: value_tile(VF16, 1, 1, acc, d0, vr, w, cap, n, pf); break;
     }
 }
 
-static void values(int g, float *part0, size_t pstride, int hd, const float *const *vr, const float *w, int n,
-                   int cap) {
-    for (int h = 0; h < g; h += 4) {
-        const int rh = g - h < 4 ? g - h : 4;
-        float *acc[4];
+static void value_tile_f16(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
+                           int cap, int n, struct pf_cursor *pf) {
+    const bool VF16 = true;
+    switch (rh * 8 + rd) {
+    VT_CASES
+    default: value_tile(VF16, 1, 1, acc, d0, vr, w, cap, n, pf); break;
+    }
+}
+#undef VT_CASES
+#undef VT
+
+/* Heads in groups of 8 x 32 dims (5..8 heads) or 4 x 64 dims (1..4). */
+static void values(bool vf16, int g, float *part0, size_t pstride, int hd, const void *const *vr, const float *w,
+                   int n, int cap, struct pf_cursor *pf) {
+    for (int h = 0; h < g;) {
+        const int rh = g - h < 8 ? g - h : 8, dmax = rh > 4 ? 2 : 4;
+        float *acc[8];
         for (int i = 0; i < rh; i++) acc[i] = part0 + (size_t)(h + i) * pstride + 2;
-        for (int d0 = 0; d0 < hd; d0 += 64)
-            value_tile_any(rh, (hd - d0) / 16 < 4 ? (hd - d0) / 16 : 4, acc, d0, vr, w + (size_t)h * cap, cap, n);
+        for (int d0 = 0; d0 < hd; d0 += 16 * dmax) {
+            const int rd = (hd - d0) / 16 < dmax ? (hd - d0) / 16 : dmax;
+            (vf16 ? value_tile_f16 : value_tile_f32)(rh, rd, acc, d0, vr, w + (size_t)h * cap, cap, n, pf);
+        }
+        h += rh;
     }
 }
 
@@ -275,24 +328,18 @@ static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc,
     }
 }
 
-/* The cache lines of K or V row `row` (rb bytes). */
-ALWAYS_INLINE void prefetch_row(const void *base, size_t row, size_t rb) {
-    const char *p = (const char *)base + row * rb;
-    for (size_t o = 0; o < rb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
-
-/* V rows as f32: f32 in place, others widened into buf (row stride hd). */
+/* V rows: f32 and f16 in place (the value tiles read f16 themselves),
+ * the others widened into buf (row stride hd). */
 static void widen_v(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *buf,
-                    const float **r) {
+                    const void **r) {
     for (int jj = 0; jj < n; jj++) {
         const size_t e0 = rows[jj] * (size_t)hd;
-        if (type == KV_F32) {
-            r[jj] = (const float *)base + e0;
+        if (type == KV_F32 || type == KV_F16) {
+            r[jj] = (const char *)base + e0 * kv_elem_bytes(type);
             continue;
         }
         float *d = buf + (size_t)jj * hd;
         switch (type) {
-        case KV_F16: for (int i = 0; i < hd; i += 16) _mm512_store_ps(d + i, load16(KV_F16, base, e0 + (size_t)i)); break;
         case KV_BF16: for (int i = 0; i < hd; i += 16) _mm512_store_ps(d + i, load16(KV_BF16, base, e0 + (size_t)i)); break;
         case KV_INT8: for (int i = 0; i < hd; i += 16) _mm512_store_ps(d + i, load16(KV_INT8, base, e0 + (size_t)i)); break;
         default: for (int i = 0; i < hd; i += 16) _mm512_store_ps(d + i, load16(KV_FP8, base, e0 + (size_t)i)); break;
@@ -308,24 +355,22 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
     _Alignas(64) float buf[MAX_N * MAX_HD];       /* Kt, then the V rows */
     _Alignas(64) float rs[MAX_N];                 /* per position: score factor */
     _Alignas(64) float vs[MAX_N];                 /* per position: V scale (8-bit) */
-    const float *r[MAX_N];
+    const void *r[MAX_N];
 
     const size_t rb = (size_t)hd * kv_elem_bytes(kv->type);
-    /* the next step's K and V: requested one step ahead (blocks lie anywhere
-     * in the pool, so the hardware prefetcher cannot guess them) */
-    for (int jj = 0; jj < npf; jj++) prefetch_row(kv->k, pf[jj], rb);
+    struct pf_cursor pfc = { (const char *)kv->k, (const char *)kv->v, pf, rb, 0, npf, 0 };
     for (int jj = 0; jj < MAX_N; jj++) rs[jj] = jj < n ? (q8 ? kv->k_scale[rows[jj]] * scale : scale) : 0.0f;
-    widen_kt_any(kv->type, kv->k, rows, n, hd, buf);
+    widen_kt_any(kv->type, kv->k, rows, n, hd, buf, &pfc);
     for (int h = 0; h < g; h += 4) {
         const int rh = g - h < 4 ? g - h : 4;
-        score_tile_any(rh, (n + 15) / 16, q + (size_t)h * hd, hd, buf, rs, n, sc + (size_t)h * cap, cap);
+        score_tile_any(rh, (n + 15) / 16, q + (size_t)h * hd, hd, buf, rs, n, sc + (size_t)h * cap, cap, &pfc);
     }
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
     softmax_step(g, part0, pstride, hd, sc, cap, n, q8 ? vs : NULL);
-    for (int jj = 0; jj < npf; jj++) prefetch_row(kv->v, pf[jj], rb);
     widen_v(kv->type, kv->v, rows, n, hd, buf, r);
-    values(g, part0, pstride, hd, r, sc, n, cap);
+    values(kv->type == KV_F16, g, part0, pstride, hd, r, sc, n, cap, &pfc);
+    pf_issue(&pfc, 1 << 30);
 }
 
 int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_args *a) {

@@ -38,6 +38,7 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 bool cpu_attn_avx512_built(void) { return true; }
 
@@ -131,9 +132,6 @@ ALWAYS_INLINE void transpose16(__m512 r[16]) {
  * requests them spread over its own work (a burst of 256 requests stalls
  * on the line-fill buffers: measured, the burst took a third of the step),
  * and flushes the rest at its end. */
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T1
-#endif
 struct pf_cursor {
     const char *base, *v;     /* K until its rows are done, then V */
     const size_t *rows;
@@ -141,9 +139,10 @@ struct pf_cursor {
     int n, row;
 };
 
+/* The next k lines. */
 ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
     for (; k > 0 && c->row < c->n; k--) {
-        _mm_prefetch(c->base + c->rows[c->row] * c->rb + c->off, PF_HINT);
+        _mm_prefetch(c->base + c->rows[c->row] * c->rb + c->off, _MM_HINT_T0);
         c->off += 64;
         if (c->off >= c->rb) {
             c->off = 0;
@@ -225,12 +224,12 @@ static void score_tile_any(int rh, int rb, const float *q, int hd, const float *
 /* ---- values: acc_h += Σ_p w[h][p] V[p], 16 accumulators ---- */
 
 /* RH heads' accumulators acc[h] (16 RD floats from dim d0; RH * RD <= 16)
- * += Σ_p w[h * cap + p] * V[p][d0 ..], p ascending, one FMA chain per
+ * += Σ_p w[h * MAX_N + p] * V[p][d0 ..], p ascending, one FMA chain per
  * element.  V rows vr[p]: f16 (VF16, widened here: each element once when
  * the tile spans all heads) or f32.  Per position RD row loads and RH
  * weight broadcasts feed RH * RD FMAs. */
 ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float *const *acc, int d0,
-                              const void *const *vr, const float *w, int cap, int n, struct pf_cursor *pf) {
+                              const void *const *vr, const float *w, int n, struct pf_cursor *pf) {
     __m512 a[8][4];
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) a[h][d] = _mm512_loadu_ps(acc[h] + d0 + 16 * d);
@@ -240,7 +239,7 @@ ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float
             vv[d] = VF16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)vr[p] + d0 + 16 * d)))
                          : reg512(_mm512_loadu_ps((const float *)vr[p] + d0 + 16 * d));
         for (int h = 0; h < RH; h++) {
-            const __m512 wv = _mm512_set1_ps(w[(size_t)h * cap + p]);
+            const __m512 wv = _mm512_set1_ps(w[h * MAX_N + p]);
             for (int d = 0; d < RD; d++) a[h][d] = _mm512_fmadd_ps(wv, vv[d], a[h][d]);
         }
         pf_issue(pf, 1);
@@ -249,40 +248,50 @@ ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float
         for (int d = 0; d < RD; d++) _mm512_storeu_ps(acc[h] + d0 + 16 * d, a[h][d]);
 }
 
-#define VT(H, D) case H * 8 + D: value_tile(VF16, H, D, acc, d0, vr, w, cap, n, pf); break;
+#define VT(H, D) case H * 8 + D: value_tile(VF16, H, D, acc, d0, vr, w, n, pf); break;
 #define VT_CASES VT(8, 2) VT(7, 2) VT(6, 2) VT(5, 2) VT(4, 2) VT(3, 2) VT(2, 2) VT(1, 2) \
                  VT(8, 1) VT(7, 1) VT(6, 1) VT(5, 1) VT(4, 1) VT(3, 1) VT(2, 1)         \
                  VT(4, 4) VT(3, 4) VT(2, 4) VT(1, 4) VT(4, 3) VT(3, 3) VT(2, 3) VT(1, 3)
 static void value_tile_f32(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
-                           int cap, int n, struct pf_cursor *pf) {
+                           int n, struct pf_cursor *pf) {
     const bool VF16 = false;
     switch (rh * 8 + rd) {
     VT_CASES
-    default: value_tile(VF16, 1, 1, acc, d0, vr, w, cap, n, pf); break;
+    default: value_tile(VF16, 1, 1, acc, d0, vr, w, n, pf); break;
     }
 }
 
 static void value_tile_f16(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
-                           int cap, int n, struct pf_cursor *pf) {
+                           int n, struct pf_cursor *pf) {
     const bool VF16 = true;
     switch (rh * 8 + rd) {
     VT_CASES
-    default: value_tile(VF16, 1, 1, acc, d0, vr, w, cap, n, pf); break;
+    default: value_tile(VF16, 1, 1, acc, d0, vr, w, n, pf); break;
     }
 }
 #undef VT_CASES
 #undef VT
 
-/* Heads in groups of 8 x 32 dims (5..8 heads) or 4 x 64 dims (1..4). */
+/* Heads in groups of 8 x 32 dims (5..8 heads) or 4 x 64 dims (1..4).  The
+ * tiles read weights MAX_N floats apart (one base register for 8 heads:
+ * with a row pointer per head GCC ran out of registers and reloaded them
+ * from xmm spills every position), so a scratch stride cap < MAX_N (g >
+ * 64) is copied first. */
 static void values(bool vf16, int g, float *part0, size_t pstride, int hd, const void *const *vr, const float *w,
                    int n, int cap, struct pf_cursor *pf) {
+    _Alignas(64) float w8[8 * MAX_N];
     for (int h = 0; h < g;) {
         const int rh = g - h < 8 ? g - h : 8, dmax = rh > 4 ? 2 : 4;
         float *acc[8];
         for (int i = 0; i < rh; i++) acc[i] = part0 + (size_t)(h + i) * pstride + 2;
+        const float *wh = w + (size_t)h * cap;
+        if (cap != MAX_N) {
+            for (int i = 0; i < rh; i++) memcpy(w8 + i * MAX_N, w + (size_t)(h + i) * cap, (size_t)n * sizeof *w);
+            wh = w8;
+        }
         for (int d0 = 0; d0 < hd; d0 += 16 * dmax) {
             const int rd = (hd - d0) / 16 < dmax ? (hd - d0) / 16 : dmax;
-            (vf16 ? value_tile_f16 : value_tile_f32)(rh, rd, acc, d0, vr, w + (size_t)h * cap, cap, n, pf);
+            (vf16 ? value_tile_f16 : value_tile_f32)(rh, rd, acc, d0, vr, wh, n, pf);
         }
         h += rh;
     }

@@ -15,9 +15,14 @@
  *    horizontal sums: the AVX2 step spent them once per (head, row).
  *  - softmax on those 16-lane vectors (16-lane exp, the AVX2 step's
  *    polynomial), rescaling acc once per step as every step does.
- *  - V rows widened once (f32 read in place) and the heads' accumulators
- *    swept in tiles of 4 heads x 64 dims (16 accumulators; per position 4
- *    loads and 4 broadcasts feed 16 FMAs).
+ *  - the heads' accumulators sweep the V rows in tiles of 8 heads x 32 dims
+ *    (5..8 heads) or 4 heads x 64 dims (1..4): 16 accumulators, per position
+ *    2 (4) row loads and 8 (4) weight broadcasts feed 16 FMAs.  f16 V is
+ *    widened inside the tile (with 8 heads each element once), f32 read in
+ *    place, bf16 / 8-bit rows widened into the buffer first.
+ *  - the next step's K and V rows (pf) are prefetched a cache line at a time
+ *    between the tiles' FMAs: issued in one burst at the start, 256 requests
+ *    stalled on the line-fill buffers for a third of the step.
  *
  * Arithmetic of each output (fixed, whatever tile computes it, so results
  * depend only on the step's arguments and attention stays bit-identical for

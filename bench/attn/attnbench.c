@@ -1,0 +1,95 @@
+/* attnbench.c — the paged-attention step kernels alone on the TinyLlama-1.1B
+ * decode shape (22 layers, 32 query heads, 4 KV heads, head_dim 64, blocks
+ * of 16 shuffled in the pool): one token at position L-1 per layer, every
+ * layer's own K/V (22 layers at L = 2048 are 46 MB in f16, past L2 as in a
+ * real decode).  Reports the best of R rounds of process CPU time per token
+ * (all 22 layers) for the AVX2 and AVX-512 steps, alternating, which the
+ * other load on a shared machine disturbs less than wall time.
+ *   attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS]]]]]] */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_internal.h"
+#include "tensor/dtype.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    const int L = argc > 1 ? atoi(argv[1]) : 2048, nth = argc > 2 ? atoi(argv[2]) : 1;
+    const int reps = argc > 3 ? atoi(argv[3]) : 5, rounds = argc > 5 ? atoi(argv[5]) : 6;
+    const enum kv_type type = argc > 4 ? (enum kv_type)atoi(argv[4]) : KV_F16;
+    const int NL = argc > 6 ? atoi(argv[6]) : 22, nkv = 4, nh = 32, hd = 64, bs = 16, nb = (L + bs - 1) / bs;
+    if (L < 1 || nth < 1 || reps < 1 || rounds < 1 || NL < 1 || (int)type < 0 || type >= KV_TYPE_COUNT_) {
+        fprintf(stderr, "usage: attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS]]]]]]\n");
+        return 2;
+    }
+    struct cpu_features f;
+    cpu_features_get(&f);
+    if (!cpu_attn_avx512_built() || !f.avx512f || !f.avx2 || !f.fma || !f.f16c) {
+        printf("SKIP: this build or CPU lacks the AVX-512 attention step\n");
+        return 0;
+    }
+    const size_t es = kv_elem_bytes(type), rows = (size_t)nb * bs * nkv;
+    struct kv_layer_view *v = calloc((size_t)NL, sizeof *v);
+    srand(1);
+    for (int l = 0; l < NL; l++) {
+        v[l] = (struct kv_layer_view){ .type = type, .block_size = bs, .n_head_kv = nkv, .head_dim = hd };
+        v[l].k = malloc(rows * hd * es);
+        v[l].v = malloc(rows * hd * es);
+        v[l].k_scale = malloc(rows * sizeof(float));
+        v[l].v_scale = malloc(rows * sizeof(float));
+        for (size_t i = 0; i < rows; i++) v[l].k_scale[i] = v[l].v_scale[i] = 0.01f;
+        for (size_t i = 0; i < rows * hd; i++) {
+            const float x = (float)rand() / (float)RAND_MAX - 0.5f;
+            switch (type) {
+            case KV_F32: ((float *)v[l].k)[i] = x; ((float *)v[l].v)[i] = x; break;
+            case KV_F16: ((uint16_t *)v[l].k)[i] = f32_to_f16(x); ((uint16_t *)v[l].v)[i] = f32_to_f16(x); break;
+            case KV_BF16: ((uint16_t *)v[l].k)[i] = f32_to_bf16(x); ((uint16_t *)v[l].v)[i] = f32_to_bf16(x); break;
+            case KV_INT8: ((int8_t *)v[l].k)[i] = (int8_t)(x * 250); ((int8_t *)v[l].v)[i] = (int8_t)(x * 250); break;
+            default: ((uint8_t *)v[l].k)[i] = f32_to_fp8_e4m3(x); ((uint8_t *)v[l].v)[i] = f32_to_fp8_e4m3(x); break;
+            }
+        }
+    }
+    int32_t *table = malloc((size_t)nb * sizeof *table);
+    for (int i = 0; i < nb; i++) table[i] = (int32_t)(((long)i * 7919) % nb);   /* scattered blocks */
+    float *q = malloc((size_t)nh * hd * sizeof *q), *out = malloc((size_t)nh * hd * sizeof *out);
+    for (int i = 0; i < nh * hd; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    const int32_t pos = L - 1, seq = 0;
+
+    struct backend *be = NULL;
+    struct backend_ctx *c = NULL;
+    const struct backend_ctx_params p = { .n_threads = nth, .max_tokens = 1, .max_ctx = L, .n_head = nh,
+                                          .head_dim = hd, .max_cols = 64 };
+    if (backend_cpu_new("scalar", false, &be) || backend_ctx_new(be, &p, &c)) {
+        fprintf(stderr, "attnbench: no backend context\n");
+        return 1;
+    }
+    int (*const fn[2])(struct backend_ctx *, const struct paged_attn_args *) = { cpu_paged_attention_avx2,
+                                                                                cpu_paged_attention_avx512 };
+    double best[2] = { 1e30, 1e30 };
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            const double t0 = cpu_s();
+            for (int i = 0; i < reps; i++)
+                for (int l = 0; l < 22; l++) {
+                    const struct paged_attn_args a = { .n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = hd,
+                                                       .q = q, .pos = &pos, .seq = &seq, .block_table = table,
+                                                       .max_blocks = nb, .kv = v[l % NL], .scale = 0.125f, .out = out };
+                    if (fn[k](c, &a)) return 1;
+                }
+            const double t = (cpu_s() - t0) / reps * 1e3;
+            best[k] = t < best[k] ? t : best[k];
+        }
+    printf("L %d, %d thread(s), kv type %d, %d distinct layers: CPU ms per token (22 layers), best of %d: "
+           "avx2 %.3f, avx512 %.3f (%.2fx)\n", L, nth, (int)type, NL, rounds, best[0], best[1], best[0] / best[1]);
+    backend_ctx_free(c);
+    backend_free(be);
+    return 0;
+}

@@ -123,16 +123,16 @@ const char *kvllm_model_meta_str(const struct kvllm_model *km, const char *key, 
 /* ---- build (appended for kvllm --version and the GPU-option note) ---- */
 
 void kvllm_build_info(struct kvllm_build_info *out) {
-    static const char *const sets[] = { "scalar", "scalar, avx2", "scalar, avx2, avx512" };
-    int built = cpu_avx2_built() ? (cpu_q8_avx512_built() ? 2 : 1) : 0;
+    static const char *const sets[] = { "scalar", "scalar, avx2", "scalar, avx2, avx512", "scalar, avx2, avx512, amx" };
+    int built = cpu_avx2_built() ? (cpu_q8_avx512_built() ? (cpu_q8_amx_built() ? 3 : 2) : 1) : 0;
     /* the CPU backend's own choice of the best set: the same rules as every engine */
     struct backend *be = NULL;
     const char *best = "scalar";
     if (backend_cpu_new(NULL, false, &be) == 0 && be->ops->name) best = be->ops->name;
     backend_free(be);
-    int here = !strcmp(best, "avx512") ? 2 : !strcmp(best, "avx2") ? 1 : 0;
+    int here = !strcmp(best, "amx") ? 3 : !strcmp(best, "avx512") ? 2 : !strcmp(best, "avx2") ? 1 : 0;
     out->cpu_kernels_built = sets[built];
     out->cpu_kernels_here = sets[here];
-    out->cpu_kernels_default = here == 2 ? "avx512" : here == 1 ? "avx2" : "scalar";
+    out->cpu_kernels_default = here == 3 ? "amx" : here == 2 ? "avx512" : here == 1 ? "avx2" : "scalar";
     out->cuda_built = backend_cuda_built();
 }

@@ -94,8 +94,8 @@ def test_version(run, cmd):
     assert re.match(r"kvllm \d+\.\d+\.\d+ \(commit [0-9a-f]{4,}|kvllm \d+\.\d+\.\d+ \(commit unknown", res.out), res.out
     assert "kernels: scalar" in res.out
     # what the build has: the kernel sets compiled in and runnable here, and whether CUDA is built
-    sets = r"scalar(, avx2(, avx512)?)?"
-    assert re.search(rf"^kernels: {sets} \(this CPU: {sets}; default (scalar|avx2|avx512)\)$", res.out, re.M), res.out
+    sets = r"scalar(, avx2(, avx512(, amx)?)?)?"
+    assert re.search(rf"^kernels: {sets} \(this CPU: {sets}; default (scalar|avx2|avx512|amx)\)$", res.out, re.M), res.out
     assert re.search(r"^GPU: (none \(CPU-only build|CUDA backend built)", res.out, re.M), res.out
 
 

@@ -93,3 +93,33 @@ def test_kernel_sets_agree_teacher_forced(kvllm, run, smollm2, tmp_path):
         # one near-tie of these 80 positions with some builds (98.75 %), so it is held to 97 %
         bound = 0.99 if name == "f32" else 0.97
         assert agree >= bound, f"{name}: top-1 agreement {agree:.2%} with the scalar path"
+
+
+AMX_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")
+
+
+def test_amx_q8_logits_equal_avx512(run, smollm2, tmp_path):
+    """KVLLM_CPU=amx is the avx512 set with the 8-bit integer matmul on AMX-INT8 tiles, whose arithmetic
+    (src/backend/cpu/qmm.h) is the AVX-512 kernel's: with KVLLM_ACT=q8 the logits must equal avx512's bit
+    for bit, for the whole prompt at once (full 16-token tiles, the 64-token chunks) and in steps of 5 (the
+    tail tiles).  Skipped, after checking that kvllm refuses amx, where /proc/cpuinfo lacks AMX-INT8."""
+    import numpy as np
+    import pytest
+    from kvtest import cpu_lacks, parse_ids
+
+    lacks = cpu_lacks(*AMX_FLAGS)
+    if lacks:
+        r = run("run", "-m", smollm2, "-p", "Hi", "-n", "1", env={"KVLLM_CPU": "amx"})
+        assert r.returncode == 1 and "KVLLM_CPU=amx" in r.err, r.describe()
+        pytest.skip(f"this CPU lacks {', '.join(lacks)} (/proc/cpuinfo)")
+    text = ("Tiles multiply sixteen rows by sixteen columns at once. " * 6) + "def f(x):\n    return x * 2\n"
+    ids = parse_ids(run("tokenize", "-m", smollm2, "--ids", text).check_ok().out)
+    assert len(ids) >= 70
+    for prefill in ((), ("--prefill", "5")):
+        got = {}
+        for kind in ("avx512", "amx"):
+            out = tmp_path / f"{kind}.bin"
+            run("eval", "-m", smollm2, "--tokens", " ".join(map(str, ids)), *prefill, "-o", out,
+                env={"KVLLM_CPU": kind, "KVLLM_ACT": "q8"}, timeout=600).check_ok()
+            got[kind] = np.fromfile(out, dtype="<f4")
+        assert np.array_equal(got["amx"], got["avx512"]), f"amx differs from avx512 (prefill {prefill})"

@@ -232,9 +232,10 @@ def test_random_checkpoint(kvllm, stories, tmp_path, shared_cls):
 # ---- every kernel set this CPU has reproduces the reference ------------------
 
 AVX512_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")  # kvllm's avx512 set
+AMX_FLAGS = AVX512_FLAGS + ("amx_tile", "amx_int8")   # kvllm's amx set: avx512's, the integer matmul on tiles
 
 
-@pytest.mark.parametrize("kind", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("kind", ["scalar", "avx2", "avx512", "amx"])
 @pytest.mark.parametrize("act", ["f32", "q8"])
 def test_greedy_ids_per_kernel_set(run, stories, ref_ids, kind, act):
     """KVLLM_CPU forces each kernel set kvllm has.  Skipped only when /proc/cpuinfo lacks the instructions
@@ -243,19 +244,11 @@ def test_greedy_ids_per_kernel_set(run, stories, ref_ids, kind, act):
     activations are for block-quantized weights)."""
     res = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], *GREEDY, "--ids",
               env={"KVLLM_CPU": kind, "KVLLM_ACT": act})
-    lacks = cpu_lacks(*AVX2_FLAGS) if kind == "avx2" else cpu_lacks(*AVX512_FLAGS) if kind == "avx512" else []
+    flags = {"avx2": AVX2_FLAGS, "avx512": AVX512_FLAGS, "amx": AMX_FLAGS}.get(kind, ())
+    lacks = cpu_lacks(*flags)
     if lacks:
         assert res.returncode == 1 and f"KVLLM_CPU={kind}" in res.err, res.describe()
         pytest.skip(f"this CPU lacks {', '.join(lacks)} (/proc/cpuinfo)")
     assert res.returncode == 0, res.describe()
     assert parse_ids(res.out) == ref_ids, f"KVLLM_CPU={kind}"
 
-
-@pytest.mark.parametrize("kind", ["amx"])
-def test_unimplemented_kernel_sets_refused(run, stories, kind):
-    """amx is not implemented yet (README): forcing it fails at once with a message naming it
-    and the sets there are, whatever the CPU.  When one is implemented, move it to the test above."""
-    res = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], *GREEDY, "--ids",
-              env={"KVLLM_CPU": kind})
-    assert res.returncode == 1 and res.out == "", res.describe()
-    assert f"KVLLM_CPU={kind}" in res.err and "not implemented" in res.err and "scalar" in res.err, res.describe()

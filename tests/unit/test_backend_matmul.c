@@ -198,6 +198,12 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
         { "avxvnni", qmm_group_avxvnni, cpu_q8_avxvnni_built() && f->avxvnni && f->fma && f->f16c },
         { "avx512", qmm_group_avx512, cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl &&
                                      f->avx512vnni && f->avx2 && f->fma && f->f16c },
+        /* the AMX kernel on emulated tiles (its float step is AVX-512), and on real ones (test_backend_amx.c) */
+        { "amx-emulated", qmm_group_amx_emu, cpu_q8_amx_emu_built() && cpu_q8_avx512_built() && f->avx512f &&
+                                             f->avx512bw && f->avx512vl && f->avx512vnni && f->avx2 && f->fma && f->f16c },
+        { "amx", qmm_group_amx, cpu_q8_amx_built() && cpu_q8_avx512_built() && f->avx512f && f->avx512bw &&
+                               f->avx512vl && f->avx512vnni && f->avx2 && f->fma && f->f16c && f->amx_tile &&
+                               f->amx_int8 && f->amx_os && cpu_amx_permit() == 0 },
     };
     static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1 };
     static const int64_t Ks[] = { 32, 64, 96, 2048, MAX_K };
@@ -269,8 +275,8 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
     }
 }
 
-static void test_kinds(bool have_avx2, bool have_avx512) {
-    const char *best = have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
+static void test_kinds(bool have_avx2, bool have_avx512, bool have_amx) {
+    const char *best = have_amx ? "amx" : have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
     struct backend *be = (struct backend *)1;
     CHECK(backend_cpu_new("scalar", false, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
     backend_free(be);
@@ -303,11 +309,15 @@ static void test_kinds(bool have_avx2, bool have_avx512) {
         CHECK(backend_cpu_new("avx512", false, &be) == 0 && be && strcmp(be->ops->name, "avx512") == 0);
         backend_free(be);
     }
+    if (have_amx) {
+        CHECK(backend_cpu_new("amx", false, &be) == 0 && be && strcmp(be->ops->name, "amx") == 0);
+        backend_free(be);
+    }
     fprintf(stderr, "(the next errors are expected)\n");
-    /* amx is not implemented: refused whatever the CPU; avx512 where the CPU lacks it */
+    /* a set the CPU (or build, or OS) lacks is refused */
     be = (struct backend *)1;
     if (!have_avx512) CHECK(backend_cpu_new("avx512", false, &be) == KVLLM_ECPU && be == NULL);
-    CHECK(backend_cpu_new("amx", false, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_amx) CHECK(backend_cpu_new("amx", false, &be) == KVLLM_ECPU && be == NULL);
     CHECK(backend_cpu_new("bogus", false, &be) == KVLLM_ECPU && be == NULL);
     if (!have_avx2) CHECK(backend_cpu_new("avx2", false, &be) == KVLLM_ECPU && be == NULL);
     backend_free(NULL);
@@ -320,7 +330,9 @@ int main(void) {
     const bool have_avx2 = cpu_avx2_built() && f.avx2 && f.fma && f.f16c;
     const bool have_avx512 = have_avx2 && cpu_q8_avx512_built() && f.avx512f && f.avx512bw && f.avx512vl &&
                              f.avx512vnni;
-    test_kinds(have_avx2, have_avx512);
+    const bool have_amx = have_avx512 && cpu_q8_amx_built() && f.amx_tile && f.amx_int8 && f.amx_os &&
+                          cpu_amx_permit() == 0;
+    test_kinds(have_avx2, have_avx512, have_amx);
     if (!have_avx2) {
         printf("SKIP: avx2 matmul (this CPU or build lacks AVX2+FMA+F16C)\n");
         return check_report("test_backend_matmul");

@@ -4,7 +4,8 @@
  *     (dtype_to_f32, the format's reference) times the dequantized codes, in
  *     double: the only differences are the f32 rounding of I, M and the two
  *     fmas, so the error is tiny;
- *  2. every kernel set this CPU has (AVX2, AVX-VNNI, AVX-512 VNNI), called
+ *  2. every kernel set this CPU has (AVX2, AVX-VNNI, AVX-512 VNNI, AMX-INT8; AMX on
+ *     emulated tiles wherever AVX-512 is), called
  *     directly, against the definition bit for bit (memcmp), with weights
  *     in rows (packed on the fly) and repacked by place_weights, odd row
  *     counts, several K (multiples of 256), n = 1, 3, 16, 33, and 1 or 2
@@ -138,6 +139,12 @@ static void test_sets(struct backend_ctx *ctx[2], const struct cpu_features *f) 
         { "avxvnni", qmm_group_avxvnni, cpu_q8_avxvnni_built() && f->avxvnni && f->avx2 && f->fma && f->f16c },
         { "avx512", qmm_group_avx512, cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl &&
                                      f->avx512vnni && f->avx2 && f->fma && f->f16c },
+        /* the AMX kernel on emulated tiles (its float step is AVX-512), and on real ones (test_backend_amx.c) */
+        { "amx-emulated", qmm_group_amx_emu, cpu_q8_amx_emu_built() && cpu_q8_avx512_built() && f->avx512f &&
+                                             f->avx512bw && f->avx512vl && f->avx512vnni && f->avx2 && f->fma && f->f16c },
+        { "amx", qmm_group_amx, cpu_q8_amx_built() && cpu_q8_avx512_built() && f->avx512f && f->avx512bw &&
+                               f->avx512vl && f->avx512vnni && f->avx2 && f->fma && f->f16c && f->amx_tile &&
+                               f->amx_int8 && f->amx_os && cpu_amx_permit() == 0 },
     };
     static const uint32_t types[] = { DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
     static const int64_t Ks[] = { 256, 768, 2048, MAX_K };
@@ -145,7 +152,7 @@ static void test_sets(struct backend_ctx *ctx[2], const struct cpu_features *f) 
     static const int ns[] = { 1, 3, 16, 33 };
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++)
         if (!sets[s].ok) printf("SKIP: K-quant group kernel %s (this CPU or build lacks it)\n", sets[s].name);
-    int cases[4] = { 0 };
+    int cases[sizeof sets / sizeof *sets] = { 0 };
     for (size_t it = 0; it < 3; it++)
         for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) {

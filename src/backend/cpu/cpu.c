@@ -160,9 +160,16 @@ static bool has_avx512(const struct cpu_features *f) {
     return has_avx2(f) && cpu_q8_avx512_built() && f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni;
 }
 
+/* AMX-INT8 tiles with their OS state (Linux's per-process permission is
+ * asked for only when the set is chosen: cpu_amx_permit). */
+static bool has_amx(const struct cpu_features *f) {
+    return has_avx512(f) && cpu_q8_amx_built() && f->amx_tile && f->amx_int8 && f->amx_os;
+}
+
 /* Kernel sets this binary can run on this CPU, for error messages. */
 static const char *kinds_here(const struct cpu_features *f) {
-    return has_avx512(f) ? "scalar, avx2, avx512" : has_avx2(f) ? "scalar, avx2" : "scalar";
+    return has_amx(f) && cpu_amx_permit() == 0 ? "scalar, avx2, avx512, amx"
+         : has_avx512(f) ? "scalar, avx2, avx512" : has_avx2(f) ? "scalar, avx2" : "scalar";
 }
 
 /* Fill *ops and *qrows (the integer matmul's rows kernel, NULL for scalar)
@@ -172,7 +179,11 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     struct cpu_features f;
     cpu_features_get(&f);
     const bool avx2 = has_avx2(&f);
-    if (!kind || !*kind) kind = has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
+    /* the default: the best set here, amx > avx512 > avx2 > scalar.  amx is the avx512 set
+     * with the integer matmul on tiles, bit-identical to avx512's (qmm.h); chosen only where
+     * Linux grants the tile permission */
+    if (!kind || !*kind)
+        kind = has_amx(&f) && cpu_amx_permit() == 0 ? "amx" : has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
     *ops = k_scalar_ops;
     *qrows = NULL;
     if (strcmp(kind, "scalar") == 0) return 0;
@@ -210,13 +221,34 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         return 0;
     }
     if (strcmp(kind, "amx") == 0) {
-        if (!f.amx_tile)
-            LOG_ERR("KVLLM_CPU=amx: this CPU lacks AMX-TILE (and the amx kernels are not implemented in this build; "
-                    "available here: %s)", kinds_here(&f));
-        else
-            LOG_ERR("KVLLM_CPU=amx: the amx kernels are not implemented in this build (available here: %s)",
+        /* the avx512 set with the integer matmul on AMX-INT8 tiles (matmul_q8_amx.c) */
+        if (!has_avx512(&f) || !cpu_q8_amx_built()) {
+            LOG_ERR("KVLLM_CPU=amx: %s (available here: %s)",
+                    !cpu_q8_amx_built() ? "the AMX kernels are not built into this binary (its compiler lacked "
+                                          "-mamx-tile -mamx-int8, or not x86-64)"
+                                        : "it needs the avx512 set too, which this CPU or build lacks",
                     kinds_here(&f));
-        return KVLLM_ECPU;
+            return KVLLM_ECPU;
+        }
+        if (!has_amx(&f)) {
+            LOG_ERR("KVLLM_CPU=amx: %s (available here: %s)",
+                    !f.amx_tile || !f.amx_int8 ? (!f.amx_tile ? "this CPU lacks AMX-TILE and AMX-INT8"
+                                                              : "this CPU lacks AMX-INT8")
+                    : "the OS does not enable AMX tile state (XCR0 bits 17-18; Linux 5.16 or later does)",
+                    kinds_here(&f));
+            return KVLLM_ECPU;
+        }
+        const int e = cpu_amx_permit();
+        if (e) {
+            LOG_ERR("KVLLM_CPU=amx: Linux refused this process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: %s; "
+                    "available here: %s)", strerror(e), kinds_here(&f));
+            return KVLLM_ECPU;
+        }
+        const int rc = cpu_ops_for("avx512", ops, qrows);
+        if (rc) return rc;
+        ops->name = "amx";
+        *qrows = qmm_group_amx;
+        return 0;
     }
     LOG_ERR("KVLLM_CPU=%s: unknown kernel set (valid: %s; available here: %s)", kind, k_kinds, kinds_here(&f));
     return KVLLM_ECPU;

@@ -13,7 +13,9 @@ struct cpu_features {
     bool avx512f;           /* AVX-512 Foundation */
     bool avx512bw, avx512vl, avx512vnni;   /* the "avx512" kernel set needs these, avx512f and the avx2 trio */
     bool avxvnni;           /* AVX-VNNI (VEX vpdpbusd): the avx2 set's integer kernels use it when present */
-    bool amx_tile;          /* AMX tiles (also needs Linux permission at use) */
+    bool amx_tile, amx_int8;   /* CPUID.7.0:EDX bits 24, 25 */
+    bool amx_os;            /* XCR0 bits 17-18: the OS saves tile state (Linux still asks each process to
+                               request it: cpu_amx_permit) */
 };
 
 /* Fill *f for the running CPU (all false off x86).  Cheap; thread-safe. */
@@ -26,6 +28,15 @@ bool cpu_avx2_built(void);
 bool cpu_q8_avx2_built(void);
 bool cpu_q8_avxvnni_built(void);
 bool cpu_q8_avx512_built(void);
+bool cpu_q8_amx_built(void);        /* the compiler took -mamx-tile -mamx-int8 */
+bool cpu_q8_amx_emu_built(void);    /* the AMX kernel on emulated tiles (tests; needs the avx512 flags) */
+
+/* Linux keeps AMX tile data off until a process asks (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the first tile instruction
+ * before that dies with SIGILL.  Asks once per process (thread-safe; the
+ * answer is remembered) and returns 0 when granted, else the errno of the
+ * refusal (ENOSYS off Linux x86-64).  The permission covers every thread. */
+int cpu_amx_permit(void);
 
 /* AVX2 + FMA + F16C kernels (matmul_avx2.c).  Same contract as the scalar
  * ops in backend.h; call only when cpu_features_get() reports avx2, fma and

@@ -110,6 +110,9 @@ qmm_group_fn qmm_group_scalar;   /* qmm.h's arithmetic, plainly (tests) */
 qmm_group_fn qmm_group_avx2;     /* matmul_q8_avx2.c: -mavx2 -mfma -mf16c */
 qmm_group_fn qmm_group_avxvnni;  /* matmul_q8_avxvnni.c: + -mavxvnni (256-bit vpdpbusd) */
 qmm_group_fn qmm_group_avx512;   /* matmul_q8_avx512.c: AVX-512 F/BW/VL + VNNI (512-bit vpdpbusd) */
+qmm_group_fn qmm_group_amx;      /* matmul_q8_amx.c: AMX-INT8 tiles (+ the avx512 set's flags); call only
+                                    after cpu_amx_permit() returned 0 (cpu_features.h) */
+qmm_group_fn qmm_group_amx_emu;  /* matmul_q8_amx_emu.c: the same kernel on amx_emu.c's emulated tiles (tests) */
 
 /* Run the matmul with kernel fn: quantize x into the context's act_buf
  * (KVLLM_ERANGE, logged, if n rows of w->ne0 do not fit: the context was

@@ -4,7 +4,7 @@
  * Build and run: bench/mm/run.sh BUILD_DIR (links BUILD_DIR's static libs).
  * Prints, per (type, n): GFLOP/s and ns per weight byte for
  * KVLLM_ACT=f32 on avx2, q8 on avx2 (plain AVX2 rows and AVX-VNNI rows),
- * q8 on avx512, each the best of --reps. */
+ * q8 on avx512 and on amx (where the CPU has it), each the best of --reps. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
@@ -70,7 +70,8 @@ int main(int argc, char **argv) {
             struct { const char *name, *kind, *act; qmm_group_fn *rows; } paths[] = {
                 { "f32 avx2", "avx2", "f32", NULL }, { "int13 avx2", "avx2", "int", NULL },
                 { "q8 avx2", "avx2", "q8", qmm_group_avx2 }, { "q8 avxvnni", "avx2", "q8", qmm_group_avxvnni },
-                { "q8 avx512", "avx512", "q8", qmm_group_avx512 } };
+                { "q8 avx512", "avx512", "q8", qmm_group_avx512 },
+                { "q8 amx", "amx", "q8", qmm_group_amx } };   /* where the CPU has AMX-INT8: else not created, skipped */
             double base = 0;
             for (size_t ip = 0; ip < sizeof paths / sizeof *paths; ip++) {
                 struct backend_ctx *c = mk(paths[ip].kind, paths[ip].act, K, n);

@@ -4,7 +4,8 @@
  *     rows and bytes outside the shape, tileloadd / tilestored touching only
  *     rows × colsb, and the faults (bad config, unconfigured tile, shapes
  *     that do not fit, repeated registers) — so the emulator can be trusted
- *     as a stand-in for the hardware;
+ *     as a stand-in for the hardware (and, where the CPU has AMX-INT8, the
+ *     real tiles against the emulator on the same products);
  *  2. the kernel on emulated tiles (qmm_group_amx_emu), on any CPU with the
  *     AVX-512 set (its float step is AVX-512), bit for bit (memcmp) against
  *     the scalar reference (qmm_group_scalar where its buffer takes the
@@ -50,9 +51,10 @@ static struct amx_cfg cfg3(int M, int N, int K4) {   /* C tile 0 (M × N dwords)
     return c;
 }
 
-static void test_emulator(void) {
+/* hw: also run each product on the real tiles and hold them to the emulator */
+static void test_emulator(bool hw) {
     struct amx_emu e;
-    int cases = 0;
+    int cases = 0, hw_bad = 0;
     for (int it = 0; it < 300; it++) {
         const int M = 1 + irand(16), N = 1 + irand(16), K4 = 1 + irand(16), bu = it % 2;
         struct amx_cfg c = cfg3(M, N, K4);
@@ -80,6 +82,15 @@ static void test_emulator(void) {
         int32_t out[16][20];
         memset(out, 0x5a, sizeof out);
         CHECK(amx_emu_store(&e, 0, out, sizeof out[0]) == 0);
+        if (hw) {
+            int32_t hw_out[16][20];
+            memcpy(hw_out, c0, sizeof hw_out);
+            amx_hw_product(&c, bu, a, sizeof a[0], b, sizeof b[0], hw_out, sizeof hw_out[0]);
+            /* stored: rows < M, bytes < 4N; the rest still c0's */
+            for (int m = 0; m < 16; m++)
+                for (int n = 0; n < 20; n++)
+                    hw_bad += hw_out[m][n] != (m < M && n < N ? out[m][n] : c0[m][n]);
+        }
         for (int m = 0; m < 16; m++)
             for (int n = 0; n < 20; n++) {
                 int32_t want = 0x5a5a5a5a;   /* untouched outside M × N */
@@ -135,6 +146,10 @@ static void test_emulator(void) {
     amx_emu_release(&e);
     CHECK(amx_emu_zero(&e, 0) == -1);   /* released: nothing configured */
     printf("AMX emulator: %d random tile products equal the triple loop; faults where the SDM has them\n", cases);
+    if (hw) {
+        CHECK_MSG(!hw_bad, "the real tiles differ from the emulator in %d values", hw_bad);
+        printf("AMX-INT8 tiles: the same %d products equal the emulator's\n", cases);
+    }
 }
 
 /* ---- 2, 3. the kernel ---- */
@@ -252,13 +267,14 @@ static void test_kind(bool amx_ok) {
 
 int main(void) {
     rng_seed(&g_rng, 20261202);
-    test_emulator();
     struct cpu_features f;
     cpu_features_get(&f);
     const bool avx512 = cpu_avx2_built() && cpu_q8_avx512_built() && f.avx2 && f.fma && f.f16c && f.avx512f &&
                         f.avx512bw && f.avx512vl && f.avx512vnni;
     const bool amx_hw = f.amx_tile && f.amx_int8 && f.amx_os;
     const bool amx_ok = avx512 && cpu_q8_amx_built() && amx_hw && cpu_amx_permit() == 0;
+    /* the real tiles need no AVX-512 of their own, only the build (which the avx512 flags gate) */
+    test_emulator(cpu_q8_amx_built() && amx_hw && cpu_amx_permit() == 0);
     test_kind(amx_ok);
     if (!avx512) {
         printf("SKIP: the AMX kernel, emulated and real (this CPU or build lacks AVX-512 F/BW/VL/VNNI, "

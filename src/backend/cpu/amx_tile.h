@@ -61,4 +61,12 @@ int amx_emu_store(struct amx_emu *e, int t, void *base, size_t stride);
 int amx_emu_dpbssd(struct amx_emu *e, int c, int a, int b);
 int amx_emu_dpbsud(struct amx_emu *e, int c, int a, int b);
 
+/* The real tiles (matmul_q8_amx.c; only where cpu_q8_amx_built() and
+ * cpu_amx_permit() == 0): with config cfg, whose tiles 0 (C), 1 (A), 2 (B)
+ * must fit one tile product, load C, A and B from memory (rows stride
+ * bytes apart), tdpbsud (b_unsigned) or tdpbssd, store C back, release the
+ * tiles — so a test can hold the hardware to the emulator. */
+void amx_hw_product(const struct amx_cfg *cfg, int b_unsigned, const void *a, size_t as, const void *b, size_t bs,
+                    void *c, size_t cs);
+
 #endif

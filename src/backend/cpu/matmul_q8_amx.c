@@ -43,7 +43,24 @@ static inline void amx_ldtilecfg(const struct amx_cfg *c) {
 #define T_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" AMX_STR(b) ", %%tmm" AMX_STR(a) ", %%tmm" AMX_STR(c) ::)
 #define T_DPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" AMX_STR(b) ", %%tmm" AMX_STR(a) ", %%tmm" AMX_STR(c) ::)
 #include "backend/cpu/matmul_q8_amx_kern.h"
+
+void amx_hw_product(const struct amx_cfg *cfg, int b_unsigned, const void *a, size_t as, const void *b, size_t bs,
+                    void *c, size_t cs) {
+    amx_ldtilecfg(cfg);
+    T_LOAD(0, c, cs);
+    T_LOAD(1, a, as);
+    T_LOAD(2, b, bs);
+    if (b_unsigned) T_DPBSUD(0, 1, 2);
+    else T_DPBSSD(0, 1, 2);
+    T_STORE(0, c, cs);
+    T_RELEASE();
+}
 #else
 bool cpu_q8_amx_built(void) { return false; }
 void qmm_group_amx(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { KV_ASSERT(!"qmm_group_amx: not built"); }
+#include "backend/cpu/amx_tile.h"
+void amx_hw_product(const struct amx_cfg *cfg, int b_unsigned, const void *a, size_t as, const void *b, size_t bs,
+                    void *c, size_t cs) {
+    KV_ASSERT(!"amx_hw_product: not built");
+}
 #endif

@@ -4,7 +4,8 @@
  * Backends: "scalar" (the reference), "avx2" (where the CPU has AVX2, FMA
  * and F16C; otherwise a SKIP line naming what is missing), the same two
  * kernel sets behind the strict wall ("strict/scalar", "strict/avx2"), the
- * SIMD sets with 8-bit activations ("avx2+act=q8", "avx512+act=q8": kvllm's
+ * SIMD sets with 8-bit activations ("avx2+act=q8", "avx512+act=q8",
+ * "amx+act=q8" where the CPU has AMX-INT8, bit-identical to avx512's: kvllm's
  * default, KVLLM_ACT=q8; the others here are pinned to f32) and avx2 with
  * 13-bit ones ("avx2+act=int", KVLLM_ACT=int), and "cuda"
  * where this build has the CUDA backend and the machine a CUDA device
@@ -148,7 +149,7 @@ static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0
 
 /* ---- backends ---- */
 
-#define MAX_BE 10
+#define MAX_BE 12
 #define MAX_TOKENS 40         /* tokens per step: contexts are sized for it */
 #define MAX_CTX 2200          /* longest attention context */
 #define MAX_COLS 1024         /* longest weight row */
@@ -1484,7 +1485,19 @@ int main(void) {
     else if (!avx512)
         printf("SKIP avx512+act=q8: CPU lacks%s%s%s%s%s\n", avx2 ? "" : " AVX2/FMA/F16C", f.avx512f ? "" : " AVX-512F",
                f.avx512bw ? "" : " AVX-512BW", f.avx512vl ? "" : " AVX-512VL", f.avx512vnni ? "" : " AVX-512-VNNI");
-    else add_backend("avx512", false, true, "q8", -1, 2);
+    else {
+        const int i_512 = g_nbe;
+        add_backend("avx512", false, true, "q8", -1, 2);
+        /* amx: the avx512 set with the integer matmul on AMX-INT8 tiles, so bit-identical to it (its twin) */
+        if (!cpu_q8_amx_built())
+            printf("SKIP amx+act=q8: this build has no AMX kernels (its compiler lacked -mamx-tile -mamx-int8)\n");
+        else if (!f.amx_tile || !f.amx_int8 || !f.amx_os)
+            printf("SKIP amx+act=q8: no AMX-INT8 on this CPU (AMX-TILE %s, AMX-INT8 %s, OS tile state %s)\n",
+                   f.amx_tile ? "yes" : "no", f.amx_int8 ? "yes" : "no", f.amx_os ? "yes" : "no");
+        else if (cpu_amx_permit() != 0)
+            printf("SKIP amx+act=q8: Linux refused this process AMX tile data\n");
+        else add_backend("amx", false, true, "q8", i_512, 2);
+    }
     char why[256];
     if (backend_cuda_probe(why, sizeof why) == 0) printf("SKIP cuda: %s\n", why);
     else add_cuda_backend();

@@ -215,7 +215,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
             return KVLLM_ECPU;
         }
         ops->name = "avx512";
-        ops->matmul = cpu_matmul_simd;
+        ops->matmul = cpu_matmul_avx512;
         ops->paged_attention = cpu_attn_avx512_built() ? cpu_paged_attention_avx512 : cpu_paged_attention_avx2;
         *qrows = qmm_group_avx512;
         return 0;

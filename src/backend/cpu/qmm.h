@@ -124,6 +124,13 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
  * the types it takes (not the logits' matrix, tensor.h) when the context's act is ACT_Q8 (and always for a
  * TENSOR_Q8X16 tensor); otherwise the AVX2 f32 matmul. */
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+/* backend_ops.matmul of the avx512 set (matmul_avx512.c): F32 / F16 / BF16
+ * weights in rows layout by its 16-lane f32 kernel (arithmetic stated
+ * there; batch-invariant), everything else by cpu_matmul_simd.  Needs
+ * scratch_cols >= CPU_MM_ROWS * ne0.  cpu_mm_avx512_built: whether this
+ * build has that kernel (otherwise it is cpu_matmul_simd). */
+int cpu_matmul_avx512(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+bool cpu_mm_avx512_built(void);
 /* backend_ops.get_rows of the SIMD sets: TENSOR_Q8X16 rows unpacked, others
  * as the scalar op. */
 int cpu_get_rows_simd(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);

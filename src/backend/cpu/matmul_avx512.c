@@ -23,10 +23,13 @@
  * next rows prefetched (n = 1 streams each weight row once: bandwidth
  * bound).  Prefill: work items are (token chunk, row chunk) pairs, token
  * chunk major so the threads share one chunk of activations (sized to stay
- * in L2).  Within an item each block of MR rows is widened to f32 in the
- * thread's scratch KC columns at a time (so the panel sits in L1 while the
- * chunk's tokens stream past, NT at a time), the MR x NT accumulators parked
- * in the scratch between K blocks.  The micro-tile is MR (4) rows x NT (6)
+ * in L2).  Within an item each block of MR rows is widened to f32 KC
+ * columns at a time into a 64-byte aligned panel on the stack (so it sits in
+ * L1 while the chunk's tokens stream past, NT at a time), the MR x NT
+ * accumulators parked in the thread's scratch between K blocks.  Full
+ * 16-element steps use plain loads; only the tail step is masked (masked
+ * loads throughout cost about a quarter of the rate).  The micro-tile is MR
+ * (4) rows x NT (6)
  * tokens: 24 accumulators + 4 weights + 1 activation of the 32 zmm. */
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
@@ -42,13 +45,13 @@ bool cpu_mm_avx512_built(void) { return true; }
 #define MR 4                 /* rows per micro-tile (the scratch holds CPU_MM_ROWS rows of K) */
 #define NT 6                 /* tokens per micro-tile */
 #define FEW_N 4              /* up to this many tokens, weights are read in place */
-#define KC 512               /* K block of the packed path when K > KC_ONE */
-#define KC_ONE 1024          /* up to this K, one block (no parked accumulators) */
+#define KC 256               /* K block of the packed path when K > KC_ONE (256 measured best of 256 / 512 / 1024) */
+#define KC_ONE 1024          /* up to this K, one block (no parked accumulators); the panel's stack bytes / 16 */
 #define X_CHUNK_BYTES (768 * 1024)   /* activations of one token chunk: within L2 (2 MB here) */
 #define ROW_CHUNK 64         /* rows per work item (prefill) */
 #define FEW_ROW_CHUNK 32     /* rows per work item (n <= FEW_N): balances two threads on 576 rows */
 
-_Static_assert(MR <= CPU_MM_ROWS, "avx512 matmul scratch");
+_Static_assert(MR <= CPU_MM_ROWS && KC <= KC_ONE, "avx512 matmul scratch");
 _Static_assert(MR == 4 && NT == 6, "micro() names its accumulators for 4 x 6");
 
 enum wkind { WK_F32, WK_F16, WK_BF16 };
@@ -92,22 +95,29 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
 #define ACC_INIT(r, t) \
     __m512 a##r##t = first || r >= R || t >= T ? _mm512_setzero_ps() : _mm512_loadu_ps(part + ((size_t)t * MR + r) * 16);
     ACC_ALL(ACC_INIT)
-    /* One loop for the whole vectors and the tail. */
-    for (int64_t k = 0; k < klen; k += 16) {
-        const __mmask16 m = klen - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (klen - k)) - 1);
-        if (pf)   /* the next rows at the pace these are read */
-            for (int b = 0; b < MR * 16 * eb; b += 64) _mm_prefetch((const char *)pf + k * MR * eb + b, _MM_HINT_T0);
-        const __m512 w0 = reg512(load_w(wk, w, k, m));
-        const __m512 w1 = R > 1 ? reg512(load_w(wk, w + ws, k, m)) : w0;
-        const __m512 w2 = R > 2 ? reg512(load_w(wk, w + 2 * ws, k, m)) : w0;
-        const __m512 w3 = R > 3 ? reg512(load_w(wk, w + 3 * ws, k, m)) : w0;
 #define ACC_FMA(r, t) if (r < R) a##r##t = _mm512_fmadd_ps(w##r, xv, a##r##t);
-#define TOK_STEP(t)                                                                   \
+#define TOK_STEP(t, m)                                                                \
         if (t < T) {                                                                  \
             const __m512 xv = reg512(_mm512_maskz_loadu_ps(m, x + (size_t)t * xs + k)); \
             ACC_T(ACC_FMA, t)                                                         \
         }
-        TOK_STEP(0) TOK_STEP(1) TOK_STEP(2) TOK_STEP(3) TOK_STEP(4) TOK_STEP(5)
+#define K_STEP(m)                                                                                           \
+    {                                                                                                       \
+        const __m512 w0 = reg512(load_w(wk, w, k, m));                                                      \
+        const __m512 w1 = R > 1 ? reg512(load_w(wk, w + ws, k, m)) : w0;                                   \
+        const __m512 w2 = R > 2 ? reg512(load_w(wk, w + 2 * ws, k, m)) : w0;                               \
+        const __m512 w3 = R > 3 ? reg512(load_w(wk, w + 3 * ws, k, m)) : w0;                               \
+        TOK_STEP(0, m) TOK_STEP(1, m) TOK_STEP(2, m) TOK_STEP(3, m) TOK_STEP(4, m) TOK_STEP(5, m)           \
+    }
+    int64_t k = 0;
+    for (; k + 16 <= klen; k += 16) {
+        if (pf)   /* the next rows at the pace these are read */
+            for (int b = 0; b < MR * 16 * eb; b += 64) _mm_prefetch((const char *)pf + k * MR * eb + b, _MM_HINT_T0);
+        K_STEP((__mmask16)0xffff)   /* an all-ones constant mask: plain loads */
+    }
+    if (k < klen) {   /* the tail: both operands zero-padded */
+        const __mmask16 m = (__mmask16)((1u << (klen - k)) - 1);
+        K_STEP(m)
     }
     /* The accumulators leave through memory: the parked slots, or a local
      * copy the lanes are combined from. */
@@ -120,6 +130,7 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
 #undef ACC_INIT
 #undef ACC_FMA
 #undef TOK_STEP
+#undef K_STEP
 #undef ACC_STORE
     if (!last) return;
     for (int t = 0; t < T; t++) {
@@ -223,8 +234,11 @@ static void pack_chunk(void *arg, long c, int ith) {
     const int64_t K = w->ne0, M = w->ne1, kc = j->kc;
     const int t0 = (int)(c / j->n_row_chunks) * j->nc, t1 = t0 + j->nc < j->n ? t0 + j->nc : j->n;
     const int64_t r0 = (c % j->n_row_chunks) * ROW_CHUNK, r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M;
-    float *pk = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols;   /* (MR, kc) */
-    float *part = pk + (size_t)MR * (size_t)kc;   /* (nc, MR, 16), only when K takes several blocks */
+    /* the panel on the stack, 64-byte aligned (no load splits a cache line);
+     * the parked accumulators in the thread's scratch, aligned too */
+    float pk[MR * KC_ONE] __attribute__((aligned(64)));
+    float *part = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols;   /* (nc, MR, 16) */
+    part += (64 - (uintptr_t)part % 64) % 64 / sizeof(float);
     const enum wkind wk = wkind_of(w->type);
     for (int64_t r = r0; r < r1; r += MR) {
         const int nr = (int)(M - r < MR ? M - r : MR);
@@ -253,17 +267,16 @@ int cpu_matmul_avx512(struct backend_ctx *c, float *y, const struct tensor *w, c
         threadpool_run_chunks(cc->pool, (long)((M + FEW_ROW_CHUNK - 1) / FEW_ROW_CHUNK), few_chunk, &j);
         return 0;
     }
-    /* The scratch holds MR rows of K floats: the packed panel (MR x kc)
-     * and, when K takes several blocks, the parked accumulators (nc x MR x
-     * 16) - so kc + 16 nc <= K. */
+    /* Parked accumulators (when K takes several blocks): nc x MR x 16 floats
+     * of the thread's scratch (MR rows of K floats), less 16 for alignment. */
     int64_t nc = X_CHUNK_BYTES / (K * (int64_t)sizeof(float));
     if (K <= KC_ONE) j.kc = K;
     else {
         j.kc = KC;
-        if (nc > (K - KC) / 16) nc = (K - KC) / 16;
+        if (nc > (MR * K - 16) / (MR * 16)) nc = (MR * K - 16) / (MR * 16);
     }
     nc -= nc % NT;
-    if (nc < NT) nc = NT;   /* K > KC_ONE gives (K - KC) / 16 >= 32 */
+    if (nc < NT) nc = NT;   /* K > KC_ONE gives room for 64 */
     j.nc = (int)(nc < n ? nc : n);
     j.n_row_chunks = (long)((M + ROW_CHUNK - 1) / ROW_CHUNK);
     const long t_chunks = (n + j.nc - 1) / j.nc;

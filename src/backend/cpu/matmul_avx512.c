@@ -246,6 +246,17 @@ static void pack_chunk(void *arg, long c, int ith) {
             const int64_t kl = K - k0 < kc ? K - k0 : kc;
             const bool first = k0 == 0, last = k0 + kl == K;
             pack_rows(wk, tensor_row(w, r), w->row_bytes, nr, k0, kl, pk, (size_t)kc);
+            /* The next panel (next K block of these rows, or the next rows'
+             * first) into L2 while this one's tiles run: otherwise packing
+             * waits on memory (12% of a prefill's time without this). */
+            const int64_t nk0 = k0 + kc < K ? k0 + kc : 0, nr0 = k0 + kc < K ? r : r + MR;
+            if (nr0 < r1) {
+                const int64_t nkl = K - nk0 < kc ? K - nk0 : kc;
+                const size_t eb = wk == WK_F32 ? 4 : 2;
+                for (int64_t i = nr0; i < nr0 + MR && i < M; i++)
+                    for (size_t b = 0; b < (size_t)nkl * eb; b += 64)
+                        _mm_prefetch((const char *)tensor_row(w, i) + (size_t)nk0 * eb + b, _MM_HINT_T1);
+            }
             for (int t = t0; t < t1; t += NT) {
                 const int nt = t1 - t < NT ? t1 - t : NT;
                 tile_f32((const uint8_t *)pk, (size_t)kc * sizeof(float), nr, j->x + (size_t)t * K + k0, (size_t)K,

@@ -42,16 +42,16 @@
 
 bool cpu_mm_avx512_built(void) { return true; }
 
-#define MR 4                 /* rows per micro-tile (the scratch holds CPU_MM_ROWS rows of K) */
+#define MR 4                 /* rows per micro-tile (6 x 4 measured no faster in cache) */
 #define NT 6                 /* tokens per micro-tile */
 #define FEW_N 4              /* up to this many tokens, weights are read in place */
 #define KC 256               /* K block of the packed path when K > KC_ONE (256 measured best of 256 / 512 / 1024) */
 #define KC_ONE 1024          /* up to this K, one block (no parked accumulators); the panel's stack bytes / 16 */
 #define X_CHUNK_BYTES (768 * 1024)   /* activations of one token chunk: within L2 (2 MB here) */
-#define ROW_CHUNK 64         /* rows per work item (prefill) */
-#define FEW_ROW_CHUNK 32     /* rows per work item (n <= FEW_N): balances two threads on 576 rows */
+#define ROW_CHUNK (16 * MR)  /* rows per work item (prefill) */
+#define FEW_ROW_CHUNK (8 * MR)   /* rows per work item (n <= FEW_N): balances two threads on 576 rows */
 
-_Static_assert(MR <= CPU_MM_ROWS && KC <= KC_ONE, "avx512 matmul scratch");
+_Static_assert(KC <= KC_ONE && FEW_N <= NT, "avx512 matmul panel, few-token tiles");
 _Static_assert(MR == 4 && NT == 6, "micro() names its accumulators for 4 x 6");
 
 enum wkind { WK_F32, WK_F16, WK_BF16 };
@@ -92,6 +92,7 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
      * a<r><t> for r < R, t < T; the others are dead and vanish. */
 #define ACC_T(X, t) X(0, t) X(1, t) X(2, t) X(3, t)
 #define ACC_ALL(X) ACC_T(X, 0) ACC_T(X, 1) ACC_T(X, 2) ACC_T(X, 3) ACC_T(X, 4) ACC_T(X, 5)
+#define TOK_STEPS(m) TOK_STEP(0, m) TOK_STEP(1, m) TOK_STEP(2, m) TOK_STEP(3, m) TOK_STEP(4, m) TOK_STEP(5, m)
 #define ACC_INIT(r, t) \
     __m512 a##r##t = first || r >= R || t >= T ? _mm512_setzero_ps() : _mm512_loadu_ps(part + ((size_t)t * MR + r) * 16);
     ACC_ALL(ACC_INIT)
@@ -107,7 +108,7 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
         const __m512 w1 = R > 1 ? reg512(load_w(wk, w + ws, k, m)) : w0;                                   \
         const __m512 w2 = R > 2 ? reg512(load_w(wk, w + 2 * ws, k, m)) : w0;                               \
         const __m512 w3 = R > 3 ? reg512(load_w(wk, w + 3 * ws, k, m)) : w0;                               \
-        TOK_STEP(0, m) TOK_STEP(1, m) TOK_STEP(2, m) TOK_STEP(3, m) TOK_STEP(4, m) TOK_STEP(5, m)           \
+        TOK_STEPS(m)                                                                                        \
     }
     int64_t k = 0;
     for (; k + 16 <= klen; k += 16) {
@@ -130,17 +131,18 @@ ALWAYS_INLINE void micro(const int R, const int T, enum wkind wk, const uint8_t 
 #undef ACC_INIT
 #undef ACC_FMA
 #undef TOK_STEP
+#undef TOK_STEPS
 #undef K_STEP
 #undef ACC_STORE
     if (!last) return;
     for (int t = 0; t < T; t++) {
         const float *o = out + (size_t)t * MR * 16;
-        if (R == MR)   /* lane i of avx2_hsum4 is avx2_hsum_pairs of its input, bit for bit */
-            _mm_storeu_ps(y + (size_t)t * ys, avx2_hsum4(fold16(_mm512_loadu_ps(o)), fold16(_mm512_loadu_ps(o + 16)),
-                                                        fold16(_mm512_loadu_ps(o + 32)),
-                                                        fold16(_mm512_loadu_ps(o + 48))));
-        else
-            for (int r = 0; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(fold16(_mm512_loadu_ps(o + 16 * r)));
+        int r = 0;
+        for (; r + 4 <= R; r += 4)   /* lane i of avx2_hsum4 is avx2_hsum_pairs of its input, bit for bit */
+            _mm_storeu_ps(y + (size_t)t * ys + r,
+                          avx2_hsum4(fold16(_mm512_loadu_ps(o + 16 * r)), fold16(_mm512_loadu_ps(o + 16 * r + 16)),
+                                     fold16(_mm512_loadu_ps(o + 16 * r + 32)), fold16(_mm512_loadu_ps(o + 16 * r + 48))));
+        for (; r < R; r++) y[(size_t)t * ys + r] = avx2_hsum_pairs(fold16(_mm512_loadu_ps(o + 16 * r)));
     }
 }
 
@@ -272,22 +274,23 @@ int cpu_matmul_avx512(struct backend_ctx *c, float *y, const struct tensor *w, c
     const bool mine = w->type == DTYPE_F32 || w->type == DTYPE_F16 || w->type == DTYPE_BF16;
     if (!mine || w->layout != TENSOR_ROWS) return cpu_matmul_simd(c, y, w, x, n);
     const int64_t K = w->ne0, M = w->ne1;
-    KV_ASSERT(K * MR <= cc->scratch_cols);
+    KV_ASSERT(K * CPU_MM_ROWS <= cc->scratch_cols);   /* the context was made for rows of K */
     struct mm_job j = { cc, y, w, x, n, 0, 0, 0 };
     if (n <= FEW_N) {
         threadpool_run_chunks(cc->pool, (long)((M + FEW_ROW_CHUNK - 1) / FEW_ROW_CHUNK), few_chunk, &j);
         return 0;
     }
     /* Parked accumulators (when K takes several blocks): nc x MR x 16 floats
-     * of the thread's scratch (MR rows of K floats), less 16 for alignment. */
+     * of the thread's scratch (CPU_MM_ROWS rows of K floats), less 16 for
+     * alignment. */
     int64_t nc = X_CHUNK_BYTES / (K * (int64_t)sizeof(float));
     if (K <= KC_ONE) j.kc = K;
     else {
         j.kc = KC;
-        if (nc > (MR * K - 16) / (MR * 16)) nc = (MR * K - 16) / (MR * 16);
+        if (nc > (cc->scratch_cols - 16) / (MR * 16)) nc = (cc->scratch_cols - 16) / (MR * 16);
     }
     nc -= nc % NT;
-    if (nc < NT) nc = NT;   /* K > KC_ONE gives room for 64 */
+    if (nc < NT) nc = NT;   /* K > KC_ONE gives room for 40 */
     j.nc = (int)(nc < n ? nc : n);
     j.n_row_chunks = (long)((M + ROW_CHUNK - 1) / ROW_CHUNK);
     const long t_chunks = (n + j.nc - 1) / j.nc;

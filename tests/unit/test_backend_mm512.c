@@ -67,8 +67,9 @@ static void ref_mm(const struct tensor *w, const float *x, int n, double *ref, d
     free(row);
 }
 
+/* The kernel itself (the avx512 set's ops.matmul: checked in main). */
 static int run(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
-    return c->ops->matmul(c, y, w, x, n);
+    return cpu_matmul_avx512(c, y, w, x, n);
 }
 
 /* One (type, K, M) case over the given token counts: accuracy at each n,
@@ -156,6 +157,7 @@ int main(void) {
     CHECK(be[0] && be[1]);
     if (!be[0] || !be[1]) return check_report("test_backend_mm512");
     CHECK(strcmp(be[0]->ops->name, "avx512") == 0);
+    CHECK(be[0]->ops->matmul == cpu_matmul_avx512);   /* the set uses this kernel */
     if (threadpool_size(cpu_ctx_of(be[1])->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 
     static const uint32_t types[] = { DTYPE_F32, DTYPE_F16, DTYPE_BF16 };

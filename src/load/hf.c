@@ -413,7 +413,7 @@ static int map_shards(struct gguf *g, char **paths, size_t n, const uint8_t **ba
     }
     uint64_t off = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        base[i] = region + off;
+        base[i] = region ? region + off : NULL;   /* every shard empty: no region (st_parse refuses them) */
         if (!size[i]) continue;
         void *p = mmap(region + off, (size_t)size[i], PROT_READ, MAP_PRIVATE | MAP_FIXED, fds[i], 0);
         if (p == MAP_FAILED) { LOG_ERR("%s: mmap failed: %s", paths[i], strerror(errno)); rc = KVLLM_EIO; }

@@ -1,11 +1,13 @@
 /* be_util.h — backend set-up shared by the backend unit tests: a CPU
  * backend of a kernel set with one execution context sized for the test's
- * largest op. */
+ * largest op, and random weights of any type. */
 #ifndef KVLLM_BE_UTIL_H
 #define KVLLM_BE_UTIL_H
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
 #include "core/core.h"
+#include "tensor/dtype.h"
+#include <stdlib.h>
 
 /* A context of kernel set kind (strict: behind the wall) on a backend of its
  * own (backend_of() finds it; tb_free frees both); NULL on failure. */
@@ -25,5 +27,25 @@ static inline void tb_free(struct backend_ctx *c) {
     struct backend *be = c->be;
     backend_ctx_free(c);
     backend_free(be);
+}
+
+/* A random (M, K) weight of type in rows, owned by the caller (free t.data):
+ * values uniform in [-1, 1) from r; varied: each row scaled by 0.01 + r % 5
+ * and offset by (r % 3) * 0.3, every 97th value 4x, so block scales and the
+ * K-quants' mins differ from row to row. */
+static inline struct tensor tb_weight(struct rng *r, uint32_t type, int64_t K, int64_t M, bool varied) {
+    uint64_t rb = 0;
+    KV_ASSERT(dtype_row_bytes(type, (uint64_t)K, &rb));
+    float *row = malloc((size_t)K * sizeof *row);
+    uint8_t *data = malloc((size_t)rb * (size_t)M);
+    KV_ASSERT(row && data);
+    for (int64_t i = 0; i < M; i++) {
+        const float scale = varied ? 0.01f + (float)(i % 5) : 1.0f, off = varied ? (float)(i % 3) * 0.3f : 0.0f;
+        for (int64_t k = 0; k < K; k++)
+            row[k] = (rng_f32(r) * 2.0f - 1.0f) * (varied ? scale * (k % 97 == 0 ? 4.0f : 1.0f) : 1.0f) + off;
+        dtype_from_f32(type, row, data + (size_t)i * rb, K);
+    }
+    free(row);
+    return (struct tensor){ .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = data };
 }
 #endif

@@ -28,20 +28,8 @@ static struct rng g_rng;
 
 static float urand(void) { return tu_urand(&g_rng); }
 
-/* A random (M, K) weight of `type`, owned by the caller (free t->data). */
-static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) {
-    uint64_t rb = 0;
-    KV_ASSERT(dtype_row_bytes(type, (uint64_t)K, &rb));
-    float *row = malloc((size_t)K * sizeof *row);
-    uint8_t *data = malloc((size_t)rb * (size_t)M);
-    KV_ASSERT(row && data);
-    for (int64_t r = 0; r < M; r++) {
-        for (int64_t k = 0; k < K; k++) row[k] = urand();
-        dtype_from_f32(type, row, data + (size_t)r * rb, K);
-    }
-    free(row);
-    return (struct tensor){ .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = data };
-}
+/* tb_weight's (be_util.h) with this test's generator. */
+static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) { return tb_weight(&g_rng, type, K, M, false); }
 
 struct backends { struct backend_ctx *scalar, *avx2[2]; /* a SIMD set with 1 and 2 threads */ };
 

@@ -33,22 +33,8 @@ static struct rng g_rng;
 
 static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
 
-/* A random (M, K) weight of `type` in rows, owned by the caller.  Rows get
- * different magnitudes and offsets, so the scales and mins vary. */
-static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) {
-    uint64_t rb = 0;
-    KV_ASSERT(dtype_row_bytes(type, (uint64_t)K, &rb));
-    float *row = malloc((size_t)K * sizeof *row);
-    uint8_t *data = malloc((size_t)rb * (size_t)M);
-    KV_ASSERT(row && data);
-    for (int64_t r = 0; r < M; r++) {
-        const float scale = 0.01f + (float)(r % 5), off = (r % 3) * 0.3f;
-        for (int64_t k = 0; k < K; k++) row[k] = urand() * scale * (k % 97 == 0 ? 4.0f : 1.0f) + off;
-        dtype_from_f32(type, row, data + (size_t)r * rb, K);
-    }
-    free(row);
-    return (struct tensor){ .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = data };
-}
+/* tb_weight's (be_util.h) with this test's generator. */
+static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) { return tb_weight(&g_rng, type, K, M, true); }
 
 /* The definition on rows-layout weights: each token row quantized, then qmm_ref_dot_act. */
 static void ref_def(const struct tensor *w, const float *x, int n, float *y) {

@@ -10,7 +10,8 @@
 # Writes $build/campaign-<target>.log: every run's libFuzzer output, then per run a line
 #   run=N cpu_user_s=U cpu_sys_s=S wall_s=W max_rss_kb=K exit=E
 # and at the end "total cpu_s=... wall_s=... runs=... execs=..."; crashes go to
-# $build/crash-<target>-* and stop that target's campaign (exit != 0 on its last run line).
+# $build/crash-<target>-* and stop that target's campaign (exit != 0 on its last run line), except a
+# timeout whose input replays alone within the timeout (a run paused or starved: false-timeout-*).
 # tests/fuzz/campaign-summary.sh turns the logs into docs/RELIABILITY.md's table.
 #
 #   [PAR=n] [CHUNK=s] tests/fuzz/campaign.sh SECONDS [build-fuzz] [target ...]
@@ -46,6 +47,19 @@ one_target() {
     cpu=$(awk -v a="$cpu" -v u="${u:-0}" -v s="${s:-0}" 'BEGIN { printf "%.1f", a + u + s }')
     wall=$(awk -v a="$wall" -v w="${w:-0}" 'BEGIN { printf "%.1f", a + w }')
     execs=$((execs + ${e:-0}))
+    if [ "$rc" -eq 70 ]; then
+      # libFuzzer's timeout alarm counts wall-clock: a run paused (SIGSTOP) or starved past -timeout
+      # reports the unit it was on.  Replayed alone within the timeout, it was a false alarm: the
+      # input is kept as false-timeout-* and the campaign goes on; otherwise it is a finding.
+      local art
+      art=$(ls -t "$build"/crash-"$t"-timeout-* 2>/dev/null | head -1)
+      if [ -n "$art" ] && ASAN_OPTIONS=allocator_may_return_null=1 timeout 90 "$build/tests/fuzz/fuzz_$t" \
+           -timeout=90 -rss_limit_mb=1536 "$art" > /dev/null 2>&1; then
+        mv "$art" "$build/false-timeout-$t-$(basename "$art" | sed 's/.*-timeout-//')"
+        echo "run=$runs false timeout: $(basename "$art") replays within 90 s alone (kept as false-timeout-*)" >> "$log"
+        continue
+      fi
+    fi
     [ "$rc" -ne 0 ] && break
   done
   echo "total cpu_s=$cpu wall_s=$wall runs=$runs execs=$execs" >> "$log"

@@ -14,7 +14,11 @@
 # timeout whose input replays alone within the timeout (a run paused or starved: false-timeout-*).
 # tests/fuzz/campaign-summary.sh turns the logs into docs/RELIABILITY.md's table.
 #
-#   [PAR=n] [CHUNK=s] tests/fuzz/campaign.sh SECONDS [build-fuzz] [target ...]
+# RESUME=1 continues a campaign an earlier invocation left (a session that ended, a reboot): the
+# log is kept, its run lines count towards SECONDS, and its final "total" line is dropped so that
+# the new one sums every run.
+#
+#   [PAR=n] [CHUNK=s] [RESUME=1] tests/fuzz/campaign.sh SECONDS [build-fuzz] [target ...]
 set -u
 secs=${1:?seconds of CPU per target}
 build=${2:-build-fuzz}
@@ -26,7 +30,19 @@ par=${PAR:-1}
 one_target() {
   local t=$1 log="$build/campaign-$1.log" cpu=0 wall=0 runs=0 execs=0
   mkdir -p "$build/corpus/$t"
-  : > "$log"
+  if [ "${RESUME:-0}" = 1 ] && [ -f "$log" ]; then
+    # Sum the earlier runs (CPU and wall from the run lines, executions from libFuzzer's final
+    # stats, one per run) and drop the old total line.
+    read -r cpu wall runs execs < <(awk '
+      /^run=[0-9]+ cpu_user_s=/ { for (i = 2; i <= 4; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                                  c += v["cpu_user_s"] + v["cpu_sys_s"]; w += v["wall_s"]; r++ }
+      /stat::number_of_executed_units:/ { e += $NF }
+      END { printf "%.1f %.1f %d %d\n", c, w, r, e }' "$log")
+    sed -i '/^total cpu_s=/d' "$log"
+    echo "resumed: cpu_s=$cpu wall_s=$wall runs=$runs execs=$execs" >> "$log"
+  else
+    : > "$log"
+  fi
   while awk -v c="$cpu" -v s="$secs" 'BEGIN { exit !(c < s) }'; do
     runs=$((runs + 1))
     local left tm rc

@@ -333,8 +333,8 @@ static void test_accuracy(int pool) {
 /* ---- the AVX-512 step's shapes ---- */
 
 /* Every head-tile height (g = 1..8: 4-head tiles and their remainders),
- * every value-tile width and Kt depth (head_dim 16..256 in steps of 16,
- * and 40, which takes the AVX2 step), partial 16-position blocks (odd
+ * every value-tile width and K depth (head_dim 16..256 in steps of 16,
+ * and 40, which takes the AVX2 step), partial pairs and tiles (odd
  * contexts, and one across the split point), every KV type: against the
  * double-precision softmax over the stored values. */
 static void test_shapes(int pool) {
@@ -376,6 +376,57 @@ static void test_shapes(int pool) {
     printf("  shapes g 1..8, head_dim 16..256, max rel err vs stored values (bound 1e-5):");
     for (int t = 0; t < KV_TYPE_COUNT_; t++) printf(" %s %.3g", k_type_names[t], worst[t]);
     printf("\n");
+}
+
+/* ---- one step's results equal another's, bit for bit ---- */
+
+/* The step `twin` (the avx512 one) must give exactly what g_pa (the avx2
+ * one) gives: every KV type, 1..8 and 80 query heads per kv head, head
+ * sizes that take its own tiles and ones that fall back, contexts that end
+ * mid-pair and mid-block, plain and outlier-heavy values. */
+static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct paged_attn_args *)) {
+    static const int ctx[] = { 1, 2, 7, 9, 16, 17, 63, 64, 65, 130, 1031, 2048 };
+    static const int hds[] = { 16, 32, 40, 64, 80, 128, 256 };
+    static const int gs[] = { 1, 2, 3, 4, 5, 7, 8, 80 };
+    enum { NC = (int)(sizeof ctx / sizeof ctx[0]) };
+    int cases = 0, differ = 0;
+    for (int type = 0; type < KV_TYPE_COUNT_; type++)
+        for (int gi = 0; gi < (int)(sizeof gs / sizeof gs[0]); gi++)
+            for (int hi = 0; hi < (int)(sizeof hds / sizeof hds[0]); hi++) {
+                const int g = gs[gi], nkv = g > 8 ? 1 : 1 + (g + hi) % 2, n_head = g * nkv, hd = hds[hi];
+                const int bs = (g + hi) % 3 ? 16 : 7;
+                int nb = 8;
+                for (int c = 0; c < NC; c++) nb += (ctx[c] + bs - 1) / bs;
+                struct store s;
+                store_init(&s, (enum kv_type)type, nb, bs, nkv, hd);
+                struct seq seqs[NC], *sp[NC];
+                int32_t pos[NC];
+                for (int c = 0; c < NC; c++) {
+                    seq_make(&seqs[c], &s, ctx[c], (c + hi) % 2 == 1);
+                    sp[c] = &seqs[c];
+                    pos[c] = ctx[c] - 1;
+                }
+                const size_t w = (size_t)n_head * hd;
+                float *q = rand_q(NC, n_head, hd);
+                float *a = malloc(NC * w * sizeof *a), *b = malloc(NC * w * sizeof *b);
+                run_pa(pool, &s, n_head, NC, sp, pos, q, a);
+                int (*keep)(struct backend_ctx *, const struct paged_attn_args *) = g_pa;
+                g_pa = twin;
+                run_pa(pool, &s, n_head, NC, sp, pos, q, b);
+                g_pa = keep;
+                for (int c = 0; c < NC; c++) {
+                    const bool same = memcmp(a + c * w, b + c * w, w * sizeof *a) == 0;
+                    CHECK_MSG(same, "%s g %d (%d/%d) hd %d bs %d ctx %d: the steps differ", k_type_names[type], g,
+                              n_head, nkv, hd, bs, ctx[c]);
+                    cases++;
+                    differ += !same;
+                }
+                free(q); free(a); free(b);
+                for (int c = 0; c < NC; c++) seq_free(&seqs[c]);
+                store_free(&s);
+            }
+    printf("  bit-identical to the avx2 step: %d of %d cases (5 KV types, g 1..80, head_dim 16..256)\n",
+           cases - differ, cases);
 }
 
 /* ---- batch and thread-count invariance, prefill chunk ---- */
@@ -575,6 +626,8 @@ int main(void) {
     }
     if (cpu_attn_avx512_built() && cpu_avx2_built() && f.avx2 && f.fma && f.f16c && f.avx512f) {
         printf("  avx512 step:\n");
+        g_pa = cpu_paged_attention_avx2;
+        test_twin(pools[1], cpu_paged_attention_avx512);
         g_pa = cpu_paged_attention_avx512;
         test_accuracy(pools[1]);
         test_shapes(pools[1]);

@@ -1,56 +1,63 @@
 /* attn_avx512.c — the online-softmax step of paged attention (pa_chunk_fn,
- * see cpu_internal.h) with AVX-512F (+ F16C, FMA).  Compiled with those -m
- * flags alone; cpu.c installs cpu_paged_attention_avx512 only when the CPU
- * has them.  Head sizes that are not a multiple of 16 (or above 256) take
- * the AVX2 step.
+ * see cpu_internal.h) with AVX-512F (+ F16C, FMA): the AVX2 step's
+ * arithmetic (attn_avx2.c), bit for bit, in 16-lane registers.  Compiled
+ * with those -m flags alone; cpu.c installs cpu_paged_attention_avx512 only
+ * when the CPU has them.  Head sizes that are not a multiple of 16 (or
+ * above 256) take the AVX2 step itself.
+ *
+ * Why bit for bit: a step with its own rounding (an earlier version summed
+ * each score in one 16-position FMA chain over a transposed K) is as
+ * accurate, but flips near-ties that fixed-output checks of the whole model
+ * see (test_kld's top-1 agreement, seeded generations); with the AVX2
+ * step's results the avx512 set answers exactly as the avx2 set does, and
+ * test_backend_paged_attn holds the two equal.
  *
  * Per step (n <= 64 positions, g query heads sharing one kv head):
  *  - K is widened to f32 (f16 by vcvtph2ps, bf16 by a shift, int8 / fp8
- *    codes converted without their scale) 16 rows x 16 dims at a time,
- *    transposed in registers and stored dims-major, Kt[d][p] (stride 64),
- *    in an L1-sized buffer; positions n .. 63 of the last block are 0.
- *  - scores: 16 positions per vector, S[h][p0 .. p0+15] = Σ_d q[h][d]
- *    (broadcast) * Kt[d][p0 ..], in register tiles of 4 heads x 4 blocks
- *    (16 accumulators; per dim 4 loads and 4 broadcasts feed 16 FMAs).  No
- *    horizontal sums: the AVX2 step spent them once per (head, row).
- *  - softmax on those 16-lane vectors (16-lane exp, the AVX2 step's
- *    polynomial), rescaling acc once per step as every step does.
+ *    codes converted without their scale) two rows to a register: lanes
+ *    0..7 are row 2p's dims 8k .. 8k+7 (the AVX2 step's vector), 8..15 row
+ *    2p+1's, stored in an L1-sized buffer.
+ *  - scores: tiles of 4 heads x 4 pairs (16 accumulators; per 8 dims 4 K
+ *    loads and 4 query broadcasts feed 16 FMAs, where the AVX2 step's 4 x 2
+ *    tile spends 6 loads on 8 FMAs of half the width); each 8-lane half is
+ *    the AVX2 step's accumulator, reduced by the same hadds.
+ *  - softmax: exp and max on 16 lanes (the AVX2 step's polynomial lane for
+ *    lane), the sum l in the AVX2 step's 8-lane order.
  *  - the heads' accumulators sweep the V rows in tiles of 8 heads x 32 dims
  *    (5..8 heads) or 4 heads x 64 dims (1..4): 16 accumulators, per position
- *    2 (4) row loads and 8 (4) weight broadcasts feed 16 FMAs.  f16 V is
- *    widened inside the tile (with 8 heads each element once), f32 read in
- *    place, bf16 / 8-bit rows widened into the buffer first.
+ *    2 (4) row loads and 8 (4) weight broadcasts feed 16 FMAs; each element
+ *    is one FMA chain over the positions in order, as in the AVX2 step.  f16
+ *    V is widened inside the tile, f32 read in place, bf16 / 8-bit rows
+ *    widened into the buffer first.
  *  - the next step's K and V rows (pf) are prefetched a cache line at a time
  *    between the tiles' FMAs: issued in one burst at the start, 256 requests
  *    stalled on the line-fill buffers for a third of the step.
  *
- * Arithmetic of each output (fixed, whatever tile computes it, so results
- * depend only on the step's arguments and attention stays bit-identical for
- * any thread count and batch composition):
- *  - score[h][p] = fl(dot * rs[p]) where dot is one FMA chain over d = 0 ..
- *    hd-1 ascending starting from 0, rs[p] = scale (times k_scale[row] for
- *    8-bit types, that product rounded first);
+ * Arithmetic of each output (the AVX2 step's, whatever tile computes it, so
+ * results depend only on the step's arguments and attention stays
+ * bit-identical for any thread count and batch composition):
+ *  - score[h][p] = fl(dot * rs[p]): dot sums 8 FMA chains (lane j over dims
+ *    j, j+8, ... ascending, from 0) as ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7));
+ *    rs[p] = scale (times k_scale[row] for 8-bit types, rounded first);
  *  - m: max of the step's scores (exact, any order) against the partial's m;
  *    corr = expf(m_old - m) (libm) multiplies l and acc when m grows;
- *  - w[h][p] = exp16(score - m) (lane-wise polynomial); l += sum of the 16
- *    lanes of Σ_blocks w (blocks ascending, then _mm512_reduce_add_ps's
- *    fixed tree); 8-bit V: w *= v_scale[row] after that;
+ *  - w[h][p] = exp(score - m) (lane-wise polynomial); l += avx2_hsum of the
+ *    8-lane sum of the w in blocks of 8 ascending; 8-bit V: w *= v_scale[row]
+ *    after that;
  *  - acc[h][d] = one FMA chain over p = 0 .. n-1 ascending, w[h][p] *
  *    V[p][d], onto the previous acc[h][d]. */
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "backend/cpu/avx2_util.h"
 #include <math.h>
 #include <string.h>
 
 bool cpu_attn_avx512_built(void) { return true; }
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAX_HD 256             /* larger heads take the AVX2 (then scalar) step */
 #define MAX_N CPU_PA_CHUNK     /* 64 positions: 4 blocks of 16 */
-#define KT_STRIDE MAX_N
 
 /* v, pinned in a register: GCC otherwise folds a load that several FMAs
  * share into each of them as a memory operand (see avx2_reg). */
@@ -109,30 +116,6 @@ ALWAYS_INLINE __m512 load16(enum kv_type type, const void *base, size_t e0) {
     }
 }
 
-/* In-register transpose of a 16 x 16 block: r[i] lane j becomes r[j] lane i. */
-ALWAYS_INLINE void transpose16(__m512 r[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4i + j], 128-bit lane k: column 4k + j of rows 4i .. 4i+3 */
-    for (int i = 0; i < 4; i++) {
-        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
-    }
-    for (int j = 0; j < 4; j++) {
-        const __m512 a = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), b = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
-        const __m512 c = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xdd), d = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xdd);
-        r[j] = _mm512_shuffle_f32x4(a, b, 0x88);
-        r[8 + j] = _mm512_shuffle_f32x4(a, b, 0xdd);
-        r[4 + j] = _mm512_shuffle_f32x4(c, d, 0x88);
-        r[12 + j] = _mm512_shuffle_f32x4(c, d, 0xdd);
-    }
-}
-
 /* The next step's K then V rows, one cache line at a time: the step
  * requests them spread over its own work (a burst of 256 requests stalls
  * on the line-fill buffers: measured, the burst took a third of the step),
@@ -159,70 +142,150 @@ ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
     }
 }
 
-/* K rows rows[0 .. n) into kt (hd x 64, dims-major); rows n .. 63 of the
- * last 16-row block are 0. */
-ALWAYS_INLINE void widen_kt(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt,
-                            struct pf_cursor *pf) {
-    for (int p0 = 0; p0 < n; p0 += 16) {
-        const int np = n - p0 < 16 ? n - p0 : 16;
-        for (int d0 = 0; d0 < hd; d0 += 16) {
-            __m512 r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = i < np ? load16(type, base, rows[p0 + i] * (size_t)hd + (size_t)d0) : _mm512_setzero_ps();
-            transpose16(r);
-            for (int i = 0; i < 16; i++) _mm512_store_ps(kt + (size_t)(d0 + i) * KT_STRIDE + p0, r[i]);
-            pf_issue(pf, 2);
-        }
+/* Elements e0 .. e0+7 of K (8-bit types: codes, no scale) in lanes 0..7 and
+ * e1 .. e1+7 in lanes 8..15 (0 unless two). */
+ALWAYS_INLINE __m512 load8x2(enum kv_type type, const void *base, size_t e0, size_t e1, bool two) {
+    switch (type) {
+    case KV_F32: {
+        const float *f = (const float *)base;
+        const __m256 hi = two ? _mm256_loadu_ps(f + e1) : _mm256_setzero_ps();
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(f + e0))),
+                                                   _mm256_castps_pd(hi), 1));
+    }
+    case KV_F16:
+    case KV_BF16: {
+        const uint16_t *h = (const uint16_t *)base;
+        const __m128i hi = two ? _mm_loadu_si128((const __m128i *)(h + e1)) : _mm_setzero_si128();
+        const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(h + e0))), hi, 1);
+        return type == KV_F16 ? _mm512_cvtph_ps(x) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+    }
+    case KV_INT8: {
+        const int8_t *c = (const int8_t *)base;
+        const __m128i hi = two ? _mm_loadl_epi64((const __m128i *)(c + e1)) : _mm_setzero_si128();
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + e0)), hi)));
+    }
+    default: {
+        const uint8_t *c = (const uint8_t *)base;
+        const __m128i hi = two ? _mm_loadl_epi64((const __m128i *)(c + e1)) : _mm_setzero_si128();
+        return fp8_16(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + e0)), hi)));
+    }
     }
 }
 
-static void widen_kt_any(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kt,
+/* K rows rows[0 .. n) into kp as pairs: for pair P and dims 8k .. 8k+7,
+ * the 16 floats at kp + (P * hd / 8 + k) * 16 are row 2P's eight, then
+ * row 2P+1's (0 past n) — the AVX2 step's 8-lane K vectors, two to a
+ * register. */
+ALWAYS_INLINE void widen_kp(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kp,
+                            struct pf_cursor *pf) {
+    for (int p = 0; p < n; p += 2) {
+        const bool two = p + 1 < n;
+        const size_t e0 = rows[p] * (size_t)hd, e1 = two ? rows[p + 1] * (size_t)hd : 0;
+        float *dst = kp + (size_t)(p / 2) * (size_t)hd * 2;
+        for (int k = 0; k < hd; k += 8) _mm512_store_ps(dst + 2 * k, load8x2(type, base, e0 + (size_t)k, e1 + (size_t)k, two));
+        pf_issue(pf, 1);
+    }
+}
+
+static void widen_kp_any(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kp,
                          struct pf_cursor *pf) {
     switch (type) {
-    case KV_F32: widen_kt(KV_F32, base, rows, n, hd, kt, pf); break;
-    case KV_F16: widen_kt(KV_F16, base, rows, n, hd, kt, pf); break;
-    case KV_BF16: widen_kt(KV_BF16, base, rows, n, hd, kt, pf); break;
-    case KV_INT8: widen_kt(KV_INT8, base, rows, n, hd, kt, pf); break;
-    default: widen_kt(KV_FP8, base, rows, n, hd, kt, pf); break;
+    case KV_F32: widen_kp(KV_F32, base, rows, n, hd, kp, pf); break;
+    case KV_F16: widen_kp(KV_F16, base, rows, n, hd, kp, pf); break;
+    case KV_BF16: widen_kp(KV_BF16, base, rows, n, hd, kp, pf); break;
+    case KV_INT8: widen_kp(KV_INT8, base, rows, n, hd, kp, pf); break;
+    default: widen_kp(KV_FP8, base, rows, n, hd, kp, pf); break;
     }
 }
 
-/* ---- scores: S (g, n) = Q (g, hd) · Kᵀ, 16 positions per vector ---- */
+/* ---- scores: S (g, n) = Q (g, hd) · Kᵀ, two positions per register ---- */
 
-/* RH (1..4) heads q (RH, hd) x RB (1..4) blocks of 16 positions from kt:
- * sc[h * cap + 16 b + i] = dot * rs[16 b + i] for lanes 16 b + i < n. */
-ALWAYS_INLINE void score_tile(const int RH, const int RB, const float *q, int hd, const float *kt,
+/* _mm256_hadd_ps in each 256-bit half, bit for bit: [a0+a1, a2+a3, b0+b1,
+ * b2+b3] per 128-bit lane. */
+ALWAYS_INLINE __m512 hadd512(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+}
+
+/* Scores of RH (1..4) heads q (RH, hd) against RP (1..4) pairs of rows
+ * from kp: sc[h * cap + p] = (q_h · k_p) * rs[p] for p < n.  The AVX2
+ * step's arithmetic, two positions per register: each (head, position) has
+ * an 8-lane accumulator over hd in ascending order (lanes 0..7 of a
+ * register for the pair's first row, 8..15 for its second), reduced in
+ * avx2_hsum4's order by the same hadds per 256-bit half. */
+ALWAYS_INLINE void score_tile(const int RH, const int RP, const float *q, int hd, const float *kp,
                               const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {
     __m512 a[4][4];
     for (int h = 0; h < RH; h++)
-        for (int b = 0; b < RB; b++) a[h][b] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d++) {
+        for (int p = 0; p < RP; p++) a[h][p] = _mm512_setzero_ps();
+    const size_t pstride = (size_t)hd * 2;
+    for (int k = 0; k < hd; k += 8) {
         __m512 kv[4];
-        for (int b = 0; b < RB; b++) kv[b] = reg512(_mm512_load_ps(kt + (size_t)d * KT_STRIDE + 16 * b));
+        for (int p = 0; p < RP; p++) kv[p] = reg512(_mm512_load_ps(kp + (size_t)p * pstride + 2 * (size_t)k));
         for (int h = 0; h < RH; h++) {
-            const __m512 qv = _mm512_set1_ps(q[(size_t)h * hd + d]);
-            for (int b = 0; b < RB; b++) a[h][b] = _mm512_fmadd_ps(qv, kv[b], a[h][b]);
+            const __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q + (size_t)h * hd + k))));
+            for (int p = 0; p < RP; p++) a[h][p] = _mm512_fmadd_ps(qv, kv[p], a[h][p]);
         }
         pf_issue(pf, 1);
     }
-    for (int b = 0; b < RB; b++) {
-        const int left = n - 16 * b;
-        const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512 s = _mm512_load_ps(rs + 16 * b);
-        for (int h = 0; h < RH; h++) _mm512_mask_storeu_ps(sc + (size_t)h * cap + 16 * b, mk, _mm512_mul_ps(a[h][b], s));
+    /* Per pair, 128-bit lanes after two hadds: row 2p's sums of lanes 0..3
+     * and of 4..7 of the four heads, then row 2p+1's; avx2_hsum4 adds the
+     * first to the second.  Two pairs' low and high lanes gathered and
+     * added give 4 positions x 4 heads (lane 4 pos + head), times their
+     * rs; then 8 positions of two heads to a register for the stores. */
+    const __m512 z = _mm512_setzero_ps();
+    __m512 y[2];
+    for (int i = 0; i < 2; i++) {
+        if (2 * i >= RP) {
+            y[i] = z;
+            continue;
+        }
+        __m512 x[2];
+        for (int j = 0; j < 2; j++) {
+            const int p = 2 * i + j;
+            x[j] = p >= RP ? z
+                           : hadd512(hadd512(a[0][p], RH > 1 ? a[1][p] : z),
+                                     RH > 2 ? hadd512(a[2][p], RH > 3 ? a[3][p] : z) : z);
+        }
+        const __m512 lo = _mm512_shuffle_f32x4(x[0], x[1], 0x88), hi = _mm512_shuffle_f32x4(x[0], x[1], 0xdd);
+        const __m512 r4 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                                _mm512_castps128_ps512(_mm_loadu_ps(rs + 4 * i)));
+        y[i] = _mm512_mul_ps(_mm512_add_ps(lo, hi), r4);
+    }
+    const int nv = n < 8 ? n : 8;
+    const __mmask16 m = (__mmask16)((1u << nv) - 1);
+    const __m512i i01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512 h01 = _mm512_permutex2var_ps(y[0], i01, y[1]);
+    _mm512_mask_storeu_ps(sc, m, h01);
+    if (RH > 1) _mm512_mask_storeu_ps(sc + cap - 8, (__mmask16)(m << 8), h01);
+    if (RH > 2) {
+        const __m512 h23 = _mm512_permutex2var_ps(y[0], _mm512_add_epi32(i01, _mm512_set1_epi32(2)), y[1]);
+        _mm512_mask_storeu_ps(sc + 2 * (size_t)cap, m, h23);
+        if (RH > 3) _mm512_mask_storeu_ps(sc + 3 * (size_t)cap - 8, (__mmask16)(m << 8), h23);
     }
 }
 
-static void score_tile_any(int rh, int rb, const float *q, int hd, const float *kt, const float *rs, int n,
+static void score_tile_any(int rh, int rp, const float *q, int hd, const float *kp, const float *rs, int n,
                            float *sc, int cap, struct pf_cursor *pf) {
-    switch (rh * 4 + rb) {
-#define ST(H, B) case H * 4 + B: score_tile(H, B, q, hd, kt, rs, n, sc, cap, pf); break;
+    switch (rh * 4 + rp) {
+#define ST(H, P) case H * 4 + P: score_tile(H, P, q, hd, kp, rs, n, sc, cap, pf); break;
     ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
     ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
     ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
     ST(1, 4) ST(1, 3) ST(1, 2)
 #undef ST
-    default: score_tile(1, 1, q, hd, kt, rs, n, sc, cap, pf); break;
+    default: score_tile(1, 1, q, hd, kp, rs, n, sc, cap, pf); break;
+    }
+}
+
+/* All heads' scores, tiles of 4 heads x 4 pairs (8 positions). */
+static void scores(int g, const float *q, int hd, const float *kp, const float *rs, int n, float *sc, int cap,
+                   struct pf_cursor *pf) {
+    const int np = (n + 1) / 2;
+    for (int h = 0; h < g; h += 4) {
+        const int rh = g - h < 4 ? g - h : 4;
+        for (int p = 0; p < np; p += 4)
+            score_tile_any(rh, np - p < 4 ? np - p : 4, q + (size_t)h * hd, hd, kp + (size_t)p * hd * 2,
+                           rs + 2 * p, n - 2 * p, sc + (size_t)h * cap + 2 * p, cap, pf);
     }
 }
 
@@ -329,16 +392,17 @@ static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc,
             p[0] = bm;
         }
         const __m512 m = _mm512_set1_ps(p[0]);
-        __m512 vl = _mm512_setzero_ps();
+        __m256 vl = _mm256_setzero_ps();    /* the AVX2 step's sum: 8 lanes, blocks of 8 ascending */
         for (int b = 0; b < nb; b++) {
             const int left = n - 16 * b;
             const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
             __m512 w = exp_neg16(_mm512_sub_ps(x[b], m));
-            vl = _mm512_add_ps(vl, w);
+            vl = _mm256_add_ps(vl, _mm512_castps512_ps256(w));
+            if (left > 8) vl = _mm256_add_ps(vl, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
             if (vs) w = _mm512_mul_ps(w, _mm512_load_ps(vs + 16 * b));
             _mm512_mask_storeu_ps(si + 16 * b, mk, w);
         }
-        p[1] += _mm512_reduce_add_ps(vl);
+        p[1] += avx2_hsum(vl);
     }
 }
 
@@ -366,7 +430,7 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
                          float scale, float *part0, size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
-    _Alignas(64) float buf[MAX_N * MAX_HD];       /* Kt, then the V rows */
+    _Alignas(64) float buf[MAX_N * MAX_HD];       /* K pairs, then the V rows */
     _Alignas(64) float rs[MAX_N];                 /* per position: score factor */
     _Alignas(64) float vs[MAX_N];                 /* per position: V scale (8-bit) */
     const void *r[MAX_N];
@@ -374,11 +438,8 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
     const size_t rb = (size_t)hd * kv_elem_bytes(kv->type);
     struct pf_cursor pfc = { (const char *)kv->k, (const char *)kv->v, pf, rb, 0, npf, 0 };
     for (int jj = 0; jj < MAX_N; jj++) rs[jj] = jj < n ? (q8 ? kv->k_scale[rows[jj]] * scale : scale) : 0.0f;
-    widen_kt_any(kv->type, kv->k, rows, n, hd, buf, &pfc);
-    for (int h = 0; h < g; h += 4) {
-        const int rh = g - h < 4 ? g - h : 4;
-        score_tile_any(rh, (n + 15) / 16, q + (size_t)h * hd, hd, buf, rs, n, sc + (size_t)h * cap, cap, &pfc);
-    }
+    widen_kp_any(kv->type, kv->k, rows, n, hd, buf, &pfc);
+    scores(g, q, hd, buf, rs, n, sc, cap, &pfc);
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
     softmax_step(g, part0, pstride, hd, sc, cap, n, q8 ? vs : NULL);

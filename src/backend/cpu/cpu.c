@@ -216,13 +216,9 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         }
         ops->name = "avx512";
         ops->matmul = cpu_matmul_avx512;
-        /* The AVX-512 step (attn_avx512.c; 1.55-1.64x the AVX2 step alone, tested by
-         * test_backend_paged_attn) is not wired in yet: as accurate (2.3e-6 vs 2.0e-6 max
-         * relative logit error against scalar), its other rounding flips near-ties that the
-         * suite's fixed-output checks see — test_kld's Q8_0 top-1 went from 96.39 % to 95.90 %
-         * (llama.cpp: 96.09 %) and two constrained generations ran past their bounds.  Wiring
-         * it waits for those checks to be made robust to rounding (docs/PERF.md). */
-        ops->paged_attention = cpu_paged_attention_avx2;
+        /* the AVX2 step's arithmetic bit for bit (test_backend_paged_attn), so the
+         * avx512 set answers exactly as the avx2 set does */
+        ops->paged_attention = cpu_paged_attention_avx512;
         *qrows = qmm_group_avx512;
         return 0;
     }

@@ -130,11 +130,21 @@ struct stream {
     struct MHD_Connection *c;
     struct job *j;
     struct oai_resp resp;
-    bool include_usage, ended;
+    bool include_usage, ended, counted;
     enum metrics_outcome outcome;
     struct strbuf out;       /* SSE bytes not yet handed to MHD: out.s[off..len) */
     size_t off;
 };
+
+/* The request's outcome into the metrics, once: when its last event is
+ * made, before MHD has its bytes (a client that has read [DONE] finds its
+ * request counted; counted when MHD freed the response, it could read the
+ * metrics first), else when the connection ends (a client that left). */
+static void stream_count(struct stream *st, enum metrics_outcome oc) {
+    if (st->counted) return;
+    st->counted = true;
+    metrics_request(&st->s->metrics, oc);
+}
 
 /* One event into SSE bytes.  A sequence that failed, or was aborted (by
  * shutdown: a client that left reads nothing), ends the whole stream with an
@@ -157,6 +167,7 @@ static void stream_event(struct stream *st, struct job_event *e) {
     st->outcome = err.status == 500 ? OUTCOME_SERVER_ERROR : OUTCOME_ABORTED;
     oai_stream_error(&err, &st->out);
     st->ended = true;
+    stream_count(st, st->outcome);
     job_cancel(st->j);   /* the other choices have nobody left to read them */
 }
 
@@ -179,6 +190,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             oai_stream_end(&st->resp, st->include_usage, &st->out);
             st->outcome = OUTCOME_SUCCESS;
             st->ended = true;
+            stream_count(st, st->outcome);
         } else if (job_take_ping(st->j)) {
             sb_puts(&st->out, ": ping\n\n");   /* a comment: probes a half-closed client */
         } else if (job_suspend(st->j, st->c)) {
@@ -198,7 +210,7 @@ static void stream_free(void *cls) {
     enum metrics_outcome oc = st->ended ? st->outcome : OUTCOME_ABORTED;
     log_job(st->s, &st->resp, st->j, oc == OUTCOME_SUCCESS ? 200 : oc == OUTCOME_SERVER_ERROR ? 500 : 499);
     job_release(st->j);
-    metrics_request(&st->s->metrics, st->ended ? st->outcome : OUTCOME_ABORTED);
+    stream_count(st, oc);
     oai_resp_deinit(&st->resp);
     sb_free(&st->out);
     free(st);

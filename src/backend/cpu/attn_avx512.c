@@ -57,7 +57,7 @@
 bool cpu_attn_avx512_built(void) { return true; }
 
 #define MAX_HD 256             /* larger heads take the AVX2 (then scalar) step */
-#define MAX_N CPU_PA_CHUNK     /* 64 positions: 4 blocks of 16 */
+#define MAX_N CPU_PA_CHUNK     /* 64 positions: 32 pairs */
 
 /* v, pinned in a register: GCC otherwise folds a load that several FMAs
  * share into each of them as a memory operand (see avx2_reg). */

@@ -11,7 +11,8 @@
 #   run=N cpu_user_s=U cpu_sys_s=S wall_s=W max_rss_kb=K exit=E
 # and at the end "total cpu_s=... wall_s=... runs=... execs=..."; crashes go to
 # $build/crash-<target>-* and stop that target's campaign (exit != 0 on its last run line), except a
-# timeout whose input replays alone within the timeout (a run paused or starved: false-timeout-*).
+# timeout (libFuzzer's, or fuzz_http's 60 s close deadline) whose input replays alone within the
+# timeout (a run paused or starved: false-timeout-*).
 # tests/fuzz/campaign-summary.sh turns the logs into docs/RELIABILITY.md's table.
 #
 # RESUME=1 continues a campaign an earlier invocation left (a session that ended, a reboot): the
@@ -63,18 +64,21 @@ one_target() {
     cpu=$(awk -v a="$cpu" -v u="${u:-0}" -v s="${s:-0}" 'BEGIN { printf "%.1f", a + u + s }')
     wall=$(awk -v a="$wall" -v w="${w:-0}" 'BEGIN { printf "%.1f", a + w }')
     execs=$((execs + ${e:-0}))
+    # libFuzzer's timeout alarm counts wall-clock, and so does fuzz_http's own deadline (the server
+    # closes within 60 s of a client's FIN): a run paused (SIGSTOP) or starved past either reports
+    # the unit it was on.  Replayed alone within the timeout, it was a false alarm: the input is kept
+    # as false-timeout-* and the campaign goes on; otherwise it is a finding.
+    local art=""
     if [ "$rc" -eq 70 ]; then
-      # libFuzzer's timeout alarm counts wall-clock: a run paused (SIGSTOP) or starved past -timeout
-      # reports the unit it was on.  Replayed alone within the timeout, it was a false alarm: the
-      # input is kept as false-timeout-* and the campaign goes on; otherwise it is a finding.
-      local art
       art=$(ls -t "$build"/crash-"$t"-timeout-* 2>/dev/null | head -1)
-      if [ -n "$art" ] && ASAN_OPTIONS=allocator_may_return_null=1 timeout 90 "$build/tests/fuzz/fuzz_$t" \
-           -timeout=90 -rss_limit_mb=1536 "$art" > /dev/null 2>&1; then
-        mv "$art" "$build/false-timeout-$t-$(basename "$art" | sed 's/.*-timeout-//')"
-        echo "run=$runs false timeout: $(basename "$art") replays within 90 s alone (kept as false-timeout-*)" >> "$log"
-        continue
-      fi
+    elif [ "$t" = http ] && tail -c 200000 "$log" | grep -q "fuzz_http: the server did not close the connection"; then
+      art=$(ls -t "$build"/crash-"$t"-crash-* 2>/dev/null | head -1)
+    fi
+    if [ -n "$art" ] && ASAN_OPTIONS=allocator_may_return_null=1 timeout 90 "$build/tests/fuzz/fuzz_$t" \
+         -timeout=90 -rss_limit_mb=1536 "$art" > /dev/null 2>&1; then
+      mv "$art" "$build/false-timeout-$t-$(basename "$art" | sed -E 's/.*-(timeout|crash)-//')"
+      echo "run=$runs false timeout: $(basename "$art") replays within 90 s alone (kept as false-timeout-*)" >> "$log"
+      continue
     fi
     [ "$rc" -ne 0 ] && break
   done

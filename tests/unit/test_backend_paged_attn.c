@@ -385,7 +385,9 @@ static void test_shapes(int pool) {
  * sizes that take its own tiles and ones that fall back, contexts that end
  * mid-pair and mid-block, plain and outlier-heavy values. */
 static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct paged_attn_args *)) {
-    static const int ctx[] = { 1, 2, 7, 9, 16, 17, 63, 64, 65, 130, 1031, 2048 };
+    /* 1031: across the split point.  80 heads (a scratch stride below 64) only with two head sizes:
+     * the ASan build runs this too */
+    static const int ctx[] = { 1, 2, 7, 9, 16, 17, 63, 64, 65, 130, 1031 };
     static const int hds[] = { 16, 32, 40, 64, 80, 128, 256 };
     static const int gs[] = { 1, 2, 3, 4, 5, 7, 8, 80 };
     enum { NC = (int)(sizeof ctx / sizeof ctx[0]) };
@@ -393,6 +395,7 @@ static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct p
     for (int type = 0; type < KV_TYPE_COUNT_; type++)
         for (int gi = 0; gi < (int)(sizeof gs / sizeof gs[0]); gi++)
             for (int hi = 0; hi < (int)(sizeof hds / sizeof hds[0]); hi++) {
+                if (gs[gi] > 8 && hds[hi] != 16 && hds[hi] != 64) continue;
                 const int g = gs[gi], nkv = g > 8 ? 1 : 1 + (g + hi) % 2, n_head = g * nkv, hd = hds[hi];
                 const int bs = (g + hi) % 3 ? 16 : 7;
                 int nb = 8;
@@ -425,7 +428,7 @@ static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct p
                 for (int c = 0; c < NC; c++) seq_free(&seqs[c]);
                 store_free(&s);
             }
-    printf("  bit-identical to the avx2 step: %d of %d cases (5 KV types, g 1..80, head_dim 16..256)\n",
+    printf("  bit-identical to the avx2 step: %d of %d cases (5 KV types, g 1..80, head_dim 16..256, ctx 1..1031)\n",
            cases - differ, cases);
 }
 

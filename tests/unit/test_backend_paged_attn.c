@@ -259,6 +259,21 @@ static void run_pa(int nth, const struct store *s, int n_head, int n, struct seq
     free(seq);
 }
 
+/* A store with room for nc sequences of contexts ctx[c] (and 8 spare
+ * blocks), each made (seq_make; with outliers where bit c of outl is set)
+ * and attended at its last position. */
+static void seqs_init(struct store *s, enum kv_type type, int bs, int nkv, int hd, const int *ctx, int nc,
+                      unsigned outl, struct seq *seqs, struct seq **sp, int32_t *pos) {
+    int nb = 8;
+    for (int c = 0; c < nc; c++) nb += (ctx[c] + bs - 1) / bs;
+    store_init(s, type, nb, bs, nkv, hd);
+    for (int c = 0; c < nc; c++) {
+        seq_make(&seqs[c], s, ctx[c], (outl >> c) & 1);
+        sp[c] = &seqs[c];
+        pos[c] = ctx[c] - 1;
+    }
+}
+
 static float *rand_q(int n, int n_head, int hd) {
     float *q = malloc((size_t)n * n_head * hd * sizeof *q);
     for (long i = 0; i < (long)n * n_head * hd; i++) q[i] = gauss();
@@ -293,17 +308,10 @@ static void test_accuracy(int pool) {
             for (int hi = 0; hi < 2; hi++)
                 for (int bi = 0; bi < 2; bi++) {
                     const int n_head = heads[hc][0], nkv = heads[hc][1], hd = hds[hi], bs = bss[bi];
-                    int nb = 8;
-                    for (int c = 0; c < N_CTX; c++) nb += (k_ctx[c] + bs - 1) / bs;
                     struct store s;
-                    store_init(&s, (enum kv_type)type, nb, bs, nkv, hd);
                     struct seq seqs[N_CTX], *sp[N_CTX];
                     int32_t pos[N_CTX];
-                    for (int c = 0; c < N_CTX; c++) {
-                        seq_make(&seqs[c], &s, k_ctx[c], false);
-                        sp[c] = &seqs[c];
-                        pos[c] = k_ctx[c] - 1;
-                    }
+                    seqs_init(&s, (enum kv_type)type, bs, nkv, hd, k_ctx, N_CTX, 0, seqs, sp, pos);
                     float *q = rand_q(N_CTX, n_head, hd);
                     float *out = malloc((size_t)N_CTX * n_head * hd * sizeof *out);
                     double *ref = malloc((size_t)n_head * hd * sizeof *ref);
@@ -346,17 +354,10 @@ static void test_shapes(int pool) {
         for (int g = 1; g <= 8; g++)
             for (int hi = 0; hi < NH; hi++) {
                 const int nkv = 1 + (g + hi) % 2, n_head = g * nkv, hd = hds[hi], bs = (g + hi) % 3 ? 16 : 7;
-                int nb = 8;
-                for (int c = 0; c < NC; c++) nb += (ctx[c] + bs - 1) / bs;
                 struct store s;
-                store_init(&s, (enum kv_type)type, nb, bs, nkv, hd);
                 struct seq seqs[NC], *sp[NC];
                 int32_t pos[NC];
-                for (int c = 0; c < NC; c++) {
-                    seq_make(&seqs[c], &s, ctx[c], false);
-                    sp[c] = &seqs[c];
-                    pos[c] = ctx[c] - 1;
-                }
+                seqs_init(&s, (enum kv_type)type, bs, nkv, hd, ctx, NC, 0, seqs, sp, pos);
                 float *q = rand_q(NC, n_head, hd);
                 float *out = malloc((size_t)NC * n_head * hd * sizeof *out);
                 double *ref = malloc((size_t)n_head * hd * sizeof *ref);
@@ -398,17 +399,10 @@ static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct p
                 if (gs[gi] > 8 && hds[hi] != 16 && hds[hi] != 64) continue;
                 const int g = gs[gi], nkv = g > 8 ? 1 : 1 + (g + hi) % 2, n_head = g * nkv, hd = hds[hi];
                 const int bs = (g + hi) % 3 ? 16 : 7;
-                int nb = 8;
-                for (int c = 0; c < NC; c++) nb += (ctx[c] + bs - 1) / bs;
                 struct store s;
-                store_init(&s, (enum kv_type)type, nb, bs, nkv, hd);
                 struct seq seqs[NC], *sp[NC];
                 int32_t pos[NC];
-                for (int c = 0; c < NC; c++) {
-                    seq_make(&seqs[c], &s, ctx[c], (c + hi) % 2 == 1);
-                    sp[c] = &seqs[c];
-                    pos[c] = ctx[c] - 1;
-                }
+                seqs_init(&s, (enum kv_type)type, bs, nkv, hd, ctx, NC, hi % 2 ? 0x555u : 0xaaau, seqs, sp, pos);
                 const size_t w = (size_t)n_head * hd;
                 float *q = rand_q(NC, n_head, hd);
                 float *a = malloc(NC * w * sizeof *a), *b = malloc(NC * w * sizeof *b);

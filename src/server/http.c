@@ -101,7 +101,7 @@ struct peer {
     int fd;
     unsigned char ip[16];   /* the client's address (4 or 16 bytes), for the per-client cap */
     int ip_len;
-    bool over;              /* past a limit: answered 503, not counted in n_peers */
+    bool over;              /* past a limit: answered 503, not counted in n_peers (until promoted) */
     enum phase phase;
     double t_phase;         /* when the phase began */
     struct job *job;        /* waiting on the engine: watched for a vanished client (holds a reference) */
@@ -284,6 +284,23 @@ static int same_client(const struct server *s, const struct peer *p) {
     return n;
 }
 
+/* A counted connection closed: the oldest over-limit socket that has sent
+ * no request yet takes its slot (under peers_mu).  Whether a socket is over
+ * is decided when a polling thread accepts it, and sockets that arrive
+ * together are accepted in any order: without this, a slot freed by a short
+ * request would stay free while a later idle socket stayed over. */
+static void promote_one(struct server *s) {
+    if (s->n_peers >= s->max_conns || !s->peers) return;
+    struct peer *q = s->peers;   /* the list is newest first: walk back from its tail */
+    while (q->next) q = q->next;
+    /* a few candidates at most: under a flood this runs once per close */
+    for (int tries = 0; q && tries < 8; q = q->prev) {
+        if (!q->over || q->phase != PH_HEADERS) continue;
+        tries++;
+        if (same_client(s, q) < s->max_conns_per_client) { q->over = false; s->n_peers++; return; }
+    }
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
     struct server *s = cls;
@@ -313,7 +330,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     pthread_mutex_lock(&s->peers_mu);
     if (p->prev) p->prev->next = p->next; else s->peers = p->next;
     if (p->next) p->next->prev = p->prev;
-    if (!p->over) s->n_peers--;
+    if (!p->over) { s->n_peers--; promote_one(s); }
     struct job *j = p->job;
     if (j) j->peer = NULL;
     pthread_mutex_unlock(&s->peers_mu);

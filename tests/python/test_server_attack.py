@@ -204,7 +204,8 @@ def test_body_timeout(kvllm, stories):
 
 def test_connection_limits(kvllm, stories):
     """Past --max-connections-per-client one address is answered 503 (with Retry-After) while another is
-    served; past --max-connections everybody new is answered 503, not reset; closing frees the slots."""
+    served; past --max-connections everybody new is answered 503, not reset; closing frees the slots, and
+    a slot freed goes to a socket already waiting over the limit."""
     # idle sockets send no header: a long header timeout keeps them counted however slow the machine is
     s = Server(kvllm, *stories_args(stories), "--max-connections", "12", "--max-connections-per-client", "5",
                "--header-timeout", "120", "--idle-timeout", "120")
@@ -263,6 +264,18 @@ def test_connection_limits(kvllm, stories):
         idle.clear()
         assert until_served("127.0.0.3") == 200
         assert until_served("127.0.0.8") == 200
+        # a slot freed goes to a socket that waits over the limit: five counted from .10, a sixth
+        # accepted over it; one of the five closes, and the sixth's request is then served
+        idle += [connect_from(s.port, "127.0.0.10") for _ in range(5)]
+        assert until_refused("127.0.0.10", "GET", "/health")[0] == 503
+        waiting = connect_from(s.port, "127.0.0.10")
+        time.sleep(0.5)                                   # accepted (over the limit) by a polling thread
+        idle.pop().close()
+        time.sleep(0.5)                                   # the close seen: the slot is the waiting socket's
+        waiting.sendall(request_bytes("GET", "/health", headers={"Connection": "close"}))
+        st = read_response(waiting)[0]
+        waiting.close()
+        assert st == 200, st
     finally:
         for k in idle:
             k.close()

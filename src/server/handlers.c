@@ -639,7 +639,9 @@ int handle_health(struct server *s, struct MHD_Connection *c) {
 int handle_metrics(struct server *s, struct MHD_Connection *c) {
     struct kvllm_engine_stats st;
     bool ready = server_stats(s, &st);
-    char *body = metrics_render(&s->metrics, ready ? &st : NULL);
+    int counted, over;
+    http_connections(s, &counted, &over);
+    char *body = metrics_render(&s->metrics, ready ? &st : NULL, counted, over);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
     return http_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body);
 }

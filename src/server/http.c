@@ -360,6 +360,15 @@ void http_unwatch(struct server *s, struct job *j) {
     if (p) job_unref(j);
 }
 
+void http_connections(struct server *s, int *counted, int *over) {
+    int n = 0;
+    pthread_mutex_lock(&s->peers_mu);
+    for (const struct peer *q = s->peers; q; q = q->next) n++;
+    *counted = s->n_peers;
+    *over = n - s->n_peers;
+    pthread_mutex_unlock(&s->peers_mu);
+}
+
 void http_suspend(struct MHD_Connection *c) { MHD_suspend_connection(c); }
 void http_resume(struct MHD_Connection *c) { MHD_resume_connection(c); }
 

@@ -62,7 +62,7 @@ static void render_hist(struct strbuf *b, const char *name, const char *help, co
               h->sum, name, (unsigned long long)h->count);
 }
 
-char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st) {
+char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over) {
     struct strbuf b = { 0 };
     pthread_mutex_lock(&m->mu);
     sb_puts(&b, "# HELP kvllm_requests_total Completion requests by how they ended.\n"
@@ -110,6 +110,11 @@ char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st) {
               "# HELP kvllm_spec_acceptance_rate Draft tokens accepted / verified (0 without speculation).\n"
               "# TYPE kvllm_spec_acceptance_rate gauge\nkvllm_spec_acceptance_rate %.6f\n",
               (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_accepted, acc);
+    sb_printf(&b,
+              "# HELP kvllm_http_connections Open connections: within the limits, and accepted over one.\n"
+              "# TYPE kvllm_http_connections gauge\n"
+              "kvllm_http_connections{state=\"counted\"} %d\nkvllm_http_connections{state=\"over_limit\"} %d\n",
+              conns_counted, conns_over);
     if (b.oom) { free(b.s); return NULL; }
     return sb_take(&b);
 }

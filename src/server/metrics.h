@@ -49,8 +49,9 @@ void metrics_prompt_tokens(struct metrics *m, uint64_t n);
  * the request arrived), itl >= 0 the gap since the same sample's previous. */
 void metrics_token(struct metrics *m, double ttft, double itl);
 
-/* Render everything (plus the engine's gauges from st, NULL while loading)
- * as Prometheus text.  Returns a malloc'd string or NULL (out of memory). */
-char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st);
+/* Render everything (plus the engine's gauges from st, NULL while loading,
+ * and the open connections: within the limits, and over them) as Prometheus
+ * text.  Returns a malloc'd string or NULL (out of memory). */
+char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over);
 
 #endif

@@ -97,6 +97,9 @@ void http_end_requests(struct server *s, double wait_s);
  * (dropped by http_unwatch or when the connection closes). */
 void http_watch(struct server *s, struct MHD_Connection *c, struct job *j);
 void http_unwatch(struct server *s, struct job *j);
+/* Open connections: within the limits, and accepted over them (to be
+ * answered 503 unless a slot frees first). */
+void http_connections(struct server *s, int *counted, int *over);
 /* Suspend / resume a connection (resume is thread-safe; suspend only from
  * MHD's callbacks for that connection). */
 void http_suspend(struct MHD_Connection *c);

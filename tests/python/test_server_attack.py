@@ -268,10 +268,13 @@ def test_connection_limits(kvllm, stories):
         # accepted over it; one of the five closes, and the sixth's request is then served
         idle += [connect_from(s.port, "127.0.0.10") for _ in range(5)]
         assert until_refused("127.0.0.10", "GET", "/health")[0] == 503
+        over = 'kvllm_http_connections{state="over_limit"}'
         waiting = connect_from(s.port, "127.0.0.10")
-        time.sleep(0.5)                                   # accepted (over the limit) by a polling thread
+        m = wait_metric(s, lambda m: m[over] == 1, 20)   # accepted, over the limit, by a polling thread
+        assert m[over] == 1, m
         idle.pop().close()
-        time.sleep(0.5)                                   # the close seen: the slot is the waiting socket's
+        m = wait_metric(s, lambda m: m[over] == 0, 20)   # the close seen: the slot is the waiting socket's
+        assert m[over] == 0, m
         waiting.sendall(request_bytes("GET", "/health", headers={"Connection": "close"}))
         st = read_response(waiting)[0]
         waiting.close()

@@ -59,37 +59,58 @@ static long cpu_threads(void) {
 
 struct bw_job { const uint64_t *p; size_t n; uint64_t sum; };
 
-static void *bw_worker(void *arg) {
-    struct bw_job *j = arg;
-    uint64_t s[4] = { 0 };
-    for (size_t i = 0; i + 4 <= j->n; i += 4) {
-        s[0] += j->p[i];
-        s[1] += j->p[i + 1];
-        s[2] += j->p[i + 2];
-        s[3] += j->p[i + 3];
-    }
+/* 32-byte vectors (the GCC / Clang vector extension), four accumulators and
+ * a software prefetch 2 KiB ahead, as the matmul kernels read weights, built
+ * for AVX2 where the CPU has it: a plain scalar loop keeps fewer loads in
+ * flight and under-read this machine by a third, so decode passed "100 %". */
+typedef uint64_t bw_vec __attribute__((vector_size(32)));
+
+#define BW_BODY                                                     \
+    const bw_vec *v = (const bw_vec *)(const void *)j->p;           \
+    bw_vec s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 };           \
+    for (size_t i = 0; i + 8 <= j->n / 4; i += 8) {                 \
+        __builtin_prefetch(v + i + 64);                             \
+        s0 += v[i] ^ v[i + 4];                                      \
+        s1 += v[i + 1] ^ v[i + 5];                                  \
+        s2 += v[i + 2] ^ v[i + 6];                                  \
+        s3 += v[i + 3] ^ v[i + 7];                                  \
+    }                                                               \
+    bw_vec s = s0 + s1 + s2 + s3;                                   \
     j->sum = s[0] + s[1] + s[2] + s[3];
+
+static void bw_read(struct bw_job *j) { BW_BODY }
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void bw_read_avx2(struct bw_job *j) { BW_BODY }
+#endif
+
+static void *bw_worker(void *arg) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) { bw_read_avx2(arg); return NULL; }
+#endif
+    bw_read(arg);
     return NULL;
 }
 
 /* Best of 5 passes over 512 MiB split across `threads` threads, in bytes/s. */
 static double read_bandwidth(int threads) {
     const size_t bytes = 512u << 20, n = bytes / 8;
-    uint64_t *buf = malloc(bytes);
+    uint64_t *buf = aligned_alloc(64, bytes);
     if (!buf || threads < 1 || threads > 256) { free(buf); return 0; }
     for (size_t i = 0; i < n; i++) buf[i] = i;
+    /* whole 256-byte steps per thread, each share 32-byte aligned for the vectors */
+    const size_t share = n / (size_t)threads / 32 * 32;
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         pthread_t th[256];
         struct bw_job job[256];
         double t0 = cli_time();
         for (int t = 0; t < threads; t++) {
-            job[t] = (struct bw_job){ buf + n / (size_t)threads * (size_t)t, n / (size_t)threads, 0 };
+            job[t] = (struct bw_job){ buf + share * (size_t)t, share, 0 };
             pthread_create(&th[t], NULL, bw_worker, &job[t]);
         }
         uint64_t sink = 0;
         for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); sink += job[t].sum; }
-        double bw = (double)(n / (size_t)threads * (size_t)threads * 8) / (cli_time() - t0);
+        double bw = (double)(share * (size_t)threads * 8) / (cli_time() - t0);
         if (bw > best && sink != 1) best = bw;
     }
     free(buf);

@@ -25,6 +25,7 @@
  * Prints the worst error seen per KV type (the tolerance docs/CLI.md
  * quotes for chat's context shift). */
 #include "check.h"
+#include "num_util.h"
 
 #include "backend/backend.h"
 #include "be_util.h"
@@ -46,15 +47,7 @@ static const double k_bound[KV_TYPE_COUNT_] = { 2e-7, 2 * 0x1p-11 + 2e-7, 2 * 0x
 static struct rng g_rng;
 static int rnd(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
 static int rnd_in(int lo, int hi) { return lo + rnd(hi - lo + 1); }
-static float gauss(void) {
-    float u, v, r;
-    do {
-        u = rng_f32(&g_rng) * 2 - 1;
-        v = rng_f32(&g_rng) * 2 - 1;
-        r = u * u + v * v;
-    } while (r >= 1 || r == 0);
-    return u * sqrtf(-2 * logf(r) / r);
-}
+static float gauss(void) { return tu_gauss(&g_rng); }
 static void *xnew(size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     KV_ASSERT(p);

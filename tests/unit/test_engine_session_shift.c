@@ -22,6 +22,7 @@
  *      never tried);
  *   4. bad ranges: KVLLM_EINVAL. */
 #include "check.h"
+#include "num_util.h"
 #include "stories_util.h"
 
 #include "core/core.h"
@@ -105,15 +106,6 @@ static struct kvllm_session *session(struct kvllm_model *m, const char *kv_type)
     return s;
 }
 
-static double rel_err(const float *a, const float *b, int n) {
-    double e = 0, r = 0;
-    for (int i = 0; i < n; i++) {
-        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return sqrt(e / (r > 0 ? r : 1));
-}
-
 static int argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -145,7 +137,7 @@ static double shift_vs_fresh(struct kvllm_model *m, const char *kv_type, int n_s
     memcpy(fresh, tok, (size_t)n_sys * sizeof *tok);
     memcpy(fresh + n_sys, tok + n_sys + n_drop, (size_t)(n_keep + 1) * sizeof *tok);
     CHECK(kvllm_session_eval(b, fresh, n_sys + n_keep + 1, false, lb) == 0);
-    err = rel_err(la, lb, nv);
+    err = tu_rel_err_ff(la, lb, (size_t)nv, 0);
     *same_top = argmax(la, nv) == argmax(lb, nv);
 out:
     kvllm_session_free(a);

@@ -18,6 +18,7 @@
  *     where not.
  * Each part the machine cannot run prints SKIP naming the capability. */
 #include "check.h"
+#include "num_util.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/amx_tile.h"
@@ -33,7 +34,7 @@
 
 static struct rng g_rng;
 
-static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
+static float urand(void) { return tu_urand(&g_rng); }
 static int irand(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
 
 /* ---- 1. the emulator ---- */

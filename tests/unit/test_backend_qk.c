@@ -16,6 +16,7 @@
  *  4. batch invariance: a token's row is bit-identical alone and in a batch.
  * A set the CPU lacks prints SKIP with its name. */
 #include "check.h"
+#include "num_util.h"
 
 #include "backend/backend.h"
 #include "be_util.h"
@@ -31,7 +32,7 @@
 
 static struct rng g_rng;
 
-static float urand(void) { return rng_f32(&g_rng) * 2.0f - 1.0f; }
+static float urand(void) { return tu_urand(&g_rng); }
 
 /* tb_weight's (be_util.h) with this test's generator. */
 static struct tensor make_weight(uint32_t type, int64_t K, int64_t M) { return tb_weight(&g_rng, type, K, M, true); }

@@ -91,12 +91,7 @@ class Server:
         key = _started_api_key(self.args)
         st, _, raw = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else None)
         assert st == 200, raw
-        out = {}
-        for line in raw.decode().splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+        return parse_metrics(raw)
 
     def wait_blocks_released(self, timeout: float = 2.0) -> dict[str, float]:
         """Poll /metrics until no KV block is held (returns the last metrics either way)."""
@@ -181,6 +176,16 @@ def connect_from(port: int, source: str = "127.0.0.1", timeout: float = 10.0) ->
     """A TCP connection to the server from a chosen loopback address (all of 127/8 is local on Linux): the
     server sees it as another client, for per-client limits."""
     return socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+
+
+def parse_metrics(raw: bytes) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}."""
+    out = {}
+    for line in raw.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
 
 
 def request_bytes(method: str, path: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None,

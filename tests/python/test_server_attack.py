@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from server_util import (Server, connect_from, raise_fd_limit, read_response, request_bytes)
+from server_util import (Server, connect_from, parse_metrics, raise_fd_limit, read_response, request_bytes)
 
 LONG = {"max_tokens": 8000, "ignore_eos": True, "temperature": 0}
 
@@ -239,6 +239,20 @@ def test_connection_limits(kvllm, stories):
             time.sleep(0.25)
         return st, h, b
 
+    def gauge(pred):
+        # /metrics polled like the probes, read to the server's close: Server.metrics closes from the
+        # client side only, and on a loaded machine five such polls not yet reaped filled 127.0.0.1's
+        # per-client limit, so /metrics itself was answered 503 (CI, strict backend)
+        m = {}
+        for _ in range(100):
+            st, _, raw = answer("127.0.0.1", "GET", "/metrics")
+            if st == 200:
+                m = parse_metrics(raw)
+                if pred(m):
+                    break
+            time.sleep(0.1)
+        return m
+
     def until_served(src: str):
         # likewise the idle sockets closed by the client free their slots once a polling thread has
         # seen the close: ask again rather than trust a fixed sleep
@@ -266,15 +280,17 @@ def test_connection_limits(kvllm, stories):
         assert until_served("127.0.0.8") == 200
         # a slot freed goes to a socket that waits over the limit: five counted from .10, a sixth
         # accepted over it; one of the five closes, and the sixth's request is then served
+        counted, over = 'kvllm_http_connections{state="counted"}', 'kvllm_http_connections{state="over_limit"}'
+        m = gauge(lambda m: m[counted] == 1 and m[over] == 0)   # every earlier socket reaped (1: this poll)
+        assert m[counted] == 1 and m[over] == 0, m
         idle += [connect_from(s.port, "127.0.0.10") for _ in range(5)]
         assert until_refused("127.0.0.10", "GET", "/health")[0] == 503
-        over = 'kvllm_http_connections{state="over_limit"}'
         waiting = connect_from(s.port, "127.0.0.10")
-        m = wait_metric(s, lambda m: m[over] == 1, 20)   # accepted, over the limit, by a polling thread
-        assert m[over] == 1, m
+        m = gauge(lambda m: m[over] == 1)   # accepted, over the limit, by a polling thread
+        assert m[over] == 1 and m[counted] == 6, m
         idle.pop().close()
-        m = wait_metric(s, lambda m: m[over] == 0, 20)   # the close seen: the slot is the waiting socket's
-        assert m[over] == 0, m
+        m = gauge(lambda m: m[over] == 0)   # the close seen: the slot is the waiting socket's
+        assert m[over] == 0 and m[counted] == 6, m
         waiting.sendall(request_bytes("GET", "/health", headers={"Connection": "close"}))
         st = read_response(waiting)[0]
         waiting.close()

@@ -9,6 +9,13 @@
 #include "tensor/dtype.h"
 #include <stdlib.h>
 
+/* Zeroed memory the test cannot run without: aborts (KV_ASSERT) when it runs out. */
+static inline void *tu_xnew(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    KV_ASSERT(p);
+    return p;
+}
+
 /* A context of kernel set kind (strict: behind the wall) on a backend of its
  * own (backend_of() finds it; tb_free frees both); NULL on failure. */
 static inline struct backend_ctx *tb_new(const char *kind, bool strict, int n_threads, int64_t max_cols,

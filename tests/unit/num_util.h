@@ -13,6 +13,10 @@
 /* Uniform in [-1, 1). */
 static inline float tu_urand(struct rng *r) { return rng_f32(r) * 2.0f - 1.0f; }
 
+/* Uniform integer in [0, n) (n > 0), and in [lo, hi]. */
+static inline int tu_rnd(struct rng *r, int n) { return (int)(rng_u64(r) % (uint64_t)n); }
+static inline int tu_rnd_in(struct rng *r, int lo, int hi) { return lo + tu_rnd(r, hi - lo + 1); }
+
 /* Standard normal: Marsaglia's polar method.  The second value of each pair is
  * dropped, so the helper keeps no state besides r. */
 static inline float tu_gauss(struct rng *r) {

@@ -45,14 +45,9 @@ static const char *const k_kv_names[KV_TYPE_COUNT_] = { "f32", "f16", "bf16", "i
 static const double k_bound[KV_TYPE_COUNT_] = { 2e-7, 2 * 0x1p-11 + 2e-7, 2 * 0x1p-8 + 2e-7, 0.03, 0.15 };
 
 static struct rng g_rng;
-static int rnd(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
-static int rnd_in(int lo, int hi) { return lo + rnd(hi - lo + 1); }
+static int rnd(int n) { return tu_rnd(&g_rng, n); }
+static int rnd_in(int lo, int hi) { return tu_rnd_in(&g_rng, lo, hi); }
 static float gauss(void) { return tu_gauss(&g_rng); }
-static void *xnew(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    KV_ASSERT(p);
-    return p;
-}
 
 struct tbe {
     const char *name;
@@ -108,19 +103,19 @@ static void test_case(void) {
     const bool has_ff = rnd(3) == 0;
     struct rope_params p = { .n_rot = n_rot, .theta = thetas[rnd(3)], .freq_scale = fscales[rnd(3)], .neox = rnd(2) };
     /* the sequence's blocks: distinct, shuffled, some pool blocks unused */
-    int32_t *perm = xnew((size_t)n_blocks * sizeof *perm), *slots = xnew((size_t)L * sizeof *slots);
-    int32_t *src = xnew((size_t)n_move * sizeof *src), *dst = xnew((size_t)n_move * sizeof *dst);
-    int32_t *pos = xnew((size_t)L * sizeof *pos);
+    int32_t *perm = tu_xnew((size_t)n_blocks * sizeof *perm), *slots = tu_xnew((size_t)L * sizeof *slots);
+    int32_t *src = tu_xnew((size_t)n_move * sizeof *src), *dst = tu_xnew((size_t)n_move * sizeof *dst);
+    int32_t *pos = tu_xnew((size_t)L * sizeof *pos);
     for (int b = 0; b < n_blocks; b++) perm[b] = b;
     for (int b = n_blocks - 1; b > 0; b--) { int j = rnd(b + 1), t = perm[b]; perm[b] = perm[j]; perm[j] = t; }
     for (int q = 0; q < L; q++) { slots[q] = perm[q / bs] * bs + q % bs; pos[q] = base + q; }
     for (int i = 0; i < n_move; i++) { src[i] = slots[p1 + i]; dst[i] = slots[p0 + i]; }
-    float *ff = xnew((size_t)(half ? half : 1) * sizeof *ff);
+    float *ff = tu_xnew((size_t)(half ? half : 1) * sizeof *ff);
     for (int i = 0; i < half; i++) ff[i] = 1 + 31 * rng_f32(&g_rng);
     float *x[MAX_LAYERS], *v[MAX_LAYERS];
     for (int l = 0; l < n_layer; l++) {
-        x[l] = xnew((size_t)L * w * sizeof(float));
-        v[l] = xnew((size_t)L * w * sizeof(float));
+        x[l] = tu_xnew((size_t)L * w * sizeof(float));
+        v[l] = tu_xnew((size_t)L * w * sizeof(float));
         for (long e = 0; e < (long)L * w; e++) { x[l][e] = gauss(); v[l][e] = gauss(); }
     }
     const size_t rows = (size_t)n_blocks * bs * nkv, data_bytes = rows * hd * kv_elem_bytes(type);
@@ -159,8 +154,8 @@ static void test_case(void) {
         }
         CHECK_MSG(backend_sync(c) == 0, "%s: %s: storing", g_be[b].name, desc);
         for (int l = 0; b == 0 && l < n_layer; l++) {   /* the pool before the shift (the scalar set's) */
-            before[l] = (struct img){ xnew(data_bytes), xnew(data_bytes), xnew(scale_bytes), xnew(scale_bytes),
-                                      data_bytes, scale_bytes };
+            before[l] = (struct img){ tu_xnew(data_bytes), tu_xnew(data_bytes), tu_xnew(scale_bytes),
+                                      tu_xnew(scale_bytes), data_bytes, scale_bytes };
             down(c, before[l].k, &bk[l], data_bytes);
             down(c, before[l].v, &bv[l], data_bytes);
             down(c, before[l].ks, &bks[l], scale_bytes);
@@ -169,7 +164,7 @@ static void test_case(void) {
         rc = BE_OP(c, kv_shift, views, n_layer, src, dst, n_move, delta, &pb);
         for (int l = 0; l < n_layer; l++) {
             struct img *a = &after[b][l];
-            *a = (struct img){ xnew(data_bytes), xnew(data_bytes), xnew(scale_bytes), xnew(scale_bytes),
+            *a = (struct img){ tu_xnew(data_bytes), tu_xnew(data_bytes), tu_xnew(scale_bytes), tu_xnew(scale_bytes),
                                data_bytes, scale_bytes };
             down(c, a->k, &bk[l], data_bytes);
             down(c, a->v, &bv[l], data_bytes);
@@ -193,7 +188,7 @@ static void test_case(void) {
                           (!scaled || (!memcmp(after[b][l].ks, after[0][l].ks, scale_bytes) &&
                                        !memcmp(after[b][l].vs, after[0][l].vs, scale_bytes))),
                       "%s differs from %s: %s", g_be[b].name, g_be[0].name, desc);
-    bool *moved_to = xnew(rows * sizeof *moved_to);
+    bool *moved_to = tu_xnew(rows * sizeof *moved_to);
     for (int i = 0; i < n_move; i++)
         for (int h = 0; h < nkv; h++) {
             struct kv_layer_view kv = { .block_size = bs, .n_head_kv = nkv };

@@ -188,16 +188,10 @@ static struct rng g_rng;
 #define CASES(n) (n)
 #endif
 
-static int rnd(int n) { return (int)(rng_u64(&g_rng) % (uint64_t)n); }
-static int rnd_in(int lo, int hi) { return lo + rnd(hi - lo + 1); }
+static int rnd(int n) { return tu_rnd(&g_rng, n); }
+static int rnd_in(int lo, int hi) { return tu_rnd_in(&g_rng, lo, hi); }
 static float urand(void) { return tu_urand(&g_rng); }
 static float gauss(void) { return tu_gauss(&g_rng); }
-
-static void *xnew(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    KV_ASSERT(p);
-    return p;
-}
 
 static double dmax(double a, double b) { return a > b ? a : b; }   /* errors are never NaN (INFINITY) */
 
@@ -234,7 +228,7 @@ static void sync_ok(struct tbe *b, int rc_op, const char *desc) {
  * load); the caller frees the array.  Host data stays owned by the caller
  * and must outlive b (the CPU backend may keep pointing at it). */
 static struct tensor *place(struct tbe *b, const struct tensor *host, int n) {
-    struct tensor *ts = xnew((size_t)n * sizeof *ts), **pp = xnew((size_t)n * sizeof *pp);
+    struct tensor *ts = tu_xnew((size_t)n * sizeof *ts), **pp = tu_xnew((size_t)n * sizeof *pp);
     uint64_t want = 0, placed = 0;
     for (int i = 0; i < n; i++) {
         ts[i] = host[i];
@@ -305,8 +299,8 @@ static int64_t rand_K(uint32_t type) {
 static struct tensor rand_weight(uint32_t type, int64_t K, int64_t M) {
     uint64_t rb = 0;
     KV_ASSERT(dtype_row_bytes(type, (uint64_t)K, &rb));
-    float *row = xnew((size_t)K * sizeof *row);
-    uint8_t *data = xnew((size_t)rb * (size_t)M);
+    float *row = tu_xnew((size_t)K * sizeof *row);
+    uint8_t *data = tu_xnew((size_t)rb * (size_t)M);
     const float amp = ldexpf(1, rnd_in(-4, 3));
     for (int64_t r = 0; r < M; r++) {
         for (int64_t k = 0; k < K; k++) row[k] = urand() * amp;
@@ -327,7 +321,7 @@ static struct tensor rand_weight(uint32_t type, int64_t K, int64_t M) {
 static void matmul_bounds(const struct tensor *w, const float *x, int n, const float *y, double *r_abs,
                           double *r_int, double *r_q8) {
     const int64_t K = w->ne0, M = w->ne1;
-    float *wr = xnew((size_t)K * sizeof *wr);
+    float *wr = tu_xnew((size_t)K * sizeof *wr);
     double e_abs = 0, e_int = 0, e_q8 = 0, y2 = 0;
     const int64_t qb = qmm_is_k(w->type) ? QMM_QK : QMM_BLK;
     for (int64_t r = 0; r < M; r++) {
@@ -367,7 +361,7 @@ static void matmul_bounds(const struct tensor *w, const float *x, int n, const f
 
 static void test_matmul(void) {
     const int nc = N_WTYPES * CASES(N_MM_PER_TYPE);
-    struct tensor *w = xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
+    struct tensor *w = tu_xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
         const uint32_t type = k_wtypes[i % N_WTYPES];
         w[i] = rand_weight(type, rand_K(type), rnd(8) ? rnd_in(1, 67) : rnd_in(1, 4));
@@ -376,14 +370,14 @@ static void test_matmul(void) {
     for (int i = 0; i < nc; i++) {
         const int64_t K = w[i].ne0, M = w[i].ne1;
         const int n = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
-        float *x = xnew((size_t)n * (size_t)K * sizeof *x), *outs[MAX_BE];
+        float *x = tu_xnew((size_t)n * (size_t)K * sizeof *x), *outs[MAX_BE];
         for (int64_t e = 0; e < n * K; e++) x[e] = gauss();
         char desc[128];
         snprintf(desc, sizeof desc, "matmul %s K=%lld M=%lld n=%d", dtype_name(w[i].type), (long long)K,
                  (long long)M, n);
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * (size_t)M * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * (size_t)M * sizeof(float));
             struct backend_buf bx = buf_up(t, x, (size_t)n * (size_t)K * 4), by = buf_up(t, NULL, (size_t)n * (size_t)M * 4);
             int rc = BE_OP(t->c, matmul, by.data, &placed[b][i], bx.data, n);
             buf_down(t, outs[b], &by, (size_t)n * (size_t)M * 4);
@@ -413,7 +407,7 @@ static void test_matmul(void) {
 
 static void test_get_rows(void) {
     const int nc = N_WTYPES * CASES(N_GR_PER_TYPE);
-    struct tensor *w = xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
+    struct tensor *w = tu_xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
         const uint32_t type = k_wtypes[i % N_WTYPES];
         w[i] = rand_weight(type, rand_K(type), rnd_in(1, 50));
@@ -422,10 +416,10 @@ static void test_get_rows(void) {
     for (int i = 0; i < nc; i++) {
         const int64_t K = w[i].ne0, M = w[i].ne1;
         const int n = rnd_in(1, MAX_TOKENS);
-        int32_t *ids = xnew((size_t)n * sizeof *ids);
+        int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
         for (int t = 0; t < n; t++) ids[t] = rnd((int)M);
-        float *row = xnew((size_t)K * sizeof *row), *outs[MAX_BE];
-        double *ref = xnew((size_t)n * (size_t)K * sizeof *ref);
+        float *row = tu_xnew((size_t)K * sizeof *row), *outs[MAX_BE];
+        double *ref = tu_xnew((size_t)n * (size_t)K * sizeof *ref);
         for (int t = 0; t < n; t++) {
             dtype_to_f32(w[i].type, tensor_row(&w[i], ids[t]), row, K);
             for (int64_t e = 0; e < K; e++) ref[(size_t)t * K + e] = row[e];
@@ -435,7 +429,7 @@ static void test_get_rows(void) {
                  (long long)M, n);
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * (size_t)K * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * (size_t)K * sizeof(float));
             struct backend_buf bi = buf_up(t, ids, (size_t)n * 4), by = buf_up(t, NULL, (size_t)n * (size_t)K * 4);
             int rc = BE_OP(t->c, get_rows, by.data, &placed[b][i], bi.data, n);
             buf_down(t, outs[b], &by, (size_t)n * (size_t)K * 4);
@@ -475,9 +469,9 @@ static void test_get_rows(void) {
 static void test_gather_rows(int nc) {
     for (int i = 0; i < nc; i++) {
         const int dim = rnd_in(1, 300), m = rnd_in(1, 50), n = rnd_in(1, MAX_TOKENS);
-        float *x = xnew((size_t)m * dim * sizeof *x), *outs[MAX_BE];
-        int32_t *ids = xnew((size_t)n * sizeof *ids);
-        double *ref = xnew((size_t)n * dim * sizeof *ref);
+        float *x = tu_xnew((size_t)m * dim * sizeof *x), *outs[MAX_BE];
+        int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
+        double *ref = tu_xnew((size_t)n * dim * sizeof *ref);
         for (long e = 0; e < (long)m * dim; e++) x[e] = gauss();
         for (int t = 0; t < n; t++) {
             ids[t] = rnd(m);
@@ -487,7 +481,7 @@ static void test_gather_rows(int nc) {
         snprintf(desc, sizeof desc, "gather_rows dim=%d rows=%d n=%d", dim, m, n);
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * dim * sizeof(float));
             struct backend_buf bx = buf_up(t, x, (size_t)m * dim * 4), bi = buf_up(t, ids, (size_t)n * 4),
                                by = buf_up(t, NULL, (size_t)n * dim * 4);
             int rc = BE_OP(t->c, gather_rows, by.data, bx.data, bi.data, n, dim);
@@ -511,8 +505,8 @@ static void test_argmax(int nc) {
     for (int i = 0; i < nc; i++) {
         const int dim = rnd(8) ? rnd_in(1, 300) : rnd_in(1000, 50000), n = rnd_in(1, 40);
         const int mode = rnd(4);   /* 0 plain, 1 ties, 2 specials sprinkled, 3 some rows without a finite value */
-        float *x = xnew((size_t)n * dim * sizeof *x), *outs[MAX_BE];
-        double *ref = xnew((size_t)n * sizeof *ref);
+        float *x = tu_xnew((size_t)n * dim * sizeof *x), *outs[MAX_BE];
+        double *ref = tu_xnew((size_t)n * sizeof *ref);
         for (int t = 0; t < n; t++) {
             float *r = x + (size_t)t * dim;
             const bool empty = mode == 3 && rnd(2);
@@ -530,8 +524,8 @@ static void test_argmax(int nc) {
         snprintf(desc, sizeof desc, "argmax dim=%d n=%d mode=%d", dim, n, mode);
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            int32_t *ids = xnew((size_t)n * sizeof *ids);
-            outs[b] = xnew((size_t)n * sizeof(float));
+            int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
+            outs[b] = tu_xnew((size_t)n * sizeof(float));
             struct backend_buf bx = buf_up(t, x, (size_t)n * dim * 4), bi = buf_up(t, NULL, (size_t)n * 4);
             int rc = BE_OP(t->c, argmax, bi.data, bx.data, n, dim);
             buf_down(t, ids, &bi, (size_t)n * 4);
@@ -551,17 +545,17 @@ static void test_argmax(int nc) {
 /* rmsnorm (layer = false) or layernorm (with or without a bias) of nc cases. */
 static void test_norm(bool layer, int nc) {
     const enum op op = layer ? OP_LAYERNORM : OP_RMSNORM;
-    struct { int n, dim; float eps; bool bias; float *x, *w, *bv; } *cs = xnew((size_t)nc * sizeof *cs);
-    struct tensor *host = xnew((size_t)nc * 2 * sizeof *host), *placed[MAX_BE];
+    struct { int n, dim; float eps; bool bias; float *x, *w, *bv; } *cs = tu_xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = tu_xnew((size_t)nc * 2 * sizeof *host), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
         cs[i].n = rnd_in(1, MAX_TOKENS);
         cs[i].dim = rnd(6) ? rnd_in(1, 300) : rnd_in(1, 8);
         cs[i].eps = rnd(2) ? 1e-5f : 1e-6f;
         cs[i].bias = layer && rnd(3);
         const int n = cs[i].n, dim = cs[i].dim;
-        cs[i].x = xnew((size_t)n * dim * sizeof(float));
-        cs[i].w = xnew((size_t)dim * sizeof(float));
-        cs[i].bv = xnew((size_t)dim * sizeof(float));
+        cs[i].x = tu_xnew((size_t)n * dim * sizeof(float));
+        cs[i].w = tu_xnew((size_t)dim * sizeof(float));
+        cs[i].bv = tu_xnew((size_t)dim * sizeof(float));
         const float amp = ldexpf(1, rnd_in(-6, 6)), off = layer ? urand() * 3 * amp : 0;
         for (long e = 0; e < (long)n * dim; e++) cs[i].x[e] = gauss() * amp + off;
         for (int e = 0; e < dim; e++) { cs[i].w[e] = 1 + 0.2f * gauss(); cs[i].bv[e] = 0.1f * gauss(); }
@@ -571,7 +565,7 @@ static void test_norm(bool layer, int nc) {
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, 2 * nc);
     for (int i = 0; i < nc; i++) {
         const int n = cs[i].n, dim = cs[i].dim;
-        double *ref = xnew((size_t)n * dim * sizeof *ref), cond = 0;   /* max |mean| / sqrt(var + eps) */
+        double *ref = tu_xnew((size_t)n * dim * sizeof *ref), cond = 0;   /* max |mean| / sqrt(var + eps) */
         for (int t = 0; t < n; t++) {
             const float *x = cs[i].x + (size_t)t * dim;
             double mean = 0, ss = 0;
@@ -592,7 +586,7 @@ static void test_norm(bool layer, int nc) {
         float *outs[MAX_BE];
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * dim * sizeof(float));
             struct backend_buf bx = buf_up(t, cs[i].x, (size_t)n * dim * 4), by = buf_up(t, NULL, (size_t)n * dim * 4);
             const struct tensor *w = &placed[b][2 * i], *bt = cs[i].bias ? &placed[b][2 * i + 1] : NULL;
             int rc = layer ? BE_OP(t->c, layernorm, by.data, bx.data, w, bt, n, dim, cs[i].eps)
@@ -617,17 +611,17 @@ static void test_rope(int nc) {
     static const float thetas[] = { 10000.0f, 500000.0f, 1000000.0f };
     static const float fscales[] = { 0.0f, 1.0f, 0.25f, 0.5f, 0.125f };
     struct { int n, n_head, hd, n_rot; struct rope_params p; float *x, *ff; int32_t *pos; } *cs =
-        xnew((size_t)nc * sizeof *cs);
-    struct tensor *host = xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
+        tu_xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = tu_xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
         cs[i].n = rnd_in(1, MAX_TOKENS);
         cs[i].n_head = rnd_in(1, 8);
         cs[i].hd = rnd(4) ? 2 * rnd_in(4, 64) : rnd_in(3, 128);          /* sometimes odd */
         cs[i].n_rot = rnd(3) ? cs[i].hd / 2 * 2 : 2 * rnd_in(1, cs[i].hd / 2);   /* partial rotation */
         const int n = cs[i].n, w = cs[i].n_head * cs[i].hd, half = cs[i].n_rot / 2;
-        cs[i].x = xnew((size_t)n * w * sizeof(float));
-        cs[i].pos = xnew((size_t)n * sizeof(int32_t));
-        cs[i].ff = xnew((size_t)half * sizeof(float));
+        cs[i].x = tu_xnew((size_t)n * w * sizeof(float));
+        cs[i].pos = tu_xnew((size_t)n * sizeof(int32_t));
+        cs[i].ff = tu_xnew((size_t)half * sizeof(float));
         for (long e = 0; e < (long)n * w; e++) cs[i].x[e] = gauss();
         const int maxpos = rnd(4) ? 4096 : 131072;
         for (int t = 0; t < n; t++) cs[i].pos[t] = rnd(maxpos);
@@ -645,7 +639,7 @@ static void test_rope(int nc) {
         const bool has_ff = host[i].data != NULL;
         /* the math: pair i of each head, (x[i], x[i + n_rot/2]) for neox and
          * (x[2i], x[2i+1]) otherwise, turns by pos * freq_scale * theta^(-2i/n_rot) / ff[i] */
-        double *ref = xnew(len * sizeof *ref);
+        double *ref = tu_xnew(len * sizeof *ref);
         for (size_t e = 0; e < len; e++) ref[e] = cs[i].x[e];
         for (int t = 0; t < n; t++)
             for (int h = 0; h < nh; h++)
@@ -667,7 +661,7 @@ static void test_rope(int nc) {
             struct tbe *t = &g_be[b];
             struct rope_params pb = *p;
             pb.freq_factors = has_ff ? &placed[b][i] : NULL;
-            outs[b] = xnew(len * sizeof(float));
+            outs[b] = tu_xnew(len * sizeof(float));
             struct backend_buf bx = buf_up(t, cs[i].x, len * 4), bp = buf_up(t, cs[i].pos, (size_t)n * 4);
             int rc = BE_OP(t->c, rope, bx.data, n, nh, hd, bp.data, &pb);
             buf_down(t, outs[b], &bx, len * 4);
@@ -686,13 +680,13 @@ static void test_rope(int nc) {
 }
 
 static void test_add_bias(int nc) {
-    struct { int n, dim; float *y, *bias; } *cs = xnew((size_t)nc * sizeof *cs);
-    struct tensor *host = xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
+    struct { int n, dim; float *y, *bias; } *cs = tu_xnew((size_t)nc * sizeof *cs);
+    struct tensor *host = tu_xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
         cs[i].n = rnd_in(1, MAX_TOKENS);
         cs[i].dim = rnd_in(1, 300);
-        cs[i].y = xnew((size_t)cs[i].n * cs[i].dim * sizeof(float));
-        cs[i].bias = xnew((size_t)cs[i].dim * sizeof(float));
+        cs[i].y = tu_xnew((size_t)cs[i].n * cs[i].dim * sizeof(float));
+        cs[i].bias = tu_xnew((size_t)cs[i].dim * sizeof(float));
         for (long e = 0; e < (long)cs[i].n * cs[i].dim; e++) cs[i].y[e] = gauss();
         for (int e = 0; e < cs[i].dim; e++) cs[i].bias[e] = gauss();
         host[i] = vec_tensor(cs[i].bias, cs[i].dim);
@@ -700,7 +694,7 @@ static void test_add_bias(int nc) {
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, nc);
     for (int i = 0; i < nc; i++) {
         const int n = cs[i].n, dim = cs[i].dim;
-        double *ref = xnew((size_t)n * dim * sizeof *ref);
+        double *ref = tu_xnew((size_t)n * dim * sizeof *ref);
         for (int t = 0; t < n; t++)
             for (int e = 0; e < dim; e++)
                 ref[(size_t)t * dim + e] = (double)cs[i].y[(size_t)t * dim + e] + (double)cs[i].bias[e];
@@ -709,7 +703,7 @@ static void test_add_bias(int nc) {
         float *outs[MAX_BE];
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * dim * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * dim * sizeof(float));
             struct backend_buf by = buf_up(t, cs[i].y, (size_t)n * dim * 4);
             int rc = BE_OP(t->c, add_bias, by.data, &placed[b][i], n, dim);
             buf_down(t, outs[b], &by, (size_t)n * dim * 4);
@@ -731,8 +725,8 @@ static void test_add_bias(int nc) {
 static void test_elementwise(enum op op, int nc) {
     for (int i = 0; i < nc; i++) {
         const long n = rnd(3) ? rnd_in(1, 5000) : rnd_in(1, 9);
-        float *a = xnew((size_t)n * sizeof *a), *bv = xnew((size_t)n * sizeof *bv), *outs[MAX_BE];
-        double *ref = xnew((size_t)n * sizeof *ref);
+        float *a = tu_xnew((size_t)n * sizeof *a), *bv = tu_xnew((size_t)n * sizeof *bv), *outs[MAX_BE];
+        double *ref = tu_xnew((size_t)n * sizeof *ref);
         const float amp = op == OP_ADD ? ldexpf(1, rnd_in(-8, 8)) : 3.0f;
         for (long e = 0; e < n; e++) {
             a[e] = gauss() * amp;
@@ -751,7 +745,7 @@ static void test_elementwise(enum op op, int nc) {
         snprintf(desc, sizeof desc, "%s n=%ld", k_tol[op].name, n);
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
-            outs[b] = xnew((size_t)n * sizeof(float));
+            outs[b] = tu_xnew((size_t)n * sizeof(float));
             struct backend_buf ba = buf_up(t, a, (size_t)n * 4), bb = buf_up(t, bv, (size_t)n * 4);
             int rc = op == OP_ADD      ? BE_OP(t->c, add, ba.data, bb.data, n)
                      : op == OP_SWIGLU ? BE_OP(t->c, swiglu, ba.data, bb.data, n)
@@ -792,10 +786,10 @@ static void pool_init(struct pool_img *p, enum kv_type type, int n_blocks, int b
     p->rows = (size_t)n_blocks * (size_t)bs * (size_t)nkv;
     p->data_bytes = p->rows * (size_t)hd * kv_elem_bytes(type);
     p->scale_bytes = type == KV_INT8 || type == KV_FP8 ? p->rows * sizeof(float) : 0;
-    p->k = xnew(p->data_bytes);
-    p->v = xnew(p->data_bytes);
-    p->ks = p->scale_bytes ? xnew(p->scale_bytes) : NULL;
-    p->vs = p->scale_bytes ? xnew(p->scale_bytes) : NULL;
+    p->k = tu_xnew(p->data_bytes);
+    p->v = tu_xnew(p->data_bytes);
+    p->ks = p->scale_bytes ? tu_xnew(p->scale_bytes) : NULL;
+    p->vs = p->scale_bytes ? tu_xnew(p->scale_bytes) : NULL;
 }
 
 static void pool_fill(struct pool_img *p, int byte) {
@@ -922,11 +916,11 @@ static void test_kv_store(int nc) {
         const int nkv = rnd_in(1, 4), hd = rnd(3) ? rnd_in(1, 128) : 8 * rnd_in(1, 16), bs = k_block_sizes[rnd(4)];
         const int n = rnd_in(1, MAX_TOKENS), w = nkv * hd, n_blocks = (n + bs - 1) / bs + rnd_in(0, 2);
         const int n_slots = n_blocks * bs;
-        int32_t *perm = xnew((size_t)n_slots * sizeof *perm), *slots = xnew((size_t)n * sizeof *slots);
+        int32_t *perm = tu_xnew((size_t)n_slots * sizeof *perm), *slots = tu_xnew((size_t)n * sizeof *slots);
         for (int s = 0; s < n_slots; s++) perm[s] = s;
         for (int s = n_slots - 1; s > 0; s--) { int j = rnd(s + 1), x = perm[s]; perm[s] = perm[j]; perm[j] = x; }
         for (int t = 0; t < n; t++) slots[t] = rnd(8) ? perm[t] : -1;
-        float *k = xnew((size_t)n * w * sizeof *k), *v = xnew((size_t)n * w * sizeof *v);
+        float *k = tu_xnew((size_t)n * w * sizeof *k), *v = tu_xnew((size_t)n * w * sizeof *v);
         for (int t = 0; t < n; t++)
             for (int h = 0; h < nkv; h++) {
                 const float ak = rnd(8) ? ldexpf(1, rnd_in(-12, 12)) : 0, av = ldexpf(1, rnd_in(-12, 12));
@@ -967,7 +961,7 @@ static void test_kv_store(int nc) {
                           desc, g_be[g_be[b].twin].name);
             double num = 0, den = 0;
             int bad = 0, touched = 0, count = 0;
-            bool *used = xnew((size_t)n_slots * sizeof *used);
+            bool *used = tu_xnew((size_t)n_slots * sizeof *used);
             memset(used, 0, (size_t)n_slots * sizeof *used);
             for (int tk = 0; tk < n; tk++) {
                 if (slots[tk] < 0) continue;
@@ -1006,7 +1000,7 @@ static void test_kv_store(int nc) {
 static void ref_attention(const double *K, const double *V, int nkv, int hd, int n_head, const float *qrow, int lo,
                           int pos, double scale, double *out) {
     const int g = n_head / nkv, w = nkv * hd;
-    double *sc = xnew((size_t)(pos + 1) * sizeof *sc);
+    double *sc = tu_xnew((size_t)(pos + 1) * sizeof *sc);
     for (int h = 0; h < n_head; h++) {
         const int hk = h / g;
         double mx = -INFINITY, sum = 0;
@@ -1061,11 +1055,11 @@ static void test_paged_attention(int nc) {
         }
         nb_total += rnd_in(0, 2);
         max_blocks += rnd_in(0, 2);
-        int32_t *perm = xnew((size_t)nb_total * sizeof *perm);
+        int32_t *perm = tu_xnew((size_t)nb_total * sizeof *perm);
         for (int b = 0; b < nb_total; b++) perm[b] = b;
         for (int b = nb_total - 1; b > 0; b--) { int j = rnd(b + 1), x = perm[b]; perm[b] = perm[j]; perm[j] = x; }
         const int32_t poison = perm[nb_total - 1];
-        int32_t *table = xnew((size_t)n_seqs * max_blocks * sizeof *table);
+        int32_t *table = tu_xnew((size_t)n_seqs * max_blocks * sizeof *table);
         for (int s = 0, next = 0; s < n_seqs; s++)
             for (int b = 0; b < max_blocks; b++) table[(size_t)s * max_blocks + b] = b < nb[s] ? perm[next++] : poison;
 
@@ -1073,8 +1067,8 @@ static void test_paged_attention(int nc) {
         float *kin[PA_MAX_SEQS], *vin[PA_MAX_SEQS];
         int n_store = 0;
         for (int s = 0; s < n_seqs; s++) {
-            kin[s] = xnew((size_t)L[s] * w * sizeof(float));
-            vin[s] = xnew((size_t)L[s] * w * sizeof(float));
+            kin[s] = tu_xnew((size_t)L[s] * w * sizeof(float));
+            vin[s] = tu_xnew((size_t)L[s] * w * sizeof(float));
             for (long e = 0; e < (long)L[s] * w; e++) { kin[s][e] = gauss(); vin[s][e] = gauss(); }
             for (int p = 0; p < L[s] && outliers; p++)
                 for (int h = 0; h < nkv; h++) {
@@ -1085,9 +1079,9 @@ static void test_paged_attention(int nc) {
         }
         const int n_pad = rnd_in(0, 3);
         n_store += n_pad;
-        int32_t *slots = xnew((size_t)n_store * sizeof *slots);
-        float *ks = xnew((size_t)n_store * w * sizeof *ks), *vs = xnew((size_t)n_store * w * sizeof *vs);
-        int32_t *order = xnew((size_t)n_store * sizeof *order);
+        int32_t *slots = tu_xnew((size_t)n_store * sizeof *slots);
+        float *ks = tu_xnew((size_t)n_store * w * sizeof *ks), *vs = tu_xnew((size_t)n_store * w * sizeof *vs);
+        int32_t *order = tu_xnew((size_t)n_store * sizeof *order);
         for (int r = 0; r < n_store; r++) order[r] = r;
         for (int r = n_store - 1; r > 0; r--) { int j = rnd(r + 1), x = order[r]; order[r] = order[j]; order[j] = x; }
         for (int r = 0, s = 0, p = 0; r < n_store; r++) {
@@ -1104,8 +1098,8 @@ static void test_paged_attention(int nc) {
         }
 
         /* tokens: each sequence's chunk, shuffled */
-        float *q = xnew((size_t)n * n_head * hd * sizeof *q);
-        int32_t *pos = xnew((size_t)n * sizeof *pos), *seq = xnew((size_t)n * sizeof *seq);
+        float *q = tu_xnew((size_t)n * n_head * hd * sizeof *q);
+        int32_t *pos = tu_xnew((size_t)n * sizeof *pos), *seq = tu_xnew((size_t)n * sizeof *seq);
         for (int s = 0, t = 0; s < n_seqs; s++)
             for (int c = 0; c < chunk[s]; c++, t++) { seq[t] = s; pos[t] = L[s] - chunk[s] + c; }
         for (int t = n - 1; t > 0; t--) {
@@ -1149,7 +1143,7 @@ static void test_paged_attention(int nc) {
                 .window = window, .out = bo.data,
             };
             int rc2 = BE_OP(t->c, paged_attention, &a);
-            outs[b] = xnew(len * sizeof(float));
+            outs[b] = tu_xnew(len * sizeof(float));
             buf_down(t, outs[b], &bo, len * 4);
             pool_down(t, &d, &img[b]);
             sync_ok(t, rc ? rc : rc2, desc);
@@ -1167,12 +1161,12 @@ static void test_paged_attention(int nc) {
             s->vs_scalar = dmax(s->vs_scalar, same ? 0 : INFINITY);
         }
         /* references: over the stored values (the scalar backend's storage) and over the inputs */
-        double *ref_st = xnew(len * sizeof *ref_st), *ref_in = xnew(len * sizeof *ref_in);
+        double *ref_st = tu_xnew(len * sizeof *ref_st), *ref_in = tu_xnew(len * sizeof *ref_in);
         double *Ks[PA_MAX_SEQS], *Vs[PA_MAX_SEQS], *Ki[PA_MAX_SEQS], *Vi[PA_MAX_SEQS];
         for (int s = 0; s < n_seqs; s++) {
             const size_t m = (size_t)L[s] * w;
-            Ks[s] = xnew(m * sizeof(double)); Vs[s] = xnew(m * sizeof(double));
-            Ki[s] = xnew(m * sizeof(double)); Vi[s] = xnew(m * sizeof(double));
+            Ks[s] = tu_xnew(m * sizeof(double)); Vs[s] = tu_xnew(m * sizeof(double));
+            Ki[s] = tu_xnew(m * sizeof(double)); Vi[s] = tu_xnew(m * sizeof(double));
             for (int p = 0; p < L[s]; p++)
                 for (int h = 0; h < nkv; h++) {
                     const size_t slot = (size_t)table[(size_t)s * max_blocks + p / bs] * bs + (size_t)(p % bs);
@@ -1232,7 +1226,8 @@ static void test_copy_blocks(int nc) {
         }
         /* pairs (dst, src): distinct destinations, sources among the other
          * blocks (one may feed several), sometimes a no-op pair (b, b) */
-        int32_t *perm = xnew((size_t)n_blocks * sizeof *perm), (*pairs)[2] = xnew((size_t)n_blocks * sizeof *pairs);
+        int32_t *perm = tu_xnew((size_t)n_blocks * sizeof *perm);
+        int32_t (*pairs)[2] = tu_xnew((size_t)n_blocks * sizeof *pairs);
         for (int b = 0; b < n_blocks; b++) perm[b] = b;
         for (int b = n_blocks - 1; b > 0; b--) { int j = rnd(b + 1), x = perm[b]; perm[b] = perm[j]; perm[j] = x; }
         const int np = rnd_in(1, n_blocks / 2);
@@ -1263,8 +1258,8 @@ static void test_copy_blocks(int nc) {
         for (int l = 0; l < n_layer; l++) {
             struct pool_img *p = &want[l];
             const size_t rows = (size_t)p->bs * p->nkv, bb = rows * (size_t)p->hd * kv_elem_bytes(p->type);
-            uint8_t *k0 = xnew(p->data_bytes), *v0 = xnew(p->data_bytes);
-            float *ks0 = p->ks ? xnew(p->scale_bytes) : NULL, *vs0 = p->vs ? xnew(p->scale_bytes) : NULL;
+            uint8_t *k0 = tu_xnew(p->data_bytes), *v0 = tu_xnew(p->data_bytes);
+            float *ks0 = p->ks ? tu_xnew(p->scale_bytes) : NULL, *vs0 = p->vs ? tu_xnew(p->scale_bytes) : NULL;
             memcpy(k0, p->k, p->data_bytes);
             memcpy(v0, p->v, p->data_bytes);
             if (ks0) { memcpy(ks0, p->ks, p->scale_bytes); memcpy(vs0, p->vs, p->scale_bytes); }
@@ -1311,8 +1306,9 @@ static void test_errors(struct tbe *t) {
     struct pool_img img;
     pool_init(&img, KV_F32, 1, bs, 1, hd);
     pool_fill(&img, 0);
-    float kv[4 * 8], *q = xnew((size_t)n * hd * sizeof *q), out[MAX_TOKENS * 8];
-    int32_t slots[4] = { 0, 1, 2, 3 }, table[1] = { 0 }, *pos = xnew((size_t)n * sizeof *pos), *seq = xnew((size_t)n * 4);
+    float kv[4 * 8], *q = tu_xnew((size_t)n * hd * sizeof *q), out[MAX_TOKENS * 8];
+    int32_t slots[4] = { 0, 1, 2, 3 }, table[1] = { 0 };
+    int32_t *pos = tu_xnew((size_t)n * sizeof *pos), *seq = tu_xnew((size_t)n * 4);
     for (int e = 0; e < 4 * hd; e++) kv[e] = gauss();
     for (int e = 0; e < n * hd; e++) q[e] = gauss();
     for (int i = 0; i < n; i++) { pos[i] = i % 4; seq[i] = 0; }

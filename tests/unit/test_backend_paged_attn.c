@@ -230,8 +230,10 @@ static void ref_attention(const struct store *s, const struct seq *q, const floa
     free(sc);
 }
 
+typedef int (*pa_fn)(struct backend_ctx *, const struct paged_attn_args *);
+
 /* The kernel under test: the scalar one, then the AVX2 one where the CPU has it. */
-static int (*g_pa)(struct backend_ctx *, const struct paged_attn_args *) = cpu_paged_attention;
+static pa_fn g_pa = cpu_paged_attention;
 
 /* Run paged attention for tokens (seqs[t], pos[t]) with queries q, on nth
  * threads, through a dense block table (row t: seqs[t]'s table). */
@@ -381,11 +383,12 @@ static void test_shapes(int pool) {
 
 /* ---- one step's results equal another's, bit for bit ---- */
 
-/* The step `twin` (the avx512 one) must give exactly what g_pa (the avx2
+/* The step `twin` (the avx512 one) must give exactly what `ref` (the avx2
  * one) gives: every KV type, 1..8 and 80 query heads per kv head, head
  * sizes that take its own tiles and ones that fall back, contexts that end
  * mid-pair and mid-block, plain and outlier-heavy values. */
-static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct paged_attn_args *)) {
+static void test_twin(int pool, pa_fn ref, pa_fn twin) {
+    const pa_fn keep = g_pa;
     /* 1031: across the split point.  80 heads (a scratch stride below 64) only with two head sizes:
      * the ASan build runs this too */
     static const int ctx[] = { 1, 2, 7, 9, 16, 17, 63, 64, 65, 130, 1031 };
@@ -406,11 +409,10 @@ static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct p
                 const size_t w = (size_t)n_head * hd;
                 float *q = rand_q(NC, n_head, hd);
                 float *a = malloc(NC * w * sizeof *a), *b = malloc(NC * w * sizeof *b);
+                g_pa = ref;
                 run_pa(pool, &s, n_head, NC, sp, pos, q, a);
-                int (*keep)(struct backend_ctx *, const struct paged_attn_args *) = g_pa;
                 g_pa = twin;
                 run_pa(pool, &s, n_head, NC, sp, pos, q, b);
-                g_pa = keep;
                 for (int c = 0; c < NC; c++) {
                     const bool same = memcmp(a + c * w, b + c * w, w * sizeof *a) == 0;
                     CHECK_MSG(same, "%s g %d (%d/%d) hd %d bs %d ctx %d: the steps differ", k_type_names[type], g,
@@ -422,6 +424,7 @@ static void test_twin(int pool, int (*twin)(struct backend_ctx *, const struct p
                 for (int c = 0; c < NC; c++) seq_free(&seqs[c]);
                 store_free(&s);
             }
+    g_pa = keep;
     printf("  bit-identical to the avx2 step: %d of %d cases (5 KV types, g 1..80, head_dim 16..256, ctx 1..1031)\n",
            cases - differ, cases);
 }
@@ -623,8 +626,7 @@ int main(void) {
     }
     if (cpu_attn_avx512_built() && cpu_avx2_built() && f.avx2 && f.fma && f.f16c && f.avx512f) {
         printf("  avx512 step:\n");
-        g_pa = cpu_paged_attention_avx2;
-        test_twin(pools[1], cpu_paged_attention_avx512);
+        test_twin(pools[1], cpu_paged_attention_avx2, cpu_paged_attention_avx512);
         g_pa = cpu_paged_attention_avx512;
         test_accuracy(pools[1]);
         test_shapes(pools[1]);

@@ -7,24 +7,18 @@
  * from the client is message text, never markup.  Agreement with Jinja2 on
  * the real templates is tests/python/test_tools_render.py's job. */
 #include "check.h"
+#include "io_util.h"
 #include "chat/chat_template.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static char g_log[1024];
-
-static void capture(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    snprintf(g_log, sizeof g_log, "%s", msg);
-}
-
 /* Render; returns the output (malloc'd) or NULL with *rc set. */
 static char *render(const char *tmpl, const struct kvllm_chat_message *msgs, int n, const char *tools, int *rc) {
     struct chat_template_params p = { .msgs = msgs, .n_msgs = n, .tools = tools, .now = "2024-07-26" };
     char *out = NULL;
-    g_log[0] = 0;
+    tu_log_reset();
     *rc = chat_template_render(tmpl, strlen(tmpl), &p, &out, NULL);
     return out;
 }
@@ -33,7 +27,7 @@ static void expect(const char *tmpl, const struct kvllm_chat_message *msgs, int 
     int rc;
     char *out = render(tmpl, msgs, n, tools, &rc);
     CHECK_MSG(rc == 0 && out && !strcmp(out, want), "%s\n  got  rc %d '%s'\n  want '%s' (log: %s)", tmpl, rc,
-              out ? out : "(null)", want, g_log);
+              out ? out : "(null)", want, tu_log.last);
     free(out);
 }
 
@@ -41,8 +35,8 @@ static void expect_error(const char *tmpl, const struct kvllm_chat_message *msgs
                          int want_rc, const char *want_log) {
     int rc;
     char *out = render(tmpl, msgs, n, tools, &rc);
-    CHECK_MSG(rc == want_rc && !out && strstr(g_log, want_log), "%s: rc %d (want %d), log '%s' (want '%s')", tmpl,
-              rc, want_rc, g_log, want_log);
+    CHECK_MSG(rc == want_rc && !out && strstr(tu_log.last, want_log), "%s: rc %d (want %d), log '%s' (want '%s')", tmpl,
+              rc, want_rc, tu_log.last, want_log);
     free(out);
 }
 
@@ -111,7 +105,7 @@ static void test_tools_are_message_text(void) {
 }
 
 int main(void) {
-    kvllm_log_set(capture, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     test_tools_variable();
     test_tool_messages();
     test_tools_are_message_text();

@@ -11,6 +11,7 @@
  * Byte-for-byte agreement with Jinja2 over many templates is
  * tests/python/test_chat_template.py's job. */
 #include "check.h"
+#include "io_util.h"
 #include "chat/chat_template.h"
 #include "tok/tokenizer.h"
 
@@ -18,13 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static char g_log[1024];
-
-static void capture(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    snprintf(g_log, sizeof g_log, "%s", msg);
-}
 
 static const struct kvllm_chat_message k_conv[] = {
     { .role = "system", .content = "Be brief." }, { .role = "user", .content = "Hi" },
@@ -35,7 +29,7 @@ static const struct kvllm_chat_message k_conv[] = {
 static int render(const char *tmpl, const struct kvllm_chat_message *msgs, int n, bool agp, char **out) {
     struct chat_template_params p = { .msgs = msgs, .n_msgs = n, .add_generation_prompt = agp,
                                       .bos_token = "<s>", .eos_token = "</s>", .now = "2024-07-26" };
-    g_log[0] = 0;
+    tu_log_reset();
     return chat_template_render(tmpl, strlen(tmpl), &p, out, NULL);
 }
 
@@ -43,7 +37,7 @@ static void expect(const char *tmpl, const char *want) {
     char *out = NULL;
     int rc = render(tmpl, k_conv, 4, true, &out);
     CHECK_MSG(rc == 0 && out && !strcmp(out, want), "%s -> rc %d, '%s' (want '%s'; log: %s)", tmpl, rc,
-              out ? out : "(null)", want, g_log);
+              out ? out : "(null)", want, tu_log.last);
     free(out);
 }
 
@@ -51,7 +45,7 @@ static void expect_error(const char *tmpl, int code, const char *where) {
     char *out = (char *)1;
     int rc = render(tmpl, k_conv, 4, false, &out);
     CHECK_MSG(rc == code && out == NULL, "%s -> rc %d (want %d)", tmpl, rc, code);
-    CHECK_MSG(strstr(g_log, where) != NULL, "%s: log '%s' lacks '%s'", tmpl, g_log, where);
+    CHECK_MSG(strstr(tu_log.last, where) != NULL, "%s: log '%s' lacks '%s'", tmpl, tu_log.last, where);
 }
 
 static void test_basics(void) {
@@ -136,7 +130,7 @@ static void test_shared_template(void) {
         "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nBye \"now\"<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n";
-    CHECK_MSG(rc == 0 && out && !strcmp(out, want), "rc %d: %s", rc, out ? out : g_log);
+    CHECK_MSG(rc == 0 && out && !strcmp(out, want), "rc %d: %s", rc, out ? out : tu_log.last);
     free(out);
 }
 
@@ -162,7 +156,7 @@ static double now_s(void) {
 static int render_budget(const char *tmpl, uint64_t max_steps, size_t max_output, char **out, double *secs) {
     struct chat_template_params p = { .msgs = k_conv, .n_msgs = 4, .now = "2024-07-26",
                                       .max_steps = max_steps, .max_output = max_output };
-    g_log[0] = 0;
+    tu_log_reset();
     double t0 = now_s();
     int rc = chat_template_render(tmpl, strlen(tmpl), &p, out, NULL);
     *secs = now_s() - t0;
@@ -180,7 +174,8 @@ static void test_budgets(void) {
     };
     for (int i = 0; i < 2; i++) {
         int rc = render_budget(k_unique[i], 0, 0, &out, &secs);
-        CHECK_MSG(rc == 0 && out && !strcmp(out, "20000"), "rc %d out %s log %s", rc, out ? out : "(null)", g_log);
+        CHECK_MSG(rc == 0 && out && !strcmp(out, "20000"), "rc %d out %s log %s", rc, out ? out : "(null)",
+                  tu_log.last);
         CHECK_MSG(secs < 0.5 * SLOW, "unique over 40,000 items took %.3f s", secs);
         printf("unique: 40,000 %s in %.3f s\n", i ? "strings" : "ints", secs);
         free(out);
@@ -189,25 +184,26 @@ static void test_budgets(void) {
     CHECK_MSG(rc == 0 && out && !strcmp(out, "[1, 'a', (1, 2), None]"), "rc %d out %s", rc, out ? out : "(null)");
     free(out);
     rc = render_budget("{{ [{'a': 1}]|unique|list }}", 0, 0, &out, &secs);   /* jinja2: a set of keys */
-    CHECK_MSG(rc == KVLLM_EINVAL && strstr(g_log, "unhashable type: 'dict'"), "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_EINVAL && strstr(tu_log.last, "unhashable type: 'dict'"), "rc %d log %s", rc, tu_log.last);
     /* a loop of 10^10 iterations fails on the step budget, quickly */
     rc = render_budget("{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
                        0, 0, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(g_log, "step budget") && strstr(g_log, "2000000 steps"),
-              "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(tu_log.last, "step budget") && strstr(tu_log.last, "2000000 steps"),
+              "rc %d log %s", rc, tu_log.last);
     CHECK_MSG(secs < 2.0 * SLOW, "the step budget took %.3f s to trip", secs);
-    printf("step budget: a 10^10-iteration loop failed in %.3f s: %s\n", secs, g_log);
+    printf("step budget: a 10^10-iteration loop failed in %.3f s: %s\n", secs, tu_log.last);
     /* output growing without end fails on the output budget */
     rc = render_budget("{% for a in range(100000) %}{% for b in range(1000) %}0123456789abcdef0123456789"
                        "{% endfor %}{% endfor %}", 0, 0, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(g_log, "output budget") && strstr(g_log, "8388608 bytes"),
-              "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(tu_log.last, "output budget") &&
+              strstr(tu_log.last, "8388608 bytes"),
+              "rc %d log %s", rc, tu_log.last);
     CHECK_MSG(secs < 2.0 * SLOW, "the output budget took %.3f s to trip", secs);
-    printf("output budget: 2.6 GB of output failed in %.3f s: %s\n", secs, g_log);
+    printf("output budget: 2.6 GB of output failed in %.3f s: %s\n", secs, tu_log.last);
     /* a string doubling 60 times (2^61 bytes) */
     rc = render_budget("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
                        "{% endfor %}{{ ns.s|length }}", 0, 0, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(g_log, "output budget"), "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(tu_log.last, "output budget"), "rc %d log %s", rc, tu_log.last);
     CHECK_MSG(secs < 2.0 * SLOW, "exponential growth took %.3f s to fail", secs);
     printf("output budget: a string doubling 60 times failed in %.3f s\n", secs);
     /* ''*10**18 and []*10**18 are empty, at once */
@@ -217,15 +213,15 @@ static void test_budgets(void) {
     /* a quadratic scan (`in` over a long list in a loop) is charged for the items it scans */
     rc = render_budget("{% set l = range(100000)|list %}{% for x in l %}{% if -1 in l %}{% endif %}{% endfor %}",
                        0, 0, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(g_log, "step budget") && secs < 2.0 * SLOW,
-              "rc %d %.3f s log %s", rc, secs, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && !out && strstr(tu_log.last, "step budget") && secs < 2.0 * SLOW,
+              "rc %d %.3f s log %s", rc, secs, tu_log.last);
     /* the budgets are parameters */
     rc = render_budget("{% for a in range(1000) %}x{% endfor %}", 500, 0, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && strstr(g_log, "500 steps"), "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && strstr(tu_log.last, "500 steps"), "rc %d log %s", rc, tu_log.last);
     rc = render_budget("{% for a in range(1000) %}x{% endfor %}", 0, 999, &out, &secs);
-    CHECK_MSG(rc == KVLLM_ERANGE && strstr(g_log, "999 bytes"), "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == KVLLM_ERANGE && strstr(tu_log.last, "999 bytes"), "rc %d log %s", rc, tu_log.last);
     rc = render_budget("{% for a in range(1000) %}x{% endfor %}", 0, 1000, &out, &secs);
-    CHECK_MSG(rc == 0 && out && strlen(out) == 1000, "rc %d log %s", rc, g_log);
+    CHECK_MSG(rc == 0 && out && strlen(out) == 1000, "rc %d log %s", rc, tu_log.last);
     free(out);
 }
 
@@ -236,7 +232,7 @@ static char *render_marked(const char *tmpl, const struct kvllm_chat_message *ms
     char *out = NULL;
     size_t len = 0, n_spans = 0;
     struct chat_span *spans = NULL;
-    g_log[0] = 0;
+    tu_log_reset();
     int rc = chat_template_render_spans(tmpl, strlen(tmpl), &p, &out, &len, &spans, &n_spans);
     if (rc) return NULL;
     char *m = malloc(len + 2 * n_spans + 1);
@@ -260,7 +256,8 @@ static char *render_marked(const char *tmpl, const struct kvllm_chat_message *ms
 
 static void expect_marked(const char *tmpl, const struct kvllm_chat_message *msgs, int n, const char *want) {
     char *m = render_marked(tmpl, msgs, n);
-    CHECK_MSG(m && !strcmp(m, want), "%s\n  got  '%s'\n  want '%s' (log: %s)", tmpl, m ? m : "(null)", want, g_log);
+    CHECK_MSG(m && !strcmp(m, want), "%s\n  got  '%s'\n  want '%s' (log: %s)", tmpl, m ? m : "(null)", want,
+              tu_log.last);
     free(m);
 }
 
@@ -390,7 +387,7 @@ static void test_span_tokenize(void) {
 }
 
 int main(void) {
-    kvllm_log_set(capture, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     test_basics();
     test_none_content();
     test_lengths();

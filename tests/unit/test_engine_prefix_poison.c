@@ -7,6 +7,7 @@
  * case; the victim must still get exactly the tokens it gets alone, and
  * its own earlier identical prompt must still be a cache hit. */
 #include "check.h"
+#include "kv_util.h"
 #include "stories_util.h"
 #include "kv/block_pool.h"
 #include "kvllm.h"
@@ -43,18 +44,13 @@ static struct out generate(struct kvllm_engine *e, const int32_t *prompt, int n_
     return o;
 }
 
-static uint64_t collide_all(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
-    (void)key; (void)parent; (void)tokens; (void)n;
-    return 42;
-}
-
 static struct kvllm_engine *engine(struct kvllm_model *m, bool collide) {
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.max_seqs = 4;
     ep.kv_tokens = 1024;
     ep.block_size = 16;
     ep.prefix_caching = true;
-    block_pool_set_hash_fn(collide ? collide_all : NULL);
+    block_pool_set_hash_fn(collide ? tu_collide_all : NULL);
     struct kvllm_engine *e = NULL;
     CHECK(kvllm_engine_new(m, &ep, &e) == 0);
     block_pool_set_hash_fn(NULL);

@@ -6,6 +6,7 @@
  * vocabulary) end in strings the grammar accepts — and, for json.gbnf, that
  * json-c parses. */
 #include "check.h"
+#include "io_util.h"
 #include "grammar_util.h"
 #include "core/core.h"
 
@@ -13,19 +14,6 @@
 
 
 static char golden_dir[1024];
-
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static int accepts(const struct kvllm_grammar *g, const struct gvocab *bytes, const char *s, size_t len) {
     struct gmatcher *m;
@@ -136,7 +124,7 @@ int main(void) {
     int n_cases = 0;
     json_object_object_foreach(grammars, fname, cases) {
         snprintf(path, sizeof path, "%s/%s", golden_dir, fname);
-        char *text = read_all(path);
+        char *text = tu_read_file(path, NULL);
         CHECK_MSG(text != NULL, "cannot read %s", path);
         if (!text) continue;
         struct kvllm_grammar *g = NULL;

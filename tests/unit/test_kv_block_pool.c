@@ -6,20 +6,14 @@
 #include "kv/block_pool.h"
 #include "core/core.h"
 #include "check.h"
+#include "io_util.h"
+#include "kv_util.h"
 
 #include <string.h>
 
 #define BS 16 /* block_size of the fake sequences */
 
 /* ---- helpers ---- */
-
-static int n_logged;
-static char last_log[1024];
-static void capture_log(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    n_logged++;
-    snprintf(last_log, sizeof last_log, "%s", msg);
-}
 
 /* Hash chain of n_full full blocks of tokens into h[]. */
 static void chain(const int32_t *tokens, int n_full, uint64_t *h) {
@@ -260,12 +254,12 @@ static void test_block_hash(void) {
 static void test_init_errors(void) {
     struct block_pool p;
     int bad[][2] = { { 0, 16 }, { -1, 16 }, { 8, 0 }, { 8, -4 }, { (1 << 30) + 1, 16 } };
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&p, 0xab, sizeof p);
-        n_logged = 0;
+        tu_log_reset();
         CHECK_MSG(block_pool_init(&p, bad[i][0], bad[i][1]) == KVLLM_EINVAL, "case %zu", i);
-        CHECK(n_logged == 1);
+        CHECK(tu_log.n == 1);
         CHECK(p.ref == NULL && p.hash == NULL && p.n_blocks == 0);
         block_pool_deinit(&p);
     }
@@ -287,8 +281,8 @@ static void test_check_catches(void) {
     block_pool_publish(&p, b, 222, -1, zt);
     block_pool_release(&p, a);
     CHECK(block_pool_check(&p));
-    kvllm_log_set(capture_log, NULL);
-#define CORRUPT(stmt, undo) do { n_logged = 0; stmt; CHECK_MSG(!block_pool_check(&p) && n_logged == 1, \
+    kvllm_log_set(tu_log_capture, NULL);
+#define CORRUPT(stmt, undo) do { tu_log_reset(); stmt; CHECK_MSG(!block_pool_check(&p) && tu_log.n == 1, \
         "not caught: %s", #stmt); undo; CHECK(block_pool_check(&p)); } while (0)
     CORRUPT(p.n_free++, p.n_free--);
     CORRUPT(p.n_cached--, p.n_cached++);
@@ -301,7 +295,7 @@ static void test_check_catches(void) {
     CORRUPT(p.free_tail = 4, p.free_tail = tail);
 #undef CORRUPT
     kvllm_log_set(NULL, NULL);
-    CHECK(strstr(last_log, "block_pool_check") != NULL);
+    CHECK(strstr(tu_log.last, "block_pool_check") != NULL);
     block_pool_deinit(&p);
 }
 
@@ -415,13 +409,8 @@ static void stress(int n_blocks, int n_ops, uint64_t seed) {
 
 /* ---- forced collisions: a hit needs identical tokens and an identical prefix ---- */
 
-static uint64_t collide_all(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
-    (void)key; (void)parent; (void)tokens; (void)n;
-    return 42; /* every block of every prefix under one hash */
-}
-
 static void test_collisions(void) {
-    block_pool_set_hash_fn(collide_all);
+    block_pool_set_hash_fn(tu_collide_all);
     struct block_pool p;
     CHECK(block_pool_init(&p, 8, BS) == 0);
     block_pool_set_hash_fn(NULL);

@@ -4,6 +4,7 @@
  * parsed or refused (one error line) without a crash.  Run under ASan in the
  * sanitizer build. */
 #include "check.h"
+#include "io_util.h"
 #include "load/safetensors.h"
 #include "tensor/dtype.h"
 
@@ -11,15 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static int g_n_errors;
-static char g_last[512];
-
-static void count_log(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)user;
-    if (level != KVLLM_LOG_ERROR) return;
-    g_n_errors++;
-    snprintf(g_last, sizeof g_last, "%s", msg);
-}
 
 /* A valid image from the writer: three tensors, F32 (2x3), F16 (5), BF16 (2x2). */
 static size_t build(uint8_t *buf, size_t cap) {
@@ -63,21 +55,20 @@ static void expect(const char *json, size_t n_data, int want_rc, const char *wan
     static uint8_t buf[4096];
     size_t n = image(buf, json, n_data);
     struct st_file sf;
-    g_n_errors = 0;
-    g_last[0] = 0;
+    tu_log_reset();
     int rc = st_parse("case.safetensors", buf, n, &sf);
-    CHECK_MSG(rc == want_rc, "%s: rc %d, want %d (%s)", json, rc, want_rc, g_last);
+    CHECK_MSG(rc == want_rc, "%s: rc %d, want %d (%s)", json, rc, want_rc, tu_log.last_error);
     if (want_rc) {
-        CHECK_MSG(g_n_errors == 1, "%s: %d error lines", json, g_n_errors);
-        CHECK_MSG(strstr(g_last, "case.safetensors") && (!want || strstr(g_last, want)), "%s: message '%s'", json,
-                  g_last);
+        CHECK_MSG(tu_log.n_errors == 1, "%s: %d error lines", json, tu_log.n_errors);
+        const char *msg = tu_log.last_error;
+        CHECK_MSG(strstr(msg, "case.safetensors") && (!want || strstr(msg, want)), "%s: message '%s'", json, msg);
         CHECK(sf.n_tensors == 0 && sf.tensors == NULL);
     }
     st_file_deinit(&sf);
 }
 
 int main(void) {
-    kvllm_log_set(count_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     static uint8_t img[4096];
     size_t n = build(img, sizeof img);
 
@@ -138,9 +129,9 @@ int main(void) {
     {
         uint8_t b[16] = { 0 };
         b[0] = 9;
-        g_n_errors = 0;
-        CHECK(st_parse("len.safetensors", b, sizeof b, &sf) == KVLLM_EFORMAT && g_n_errors == 1);
-        CHECK(strstr(g_last, "runs past the end") != NULL);
+        tu_log_reset();
+        CHECK(st_parse("len.safetensors", b, sizeof b, &sf) == KVLLM_EFORMAT && tu_log.n_errors == 1);
+        CHECK(strstr(tu_log.last_error, "runs past the end") != NULL);
         memset(b, 0xff, 8);
         CHECK(st_parse("len.safetensors", b, sizeof b, &sf) == KVLLM_EFORMAT);
         CHECK(st_parse("len.safetensors", b, 7, &sf) == KVLLM_EFORMAT);
@@ -150,9 +141,9 @@ int main(void) {
     /* every truncation of the valid image is refused, with one error line */
     int bad = 0;
     for (size_t cut = 0; cut < n; cut++) {
-        g_n_errors = 0;
+        tu_log_reset();
         int rc = st_parse("mem.cut", img, cut, &sf);
-        if (rc == 0 || g_n_errors != 1) bad++;
+        if (rc == 0 || tu_log.n_errors != 1) bad++;
         st_file_deinit(&sf);
     }
     CHECK_MSG(bad == 0, "%d truncations accepted or not reported once", bad);
@@ -169,14 +160,14 @@ int main(void) {
             size_t pos = (size_t)(s % n);
             cp[pos] = (uint8_t)(s >> 32);
         }
-        g_n_errors = 0;
+        tu_log_reset();
         int rc = st_parse("mem.fuzz", cp, n, &sf);
         if (rc == 0) {
             accepted++;
             for (uint64_t i = 0; i < sf.n_tensors; i++)
                 CHECK(sf.tensors[i].data >= cp + 8 && sf.tensors[i].data + sf.tensors[i].n_bytes <= cp + n);
         } else {
-            CHECK(g_n_errors == 1);
+            CHECK(tu_log.n_errors == 1);
         }
         st_file_deinit(&sf);
     }

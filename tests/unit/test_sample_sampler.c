@@ -3,6 +3,7 @@
  * exclusion, repetition penalty and its window, masked logits, bad params. */
 #include "kvllm.h"
 #include "check.h"
+#include "io_util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -57,15 +58,6 @@ static uint64_t lcg_state = 88172645463325252ull;
 static float rand_unit(void) { /* test-local RNG, independent of the sampler's */
     lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
     return (float)(lcg_state >> 40) / 16777216.0f;
-}
-
-/* A capturing log sink, to check that errors name the field. */
-static char last_log[512];
-static int n_logs;
-static void capture_log(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    snprintf(last_log, sizeof last_log, "%s", msg);
-    n_logs++;
 }
 
 /* ---- tests ---- */
@@ -425,25 +417,24 @@ static void test_masked(void) {
         p = params(g ? 0.0f : 1.0f, 40, 0.95f, 0.05f);
         struct kvllm_sampler *s = make(&p, N);
         if (!s) return;
-        n_logs = 0;
-        kvllm_log_set(capture_log, NULL);
+        tu_log_reset();
+        kvllm_log_set(tu_log_capture, NULL);
         CHECK(kvllm_sampler_sample(s, logits, NULL, 0) == KVLLM_EINVAL);
         kvllm_log_set(NULL, NULL);
-        CHECK(n_logs == 1);
+        CHECK(tu_log.n == 1);
         kvllm_sampler_free(s);
     }
 }
 
 static void expect_invalid(struct kvllm_sampling_params p, int n_vocab, const char *field) {
     struct kvllm_sampler *s = (struct kvllm_sampler *)&p; /* must be overwritten with NULL */
-    n_logs = 0;
-    last_log[0] = 0;
-    kvllm_log_set(capture_log, NULL);
+    tu_log_reset();
+    kvllm_log_set(tu_log_capture, NULL);
     int err = kvllm_sampler_new(&p, n_vocab, &s);
     kvllm_log_set(NULL, NULL);
     CHECK_MSG(err == KVLLM_EINVAL, "%s: err %d", field, err);
     CHECK(s == NULL);
-    CHECK_MSG(n_logs == 1 && strstr(last_log, field), "%s: log '%s'", field, last_log);
+    CHECK_MSG(tu_log.n == 1 && strstr(tu_log.last, field), "%s: log '%s'", field, tu_log.last);
 }
 
 static void test_invalid(void) {
@@ -463,7 +454,7 @@ static void test_invalid(void) {
     p = d;                           expect_invalid(p, -5, "n_vocab");
 
     struct kvllm_sampler *s = NULL;
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     CHECK(kvllm_sampler_new(NULL, 100, &s) == KVLLM_EINVAL && s == NULL);
     CHECK(kvllm_sampler_new(&d, 100, NULL) == KVLLM_EINVAL);
     kvllm_log_set(NULL, NULL);

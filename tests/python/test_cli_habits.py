@@ -13,7 +13,6 @@ import pty
 import re
 import select
 import signal
-import subprocess
 import time
 
 import pytest

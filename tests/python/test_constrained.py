@@ -25,7 +25,7 @@ import jsonschema
 import openai
 import pytest
 
-from server_util import Server
+from server_util import Server, ok
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "tests" / "golden" / "json-schemas"
@@ -52,17 +52,6 @@ def srv(kvllm, smollm2):
 
 def client(s: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=600)
-
-
-def post(s: Server, path: str, body: dict) -> tuple[int, dict]:
-    status, _, raw = s.request("POST", path, body, timeout=600)
-    return status, json.loads(raw)
-
-
-def ok(s: Server, path: str, body: dict) -> dict:
-    status, r = post(s, path, body)
-    assert status == 200, (body, r)
-    return r
 
 
 def chat(content: str, **kw) -> dict:
@@ -121,7 +110,7 @@ def test_json_schema_suite(srv):
 
     def one(job):
         name, schema, body = job
-        status, r = post(srv, "/v1/chat/completions", body)
+        status, r = srv.post("/v1/chat/completions", body, timeout=600)
         return name, schema, body, status, r
 
     failures = []
@@ -252,7 +241,7 @@ def test_gbnf_examples(srv, kvllm, tmp_path):
         jobs.append((f, {"prompt": f"Write {f.stem.replace('_', ' ')}:\n", "grammar": g, "max_tokens": MAX_TOKENS,
                          "temperature": 1.0, "seed": 9, "n": 2}))
     with cf.ThreadPoolExecutor(16) as ex:
-        results = list(ex.map(lambda j: (j[0], post(srv, "/v1/completions", j[1])), jobs))
+        results = list(ex.map(lambda j: (j[0], srv.post("/v1/completions", j[1], timeout=600)), jobs))
     checked = 0
     for f, (status, r) in results:
         assert status == 200, (f.name, r)
@@ -273,7 +262,7 @@ def test_gbnf_examples(srv, kvllm, tmp_path):
 # ---- errors ------------------------------------------------------------------------------------------
 
 def bad(s: Server, path: str, body: dict, param: str, *needles: str) -> None:
-    status, r = post(s, path, body)
+    status, r = s.post(path, body, timeout=600)
     assert status == 400, (body, r)
     assert r["error"]["param"] == param, r
     for n in needles:
@@ -294,7 +283,7 @@ def test_errors(srv):
     # an unsupported keyword names its path
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "string", "unknownKeyword": 1}}}}}
-    status, r = post(srv, "/v1/chat/completions", {**base, "response_format": rf})
+    status, r = srv.post("/v1/chat/completions", {**base, "response_format": rf}, timeout=600)
     assert status == 400 and r["error"]["param"] == "response_format", r
     assert "properties" in r["error"]["message"] and "unknownKeyword" in r["error"]["message"], r
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, tensor_specs, write_model
-from kvtest import Result, assert_no_sanitizer, eval_logits, parse_ids, run_cli
+from kvtest import assert_no_sanitizer, check_refused, eval_logits, parse_ids, run_cli
 from ref_llama import LlamaRef, rel_err
 
 TOL = 1e-4
@@ -572,16 +572,6 @@ def test_bad_base_is_valid(kvllm, bad_folders, tmp_path):
     lh = eval_logits(kvllm, folder, TOKENS, tmp_path / "h.bin")
     lg = eval_logits(kvllm, g, TOKENS, tmp_path / "g.bin")
     assert rel_err(lh, lg).max() <= TOL
-
-
-def check_refused(res: Result, name: str) -> None:
-    assert_no_sanitizer(res)
-    assert res.returncode == 1, f"expected exit status 1:\n{res.describe()}"
-    lines = [ln for ln in res.err.splitlines() if ln.strip()]
-    errs = [ln for ln in lines if ln.startswith("kvllm: error:")]
-    assert len(errs) == 1, f"expected exactly one 'kvllm: error:' line:\n{res.describe()}"
-    assert name in errs[0], f"error line should name {name!r}: {errs[0]!r}"
-    assert lines == errs, f"with -q stderr should hold only the error line:\n{res.describe()}"
 
 
 @pytest.mark.parametrize("case", list(BAD))

@@ -17,12 +17,11 @@ request that shows it has an effect or is refused.
 """
 from __future__ import annotations
 
-import json
 
 import openai
 import pytest
 
-from server_util import Server
+from server_util import Server, ok
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -40,19 +39,8 @@ def srv(kvllm, smollm2):
     s.stop()
 
 
-def post(s: Server, path: str, body: dict) -> tuple[int, dict]:
-    status, _, raw = s.request("POST", path, body)
-    return status, json.loads(raw)
-
-
-def ok(s: Server, path: str, body: dict) -> dict:
-    status, r = post(s, path, body)
-    assert status == 200, (body, r)
-    return r
-
-
 def bad(s: Server, path: str, body: dict, param: str, needle: str = "") -> str:
-    status, r = post(s, path, body)
+    status, r = s.post(path, body)
     assert status == 400, (body, r)
     assert r["error"]["param"] == param, r
     assert needle in r["error"]["message"], r

@@ -20,15 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from gen_model import ModelConfig, write_model
 from kvtest import SANITIZER_MARKERS
-from server_util import Server, http_status, raw_exchange
+from server_util import Server, gqa_args, http_status, raw_exchange, stories_args, write_gqa_model
 
 N_CTX = 512     # stories260K's context
-
-
-def stories_args(stories) -> list:
-    return ["-m", stories["bin"], "--tokenizer", stories["tok"], "-t", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +36,7 @@ def srv(kvllm, stories):
 
 @pytest.fixture(scope="module")
 def gqa_srv(kvllm, tmp_path_factory):
-    # ~2 ms a token on one thread and a long context: an 8000-token stream runs for many seconds, so a
-    # client is surely still streaming when it is killed; a small KV pool keeps the memory modest
-    cfg = ModelConfig(n_vocab=2048, n_embd=256, n_layer=6, n_head=8, n_head_kv=2, n_ff=768, n_ctx=8192)
-    path = write_model(tmp_path_factory.mktemp("srv") / "gqa.gguf", cfg, seed=5)
-    s = Server(kvllm, "-m", path, "-t", "1", "--alias", "gqa", "--kv-mem", "64M")
+    s = Server(kvllm, *gqa_args(write_gqa_model(tmp_path_factory.mktemp("srv"))))
     yield s
     rc, err = s.stop()
     assert rc == 0, err[-4000:]

@@ -29,23 +29,15 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from server_util import (Server, connect_from, parse_metrics, raise_fd_limit, read_response, request_bytes)
+from server_util import (Server, connect_from, gqa_args, parse_metrics, raise_fd_limit, read_response, request_bytes,
+                         stories_args, write_gqa_model)
 
 LONG = {"max_tokens": 8000, "ignore_eos": True, "temperature": 0}
 
 
-def stories_args(stories) -> list:
-    return ["-m", stories["bin"], "--tokenizer", stories["tok"], "-t", "1"]
-
-
 @pytest.fixture(scope="module")
 def gqa_model(tmp_path_factory):
-    cfg = ModelConfig(n_vocab=2048, n_embd=256, n_layer=6, n_head=8, n_head_kv=2, n_ff=768, n_ctx=8192)
-    return write_model(tmp_path_factory.mktemp("attack") / "gqa.gguf", cfg, seed=5)
-
-
-def gqa_args(path) -> list:
-    return ["-m", path, "-t", "1", "--alias", "gqa", "--kv-mem", "64M"]
+    return write_gqa_model(tmp_path_factory.mktemp("attack"))
 
 
 @pytest.fixture(scope="module")

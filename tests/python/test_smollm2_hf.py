@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvtest import REPO, eval_logits
+from ref_llama import rel_err
 
 GOLDEN = REPO / "tests" / "golden" / "smollm2-hf"
 AGREEMENT_MIN = 0.99
@@ -38,12 +38,6 @@ AGREEMENT_MIN = 0.99
 # its top-1 agreement.
 REL_ERR_SCALAR = 1e-4
 REL_ERR_DEFAULT = 1e-1
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    return np.max(np.abs(got - ref), axis=-1) / np.max(np.abs(ref), axis=-1)
 
 
 @pytest.fixture(scope="module")

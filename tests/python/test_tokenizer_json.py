@@ -18,7 +18,6 @@ tokenizer.json files are refused with one `kvllm: error:` line naming the file (
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest

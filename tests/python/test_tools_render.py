@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from kvtest import run_cli
-from test_chat_template import BOS, EOS, ENV, NOW, TEMPLATES, check_same
+from jinja_ref import render_kvllm, render_ref
+from test_chat_template import TEMPLATES, check_same
 
 TOOLS = [
     {"type": "function", "function": {
@@ -100,27 +101,16 @@ def _for_template(messages: list[dict]) -> list[dict]:
 
 
 def _ref(template: str, messages: list[dict], tools, agp: bool) -> tuple[bool, str]:
-    kw = {} if tools is None else {"tools": tools}
-    try:
-        return True, ENV.from_string(template).render(messages=_for_template(messages), add_generation_prompt=agp,
-                                                      bos_token=BOS, eos_token=EOS, **kw)
-    except Exception as e:  # noqa: BLE001 - any Jinja error is an expected outcome
-        return False, f"{type(e).__name__}: {e}"
+    return render_ref(template, _for_template(messages), agp, **({} if tools is None else {"tools": tools}))
 
 
 def _kvllm(binary, tmp_path: Path, template: str, messages: list[dict], tools, agp: bool):
-    tpl = tmp_path / "template.jinja"
-    tpl.write_bytes(template.encode("utf-8"))
-    msgs = tmp_path / "messages.json"
-    msgs.write_text(json.dumps(messages), encoding="utf-8")
-    args = ["template", "--template", tpl, "--messages", msgs, "--bos", BOS, "--eos", EOS, "--now", NOW]
+    extra = []
     if tools is not None:
         tf = tmp_path / "tools.json"
         tf.write_text(json.dumps(tools), encoding="utf-8")
-        args += ["--tools", tf]
-    if agp:
-        args.append("--add-generation-prompt")
-    return run_cli(binary, *args, timeout=60)
+        extra = ["--tools", tf]
+    return render_kvllm(binary, tmp_path, template, messages, agp, extra=extra)
 
 
 @pytest.mark.parametrize("conv", list(CONVERSATIONS))

@@ -296,14 +296,19 @@ static int same_client(const struct server *s, const struct peer *p) {
  * together are accepted in any order: without this, a slot freed by a short
  * request would stay free while a later idle socket stayed over. */
 static void promote_one(struct server *s) {
-    if (s->n_peers >= s->max_conns || !s->peers) return;
-    struct peer *q = s->peers;   /* the list is newest first: walk back from its tail */
-    while (q->next) q = q->next;
-    /* a few candidates at most: under a flood this runs once per close */
-    for (int tries = 0; q && tries < 8; q = q->prev) {
+    if (!s->n_over || s->n_peers >= s->max_conns) return;
+    /* the list is newest first: walk back from its tail, over a few
+     * candidates at most (under a flood this runs once per close) */
+    int tries = 0;
+    for (struct peer *q = s->peers_tail; q && tries < 8; q = q->prev) {
         if (!q->over || q->phase != PH_HEADERS) continue;
         tries++;
-        if (same_client(s, q) < s->max_conns_per_client) { q->over = false; s->n_peers++; return; }
+        if (same_client(s, q) < s->max_conns_per_client) {
+            q->over = false;
+            s->n_over--;
+            s->n_peers++;
+            return;
+        }
     }
 }
 
@@ -322,9 +327,11 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         p->srv = s;
         pthread_mutex_lock(&s->peers_mu);
         p->over = s->n_peers >= s->max_conns || same_client(s, p) >= s->max_conns_per_client;
-        if (!p->over) s->n_peers++;
+        if (p->over) s->n_over++;
+        else s->n_peers++;
         p->next = s->peers;
         if (s->peers) s->peers->prev = p;
+        else s->peers_tail = p;
         s->peers = p;
         pthread_mutex_unlock(&s->peers_mu);
         *socket_context = p;
@@ -335,8 +342,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
      * peers_mu while it polls, never sees a stale descriptor */
     pthread_mutex_lock(&s->peers_mu);
     if (p->prev) p->prev->next = p->next; else s->peers = p->next;
-    if (p->next) p->next->prev = p->prev;
-    if (!p->over) { s->n_peers--; promote_one(s); }
+    if (p->next) p->next->prev = p->prev; else s->peers_tail = p->prev;
+    if (p->over) s->n_over--;
+    else { s->n_peers--; promote_one(s); }
     struct job *j = p->job;
     if (j) j->peer = NULL;
     pthread_mutex_unlock(&s->peers_mu);
@@ -367,11 +375,9 @@ void http_unwatch(struct server *s, struct job *j) {
 }
 
 void http_connections(struct server *s, int *counted, int *over) {
-    int n = 0;
     pthread_mutex_lock(&s->peers_mu);
-    for (const struct peer *q = s->peers; q; q = q->next) n++;
     *counted = s->n_peers;
-    *over = n - s->n_peers;
+    *over = s->n_over;
     pthread_mutex_unlock(&s->peers_mu);
 }
 

@@ -58,8 +58,9 @@ struct server {
     /* connections (http.c): one peer per socket, for limits, deadlines and
      * noticing a client that left while its request waits on the engine */
     pthread_mutex_t peers_mu;         /* guards the list, every peer's fields and peer<->job links */
-    struct peer *peers;               /* doubly linked */
+    struct peer *peers, *peers_tail;  /* doubly linked, newest first */
     int n_peers;                      /* within the limits (over-limit peers are not counted) */
+    int n_over;                       /* past a limit, still open */
     pthread_t watch_thread;
     bool watch_started;
     atomic_bool watch_stop;

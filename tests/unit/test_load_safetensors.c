@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 /* A valid image from the writer: three tensors, F32 (2x3), F16 (5), BF16 (2x2). */
 static size_t build(uint8_t *buf, size_t cap) {
     struct st_write_entry e[3] = {

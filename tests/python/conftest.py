@@ -121,3 +121,29 @@ def f32_answers(monkeypatch):
     """The f32 path for this test's kvllm processes (run, Server, pexpect inherit os.environ): see
     F32_ANSWERS_WHY."""
     monkeypatch.setenv("KVLLM_ACT", "f32")
+
+
+# A ChatML-like template for stories260K's chat tests: the model is not an instruct model, the template
+# only has to be one kvllm renders.
+CHATML = ("{% for message in messages %}"
+          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chatml(tmp_path_factory) -> Path:
+    """CHATML in a file, for --chat-template / --template."""
+    p = tmp_path_factory.mktemp("chatml") / "chatml.jinja"
+    p.write_text(CHATML)
+    return p
+
+
+@pytest.fixture(params=["release", "asan"])
+def binary(request, kvllm, kvllm_asan) -> Path:
+    """Each bad-input case twice: the release binary, and the ASan one (skipped when none was requested)."""
+    if request.param == "asan":
+        if kvllm_asan is None:
+            pytest.skip("no ASan build requested (KVLLM_ASAN_BIN empty; `make asan`)")
+        return kvllm_asan
+    return kvllm

@@ -5,6 +5,7 @@ No fixtures here (see conftest.py), so test files may import these directly.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,33 @@ def eval_logits(binary: str | Path, model: str | Path, tokens: Sequence[int], ou
     assert_no_sanitizer(res)
     assert res.returncode == 0, res.describe()
     return read_logits(out, len(tokens))
+
+
+def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[Sequence[int]], name: str, *extra,
+              n_vocab: int, max_tokens: int, logits: bool = True, timeout: float = 900
+              ) -> tuple[list[list[int]], np.ndarray | None, dict]:
+    """`kvllm batch` over token-id prompts (files named `name` under d): the ids of every output, the logits of
+    every step (n_outputs, max_tokens, n_vocab; f32 KV) unless logits=False, and the stats line as a dict
+    (preemptions, prompt, cached, held; spec: accepted and drafted when speculation ran, else None).  Fails on a
+    sanitizer report, a non-zero exit or a KV block still held at the end (a leak)."""
+    pf = d / f"{name}.txt"
+    pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
+    lf = d / f"{name}.bin"
+    args = ["--logits", lf, "--kv-type", "f32"] if logits else []
+    res = run_cli(binary, "batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens, *args, *extra,
+                  timeout=timeout)
+    assert_no_sanitizer(res)
+    assert res.returncode == 0, res.describe()
+    ids = [list(map(int, line.split())) for line in res.out.splitlines()]
+    lg = np.fromfile(lf, dtype="<f4").reshape(len(ids), max_tokens, n_vocab) if logits else None
+    m = re.search(r"preemptions (\d+), prompt tokens (\d+), cached (\d+), blocks held (\d+)", res.err)
+    assert m, res.describe()
+    # no leaks: every block is free (or cached, which counts as free) once all requests are done
+    assert int(m[4]) == 0, f"{name}: {m[4]} blocks held after the run\n{res.describe()}"
+    sp = re.search(r"speculation \(([a-z ]+)\): (\d+) of (\d+) drafts accepted", res.err)
+    stats = dict(preemptions=int(m[1]), prompt=int(m[2]), cached=int(m[3]), held=int(m[4]),
+                 spec=dict(accepted=int(sp[2]), drafted=int(sp[3])) if sp else None)
+    return ids, lg, stats
 
 
 def parse_ids(text: str) -> list[int]:

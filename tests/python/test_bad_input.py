@@ -291,15 +291,6 @@ ALL_CASES = (["gguf_" + n for n in GGUF_CASES] + ["gguf_writer_no_embedding_leng
              + ["empty_gguf", "empty_bin", "nonexistent", "directory"])
 
 
-@pytest.fixture(params=["release", "asan"])
-def binary(request, kvllm, kvllm_asan):
-    if request.param == "asan":
-        if kvllm_asan is None:
-            pytest.skip("no ASan build (KVLLM_ASAN_BIN)")
-        return kvllm_asan
-    return kvllm
-
-
 # ---- tests --------------------------------------------------------------------
 
 def test_base_model_is_valid(kvllm, base_gguf, tmp_path):

@@ -1,7 +1,7 @@
 """kvllm chat: the conversation loop, its KV-cache reuse across turns, and its exactness.
 
-stories260K (llama2.c checkpoint + tok512.bin) with a ChatML-like template written here: the model is not
-an instruct model, but the mechanics are the same.  The reuse proof: a multi-turn chat (stdin lines with
+stories260K (llama2.c checkpoint + tok512.bin) with a ChatML-like template (conftest.py's `chatml`): the model is
+not an instruct model, but the mechanics are the same.  The reuse proof: a multi-turn chat (stdin lines with
 --interactive) reports how many prompt tokens each turn took from the KV cache; turn k >= 2 must reuse at
 least everything up to the previous answer, and its greedy answer must equal what a fresh computation of
 the whole conversation gives — both `--no-reuse` (the session emptied every turn) and `kvllm run` (the
@@ -16,27 +16,15 @@ import pytest
 
 from kvtest import assert_no_sanitizer, run_cli
 
-CHATML = ("{% for message in messages %}"
-          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-          "{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
 TURNS = ["Lily had a little dog", "The dog ran into the park", "Then it began to rain"]
 
 TURN_RE = re.compile(r"turn (\d+): prompt (\d+) tokens: (\d+) reused from the KV cache, (\d+) computed")
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    p = tmp_path_factory.mktemp("chat") / "chatml.jinja"
-    p.write_text(CHATML)
-    return p
-
-
 @pytest.fixture
-def chat(kvllm, stories, template):
+def chat(kvllm, stories, chatml):
     """chat(*args, stdin=None, binary=None) with stories260K and the ChatML template."""
-    def _chat(*args, stdin: bytes | None = None, binary=None, tmpl=template):
+    def _chat(*args, stdin: bytes | None = None, binary=None, tmpl=chatml):
         return run_cli(binary or kvllm, "chat", "-m", stories["bin"], "--tokenizer", stories["tok"],
                        *(["--chat-template", tmpl] if tmpl else []), "--temp", "0", "-t", "1", *args, stdin=stdin)
     return _chat
@@ -82,7 +70,7 @@ def test_multi_turn_reuses_kv_cache_exactly(chat):
     assert base.out == r.out, f"KV reuse changed the answers\n--- reuse ---\n{r.out}\n--- no reuse ---\n{base.out}"
 
 
-def test_second_turn_matches_a_fresh_run(chat, run, stories, template, tmp_path):
+def test_second_turn_matches_a_fresh_run(chat, run, stories, chatml, tmp_path):
     """Turn 2 computed on top of turn 1's cache == the engine (`kvllm run`) over the whole conversation."""
     n = "24"
     a1 = chat("-p", TURNS[0], "-n", n).check_ok().out
@@ -97,7 +85,7 @@ def test_second_turn_matches_a_fresh_run(chat, run, stories, template, tmp_path)
     msgs = tmp_path / "conv.json"
     msgs.write_text(json.dumps([{"role": "user", "content": TURNS[0]}, {"role": "assistant", "content": a1},
                                 {"role": "user", "content": TURNS[1]}]))
-    prompt = run("template", "--template", template, "--messages", msgs, "--add-generation-prompt").check_ok().out
+    prompt = run("template", "--template", chatml, "--messages", msgs, "--add-generation-prompt").check_ok().out
     fresh = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], "-p", prompt, "-n", n, "--temp", "0",
                 "--no-echo", "-t", "1").check_ok().out
     assert fresh.endswith("\n")

@@ -16,21 +16,10 @@ import pytest
 from gen_model import ModelConfig, write_model
 from kvtest import parse_ids, run_cli
 
-CHATML = ("{% for message in messages %}"
-          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-          "{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TURNS = ["Lily had a dog", "The dog ran", "Then it rained", "The sun came out", "They went home", "The end"]
 TURN_RE = re.compile(r"turn (\d+): prompt (\d+) tokens: (\d+) reused from the KV cache, (\d+) computed")
 SHIFT_RE = re.compile(r"turn (\d+): context shift: (\d+) cached tokens of the kept turns moved back (\d+) positions")
 DROP_RE = re.compile(r"turn (\d+): the conversation outgrew the context")
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    p = tmp_path_factory.mktemp("shift") / "chatml.jinja"
-    p.write_text(CHATML)
-    return p
 
 
 def stats(err: str) -> dict[int, tuple[int, int, int]]:
@@ -38,16 +27,16 @@ def stats(err: str) -> dict[int, tuple[int, int, int]]:
     return {int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in TURN_RE.finditer(err)}
 
 
-def chat_stories(kvllm, stories, template, *extra):
+def chat_stories(kvllm, stories, chatml, *extra):
     stdin = ("\n".join(TURNS) + "\n").encode()
-    return run_cli(kvllm, "chat", "-m", stories["bin"], "--tokenizer", stories["tok"], "--chat-template", template,
+    return run_cli(kvllm, "chat", "-m", stories["bin"], "--tokenizer", stories["tok"], "--chat-template", chatml,
                    "--temp", "0", "-t", "1", "--interactive", "-c", "160", "-n", "12", "-sys", "Stories.", *extra,
                    stdin=stdin).check_ok()
 
 
-def test_shift_keeps_the_kept_turns_cached(kvllm, stories, template, run):
-    on = chat_stories(kvllm, stories, template)
-    off = chat_stories(kvllm, stories, template, "--no-context-shift")
+def test_shift_keeps_the_kept_turns_cached(kvllm, stories, chatml, run):
+    on = chat_stories(kvllm, stories, chatml)
+    off = chat_stories(kvllm, stories, chatml, "--no-context-shift")
     assert len(on.out.splitlines()) == len(TURNS) == len(off.out.splitlines()), on.describe()
     drops = sorted({int(t) for t in DROP_RE.findall(on.err)})
     shifts = {int(m[1]): (int(m[2]), int(m[3])) for m in SHIFT_RE.finditer(on.err)}
@@ -73,10 +62,10 @@ def test_shift_keeps_the_kept_turns_cached(kvllm, stories, template, run):
         assert s_on[t][2] <= s_off[first][2] - 20, (t, s_on[t], s_off[first])
 
 
-def test_learned_positions_fall_back_to_recompute(kvllm, template, tmp_path):
+def test_learned_positions_fall_back_to_recompute(kvllm, chatml, tmp_path):
     cfg = ModelConfig(arch="gpt2", n_vocab=300, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=128, n_ctx=160)
     path = write_model(tmp_path / "gpt2.gguf", cfg, seed=7)
-    r = run_cli(kvllm, "chat", "-m", path, "--chat-template", template, "--temp", "0", "-t", "1", "--interactive",
+    r = run_cli(kvllm, "chat", "-m", path, "--chat-template", chatml, "--temp", "0", "-t", "1", "--interactive",
                 "-c", "160", "-n", "8", stdin=("\n".join(TURNS) + "\n").encode()).check_ok()
     assert len(r.out.splitlines()) == len(TURNS), r.describe()
     assert DROP_RE.search(r.err), r.err

@@ -7,15 +7,17 @@ order fixed by that row alone.
 """
 from __future__ import annotations
 
-import re
+import functools
 
 import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from kvtest import assert_no_sanitizer, run_cli
+from kvtest import run_batch as _run_batch
+from kvtest import run_cli
 
 MAX_TOKENS = 40
+run_batch = functools.partial(_run_batch, n_vocab=320, max_tokens=MAX_TOKENS)
 N_PROMPTS = 8
 
 
@@ -33,24 +35,6 @@ def setup(tmp_path_factory):
         # half the prompts share a 41-token prefix (2 full blocks of 16 and a partial one)
         prompts.append(shared_prefix + tail if i % 2 else [1] + tail)
     return d, model, cfg, prompts
-
-
-def run_batch(kvllm, d, model, prompts, name, *extra, n_vocab=320, max_tokens=MAX_TOKENS):
-    pf = d / f"{name}.txt"
-    pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
-    lf = d / f"{name}.bin"
-    res = run_cli(kvllm, "batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens,
-                  "--logits", lf, "--kv-type", "f32", *extra)
-    assert_no_sanitizer(res)
-    assert res.returncode == 0, res.describe()
-    ids = [list(map(int, line.split())) for line in res.out.splitlines()]
-    logits = np.fromfile(lf, dtype="<f4").reshape(len(ids), max_tokens, n_vocab)
-    m = re.search(r"preemptions (\d+), prompt tokens (\d+), cached (\d+), blocks held (\d+)", res.err)
-    assert m, res.describe()
-    stats = dict(preemptions=int(m[1]), prompt=int(m[2]), cached=int(m[3]), held=int(m[4]))
-    # no leaks: every block is free (or cached, which counts as free) once all requests are done
-    assert stats["held"] == 0, res.describe()
-    return ids, logits, stats
 
 
 @pytest.fixture(scope="module")

@@ -558,15 +558,6 @@ def bad_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return out
 
 
-@pytest.fixture(params=["release", "asan"])
-def binary(request, kvllm, kvllm_asan):
-    if request.param == "asan":
-        if kvllm_asan is None:
-            pytest.skip("no ASan build (KVLLM_ASAN_BIN)")
-        return kvllm_asan
-    return kvllm
-
-
 def test_bad_base_is_valid(kvllm, bad_folders, tmp_path):
     folder, g = bad_folders["valid"]
     lh = eval_logits(kvllm, folder, TOKENS, tmp_path / "h.bin")

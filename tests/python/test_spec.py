@@ -10,6 +10,7 @@ test compares the token distribution with speculation against the one without, o
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -17,11 +18,13 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from kvtest import assert_no_sanitizer, run_cli
+from kvtest import run_batch as _run_batch
+from kvtest import run_cli
 
 N_PROMPTS = 32
 MAX_TOKENS = 24
 N_VOCAB = 320
+run_batch = functools.partial(_run_batch, n_vocab=N_VOCAB, max_tokens=MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +41,6 @@ def setup(tmp_path_factory):
         phrase = rng.integers(3, N_VOCAB, size=int(rng.integers(2, 12))).tolist()
         prompts.append([1] + phrase * int(rng.integers(2, 4)) + rng.integers(3, N_VOCAB, size=3).tolist())
     return d, target, draft, prompts
-
-
-def run_batch(kvllm, d, model, prompts, name, *extra, n_vocab=N_VOCAB, max_tokens=MAX_TOKENS, logits=True):
-    pf = d / f"{name}.txt"
-    pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
-    lf = d / f"{name}.bin"
-    args = ["--logits", lf, "--kv-type", "f32"] if logits else []
-    res = run_cli(kvllm, "batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens, *args, *extra,
-                  timeout=900)
-    assert_no_sanitizer(res)
-    assert res.returncode == 0, res.describe()
-    ids = [list(map(int, line.split())) for line in res.out.splitlines()]
-    lg = np.fromfile(lf, dtype="<f4").reshape(len(ids), max_tokens, n_vocab) if logits else None
-    m = re.search(r"preemptions (\d+), prompt tokens \d+, cached \d+, blocks held (\d+)", res.err)
-    assert m, res.describe()
-    assert int(m[2]) == 0, f"{name}: {m[2]} blocks held after the run\n{res.describe()}"
-    s = re.search(r"speculation \(([a-z ]+)\): (\d+) of (\d+) drafts accepted", res.err)
-    spec = dict(accepted=int(s[2]), drafted=int(s[3])) if s else None
-    return ids, lg, dict(preemptions=int(m[1]), spec=spec)
 
 
 MODES = {

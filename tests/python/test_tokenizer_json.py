@@ -298,15 +298,6 @@ def _bad_files(tj: dict[str, Path], d: Path) -> dict[str, tuple[bytes, str]]:
     }
 
 
-@pytest.fixture(params=["release", "asan"])
-def binary(request, kvllm, kvllm_asan):
-    if request.param == "asan":
-        if kvllm_asan is None:
-            pytest.skip("no ASan build")
-        return kvllm_asan
-    return kvllm
-
-
 def test_bad_tokenizer_json(binary, tj, tmp_path):
     bad = _bad_files(tj, tmp_path)
     for name, (data, must) in bad.items():

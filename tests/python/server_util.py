@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from gen_model import ModelConfig, write_model
 
 LISTEN_RE = re.compile(r"listening on http://[^:]+:(\d+)")
@@ -86,6 +88,10 @@ class Server:
         """(status, parsed JSON body)."""
         st, _, raw = self.request("POST", path, body, **kw)
         return st, json.loads(raw)
+
+    def client(self, api_key: str = "none", timeout: float = 120.0, **kw) -> openai.OpenAI:
+        """The official OpenAI client on this server, without retries (a test sees the first answer)."""
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout, **kw)
 
     def metrics(self) -> dict[str, float]:
         """Prometheus text -> {'name{labels}': value}.  /metrics needs the API key unless the server runs with

@@ -22,7 +22,6 @@ import re
 from pathlib import Path
 
 import jsonschema
-import openai
 import pytest
 
 from server_util import Server, ok
@@ -48,10 +47,6 @@ def srv(kvllm, smollm2):
         s = Server(kvllm, "-m", smollm2, "-c", "2048", "-t", "2", "--max-seqs", "16")
     yield s
     s.stop()
-
-
-def client(s: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=600)
 
 
 def chat(content: str, **kw) -> dict:
@@ -142,7 +137,7 @@ def test_strict_schema_official_client(srv):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
               "required": ["name", "age"]}
-    c = client(srv)
+    c = srv.client(timeout=600)
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a cat as JSON."}],
                                   temperature=0, max_tokens=MAX_TOKENS, response_format=rf)
@@ -156,7 +151,7 @@ def test_strict_schema_official_client(srv):
 # ---- json_object and greedy identity ------------------------------------------------------------------
 
 def test_json_object(srv):
-    c = client(srv)
+    c = srv.client(timeout=600)
     for temp in (0, 1.0):
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a cat."}],
                                       temperature=temp, seed=3, n=2, max_tokens=MAX_TOKENS,

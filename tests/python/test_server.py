@@ -42,15 +42,11 @@ def gqa_srv(kvllm, tmp_path_factory):
     assert rc == 0, err[-4000:]
 
 
-def client(s: Server, **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.base_url, api_key=kw.pop("api_key", "none"), max_retries=0, timeout=120, **kw)
-
-
 # ---- basics ----------------------------------------------------------------
 
 def test_health_and_models(srv):
     assert srv.request("GET", "/health")[0] == 200
-    models = client(srv).models.list()
+    models = srv.client().models.list()
     assert [m.id for m in models.data] == ["stories260K"]
     st, body = srv.post("/v1/completions", {"model": "stories260K", "prompt": "Hi", "max_tokens": 1})
     assert st == 200, body
@@ -63,7 +59,7 @@ def test_hf_folder(kvllm, stories, run, tmp_path):
     assert r.returncode == 0, r.describe()
     s = Server(kvllm, "-m", str(out), "-t", "1")
     try:
-        assert [m.id for m in client(s).models.list().data] == ["stories-hf"]
+        assert [m.id for m in s.client().models.list().data] == ["stories-hf"]
         st, body = s.post("/v1/completions", {"prompt": [1], "max_tokens": 32, "temperature": 0})
         assert st == 200, body
         assert body["model"] == "stories-hf"
@@ -76,7 +72,7 @@ def test_hf_folder(kvllm, stories, run, tmp_path):
 def test_greedy_matches_reference(srv, stories):
     """BOS alone, greedy: the published llama2.c output of stories260K."""
     ref = stories["text"].read_text()
-    r = client(srv).completions.create(model="stories260K", prompt=[1], max_tokens=64, temperature=0)
+    r = srv.client().completions.create(model="stories260K", prompt=[1], max_tokens=64, temperature=0)
     c = r.choices[0]
     assert c.finish_reason == "length"
     assert r.usage.prompt_tokens == 1 and r.usage.completion_tokens == 64
@@ -84,7 +80,7 @@ def test_greedy_matches_reference(srv, stories):
 
 
 def test_streaming_matches_nonstreaming(srv):
-    oc = client(srv)
+    oc = srv.client()
     args = dict(model="stories260K", prompt="Once upon a time", max_tokens=40, temperature=0)
     full = oc.completions.create(**args)
     chunks = list(oc.completions.create(**args, stream=True, stream_options={"include_usage": True}))
@@ -97,7 +93,7 @@ def test_streaming_matches_nonstreaming(srv):
 
 
 def test_n_and_prompt_lists(srv):
-    oc = client(srv)
+    oc = srv.client()
     r = oc.completions.create(model="stories260K", prompt="Lily", max_tokens=12, n=3, temperature=1.0, seed=7)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert 3 <= r.usage.completion_tokens <= 36
@@ -116,7 +112,7 @@ def test_n_and_prompt_lists(srv):
 
 
 def test_stop_strings(srv):
-    oc = client(srv)
+    oc = srv.client()
     base = oc.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=48, temperature=0)
     text = base.choices[0].text
     stop = text[20:26]
@@ -135,7 +131,7 @@ def test_stop_strings(srv):
 
 
 def test_logprobs(srv):
-    oc = client(srv)
+    oc = srv.client()
     r = oc.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=10, temperature=0,
                               logprobs=3)
     lp = r.choices[0].logprobs
@@ -152,7 +148,7 @@ def test_logprobs(srv):
 
 def test_chat_without_template(srv):
     """stories260K carries no chat template: a 400 that says so (streaming or not)."""
-    oc = client(srv)
+    oc = srv.client()
     msgs = [{"role": "user", "content": "Tell me a story."}]
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as e:
@@ -171,7 +167,7 @@ def test_chat_with_template(kvllm, stories, shared):
     is what is checked)."""
     s = template_server(kvllm, stories, shared, "meta-llama-Llama-3.2-3B-Instruct.jinja")
     try:
-        oc = client(s)
+        oc = s.client()
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
         r = oc.chat.completions.create(model="stories260K", messages=msgs, max_tokens=12, temperature=0,
                                        logprobs=True, top_logprobs=2)
@@ -211,7 +207,7 @@ def test_chat_with_template(kvllm, stories, shared):
 
 
 def test_gqa_model(gqa_srv):
-    oc = client(gqa_srv)
+    oc = gqa_srv.client()
     assert [m.id for m in oc.models.list().data] == ["gqa"]
     a = oc.completions.create(model="gqa", prompt="hello world", max_tokens=16, temperature=0)
     b = "".join(c.choices[0].text for c in oc.completions.create(model="gqa", prompt="hello world",
@@ -225,7 +221,7 @@ def test_smollm2_chat_and_completions(kvllm, smollm2, f32_answers):
     """A real instruct model with its own chat template (from the GGUF) and byte-level BPE."""
     s = Server(kvllm, "-m", smollm2, "-t", "1", "--alias", "smollm2", "-c", "2048")
     try:
-        oc = client(s)
+        oc = s.client()
         q = [{"role": "user", "content": "What is the capital of France?"}]
         r = oc.chat.completions.create(model="smollm2", messages=q, max_tokens=32, temperature=0)
         text = r.choices[0].message.content
@@ -247,7 +243,7 @@ def test_smollm2_chat_and_completions(kvllm, smollm2, f32_answers):
 # ---- concurrency is invisible -------------------------------------------------
 
 def stream_text(s: Server, model: str, prompt, max_tokens: int) -> str:
-    oc = client(s)
+    oc = s.client()
     return "".join(c.choices[0].text for c in oc.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
                                                                      temperature=0, stream=True))
 
@@ -424,9 +420,9 @@ def test_api_key_and_queue_limit(kvllm, stories):
         st, _, raw = s.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
         check_error(st, raw, 401, "API key", "wrong key")
         with pytest.raises(openai.AuthenticationError):
-            client(s, api_key="wrong").models.list()
+            s.client(api_key="wrong").models.list()
         assert s.request("GET", "/health")[0] == 200          # not behind the key
-        oc = client(s, api_key="sekret")
+        oc = s.client(api_key="sekret")
         assert oc.completions.create(model="stories260K", prompt="a", max_tokens=2).usage.completion_tokens >= 1
 
         def one(_):
@@ -487,7 +483,7 @@ def test_asan_serve_and_load(asan_bin, stories):
     s = Server(asan_bin, *stories_args(stories), "--max-seqs", "8")
     lingering = None
     try:
-        oc = client(s)
+        oc = s.client()
 
         def one(i):
             if i % 5 == 0:

@@ -33,12 +33,8 @@ def smol(kvllm, smollm2):
     assert rc == 0, err
 
 
-def client(s: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=120)
-
-
 def test_vllm_style_options(smol):
-    models = client(smol).models.list()
+    models = smol.client().models.list()
     assert [m.id for m in models.data] == ["smol"]
     st, _, raw = smol.request("GET", "/props")
     props = json.loads(raw)
@@ -97,7 +93,7 @@ def test_llama_server_completion(smol):
 
 def test_embeddings_not_implemented(smol):
     with pytest.raises(openai.APIStatusError) as e:
-        client(smol).embeddings.create(model="smol", input="hello")
+        smol.client().embeddings.create(model="smol", input="hello")
     assert e.value.status_code == 501
     msg = e.value.response.json()["error"]["message"]
     assert "embeddings are not supported" in msg and "/v1/chat/completions" in msg, msg
@@ -145,7 +141,7 @@ def test_cors_off_by_default_star_by_choice(kvllm, stories):
 
 
 def test_request_and_engine_log_lines(smol):
-    c = client(smol)
+    c = smol.client()
     r = c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Name a color."}],
                                   max_tokens=24, temperature=0)
     time.sleep(0.2)

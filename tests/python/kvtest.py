@@ -83,6 +83,7 @@ def assert_no_sanitizer(res: Result) -> None:
     for m in SANITIZER_MARKERS:
         assert m not in res.err, f"sanitizer report ({m}):\n{res.describe()}"
     assert res.returncode >= 0, f"killed by signal {-res.returncode}:\n{res.describe()}"
+    assert res.returncode not in (86, 87), f"sanitizer exit code:\n{res.describe()}"
 
 
 def check_refused(res: Result, name: str, quiet: bool = True) -> None:
@@ -96,7 +97,6 @@ def check_refused(res: Result, name: str, quiet: bool = True) -> None:
     assert name in errs[0], f"error line should name {name!r}: {errs[0]!r}"
     if quiet:
         assert lines == errs, f"with -q stderr should hold only the error line:\n{res.describe()}"
-    assert res.returncode not in (86, 87), f"sanitizer exit code:\n{res.describe()}"
 
 
 def read_logits(path: str | Path, n_tokens: int) -> np.ndarray:

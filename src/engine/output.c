@@ -74,11 +74,13 @@ static bool hold(struct seq_ctx *c, const char *s, size_t n) {
     return true;
 }
 
-/* Longest suffix of the held text that is a proper prefix of a stop string. */
+/* Longest suffix of the held text that is a proper prefix of a stop string
+ * (an empty stop string, which never matches, has none). */
 static size_t stop_prefix_tail(const struct request *r, const char *s, size_t n) {
     size_t best = 0;
     for (int i = 0; i < r->n_stop; i++) {
         size_t ls = strlen(r->stop[i]);
+        if (!ls) continue;
         for (size_t k = ls > n ? n : ls - 1; k > best; k--)
             if (!memcmp(s + n - k, r->stop[i], k)) { best = k; break; }
     }

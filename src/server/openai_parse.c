@@ -413,8 +413,11 @@ static int parse_stop(json_object *root, struct oai_request *r, struct oai_error
     if (!n) return 0;
     if (!(r->stop = calloc(n, sizeof *r->stop))) return oom(e);
     for (size_t i = 0; i < n; i++) {
-        if (copy_str(one ? v : json_object_array_get_idx(v, i), "stop", &r->stop[i], NULL, e) < 0) return -1;
+        size_t len;
+        if (copy_str(one ? v : json_object_array_get_idx(v, i), "stop", &r->stop[i], &len, e) < 0) return -1;
         r->n_stop++;
+        /* an empty stop string would match before every token (OpenAI refuses it too) */
+        if (!len) return fail(e, "stop", "stop strings must not be empty ('stop' entry %zu is \"\")", i);
     }
     return 0;
 }

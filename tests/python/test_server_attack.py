@@ -10,6 +10,7 @@
   period finish, the rest end with an SSE error event and [DONE] (streams) or 503; exit 0;
 - the smaller ones: Retry-After on 429, HTTP/1.1 without Host and duplicate Content-Length refused, 401
   before 404/405, /metrics behind the key unless --metrics-public, the key compared whole;
+- an empty stop string is refused (400) on completions, chat and /completion, and the server lives on;
 - a sequence the engine failed (KVLLM_FINISH_ERROR: here a model whose logits are all NaN) is answered 500,
   or ends its stream with an error event and [DONE].
 
@@ -463,6 +464,26 @@ def test_queue_full_retry_after(kvllm, gqa_model):
     finally:
         for k in socks:
             k.close()
+        stopped_ok(s)
+
+
+# ---- request fields that once took the server down ----------------------------------------
+
+def test_empty_stop_string_is_refused(kvllm, stories, chatml):
+    """An empty stop string (which would match before every token, and once crashed the engine thread) is
+    a 400 naming 'stop' on every completion route, as OpenAI answers; the server serves the next request."""
+    s = Server(kvllm, *stories_args(stories), "--chat-template", chatml)
+    try:
+        routes = [("/v1/completions", {"prompt": "Once"}), ("/completion", {"prompt": "Once"}),
+                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Once"}]})]
+        for path, body in routes:
+            for stop in ([""], "", ["Lily", ""]):
+                st, r = s.post(path, {**body, "max_tokens": 8, "stop": stop})
+                assert st == 400 and r["error"]["param"] == "stop", (path, stop, st, r)
+            st, r = s.post(path, {**body, "max_tokens": 8, "stop": ["zq"]})
+            assert st == 200, (path, r)
+        assert s.wait_blocks_released()['kvllm_kv_blocks{state="held"}'] == 0
+    finally:
         stopped_ok(s)
 
 

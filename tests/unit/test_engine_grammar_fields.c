@@ -8,6 +8,8 @@
  *   stop_token_ids  the sample stops with STOP at the first occurrence of
  *                   the id, which is not part of the tokens or the text;
  *                   before min_tokens it is masked instead;
+ *   stop            an empty stop string never matches: the text is the
+ *                   reference's;
  *   validation      ids out of range, min_tokens > max_tokens: KVLLM_EINVAL.
  * Every run must leave 0 blocks held. */
 #include "check.h"
@@ -109,6 +111,12 @@ int main(void) {
                                          .min_tokens = first + 1 }, r) == 0);
     CHECK(r->n_tok[0] > first);
     for (int k = 0; k < first + 1 && k < r->n_tok[0]; k++) CHECK(r->tok[0][k] != stop);
+
+    /* stop strings: an empty one never matches (nor holds text back), so the sample is the reference's */
+    const char *stops[] = { "", "\x01\x02" };
+    CHECK(run(e, (struct kvllm_request){ .ignore_eos = true, .stop = stops, .n_stop = 2 }, r) == 0);
+    CHECK_MSG(r->n_tok[0] == 40 && r->fin[0] == KVLLM_FINISH_LENGTH && !strcmp(r->text[0], base->text[0]),
+              "%d tokens, finish %d, '%s' vs '%s'", r->n_tok[0], r->fin[0], r->text[0], base->text[0]);
 
     /* validation */
     int32_t bad_id = V;

@@ -1,13 +1,18 @@
 """gen_model.py — write random-weight decoder models as GGUF files.
 
-The files follow what llama.cpp's converters write for the "llama" architecture
+The files follow what llama.cpp's converters (convert_hf_to_gguf.py) write for the "llama" architecture
 (also "mistral": llama with sliding-window attention; Llama 3 rope scaling as a
-rope_freqs.weight tensor), "qwen2" (Q/K/V biases) and "gpt2" (learned positions,
-LayerNorm with bias, fused QKV, biases everywhere, GELU FFN): the <arch>.*
-hyper-parameter keys, the GGUF tensor names, a SentencePiece-style vocabulary
-in tokenizer.ggml.* (the tests only use ids).  Weights are random but scaled so that the
+rope_freqs.weight tensor), "qwen2" (Q/K/V biases), "gpt2" (learned positions,
+LayerNorm with bias, fused QKV, biases everywhere, GELU FFN), "qwen3" (per-head
+attn_q_norm / attn_k_norm, head_dim from attention.key_length), "gemma2" and "gemma3"
+(post-norms, GeGLU, tied head, sliding-window layers; gemma2 soft-caps, gemma3 q/k
+norms): the <arch>.* hyper-parameter keys, the GGUF tensor names, a SentencePiece-style
+vocabulary in tokenizer.ggml.* (the tests only use ids).  As the converters do, qwen3 and
+gemma files carry no rope.dimension_count (readers default it to head_dim) and gemma2 no
+rope.freq_base unless rope_theta differs from 10000.  Weights are random but scaled so that the
 activations of a forward pass stay O(1): matrices are N(0, 1/fan_in), the
-embedding N(0, 1/n_embd), norm weights uniform in [0.9, 1.1].
+embedding N(0, 1/n_embd), norm weights uniform in [0.9, 1.1] (for Gemma that is the stored
+1 + w: its converter adds Gemma's RMSNorm offset to every *norm.weight, so readers multiply by the file's w).
 
 Shapes: numpy arrays are (rows, cols); GGUF stores them as ne = [cols, rows]
 (the writer reverses the order), e.g. attn_q is numpy (n_head*head_dim, n_embd).
@@ -57,23 +62,27 @@ class ModelConfig:
     tied: bool = False              # True: no output.weight (the head reuses token_embd)
     dtype: str = "f32"              # matrices: f32, f16, bf16, q8_0, q4_0, q4_1, or a KTYPES entry; norms F32
     name: str = "kvllm-random-llama"
-    arch: str = "llama"             # general.architecture: llama, mistral, qwen2, gpt2
+    arch: str = "llama"             # general.architecture: one of ARCHS
     n_swa: int = 0                  # > 0: <arch>.attention.sliding_window
     llama3_rope: tuple[float, float, float, int] | None = None
                                     # (factor, low_freq_factor, high_freq_factor, original context):
                                     # rope_freqs.weight as llama.cpp's converter computes it
     rope_scale_linear: float | None = None   # <arch>.rope.scaling.type linear with this factor
+    key_length: int | None = None   # head_dim when it is not n_embd / n_head: <arch>.attention.key_length
+                                    # and value_length (always written for qwen3 and gemma, as the converters do)
+    attn_softcap: float = 50.0      # gemma2: <arch>.attn_logit_softcapping (the Gemma 2 configs' value)
+    final_softcap: float = 30.0     # gemma2: <arch>.final_logit_softcapping
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
 
     @property
     def rot(self) -> int:
         return self.head_dim if self.n_rot is None else self.n_rot
 
     def check(self) -> None:
-        if self.n_embd % self.n_head:
+        if self.key_length is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} not divisible by n_head {self.n_head}")
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} not divisible by n_head_kv {self.n_head_kv}")
@@ -85,11 +94,25 @@ class ModelConfig:
             raise ValueError("n_vocab must be positive")
         if self.arch not in ARCHS:
             raise ValueError(f"arch {self.arch!r}: expected one of {ARCHS}")
-        if self.arch == "gpt2" and (self.llama3_rope or self.n_swa or self.n_rot is not None):
+        if self.arch == "gpt2" and (self.llama3_rope or self.n_swa or self.n_rot is not None or self.key_length):
             raise ValueError("gpt2 has learned positions: no rope settings or sliding window")
+        # what the converters never write for these families: a reader need not accept it
+        if self.arch in ("qwen3", "gemma2", "gemma3") and (self.llama3_rope or self.n_rot is not None):
+            raise ValueError(f"{self.arch}: rope over the whole head, no rope_freqs")
+        if self.arch in ("qwen3", "gemma2") and self.rope_scale_linear:
+            raise ValueError(f"{self.arch}: no linear rope scaling")
+        if self.arch == "qwen3" and self.n_swa:
+            raise ValueError("qwen3: no sliding window")
+        if self.arch in ("gemma2", "gemma3") and not self.tied:
+            raise ValueError(f"{self.arch}: the head is always token_embd (tied=True)")
+        if self.arch == "gemma3" and self.n_swa <= 0:
+            raise ValueError("gemma3: sliding_window is required")
+        if self.arch == "gemma2" and not (self.attn_softcap > 0 and self.final_softcap > 0):
+            raise ValueError("gemma2: both soft-caps must be positive")
 
 
-ARCHS = ("llama", "mistral", "qwen2", "gpt2")
+ARCHS = ("llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3")
+GEMMA = ("gemma2", "gemma3")
 
 
 SHAPES: dict[str, ModelConfig] = {
@@ -238,13 +261,22 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 TensorSpec(p + "attn_k.bias", (kv_dim,), "bias", d),
                 TensorSpec(p + "attn_v.bias", (kv_dim,), "bias", d),
             ]
+        if cfg.arch in ("qwen3", "gemma3"):
+            specs += [
+                TensorSpec(p + "attn_q_norm.weight", (hd,), "norm", hd),
+                TensorSpec(p + "attn_k_norm.weight", (hd,), "norm", hd),
+            ]
+        specs.append(TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim))
+        if cfg.arch in GEMMA:
+            specs.append(TensorSpec(p + "post_attention_norm.weight", (d,), "norm", d))
         specs += [
-            TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
             TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
             TensorSpec(p + "ffn_gate.weight", (cfg.n_ff, d), "matrix", d),
             TensorSpec(p + "ffn_up.weight", (cfg.n_ff, d), "matrix", d),
             TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
         ]
+        if cfg.arch in GEMMA:
+            specs.append(TensorSpec(p + "post_ffw_norm.weight", (d,), "norm", d))
     specs.append(TensorSpec("output_norm.weight", (d,), "norm", d))
     if cfg.arch == "gpt2":
         specs.append(TensorSpec("output_norm.bias", (d,), "bias", d))
@@ -320,12 +352,20 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     kv(f"{arch}.feed_forward_length", w.add_uint32, cfg.n_ff)
     kv(f"{arch}.attention.head_count", w.add_uint32, cfg.n_head)
     kv(f"{arch}.attention.head_count_kv", w.add_uint32, cfg.n_head_kv)
+    if cfg.key_length or arch in ("qwen3", *GEMMA):
+        kv(f"{arch}.attention.key_length", w.add_uint32, cfg.head_dim)
+        kv(f"{arch}.attention.value_length", w.add_uint32, cfg.head_dim)
     if arch == "gpt2":
         kv(f"{arch}.attention.layer_norm_epsilon", w.add_float32, cfg.norm_eps)
     else:
-        kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
-        kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
+        if arch not in ("qwen3", *GEMMA):
+            kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
+        if arch != "gemma2" or cfg.rope_theta != 10000.0:
+            kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
         kv(f"{arch}.attention.layer_norm_rms_epsilon", w.add_float32, cfg.norm_eps)
+        if arch == "gemma2":
+            kv(f"{arch}.attn_logit_softcapping", w.add_float32, cfg.attn_softcap)
+            kv(f"{arch}.final_logit_softcapping", w.add_float32, cfg.final_softcap)
         if cfg.n_swa:
             kv(f"{arch}.attention.sliding_window", w.add_uint32, cfg.n_swa)
         if cfg.rope_scale_linear:
@@ -381,7 +421,7 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
     cfg = dataclasses.replace(SHAPES[args.shape])
     cfg.dtype = args.type
     for f in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx", "n_rot",
-              "rope_theta", "norm_eps"):
+              "rope_theta", "norm_eps", "key_length"):
         v = getattr(args, f)
         if v is not None:
             setattr(cfg, f, v)
@@ -410,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arch", choices=ARCHS, default=None, help="general.architecture (default llama)")
     ap.add_argument("--sliding-window", dest="n_swa", type=int, default=None, help="attention.sliding_window")
     for f, t in (("n_vocab", int), ("n_embd", int), ("n_layer", int), ("n_head", int), ("n_head_kv", int),
-                 ("n_ff", int), ("n_ctx", int), ("n_rot", int), ("rope_theta", float), ("norm_eps", float)):
+                 ("n_ff", int), ("n_ctx", int), ("n_rot", int), ("rope_theta", float), ("norm_eps", float),
+                 ("key_length", int)):
         ap.add_argument("--" + f.replace("_", "-"), dest=f, type=t, default=None, help=f"override {f}")
     args = ap.parse_args(argv)
     cfg = build_config(args)

@@ -1,6 +1,7 @@
-"""ref_llama.py — a plain numpy float64 Llama forward pass, the oracle for kvllm's logits.
+"""ref_llama.py — a plain numpy float64 decoder forward pass, the oracle for kvllm's logits.
 
-Written from the Llama math, not from kvllm's C code:
+Written from each architecture's math (Transformers' modeling_*.py, the papers, and for the GGUF layout
+llama.cpp's convert_hf_to_gguf.py), not from kvllm's C code.  The Llama pass:
 
     x = token_embd[tokens]
     per layer:  h = rmsnorm(x) * attn_norm
@@ -18,16 +19,38 @@ Written from the Llama math, not from kvllm's C code:
 rmsnorm(x) = x / sqrt(mean(x^2) + eps).  All weights are upcast to float64 (F16 exactly, quantized
 types through gguf.quants.dequantize), so the only rounding is float64's.
 
-Other architectures, as switches on the same pass (general.architecture):
+Every other architecture is the same pass with a different Family (the table FAMILIES below) and
+hyper-parameters read from its file:
   mistral / llama with <arch>.attention.sliding_window W: query i attends keys j with i - W < j <= i
   llama with rope_freqs.weight f (Llama 3 rope scaling): pair i turns by pos * theta^(-2i/n_rot) / f[i]
   <arch>.rope.scaling.type linear, factor s: positions are divided by s before rope
-  qwen2:  + biases on q, k, v; rope rotates HALVES (x[i], x[i + n_rot/2]) — the GGUF Qwen2 ("neox")
+  qwen2:  + biases on q, k, v; rope rotates HALVES (x[i], x[i + n_rot/2]) — the GGUF "neox"
           convention, since its converter does not permute Q/K as the llama one does
   gpt2:   x = token_embd[tokens] + position_embd[pos]; no rope
           layernorm(x) = (x - mean) / sqrt(var + eps) * w + b   (attn_norm, ffn_norm, output_norm)
           q, k, v = split(h Wqkv^T + bqkv) in that order;  x += attn Wo^T + bo
           x += gelu(h Wup^T + bup) Wdown^T + bdown,  gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
+  qwen3 (modeling_qwen3.py): no biases; q and k of each head RMS-normed over head_dim with attn_q_norm /
+          attn_k_norm (head_dim,) BEFORE rope; rope on halves; head_dim = <arch>.attention.key_length,
+          which need not be n_embd / n_head
+  gemma2 (modeling_gemma2.py), gemma3 (modeling_gemma3.py):
+          x = token_embd[tokens] * sqrt(n_embd)               (sqrt rounded to f32, as both llama.cpp and
+                                                              Transformers multiply by an f32 scalar)
+          h = x + rmsnorm(attn(rmsnorm(x) * attn_norm)) * post_attention_norm
+          x = h + rmsnorm(ffn(rmsnorm(h) * ffn_norm)) * post_ffw_norm
+          ffn(h) = (gelu_tanh(h Wgate^T) * (h Wup^T)) Wdown^T
+          Gemma's RMSNorm multiplies by (1 + w); the converter stores 1 + w, so the file's w is used as is.
+          Attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim; llama.cpp uses n_embd / n_head
+          only for the 27B models, by layer count — no generated model has those counts).  Rope on halves.
+          Sliding-window layers: with pattern P, layer il slides iff il % P < P - 1 (llama.cpp's
+          set_swa_pattern; Transformers' layer_types): gemma2 P = 2 (even layers), gemma3 P = 6.
+          gemma2: scores = cap * tanh(scores / cap) with cap = <arch>.attn_logit_softcapping, after the
+                  scaling and before the mask and softmax; logits = cap' * tanh(logits / cap') with
+                  cap' = <arch>.final_logit_softcapping; one rope base for every layer; window 4096 when
+                  the file has none (llama.cpp's default)
+          gemma3: q/k norms as qwen3; sliding layers use rope base 10000 and no rope scaling (Transformers'
+                  rope_local_base_freq, llama.cpp's rope_freq_base_train_swa), global layers the file's
+                  rope.freq_base and its linear scaling; no soft-capping
 """
 from __future__ import annotations
 
@@ -37,6 +60,40 @@ from typing import Sequence
 
 import numpy as np
 import gguf
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one architecture does differently from Llama; the forward pass reads only this and HParams."""
+    norm: str = "rms"              # rms: x / sqrt(mean(x^2) + eps) * w;  layer: LayerNorm with weight and bias
+    rope: str = "adjacent"         # pairs rotated: adjacent (x[2i], x[2i+1]) | halves (x[i], x[i + n_rot/2]) | none
+    qkv_fused: bool = False        # one attn_qkv (rows q, k, v) instead of attn_q / attn_k / attn_v
+    qkv_bias: bool = False         # biases on the q, k, v projections
+    out_bias: bool = False         # biases on attn_output, ffn_up and ffn_down
+    qk_norm: bool = False          # per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before rope
+    post_norms: bool = False       # each branch's output normed (post_attention_norm, post_ffw_norm) before its add
+    ffn: str = "swiglu"            # swiglu: silu(gate) * up | geglu: gelu_tanh(gate) * up | gelu: gelu_tanh(up)
+    embd_scale: bool = False       # token embeddings times sqrt(n_embd)
+    learned_pos: bool = False      # position_embd added to the embeddings
+    swa_pattern: int = 0           # with a window: layer il slides iff il % P < P - 1; 0: every layer slides
+    swa_rope_theta: float = 0.0    # > 0: sliding layers use this rope base and no rope scaling
+    n_swa_default: int = 0         # window when the file has no sliding_window key
+    head_dim_key: bool = False     # head_dim from <arch>.attention.key_length (else n_embd / n_head unless present)
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(),
+    "mistral": Family(),
+    "qwen2": Family(rope="halves", qkv_bias=True),
+    "gpt2": Family(norm="layer", rope="none", qkv_fused=True, qkv_bias=True, out_bias=True, ffn="gelu",
+                   learned_pos=True),
+    "qwen3": Family(rope="halves", qk_norm=True, head_dim_key=True),
+    "gemma2": Family(rope="halves", post_norms=True, ffn="geglu", embd_scale=True, swa_pattern=2,
+                     n_swa_default=4096, head_dim_key=True),
+    "gemma3": Family(rope="halves", qk_norm=True, post_norms=True, ffn="geglu", embd_scale=True, swa_pattern=6,
+                     swa_rope_theta=10000.0, head_dim_key=True),
+}
+ARCHS = tuple(FAMILIES)
 
 
 @dataclass
@@ -52,9 +109,26 @@ class HParams:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     n_ctx: int = 0
-    arch: str = "llama"           # llama | mistral | qwen2 | gpt2
+    arch: str = "llama"           # a FAMILIES key
     n_swa: int = 0                # sliding window (0: full causal attention)
     rope_scale: float = 1.0       # linear rope scaling factor (positions / rope_scale)
+    swa_pattern: int = 0          # which layers the window applies to (Family.swa_pattern)
+    rope_theta_swa: float = 0.0   # rope base of sliding layers (0: rope_theta, with rope_scale)
+    attn_softcap: float = 0.0     # > 0: attention scores soft-capped at this value
+    final_softcap: float = 0.0    # > 0: logits soft-capped at this value
+
+    def layer_window(self, il: int) -> int:
+        """Layer il's sliding window, 0 for full causal attention."""
+        if not self.n_swa:
+            return 0
+        p = self.swa_pattern
+        return self.n_swa if p == 0 or il % p < p - 1 else 0
+
+    def layer_rope(self, il: int) -> tuple[float, float]:
+        """(base, linear scale) of layer il's rope."""
+        if self.layer_window(il) and self.rope_theta_swa:
+            return self.rope_theta_swa, 1.0
+        return self.rope_theta, self.rope_scale
 
 
 def _field(reader: gguf.GGUFReader, key: str, default=None):
@@ -81,47 +155,59 @@ def tensor_to_f64(t) -> np.ndarray:
     return a.astype(np.float64).reshape(shape)
 
 
-ARCHS = ("llama", "mistral", "qwen2", "gpt2")
+def expected_tensors(hp: HParams, fam: Family) -> dict[str, tuple[int, ...]]:
+    """The tensors a model of this family must have, with numpy shapes (output.weight is optional)."""
+    d, hd, ff = hp.n_embd, hp.head_dim, hp.n_ff
+    qd, kvd = hp.n_head * hd, hp.n_head_kv * hd
+    out = {"token_embd.weight": (hp.n_vocab, d), "output_norm.weight": (d,)}
+    if fam.norm == "layer":
+        out["output_norm.bias"] = (d,)
+    if fam.learned_pos:
+        out["position_embd.weight"] = (hp.n_ctx, d)
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        norms = ["attn_norm", "ffn_norm"] + (["post_attention_norm", "post_ffw_norm"] if fam.post_norms else [])
+        for n in norms:
+            out[p + n + ".weight"] = (d,)
+            if fam.norm == "layer":
+                out[p + n + ".bias"] = (d,)
+        if fam.qkv_fused:
+            out[p + "attn_qkv.weight"] = (qd + 2 * kvd, d)
+            if fam.qkv_bias:
+                out[p + "attn_qkv.bias"] = (qd + 2 * kvd,)
+        else:
+            out.update({p + "attn_q.weight": (qd, d), p + "attn_k.weight": (kvd, d), p + "attn_v.weight": (kvd, d)})
+            if fam.qkv_bias:
+                out.update({p + "attn_q.bias": (qd,), p + "attn_k.bias": (kvd,), p + "attn_v.bias": (kvd,)})
+        if fam.qk_norm:
+            out.update({p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)})
+        out[p + "attn_output.weight"] = (d, qd)
+        out.update({p + "ffn_up.weight": (ff, d), p + "ffn_down.weight": (d, ff)})
+        if fam.ffn != "gelu":
+            out[p + "ffn_gate.weight"] = (ff, d)
+        if fam.out_bias:
+            out.update({p + "attn_output.bias": (d,), p + "ffn_up.bias": (ff,), p + "ffn_down.bias": (d,)})
+    return out
 
 
 class LlamaRef:
-    """Reference model: hp + a dict of float64 weights with GGUF names and numpy shapes."""
+    """Reference model: hp + a dict of float64 weights with GGUF names and numpy shapes.
 
-    def __init__(self, hp: HParams, weights: dict[str, np.ndarray]):
+    family: the architecture's behaviour; default FAMILIES[hp.arch] (tests pass a changed one to show that a
+    feature matters)."""
+
+    def __init__(self, hp: HParams, weights: dict[str, np.ndarray], family: Family | None = None):
+        if hp.arch not in FAMILIES:
+            raise ValueError(f"architecture {hp.arch!r} not in {ARCHS}")
         self.hp = hp
         self.w = weights
-        d, hd = hp.n_embd, hp.head_dim
-        qd, kvd = hp.n_head * hd, hp.n_head_kv * hd
-        if hp.arch not in ARCHS:
-            raise ValueError(f"architecture {hp.arch!r} not in {ARCHS}")
-        gpt2 = hp.arch == "gpt2"
-        expect = {"token_embd.weight": (hp.n_vocab, d), "output_norm.weight": (d,)}
-        if gpt2:
-            expect.update({"output_norm.bias": (d,), "position_embd.weight": (hp.n_ctx, d)})
-        for il in range(hp.n_layer):
-            p = f"blk.{il}."
-            expect.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,),
-                           p + "attn_output.weight": (d, qd), p + "ffn_up.weight": (hp.n_ff, d),
-                           p + "ffn_down.weight": (d, hp.n_ff)})
-            if gpt2:
-                expect.update({
-                    p + "attn_norm.bias": (d,), p + "ffn_norm.bias": (d,),
-                    p + "attn_qkv.weight": (qd + 2 * kvd, d), p + "attn_qkv.bias": (qd + 2 * kvd,),
-                    p + "attn_output.bias": (d,), p + "ffn_up.bias": (hp.n_ff,), p + "ffn_down.bias": (d,),
-                })
-            else:
-                expect.update({
-                    p + "attn_q.weight": (qd, d), p + "attn_k.weight": (kvd, d), p + "attn_v.weight": (kvd, d),
-                    p + "ffn_gate.weight": (hp.n_ff, d),
-                })
-            if hp.arch == "qwen2":
-                expect.update({p + "attn_q.bias": (qd,), p + "attn_k.bias": (kvd,), p + "attn_v.bias": (kvd,)})
-        for name, shape in expect.items():
+        self.fam = family or FAMILIES[hp.arch]
+        for name, shape in expected_tensors(hp, self.fam).items():
             if name not in weights:
                 raise KeyError(f"tensor {name} missing")
             if weights[name].shape != shape:
                 raise ValueError(f"tensor {name}: shape {weights[name].shape}, expected {shape}")
-        if "output.weight" in weights and weights["output.weight"].shape != (hp.n_vocab, d):
+        if "output.weight" in weights and weights["output.weight"].shape != (hp.n_vocab, hp.n_embd):
             raise ValueError(f"output.weight: shape {weights['output.weight'].shape}")
         if "rope_freqs.weight" in weights and weights["rope_freqs.weight"].shape != (hp.n_rot // 2,):
             raise ValueError(f"rope_freqs.weight: shape {weights['rope_freqs.weight'].shape}")
@@ -133,32 +219,39 @@ class LlamaRef:
         """From a GGUF path, or an already-open gguf.GGUFReader."""
         r = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
-        if arch not in ARCHS:
+        if arch not in FAMILIES:
             raise ValueError(f"{path}: architecture {arch!r}, supported: {ARCHS}")
-        n_embd = int(_field(r, f"{arch}.embedding_length"))
-        n_head = int(_field(r, f"{arch}.attention.head_count"))
-        head_dim = int(_field(r, f"{arch}.attention.key_length", n_embd // n_head))
+        fam = FAMILIES[arch]
+        key = lambda k, default=None: _field(r, f"{arch}.{k}", default)
+        n_embd = int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length") if fam.head_dim_key else key("attention.key_length", n_embd // n_head))
+        if int(key("attention.value_length", head_dim)) != head_dim:
+            raise ValueError(f"{path}: value_length differs from key_length (not supported by the reference)")
         weights = {t.name: tensor_to_f64(t) for t in r.tensors}
-        gpt2 = arch == "gpt2"
-        scaling = _field(r, f"{arch}.rope.scaling.type", "none")
+        scaling = key("rope.scaling.type", "none")
         if scaling not in ("none", "linear"):
             raise ValueError(f"{path}: rope scaling {scaling!r} not supported by the reference")
+        layer = fam.norm == "layer"
         hp = HParams(
             n_vocab=weights["token_embd.weight"].shape[0],
             n_embd=n_embd,
-            n_layer=int(_field(r, f"{arch}.block_count")),
+            n_layer=int(key("block_count")),
             n_head=n_head,
-            n_head_kv=int(_field(r, f"{arch}.attention.head_count_kv", n_head)),
-            n_ff=int(_field(r, f"{arch}.feed_forward_length")),
+            n_head_kv=int(key("attention.head_count_kv", n_head)),
+            n_ff=int(key("feed_forward_length")),
             head_dim=head_dim,
-            n_rot=0 if gpt2 else int(_field(r, f"{arch}.rope.dimension_count", head_dim)),
-            rope_theta=float(_field(r, f"{arch}.rope.freq_base", 10000.0)),
-            norm_eps=float(_field(r, f"{arch}.attention.layer_norm_epsilon" if gpt2 else
-                                  f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            n_ctx=int(_field(r, f"{arch}.context_length", 0)),
+            n_rot=0 if fam.rope == "none" else int(key("rope.dimension_count", head_dim)),
+            rope_theta=float(key("rope.freq_base", 10000.0)),
+            norm_eps=float(key("attention.layer_norm_epsilon" if layer else "attention.layer_norm_rms_epsilon", 1e-5)),
+            n_ctx=int(key("context_length", 0)),
             arch=arch,
-            n_swa=int(_field(r, f"{arch}.attention.sliding_window", 0)),
-            rope_scale=float(_field(r, f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            n_swa=int(key("attention.sliding_window", fam.n_swa_default)),
+            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            swa_pattern=fam.swa_pattern,
+            rope_theta_swa=fam.swa_rope_theta,
+            attn_softcap=float(key("attn_logit_softcapping", 0.0)),
+            final_softcap=float(key("final_logit_softcapping", 0.0)),
         )
         return cls(hp, weights)
 
@@ -173,24 +266,28 @@ class LlamaRef:
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
         """name: the norm's prefix, e.g. 'blk.0.attn_norm'."""
-        if self.hp.arch == "gpt2":
+        if self.fam.norm == "layer":
             return self._layernorm(x, self.w[name + ".weight"], self.w[name + ".bias"])
         return self._rmsnorm(x, self.w[name + ".weight"])
 
-    def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """x: (n_tokens, n_heads, head_dim); rotates pairs of the first n_rot dims: adjacent ones
-        (x[2i], x[2i+1]), or for qwen2 the halves (x[i], x[i + n_rot/2])."""
-        n_rot = self.hp.n_rot
+    def _rope(self, x: np.ndarray, pos: np.ndarray, theta: float | None = None, scale: float | None = None
+              ) -> np.ndarray:
+        """x: (n_tokens, n_heads, head_dim); rotates pairs of the first n_rot dims, adjacent ones (x[2i], x[2i+1])
+        or halves (x[i], x[i + n_rot/2]) as the family says.  theta, scale: default the file's."""
+        hp = self.hp
+        n_rot = hp.n_rot
+        theta = hp.rope_theta if theta is None else theta
+        scale = hp.rope_scale if scale is None else scale
         i = np.arange(n_rot // 2, dtype=np.float64)
-        freq = self.hp.rope_theta ** (-2.0 * i / n_rot)               # (n_rot/2,)
+        freq = theta ** (-2.0 * i / n_rot)                             # (n_rot/2,)
         factors = getattr(self, "w", {}).get("rope_freqs.weight")     # Llama 3: per-pair divisors
         if factors is not None:
             freq = freq / factors
-        p = pos.astype(np.float64) / self.hp.rope_scale
-        ang = p[:, None] * freq[None, :]                               # (n_tokens, n_rot/2)
+        ang = (pos.astype(np.float64) / scale)[:, None] * freq[None, :]   # (n_tokens, n_rot/2)
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         out = x.copy()
-        if self.hp.arch == "qwen2":
+        fam = getattr(self, "fam", None) or FAMILIES[hp.arch]
+        if fam.rope == "halves":
             a, b = slice(0, n_rot // 2), slice(n_rot // 2, n_rot)
         else:
             a, b = slice(0, n_rot, 2), slice(1, n_rot, 2)
@@ -203,65 +300,92 @@ class LlamaRef:
     def _gelu(x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
+    @staticmethod
+    def _softcap(x: np.ndarray, cap: float) -> np.ndarray:
+        return cap * np.tanh(x / cap) if cap > 0 else x
+
+    def _qkv(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q (n, n_head, head_dim), k and v (n, n_head_kv, head_dim) of layer prefix p, before rope."""
+        hp, w, fam = self.hp, self.w, self.fam
+        n, hd = len(h), hp.head_dim
+        qd, kvd = hp.n_head * hd, hp.n_head_kv * hd
+        if fam.qkv_fused:
+            qkv = h @ w[p + "attn_qkv.weight"].T
+            if fam.qkv_bias:
+                qkv = qkv + w[p + "attn_qkv.bias"]
+            q, k, v = qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
+        else:
+            q, k, v = h @ w[p + "attn_q.weight"].T, h @ w[p + "attn_k.weight"].T, h @ w[p + "attn_v.weight"].T
+            if fam.qkv_bias:
+                q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+        q, k, v = q.reshape(n, hp.n_head, hd), k.reshape(n, hp.n_head_kv, hd), v.reshape(n, hp.n_head_kv, hd)
+        if fam.qk_norm:
+            q = self._rmsnorm(q, w[p + "attn_q_norm.weight"])
+            k = self._rmsnorm(k, w[p + "attn_k_norm.weight"])
+        return q, k, v
+
+    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, window: int) -> np.ndarray:
+        """Causal attention (n, n_head * head_dim); window > 0: query at p sees keys at p - window < q <= p."""
+        hp = self.hp
+        n, hd = len(q), hp.head_dim
+        mask = np.triu(np.full((n, n), -np.inf), k=1)                  # key j > query i is masked
+        if window:
+            mask[np.subtract.outer(pos, pos) >= window] = -np.inf       # key j <= query i - W is masked
+        kvh = np.arange(hp.n_head) // (hp.n_head // hp.n_head_kv)       # kv head of each query head
+        s = np.einsum("ihd,jhd->hij", q, k[:, kvh, :]) / np.sqrt(hd)   # (n_head, n, n)
+        s = self._softcap(s, hp.attn_softcap) + mask
+        s = s - s.max(axis=-1, keepdims=True)
+        pr = np.exp(s)
+        pr /= pr.sum(axis=-1, keepdims=True)
+        return np.einsum("hij,jhd->ihd", pr, v[:, kvh, :]).reshape(n, hp.n_head * hd)
+
+    def _ffn(self, h: np.ndarray, p: str) -> np.ndarray:
+        w, fam = self.w, self.fam
+        if fam.ffn == "gelu":
+            u = self._gelu(h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"])
+            return u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
+        g = h @ w[p + "ffn_gate.weight"].T
+        u = h @ w[p + "ffn_up.weight"].T
+        act = self._gelu(g) if fam.ffn == "geglu" else g / (1.0 + np.exp(-g))
+        return (act * u) @ w[p + "ffn_down.weight"].T
+
     def forward(self, tokens: Sequence[int], start_pos: int = 0) -> np.ndarray:
         """Logits (n_tokens, n_vocab) float64: row i = after tokens[0..i] at positions start_pos + 0..i."""
-        hp, w = self.hp, self.w
+        hp, w, fam = self.hp, self.w, self.fam
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
             raise ValueError("tokens must be a non-empty 1-d sequence")
         if toks.min() < 0 or toks.max() >= hp.n_vocab:
             raise ValueError(f"token id out of range [0, {hp.n_vocab})")
-        n, hd = len(toks), hp.head_dim
-        qd, kvd = hp.n_head * hd, hp.n_head_kv * hd
-        group = hp.n_head // hp.n_head_kv
-        gpt2 = hp.arch == "gpt2"
-        pos = np.arange(start_pos, start_pos + n)
-        mask = np.triu(np.full((n, n), -np.inf), k=1)                  # key j > query i is masked
-        if hp.n_swa:
-            mask[np.subtract.outer(pos, pos) >= hp.n_swa] = -np.inf     # key j <= query i - W is masked
+        pos = np.arange(start_pos, start_pos + len(toks))
 
         x = w["token_embd.weight"][toks].copy()                        # (n, n_embd)
-        if gpt2:
+        if fam.embd_scale:
+            x *= float(np.float32(np.sqrt(hp.n_embd)))
+        if fam.learned_pos:
             if pos[-1] >= hp.n_ctx:
                 raise ValueError(f"position {pos[-1]} beyond the {hp.n_ctx} learned positions")
             x = x + w["position_embd.weight"][pos]
         for il in range(hp.n_layer):
             p = f"blk.{il}."
-            h = self._norm(x, p + "attn_norm")
-            if gpt2:
-                qkv = h @ w[p + "attn_qkv.weight"].T + w[p + "attn_qkv.bias"]
-                q, k, v = qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
-            else:
-                q, k, v = h @ w[p + "attn_q.weight"].T, h @ w[p + "attn_k.weight"].T, h @ w[p + "attn_v.weight"].T
-                if hp.arch == "qwen2":
-                    q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
-            q, k, v = q.reshape(n, hp.n_head, hd), k.reshape(n, hp.n_head_kv, hd), v.reshape(n, hp.n_head_kv, hd)
-            if not gpt2:
-                q, k = self._rope(q, pos), self._rope(k, pos)
-            kvh = np.arange(hp.n_head) // group                         # kv head of each query head
-            kq = k[:, kvh, :]                                           # (n, n_head, hd)
-            vq = v[:, kvh, :]
-            s = np.einsum("ihd,jhd->hij", q, kq) / np.sqrt(hd) + mask   # (n_head, n, n)
-            s = s - s.max(axis=-1, keepdims=True)
-            pr = np.exp(s)
-            pr /= pr.sum(axis=-1, keepdims=True)
-            o = np.einsum("hij,jhd->ihd", pr, vq).reshape(n, hp.n_head * hd)
-            x = x + o @ w[p + "attn_output.weight"].T
-            if gpt2:
-                x = x + w[p + "attn_output.bias"]
-
-            h = self._norm(x, p + "ffn_norm")
-            if gpt2:
-                u = self._gelu(h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"])
-                x = x + u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
-            else:
-                g = h @ w[p + "ffn_gate.weight"].T
-                u = h @ w[p + "ffn_up.weight"].T
-                x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "ffn_down.weight"].T
+            q, k, v = self._qkv(self._norm(x, p + "attn_norm"), p)
+            if fam.rope != "none":
+                theta, scale = hp.layer_rope(il)
+                q, k = self._rope(q, pos, theta, scale), self._rope(k, pos, theta, scale)
+            a = self._attention(q, k, v, pos, hp.layer_window(il)) @ w[p + "attn_output.weight"].T
+            if fam.out_bias:
+                a = a + w[p + "attn_output.bias"]
+            if fam.post_norms:
+                a = self._norm(a, p + "post_attention_norm")
+            x = x + a
+            f = self._ffn(self._norm(x, p + "ffn_norm"), p)
+            if fam.post_norms:
+                f = self._norm(f, p + "post_ffw_norm")
+            x = x + f
 
         x = self._norm(x, "output_norm")
         head = w.get("output.weight", w["token_embd.weight"])
-        return x @ head.T
+        return self._softcap(x @ head.T, hp.final_softcap)
 
 
 def forward_gguf(path: str | Path, tokens: Sequence[int]) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Every architecture against the numpy reference: GPT-2, Qwen2, Mistral (sliding window), Llama 3 rope
 scaling (rope_freqs.weight), linear rope scaling, tied and untied heads, as GGUF files written by gen_model.py.
+(The newer families are in test_families.py, which uses the helpers here: make_cases, check_logits, ...)
 
 Each config is checked at every position with the KV cache (prefill all / prefill 1 + decode / prefill 7 +
 decode) and without it (--no-kv-cache): max|kvllm - ref| / max|ref| <= 1e-4 per row.  The reference
@@ -59,26 +60,36 @@ class Case:
         self.path, self.tokens, self.ref, self.model = path, tokens, ref, model
 
 
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> dict[str, Case]:
-    d = tmp_path_factory.mktemp("archs")
+def make_cases(d, configs: dict[str, ModelConfig], seed: int, token_seed: int, n_tokens: int) -> dict[str, Case]:
+    """Per config: a GGUF in d (seed + i), n_tokens tokens (BOS then random ids; token_seed + i) and the
+    reference's logits for them."""
     out = {}
-    for i, (name, cfg) in enumerate(CONFIGS.items()):
-        path = write_model(d / f"{name}.gguf", cfg, seed=300 + i)
-        rng = np.random.default_rng(11 + i)
-        tokens = [1] + rng.integers(3, cfg.n_vocab, size=N_TOKENS - 1).tolist()
+    for i, (name, cfg) in enumerate(configs.items()):
+        path = write_model(d / f"{name}.gguf", cfg, seed=seed + i)
+        rng = np.random.default_rng(token_seed + i)
+        tokens = [1] + rng.integers(3, cfg.n_vocab, size=n_tokens - 1).tolist()
         model = LlamaRef.from_gguf(path)
         out[name] = Case(path, tokens, model.forward(tokens), model)
     return out
 
 
-def test_reference_is_not_degenerate(cases):
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, Case]:
+    return make_cases(tmp_path_factory.mktemp("archs"), CONFIGS, seed=300, token_seed=11, n_tokens=N_TOKENS)
+
+
+def check_not_degenerate(cases: dict[str, Case]) -> None:
+    """Finite logits of a sane scale that change along the sequence and do not always pick one token."""
     for name, c in cases.items():
         assert np.isfinite(c.ref).all(), name
         scale = np.abs(c.ref).max()
         assert 0.1 < scale < 100, (name, scale)
         assert np.abs(np.diff(c.ref, axis=0)).max() > 1e-2 * scale, name
         assert len(set(c.ref.argmax(axis=1).tolist())) > 1, name
+
+
+def test_reference_is_not_degenerate(cases):
+    check_not_degenerate(cases)
 
 
 def _ref_with(c: Case, **hp_changes) -> np.ndarray:
@@ -122,16 +133,20 @@ def test_llama3_factors_match_transformers_formula():
     np.testing.assert_allclose(inv_freq / llama3_rope_factors(cfg), inv_llama, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_logits_match_reference(kvllm, cases, tmp_path, config, mode):
-    c = cases[config]
-    got = eval_logits(kvllm, c.path, c.tokens, tmp_path / "logits.bin", **MODES[mode])
+def check_logits(binary, c: Case, out, config: str, mode: str) -> None:
+    """kvllm's logits for the case (MODES[mode]; written to out) within TOL of the reference at every row."""
+    got = eval_logits(binary, c.path, c.tokens, out, **MODES[mode])
     assert got.shape == c.ref.shape, f"logits shape {got.shape}, expected {c.ref.shape}"
     assert np.isfinite(got).all(), "non-finite logits"
     err = rel_err(got, c.ref)
     assert err.max() <= TOL, (f"{config}/{mode}: max|kvllm-ref|/max|ref| = {err.max():.3g} at position "
                               f"{int(err.argmax())} (tol {TOL}); per-position: {np.array2string(err, precision=2)}")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_logits_match_reference(kvllm, cases, tmp_path, config, mode):
+    check_logits(kvllm, cases[config], tmp_path / "logits.bin", config, mode)
 
 
 @pytest.mark.parametrize("mode", ["prefill_all", "prefill_300"])
@@ -149,12 +164,17 @@ def test_sliding_window_across_attention_splits(kvllm, tmp_path, mode):
     assert err.max() <= TOL, f"{mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_info_names_the_architecture(run, cases, config):
-    r = run("info", "-m", cases[config].path)
+def check_info(run, path, arch: str) -> None:
+    """`kvllm info` names the file's architecture."""
+    r = run("info", "-m", path)
     assert r.returncode == 0, r.describe()
     line = [ln for ln in r.out.splitlines() if ln.startswith("architecture")]
-    assert line and line[0].split()[-1] == CONFIGS[config].arch, r.out
+    assert line and line[0].split()[-1] == arch, r.out
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_info_names_the_architecture(run, cases, config):
+    check_info(run, cases[config].path, CONFIGS[config].arch)
 
 
 def test_gpt2_positions_past_the_table_are_refused(run, cases, tmp_path):
@@ -169,11 +189,8 @@ def test_gpt2_positions_past_the_table_are_refused(run, cases, tmp_path):
 def test_asan_archs(asan_bin, cases, tmp_path):
     """One case per architecture under AddressSanitizer, with the cache and without."""
     for config in ("gpt2_f16_untied", "qwen2_f32_tied", "mistral_swa5_f16_tied", "llama3_rope_freqs"):
-        c = cases[config]
         for mode in ("prefill_7", "no_kv_cache"):
-            got = eval_logits(asan_bin, c.path, c.tokens, tmp_path / "logits.bin", **MODES[mode])
-            err = rel_err(got, c.ref)
-            assert err.max() <= TOL, f"ASan {config}/{mode}: rel err {err.max():.3g}"
+            check_logits(asan_bin, cases[config], tmp_path / "logits.bin", config, mode)
 
 
 # ---- the same weights as Hugging Face folders ----------------------------------------------------------

@@ -100,6 +100,7 @@ struct paged_attn_args {
     int max_blocks;
     struct kv_layer_view kv;
     float scale;                  /* usually 1 / sqrt(head_dim) */
+    float softcap;                /* > 0: a score s (scaled) becomes softcap * tanh(s / softcap) (Gemma 2) */
     int window;                   /* > 0: token t attends only positions > pos[t] - window (sliding window) */
     float *out;                   /* (n_tokens, n_head * head_dim) */
 };
@@ -188,6 +189,12 @@ struct backend_ops {
     int (*swiglu)(struct backend_ctx *c, float *g, const float *u, long n);
     /* x (n) = gelu(x), tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     int (*gelu)(struct backend_ctx *c, float *x, long n);
+    /* g (n) = gelu(g) * u, gelu as above (GeGLU) */
+    int (*geglu)(struct backend_ctx *c, float *g, const float *u, long n);
+    /* x (n) *= s */
+    int (*scale)(struct backend_ctx *c, float *x, long n, float s);
+    /* x (n) = cap * tanh(x / cap) (logit soft-capping) */
+    int (*softcap)(struct backend_ctx *c, float *x, long n, float cap);
     /* store n tokens' K and V rows (n, n_head_kv * head_dim) at slots
      * (block * block_size + offset; negative: skipped), converting to the
      * storage type */

@@ -55,6 +55,12 @@ void engine_request_free(struct request *r) {
 
 /* ---- creation: the memory plan ---- */
 
+/* The longest weight row: n_ff (down), n_embd (q, k, v, gate, up) or the query heads (wo). */
+static int64_t max_weight_cols(const struct model_hparams *hp) {
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim, ef = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    return q > ef ? q : ef;
+}
+
 static int plan_pool(struct kvllm_engine *e, enum kv_type kt) {
     const struct model_hparams *hp = &e->km->m->hp;
     const uint64_t bpt = paged_kv_bytes_per_token(kt, hp->n_layer, hp->n_head_kv, hp->head_dim);
@@ -187,7 +193,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
                                .prefix_caching = p.prefix_caching && !p.no_kv_cache, .no_kv_cache = p.no_kv_cache };
     struct backend_ctx_params cp = { .n_threads = km->m->n_threads, .max_tokens = p.max_batch_tokens,
                                      .max_ctx = n_ctx, .n_head = hp->n_head, .head_dim = hp->head_dim,
-                                     .max_cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd };
+                                     .max_cols = max_weight_cols(hp) };
     rc = spec_init(e);   /* before sizing: speculation wants 1 + k logits rows per sequence */
     if (rc) { kvllm_engine_free(e); return rc; }
     const size_t V = (size_t)hp->n_vocab, nl = (size_t)e->n_logits_max;

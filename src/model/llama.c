@@ -1,27 +1,37 @@
 /* llama.c — the decoder forward pass over a batch of tokens from any number
- * of sequences, for every architecture model.c loads (Llama, Mistral, Qwen2,
- * GPT-2), with per-architecture switches rather than one copy per model:
- *   x = embed(tokens)                       (+ position_embd[pos]: GPT-2)
- *   per layer: x += Wo · attn(rope(Wq·norm(x) + bq), rope(Wk·norm(x) + bk), Wv·norm(x) + bv) + bo
- *              x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))          (Llama, Qwen2)
- *                or Wdown · gelu(Wup·norm(x) + bup) + bdown              (GPT-2)
- *   logits = Wout · norm(x)   (only for the rows that need them)
- * norm is RMSNorm, or LayerNorm with bias (GPT-2); rope rotates adjacent
- * pairs (GGUF llama) or halves (Qwen2), optionally with Llama 3 frequency
- * factors; no RoPE with learned positions; absent biases are skipped;
- * attention may be limited to a sliding window (Mistral).
- * Matrix products run over all rows at once (prefill chunks and decode
- * tokens alike); attention reads each token's own sequence through its
- * block table.  All arithmetic is ops issued on the caller's execution
- * context; this file never touches weight or activation memory itself. */
+ * of sequences, for every family model.c loads, read from the family's
+ * description (struct arch_desc) rather than its name:
+ *   x = embed(tokens) [* embd_scale]         (+ position_embd[pos]: learned positions)
+ *   per layer: h = attn(norm(x)):  q, k, v = Wq·, Wk·, Wv· (+ biases); [per-head norm of q, k];
+ *                                  rope(q), rope(k) with the layer's base; softmax(q·k * scale
+ *                                  [soft-capped]) over the layer's window of the paged cache; Wo· (+ bo)
+ *              x += [post_norm](h)
+ *              h = ffn(norm(x)):   Wdown · (silu(Wgate·) * Wup·)  |  Wdown · (gelu(Wgate·) * Wup·)
+ *                                  |  Wdown · gelu(Wup· + bup) + bdown
+ *              x += [post_norm](h)
+ *   logits = Wout · norm(x) [soft-capped]    (only for the rows that need them)
+ * norm is RMSNorm, or LayerNorm with bias; the bracketed steps are the
+ * family's; absent biases are skipped.  Matrix products run over all rows
+ * at once (prefill chunks and decode tokens alike); attention reads each
+ * token's own sequence through its block table.  All arithmetic is ops
+ * issued on the caller's execution context; this file never touches weight
+ * or activation memory itself. */
 #include "model/model.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Width of the q buffer: the query heads, and at least n_embd, since the
+ * rows that need logits are gathered there (a family may have fewer query
+ * dims than n_embd: Gemma 2 2B). */
+static uint64_t q_width(const struct model_hparams *hp) {
+    uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+    return q > (uint64_t)hp->n_embd ? q : (uint64_t)hp->n_embd;
+}
+
 static uint64_t act_floats(const struct model_hparams *hp, int n, int n_logits) {
-    uint64_t q = (uint64_t)hp->n_head * hp->head_dim, kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t q = q_width(hp), kv = (uint64_t)hp->n_head_kv * hp->head_dim;
     return (uint64_t)n * (2 * (uint64_t)hp->n_embd + 2 * q + 2 * kv + 2 * (uint64_t)hp->n_ff) +
            (uint64_t)n_logits * (uint64_t)hp->n_vocab;
 }
@@ -37,7 +47,7 @@ int forward_buf_init(struct forward_buf *b, struct backend *be, const struct mod
     if (bytes > SIZE_MAX / 2) return KVLLM_ERANGE;
     int rc = be->ops->buf_alloc(be, (size_t)bytes, &b->mem);
     if (rc) return rc;
-    const size_t n = (size_t)n_max, q = (size_t)hp->n_head * hp->head_dim, kv = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t n = (size_t)n_max, q = (size_t)q_width(hp), kv = (size_t)hp->n_head_kv * hp->head_dim;
     b->be = be;
     b->n_max = n_max;
     b->n_logits_max = n_logits_max;
@@ -62,10 +72,10 @@ void forward_buf_deinit(struct forward_buf *b) {
 /* Issue an op; return its error from the enclosing function. */
 #define OP(op, ...) do { int rc_ = BE_OP(c, op, __VA_ARGS__); if (rc_) return rc_; } while (0)
 
-/* y = norm(x) over n rows: LayerNorm with bias or RMSNorm, as the architecture says. */
+/* y = norm(x) over n rows of n_embd: LayerNorm with bias or RMSNorm, as the family says. */
 static int norm(const struct model *m, struct backend_ctx *c, float *y, const float *x, const struct tensor *w,
                 const struct tensor *b, int n) {
-    if (m->layer_norm)
+    if (m->desc->norm == NORM_LAYER)
         return BE_OP(c, layernorm, y, x, w, b->data ? b : NULL, n, m->hp.n_embd, m->hp.norm_eps);
     return BE_OP(c, rmsnorm, y, x, w, n, m->hp.n_embd, m->hp.norm_eps);
 }
@@ -75,56 +85,85 @@ static int bias(struct backend_ctx *c, float *y, const struct tensor *b, int n) 
     return b->data ? BE_OP(c, add_bias, y, b, n, (int)b->ne0) : 0;
 }
 
+/* b->xn = Wo · attention(b->xn) for layer il, this batch's K/V stored first. */
+static int attention(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
+                     const struct forward_buf *b, const struct batch *bt, int il) {
+    const struct model_hparams *hp = &m->hp;
+    const struct llama_layer *l = &m->layers[il];
+    const int n = bt->n_tokens;
+    int rc;
+    OP(matmul, b->q, &l->wq, b->xn, n);
+    OP(matmul, b->k, &l->wk, b->xn, n);
+    OP(matmul, b->v, &l->wv, b->xn, n);
+    if ((rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) || (rc = bias(c, b->v, &l->bv, n)))
+        return rc;
+    if (m->desc->qk_norm) {   /* each head's row of head_dim normed on its own */
+        OP(rmsnorm, b->q, b->q, &l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->norm_eps);
+        OP(rmsnorm, b->k, b->k, &l->attn_k_norm, n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
+    }
+    if (m->desc->pos != POS_LEARNED) {
+        OP(rope, b->q, n, hp->n_head, hp->head_dim, bt->pos, &l->rope);
+        OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &l->rope);
+    }
+    /* store this batch's K/V first: a prefill chunk attends to itself */
+    OP(kv_store, &kv[il], bt->slots, b->k, b->v, n);
+    struct paged_attn_args a = {
+        .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+        .q = b->q, .pos = bt->pos, .seq = bt->seq, .block_table = bt->block_table, .max_blocks = bt->max_blocks,
+        .kv = kv[il], .scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = l->window, .out = b->att,
+    };
+    OP(paged_attention, &a);
+    OP(matmul, b->xn, &l->wo, b->att, n);
+    return bias(c, b->xn, &l->bo, n);
+}
+
+/* b->xn = ffn(b->xn) for layer il. */
+static int ffn(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, int il, int n) {
+    const struct llama_layer *l = &m->layers[il];
+    const long nf = (long)n * m->hp.n_ff;
+    int rc;
+    OP(matmul, b->up, &l->ffn_up, b->xn, n);
+    if ((rc = bias(c, b->up, &l->ffn_up_b, n))) return rc;
+    const float *h = b->gate;
+    switch (m->desc->ffn) {
+    case FFN_SWIGLU: OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(swiglu, b->gate, b->up, nf); break;
+    case FFN_GEGLU:  OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(geglu, b->gate, b->up, nf); break;
+    case FFN_GELU:   OP(gelu, b->up, nf); h = b->up; break;
+    }
+    OP(matmul, b->xn, &l->ffn_down, h, n);
+    return bias(c, b->xn, &l->ffn_down_b, n);
+}
+
+/* x += [post_norm](xn): the residual add of a sub-layer's output. */
+static int residual(const struct model *m, struct backend_ctx *c, const struct forward_buf *b,
+                    const struct tensor *post_norm, int n) {
+    if (m->desc->post_norms) {
+        int rc = norm(m, c, b->xn, b->xn, post_norm, &(struct tensor){ 0 }, n);
+        if (rc) return rc;
+    }
+    return BE_OP(c, add, b->x, b->xn, (long)n * m->hp.n_embd);
+}
+
 int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
                   const struct forward_buf *b, const struct batch *bt) {
     const struct model_hparams *hp = &m->hp;
     const int n = bt->n_tokens, E = hp->n_embd;
     KV_ASSERT(n >= 1 && n <= b->n_max && bt->n_logits >= 0 && bt->n_logits <= b->n_logits_max);
-    struct rope_params rp;
-    model_rope_params(m, &rp);   /* unused for learned positions */
 
     OP(get_rows, b->x, &m->tok_embd, bt->tokens, n);
-    if (m->learned_pos) {   /* positions were checked against n_ctx_train by the engine; get_rows checks again */
+    if (hp->embd_scale > 0) OP(scale, b->x, (long)n * E, hp->embd_scale);
+    if (m->desc->pos == POS_LEARNED) {   /* positions were checked against n_ctx_train by the engine */
         OP(get_rows, b->xn, &m->pos_embd, bt->pos, n);
         OP(add, b->x, b->xn, (long)n * E);
     }
     for (int il = 0; il < hp->n_layer; il++) {
         const struct llama_layer *l = &m->layers[il];
         int rc;
-        if ((rc = norm(m, c, b->xn, b->x, &l->attn_norm, &l->attn_norm_b, n))) return rc;
-        OP(matmul, b->q, &l->wq, b->xn, n);
-        OP(matmul, b->k, &l->wk, b->xn, n);
-        OP(matmul, b->v, &l->wv, b->xn, n);
-        if ((rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) || (rc = bias(c, b->v, &l->bv, n)))
+        if ((rc = norm(m, c, b->xn, b->x, &l->attn_norm, &l->attn_norm_b, n)) ||
+            (rc = attention(m, c, kv, b, bt, il)) || (rc = residual(m, c, b, &l->attn_post_norm, n)) ||
+            (rc = norm(m, c, b->xn, b->x, &l->ffn_norm, &l->ffn_norm_b, n)) || (rc = ffn(m, c, b, il, n)) ||
+            (rc = residual(m, c, b, &l->ffn_post_norm, n)))
             return rc;
-        if (!m->learned_pos) {
-            OP(rope, b->q, n, hp->n_head, hp->head_dim, bt->pos, &rp);
-            OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &rp);
-        }
-        /* store this batch's K/V first: a prefill chunk attends to itself */
-        OP(kv_store, &kv[il], bt->slots, b->k, b->v, n);
-        struct paged_attn_args a = {
-            .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-            .q = b->q, .pos = bt->pos, .seq = bt->seq, .block_table = bt->block_table, .max_blocks = bt->max_blocks,
-            .kv = kv[il], .scale = 1.0f / sqrtf((float)hp->head_dim), .window = hp->n_swa, .out = b->att,
-        };
-        OP(paged_attention, &a);
-        OP(matmul, b->xn, &l->wo, b->att, n);
-        if ((rc = bias(c, b->xn, &l->bo, n))) return rc;
-        OP(add, b->x, b->xn, (long)n * E);
-
-        if ((rc = norm(m, c, b->xn, b->x, &l->ffn_norm, &l->ffn_norm_b, n))) return rc;
-        OP(matmul, b->up, &l->ffn_up, b->xn, n);
-        if ((rc = bias(c, b->up, &l->ffn_up_b, n))) return rc;
-        if (m->gated_ffn) {
-            OP(matmul, b->gate, &l->ffn_gate, b->xn, n);
-            OP(swiglu, b->gate, b->up, (long)n * hp->n_ff);
-        } else {
-            OP(gelu, b->up, (long)n * hp->n_ff);
-        }
-        OP(matmul, b->xn, &l->ffn_down, m->gated_ffn ? b->gate : b->up, n);
-        if ((rc = bias(c, b->xn, &l->ffn_down_b, n))) return rc;
-        OP(add, b->x, b->xn, (long)n * E);
     }
     if (!bt->n_logits) return 0;
     /* gather the rows that need logits, then norm and head only for them */
@@ -132,5 +171,6 @@ int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_
     int rc = norm(m, c, b->xn, b->q, &m->output_norm, &m->output_norm_b, bt->n_logits);
     if (rc) return rc;
     OP(matmul, b->logits, &m->output, b->xn, bt->n_logits);
+    if (hp->final_softcap > 0) OP(softcap, b->logits, (long)bt->n_logits * hp->n_vocab, hp->final_softcap);
     return 0;
 }

@@ -5,6 +5,7 @@
 #include "load/hf.h"
 #include "load/llama2c.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,17 +94,104 @@ static int get_tensor(struct loader *L, const char *name, int64_t cols, int64_t 
     return 0;
 }
 
-/* Architectures kvllm computes: the name general.architecture gives, and the switches. */
-static const struct arch_info {
-    const char *name;
-    enum model_arch id;
-    bool layer_norm, learned_pos, rope_neox, gated_ffn;
-} k_archs[] = {
-    { "llama", MODEL_ARCH_LLAMA, false, false, false, true },
-    { "mistral", MODEL_ARCH_LLAMA, false, false, false, true },
-    { "qwen2", MODEL_ARCH_QWEN2, false, false, true, true },
-    { "gpt2", MODEL_ARCH_GPT2, true, true, false, false },
+/* The families kvllm computes.  A new family is an entry here (plus any
+ * genuinely new op); the loader resolves per-layer windows and RoPE from it
+ * and model_forward reads nothing else. */
+static const struct arch_desc k_archs[] = {
+    /* name      norm        pos           ffn         qkv_bias qk_norm post_norms embd_scale swa_period swa_rope_base scalar_embd_layers */
+    { "llama",   NORM_RMS,   POS_ROPE,      FFN_SWIGLU, false,   false,  false,     false,     0, 0,      0 },
+    { "mistral", NORM_RMS,   POS_ROPE,      FFN_SWIGLU, false,   false,  false,     false,     0, 0,      0 },
+    { "qwen2",   NORM_RMS,   POS_ROPE_NEOX, FFN_SWIGLU, true,    false,  false,     false,     0, 0,      0 },
+    { "qwen3",   NORM_RMS,   POS_ROPE_NEOX, FFN_SWIGLU, false,   true,   false,     false,     0, 0,      0 },
+    { "gemma2",  NORM_RMS,   POS_ROPE_NEOX, FFN_GEGLU,  false,   false,  true,      true,      2, 0,      46 },
+    { "gemma3",  NORM_RMS,   POS_ROPE_NEOX, FFN_GEGLU,  false,   true,   true,      true,      6, 10000,  62 },
+    { "gpt2",    NORM_LAYER, POS_LEARNED,   FFN_GELU,   false,   false,  false,     false,     0, 0,      0 },
 };
+
+static const struct arch_desc *find_arch(struct gguf_str name) {
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (gguf_str_eq(name, k_archs[i].name)) return &k_archs[i];
+    return NULL;
+}
+
+/* The names of k_archs, for the unknown-architecture message. */
+static const char *arch_names(void) {
+    static char buf[256];
+    if (!buf[0])
+        for (size_t i = 0, o = 0; i < sizeof k_archs / sizeof k_archs[0] && o < sizeof buf; i++)
+            o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", i ? ", " : "", k_archs[i].name);
+    return buf;
+}
+
+/* RoPE keys: rotated dims, base, linear scaling. */
+static int load_rope(struct loader *L) {
+    struct model *m = L->m;
+    struct model_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = opt_u32(L, akey(L, "rope.dimension_count"), 0, hp->head_dim, hp->head_dim, &hp->n_rot)) ||
+        (rc = opt_f32(L, akey(L, "rope.freq_base"), 1.0f, 1e12f, 10000.0f, &hp->rope_theta)))
+        return rc;
+    if (hp->n_rot % 2) {
+        LOG_ERR("%s: %s.rope.dimension_count %d must be even", L->path, m->arch, hp->n_rot);
+        return KVLLM_EFORMAT;
+    }
+    struct gguf_str st;
+    rc = gguf_get_str(m->file, akey(L, "rope.scaling.type"), &st);
+    if (rc && rc != KVLLM_ENOTFOUND) return rc;
+    if (!rc && gguf_str_eq(st, "linear")) {
+        float factor;
+        if ((rc = opt_f32(L, akey(L, "rope.scaling.factor"), 1e-3f, 1e6f, 1.0f, &factor))) return rc;
+        hp->rope_freq_scale = 1.0f / factor;
+    } else if (!rc && !gguf_str_eq(st, "none")) {
+        LOG_ERR("%s: %s.rope.scaling.type '%.*s' is not supported (supported: none, linear; Llama 3 "
+                "scaling comes as rope_freqs.weight)", L->path, m->arch, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+        return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+/* Attention shape: heads, and a head width that may differ from n_embd / n_head (key_length). */
+static int load_heads(struct loader *L) {
+    struct model_hparams *hp = &L->m->hp;
+    int rc, v_len;
+    if ((rc = opt_u32(L, akey(L, "attention.key_length"), 0, 1 << 16, 0, &hp->head_dim)) ||
+        (rc = opt_u32(L, akey(L, "attention.value_length"), 0, 1 << 16, 0, &v_len)))
+        return rc;
+    if (hp->n_head % hp->n_head_kv || (!hp->head_dim && hp->n_embd % hp->n_head)) {
+        LOG_ERR("%s: n_embd %d, n_head %d, n_head_kv %d: heads must divide n_embd (or the file must give "
+                "%s.attention.key_length) and kv heads must divide heads", L->path, hp->n_embd, hp->n_head,
+                hp->n_head_kv, L->m->arch);
+        return KVLLM_EFORMAT;
+    }
+    if (!hp->head_dim) hp->head_dim = hp->n_embd / hp->n_head;
+    if (v_len && v_len != hp->head_dim) {
+        LOG_ERR("%s: %s.attention.value_length %d differs from the key length %d, which kvllm does not run",
+                L->path, L->m->arch, v_len, hp->head_dim);
+        return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+/* What the family and the file say about scaling: embeddings, scores, soft-caps, the window. */
+static int load_scales(struct loader *L) {
+    const struct arch_desc *d = L->m->desc;
+    struct model_hparams *hp = &L->m->hp;
+    int rc;
+    const bool scalar_embd = d->scalar_embd_layers && hp->n_layer == d->scalar_embd_layers;
+    hp->attn_scale = 1.0f / sqrtf((float)(scalar_embd ? hp->n_embd / hp->n_head : hp->head_dim));
+    hp->embd_scale = d->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
+    if ((rc = opt_f32(L, akey(L, "attn_logit_softcapping"), 0.0f, 1e6f, 0.0f, &hp->attn_softcap)) ||
+        (rc = opt_f32(L, akey(L, "final_logit_softcapping"), 0.0f, 1e6f, 0.0f, &hp->final_softcap)))
+        return rc;
+    if (d->pos == POS_LEARNED) return 0;
+    if ((rc = opt_u32(L, akey(L, "attention.sliding_window"), 0, 1 << 30, 0, &hp->n_swa))) return rc;
+    if (hp->n_swa > hp->n_ctx_train) {
+        LOG_ERR("%s: %s.attention.sliding_window %d is longer than the context (%s.context_length %d)", L->path,
+                L->m->arch, hp->n_swa, L->m->arch, hp->n_ctx_train);
+        return KVLLM_EFORMAT;
+    }
+    return 0;
+}
 
 static int load_hparams(struct loader *L) {
     struct model *m = L->m;
@@ -112,66 +200,46 @@ static int load_hparams(struct loader *L) {
     int rc = gguf_get_str(m->file, "general.architecture", &arch);
     if (rc == KVLLM_ENOTFOUND) { LOG_ERR("%s: missing required key 'general.architecture'", L->path); return KVLLM_EFORMAT; }
     if (rc) return rc;
-    const struct arch_info *ai = NULL;
-    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
-        if (gguf_str_eq(arch, k_archs[i].name)) ai = &k_archs[i];
-    if (!ai) {
-        LOG_ERR("%s: unknown architecture '%.*s' (supported: llama, mistral, qwen2, gpt2)", L->path,
-                (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    m->desc = find_arch(arch);
+    if (!m->desc) {
+        LOG_ERR("%s: unknown architecture '%.*s' (supported: %s)", L->path, (int)(arch.len > 64 ? 64 : arch.len),
+                arch.ptr, arch_names());
         return KVLLM_EUNSUPPORTED;
     }
-    snprintf(m->arch, sizeof m->arch, "%s", ai->name);
-    m->arch_id = ai->id;
-    m->layer_norm = ai->layer_norm;
-    m->learned_pos = ai->learned_pos;
-    m->rope_neox = ai->rope_neox;
-    m->gated_ffn = ai->gated_ffn;
+    snprintf(m->arch, sizeof m->arch, "%s", m->desc->name);
     const int big = 1 << 20;
     if ((rc = need_u32(L, akey(L, "embedding_length"), 1, big, &hp->n_embd)) ||
         (rc = need_u32(L, akey(L, "block_count"), 1, 4096, &hp->n_layer)) ||
         (rc = need_u32(L, akey(L, "attention.head_count"), 1, 4096, &hp->n_head)) ||
         (rc = need_u32(L, akey(L, "feed_forward_length"), 1, 4 * big, &hp->n_ff)) ||
         (rc = need_u32(L, akey(L, "context_length"), 1, 1 << 24, &hp->n_ctx_train)) ||
-        (rc = opt_u32(L, akey(L, "attention.head_count_kv"), 1, 4096, hp->n_head, &hp->n_head_kv)))
+        (rc = opt_u32(L, akey(L, "attention.head_count_kv"), 1, 4096, hp->n_head, &hp->n_head_kv)) ||
+        (rc = load_heads(L)))
         return rc;
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv) {
-        LOG_ERR("%s: n_embd %d, n_head %d, n_head_kv %d: heads must divide n_embd and kv heads must divide heads",
-                L->path, hp->n_embd, hp->n_head, hp->n_head_kv);
-        return KVLLM_EFORMAT;
-    }
-    hp->head_dim = hp->n_embd / hp->n_head;
     hp->rope_freq_scale = 1.0f;
-    if (m->layer_norm) {
+    if (m->desc->norm == NORM_LAYER) {
         if ((rc = opt_f32(L, akey(L, "attention.layer_norm_epsilon"), 0.0f, 1.0f, 1e-5f, &hp->norm_eps))) return rc;
     } else if ((rc = opt_f32(L, akey(L, "attention.layer_norm_rms_epsilon"), 0.0f, 1.0f, 1e-5f, &hp->norm_eps))) {
         return rc;
     }
-    if (m->learned_pos) {
-        hp->n_rot = 0;
-        hp->rope_theta = 0;
-    } else {
-        if ((rc = opt_u32(L, akey(L, "rope.dimension_count"), 0, hp->head_dim, hp->head_dim, &hp->n_rot)) ||
-            (rc = opt_f32(L, akey(L, "rope.freq_base"), 1.0f, 1e12f, 10000.0f, &hp->rope_theta)))
-            return rc;
-        if (hp->n_rot % 2) {
-            LOG_ERR("%s: %s.rope.dimension_count %d must be even", L->path, m->arch, hp->n_rot);
-            return KVLLM_EFORMAT;
-        }
-        struct gguf_str st;
-        rc = gguf_get_str(m->file, akey(L, "rope.scaling.type"), &st);
-        if (rc && rc != KVLLM_ENOTFOUND) return rc;
-        if (!rc && gguf_str_eq(st, "linear")) {
-            float factor;
-            if ((rc = opt_f32(L, akey(L, "rope.scaling.factor"), 1e-3f, 1e6f, 1.0f, &factor))) return rc;
-            hp->rope_freq_scale = 1.0f / factor;
-        } else if (!rc && !gguf_str_eq(st, "none")) {
-            LOG_ERR("%s: %s.rope.scaling.type '%.*s' is not supported (supported: none, linear; Llama 3 "
-                    "scaling comes as rope_freqs.weight)", L->path, m->arch, (int)(st.len > 32 ? 32 : st.len), st.ptr);
-            return KVLLM_EUNSUPPORTED;
-        }
-        if ((rc = opt_u32(L, akey(L, "attention.sliding_window"), 0, 1 << 30, 0, &hp->n_swa))) return rc;
+    if (m->desc->pos != POS_LEARNED && (rc = load_rope(L))) return rc;
+    return load_scales(L);
+}
+
+/* Layer il's window and RoPE, from the family's pattern. */
+static void resolve_layer(const struct model *m, int il, struct llama_layer *l) {
+    const struct arch_desc *d = m->desc;
+    const struct model_hparams *hp = &m->hp;
+    const bool slides = hp->n_swa > 0 && (!d->swa_period || il % d->swa_period < d->swa_period - 1);
+    l->window = slides ? hp->n_swa : 0;
+    l->rope = (struct rope_params){
+        .n_rot = hp->n_rot, .theta = hp->rope_theta, .freq_scale = hp->rope_freq_scale,
+        .freq_factors = m->rope_freqs.data ? &m->rope_freqs : NULL, .neox = d->pos == POS_ROPE_NEOX,
+    };
+    if (slides && d->swa_rope_base > 0) {   /* the file's base and scaling are the global layers' */
+        l->rope.theta = d->swa_rope_base;
+        l->rope.freq_scale = 1.0f;
     }
-    return 0;
 }
 
 /* View of rows r0 .. r0 + nr of a 2-D tensor (a slice of a fused QKV matrix). */
@@ -217,13 +285,31 @@ static int load_qkv(struct loader *L, int il, struct llama_layer *l) {
     static const char *nm[6] = { "attn_q.weight", "attn_k.weight", "attn_v.weight",
                                  "attn_q.bias", "attn_k.bias", "attn_v.bias" };
     for (int i = 0; i < 6; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, nm[i]);
-    const bool qwen2 = L->m->arch_id == MODEL_ARCH_QWEN2;   /* Qwen2 always carries Q/K/V biases */
+    const bool need_b = L->m->desc->qkv_bias;
     if ((rc = get_tensor(L, n[0], E, Q, false, false, &l->wq)) ||
         (rc = get_tensor(L, n[1], E, KV, false, false, &l->wk)) ||
         (rc = get_tensor(L, n[2], E, KV, false, false, &l->wv)) ||
-        (rc = get_tensor(L, n[3], Q, 0, true, !qwen2, &l->bq)) ||
-        (rc = get_tensor(L, n[4], KV, 0, true, !qwen2, &l->bk)) ||
-        (rc = get_tensor(L, n[5], KV, 0, true, !qwen2, &l->bv)))
+        (rc = get_tensor(L, n[3], Q, 0, true, !need_b, &l->bq)) ||
+        (rc = get_tensor(L, n[4], KV, 0, true, !need_b, &l->bk)) ||
+        (rc = get_tensor(L, n[5], KV, 0, true, !need_b, &l->bv)))
+        return rc;
+    return 0;
+}
+
+/* The norms some families add: per-head q/k norms, post-attention and post-FFN norms. */
+static int load_extra_norms(struct loader *L, int il, struct llama_layer *l) {
+    const struct arch_desc *d = L->m->desc;
+    const int64_t E = L->m->hp.n_embd, D = L->m->hp.head_dim;
+    static const char *name[4] = { "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+                                   "post_ffw_norm.weight" };
+    char n[4][64];
+    for (int i = 0; i < 4; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+    int rc;
+    if (d->qk_norm && ((rc = get_tensor(L, n[0], D, 0, true, false, &l->attn_q_norm)) ||
+                       (rc = get_tensor(L, n[1], D, 0, true, false, &l->attn_k_norm))))
+        return rc;
+    if (d->post_norms && ((rc = get_tensor(L, n[2], E, 0, true, false, &l->attn_post_norm)) ||
+                          (rc = get_tensor(L, n[3], E, 0, true, false, &l->ffn_post_norm))))
         return rc;
     return 0;
 }
@@ -239,16 +325,17 @@ static int load_tensors(struct loader *L) {
     }
     m->hp.n_vocab = (int)emb->ne[1];
     const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, F = hp->n_ff;
-    const bool ln = m->layer_norm;
+    const bool ln = m->desc->norm == NORM_LAYER, learned_pos = m->desc->pos == POS_LEARNED;
+    const bool gated = m->desc->ffn != FFN_GELU;
     int rc;
     if ((rc = get_tensor(L, "token_embd.weight", E, hp->n_vocab, false, false, &m->tok_embd)) ||
-        (rc = get_tensor(L, "position_embd.weight", E, hp->n_ctx_train, false, !m->learned_pos, &m->pos_embd)) ||
+        (rc = get_tensor(L, "position_embd.weight", E, hp->n_ctx_train, false, !learned_pos, &m->pos_embd)) ||
         (rc = get_tensor(L, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs)) ||
         (rc = get_tensor(L, "output_norm.weight", E, 0, true, false, &m->output_norm)) ||
         (rc = get_tensor(L, "output_norm.bias", E, 0, true, !ln, &m->output_norm_b)) ||
         (rc = get_tensor(L, "output.weight", E, hp->n_vocab, false, true, &m->output)))
         return rc;
-    if (m->learned_pos && m->rope_freqs.data) {
+    if (learned_pos && m->rope_freqs.data) {
         LOG_ERR("%s: rope_freqs.weight in a %s model, which has no RoPE", L->path, m->arch);
         return KVLLM_EFORMAT;
     }
@@ -279,13 +366,15 @@ static int load_tensors(struct loader *L) {
             (rc = get_tensor(L, n[3], E, 0, true, true, &l->bo)) ||
             (rc = get_tensor(L, n[4], E, 0, true, false, &l->ffn_norm)) ||
             (rc = get_tensor(L, n[5], E, 0, true, !ln, &l->ffn_norm_b)) ||
-            (rc = get_tensor(L, n[6], E, F, false, !m->gated_ffn, &l->ffn_gate)) ||
+            (rc = get_tensor(L, n[6], E, F, false, !gated, &l->ffn_gate)) ||
             (rc = get_tensor(L, n[7], E, F, false, false, &l->ffn_up)) ||
             (rc = get_tensor(L, n[8], F, 0, true, true, &l->ffn_up_b)) ||
             (rc = get_tensor(L, n[9], F, E, false, false, &l->ffn_down)) ||
-            (rc = get_tensor(L, n[10], E, 0, true, true, &l->ffn_down_b)))
+            (rc = get_tensor(L, n[10], E, 0, true, true, &l->ffn_down_b)) ||
+            (rc = load_extra_norms(L, il, l)))
             return rc;
-        if (!m->gated_ffn && l->ffn_gate.data) {
+        resolve_layer(m, il, l);
+        if (!gated && l->ffn_gate.data) {
             LOG_ERR("%s: tensor '%s' in a %s model, whose FFN is ungated", L->path, n[6], m->arch);
             return KVLLM_EFORMAT;
         }
@@ -296,7 +385,7 @@ static int load_tensors(struct loader *L) {
 /* Every tensor of the model, for the backend to place in one call; the
  * tied output is the embedding itself and is re-pointed afterwards. */
 static int place_weights(struct model *m) {
-    const int per_layer = 18, n_max = 6 + per_layer * m->hp.n_layer;
+    const int per_layer = 22, n_max = 6 + per_layer * m->hp.n_layer;
     struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
     if (!ts) return KVLLM_ENOMEM;
     int n = 0;
@@ -308,8 +397,9 @@ static int place_weights(struct model *m) {
         struct llama_layer *l = &m->layers[il];
         struct tensor *lt[] = { &l->attn_norm, &l->attn_norm_b, &l->wq, &l->wk, &l->wv, &l->bq, &l->bk, &l->bv,
                                 &l->wo, &l->bo, &l->ffn_norm, &l->ffn_norm_b, &l->ffn_gate, &l->ffn_up,
-                                &l->ffn_up_b, &l->ffn_down, &l->ffn_down_b };
-        _Static_assert(sizeof lt / sizeof lt[0] <= 18, "per_layer");
+                                &l->ffn_up_b, &l->ffn_down, &l->ffn_down_b, &l->attn_q_norm, &l->attn_k_norm,
+                                &l->attn_post_norm, &l->ffn_post_norm };
+        _Static_assert(sizeof lt / sizeof lt[0] <= 22, "per_layer");
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
     }
     (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_LOGITS;   /* a hint (tensor.h) */
@@ -353,7 +443,7 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
 }
 
 int model_check_ctx(const struct model *m, int n_ctx) {
-    if (m->learned_pos && n_ctx > m->pos_embd.ne1) {
+    if (m->desc->pos == POS_LEARNED && n_ctx > m->pos_embd.ne1) {
         LOG_ERR("a context of %d positions is longer than the %lld learned positions of this %s model", n_ctx,
                 (long long)m->pos_embd.ne1, m->arch);
         return KVLLM_ERANGE;
@@ -362,12 +452,14 @@ int model_check_ctx(const struct model *m, int n_ctx) {
 }
 
 int model_rope_params(const struct model *m, struct rope_params *out) {
-    const struct model_hparams *hp = &m->hp;
-    *out = (struct rope_params){
-        .n_rot = hp->n_rot, .theta = hp->rope_theta, .freq_scale = hp->rope_freq_scale,
-        .freq_factors = m->rope_freqs.data ? &m->rope_freqs : NULL, .neox = m->rope_neox,
-    };
-    return m->learned_pos || hp->n_rot == 0 ? KVLLM_EUNSUPPORTED : 0;
+    const struct rope_params *r = &m->layers[0].rope;
+    *out = *r;
+    if (m->desc->pos == POS_LEARNED || r->n_rot == 0) return KVLLM_EUNSUPPORTED;
+    for (int il = 1; il < m->hp.n_layer; il++) {
+        const struct rope_params *o = &m->layers[il].rope;
+        if (o->theta != r->theta || o->freq_scale != r->freq_scale) return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
 }
 
 void model_free(struct model *m) {

@@ -30,12 +30,38 @@ struct model_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot, n_ctx_train;
     float rope_theta, norm_eps;
     float rope_freq_scale;  /* positions are multiplied by this before RoPE (1; 1/factor for linear scaling) */
-    int n_swa;              /* sliding-window attention: attend the last n_swa positions only; 0 = full */
+    int n_swa;              /* the file's sliding window (attend the last n_swa positions); 0 = none.
+                               Which layers use it is the family's window pattern (struct llama_layer.window) */
+    float attn_scale;       /* attention scores are (q . k) * attn_scale: 1/sqrt(head_dim) but for Gemma's 27B */
+    float attn_softcap;     /* > 0: scores become attn_softcap * tanh(scores / attn_softcap) (Gemma 2) */
+    float final_softcap;    /* > 0: the same on the logits */
+    float embd_scale;       /* > 0: embeddings are multiplied by this (Gemma: sqrt(n_embd)) */
 };
 
-/* The architectures one forward pass covers, told apart by the switches in
- * struct model (norm type, positions, biases, activation). */
-enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_GPT2 };
+/* How a family computes, as data: model.c holds one entry per
+ * general.architecture it loads, and model_forward reads only these fields
+ * (and the per-layer values model.c resolves from them), never the name. */
+enum norm_kind { NORM_RMS, NORM_LAYER };              /* RMSNorm; LayerNorm with bias (GPT-2) */
+enum pos_kind { POS_ROPE, POS_ROPE_NEOX, POS_LEARNED }; /* adjacent pairs; halves; position_embd (GPT-2) */
+enum ffn_kind { FFN_SWIGLU, FFN_GEGLU, FFN_GELU };    /* silu(gate) * up; gelu(gate) * up; gelu(up) */
+
+struct arch_desc {
+    const char *name;          /* general.architecture */
+    enum norm_kind norm;
+    enum pos_kind pos;
+    enum ffn_kind ffn;
+    bool qkv_bias;             /* Q/K/V biases required (Qwen2); optional otherwise */
+    bool qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3) */
+    bool post_norms;           /* RMSNorm of the attention and FFN outputs before each residual add (Gemma) */
+    bool embd_scale;           /* embeddings scaled by sqrt(n_embd) (Gemma) */
+    int swa_period;            /* with a window in the file: layer il slides when il % period < period - 1
+                                  (Gemma 2: 2, Gemma 3: 6); 0: every layer slides (Mistral) */
+    float swa_rope_base;       /* > 0: the RoPE base of sliding layers (Gemma 3: 10000), the file's base
+                                  being the global layers' */
+    int scalar_embd_layers;    /* the layer count of the family's model whose attention scale is
+                                  1/sqrt(n_embd / n_head) rather than 1/sqrt(head_dim) (Gemma's 27B: GGUF has no
+                                  key for query_pre_attn_scalar, so llama.cpp infers it the same way); 0: none */
+};
 
 /* Optional tensors (biases, rope_freqs, position_embd) have data == NULL
  * when absent.  Every data pointer is backend memory once loaded. */
@@ -54,17 +80,16 @@ struct llama_layer {
     struct tensor ffn_up_b;   /* (n_ff) f32: GPT-2 */
     struct tensor ffn_down;   /* (n_embd, n_ff) */
     struct tensor ffn_down_b; /* (n_embd) f32: GPT-2 */
+    struct tensor attn_q_norm, attn_k_norm;   /* (head_dim) f32: qk_norm families */
+    struct tensor attn_post_norm, ffn_post_norm; /* (n_embd) f32: post_norms families */
+    int window;               /* sliding window of this layer (0: full attention) */
+    struct rope_params rope;  /* this layer's RoPE (sliding and global layers may differ) */
 };
 
 struct model {
     struct gguf *file;            /* owned: metadata + the mapping the weights live in */
     char arch[32];                /* general.architecture as the file names it */
-    enum model_arch arch_id;
-    /* per-architecture switches */
-    bool layer_norm;              /* LayerNorm with bias (GPT-2); else RMSNorm */
-    bool learned_pos;             /* position_embd added to the embeddings, no RoPE (GPT-2) */
-    bool rope_neox;               /* RoPE rotates halves (Qwen2 GGUF) rather than adjacent pairs */
-    bool gated_ffn;               /* SwiGLU FFN (gate, up, down); else GELU(up) -> down */
+    const struct arch_desc *desc; /* how the family computes (static) */
     struct model_hparams hp;
     struct tensor tok_embd;       /* (n_vocab, n_embd) */
     struct tensor pos_embd;       /* (n_ctx_train, n_embd) when learned_pos */
@@ -99,9 +124,11 @@ void model_free(struct model *m);
  * sizing anything; model_forward asserts positions are in range. */
 int model_check_ctx(const struct model *m, int n_ctx);
 
-/* The RoPE settings K was rotated with (model_forward's): 0, or
- * KVLLM_EUNSUPPORTED when positions are not rotations (learned positions: GPT-2),
- * so cached K cannot be moved to other positions (kv_shift). */
+/* The RoPE settings K was rotated with (model_forward's), when every layer
+ * shares them: 0, or KVLLM_EUNSUPPORTED when positions are not rotations
+ * (learned positions: GPT-2) or layers rotate differently (Gemma 3's
+ * sliding and global layers), so cached K cannot be moved to other
+ * positions with one setting (kv_shift). */
 int model_rope_params(const struct model *m, struct rope_params *out);
 
 /* One step's tokens, from any number of sequences.  Every array is

@@ -50,9 +50,10 @@
  *                                 inputs are offset by up to 3 sigma
  * rope             1e-6   1e-6    angles in double, cos/sin rounded to f32; positions to 131072
  * add_bias, add    0      1e-7    one f32 rounding (< 2^-24 relative)
- * swiglu, gelu     1e-6   1e-6    expf / tanhf, |x| up to 30; gelu's denominator is
- *                                 max(‖ref‖, ‖x‖): the tanh form's 1 + tanh(u) cancels for
+ * swiglu, gelu,    1e-6   1e-6    expf / tanhf, |x| up to 30; gelu's (and geglu's) denominator
+ * geglu, softcap                  is max(‖ref‖, ‖x‖): the tanh form's 1 + tanh(u) cancels for
  *                                 x < 0, leaving an error ~|x| 2^-24 however small gelu(x) is
+ * scale            0      1e-7    one f32 rounding
  * kv_store         0      bytes   stored bytes identical everywhere; against the math: f32 exact,
  *                                 f16 / bf16 the dtype.h rounding, int8 / fp8 scale = amax / 127
  *                                 (448) and every code within half a step; the dequantized rows
@@ -94,7 +95,7 @@
 
 enum op {
     OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
-    OP_GELU, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
+    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
 };
 
 static const struct {
@@ -112,6 +113,9 @@ static const struct {
     [OP_ADD] = { "add", 0, 1e-7 },
     [OP_SWIGLU] = { "swiglu", 1e-6, 1e-6 },
     [OP_GELU] = { "gelu", 1e-6, 1e-6 },
+    [OP_GEGLU] = { "geglu", 1e-6, 1e-6 },
+    [OP_SCALE] = { "scale", 0, 1e-7 },
+    [OP_SOFTCAP] = { "softcap", 1e-6, 1e-6 },
     [OP_KV_STORE] = { "kv_store", 0, 0 },          /* per type: k_store_bound */
     [OP_PAGED_ATTN] = { "paged_attention", 0, 0 }, /* per type: k_pa_* */
     [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
@@ -720,14 +724,16 @@ static void test_add_bias(int nc) {
     free(host);
 }
 
-/* add (y += x), swiglu (g = silu(g) * u) and gelu (x = gelu(x)) on n
- * values, some of them large (|x| up to 30: saturation). */
+/* add (y += x), swiglu (g = silu(g) * u), gelu (x = gelu(x)), geglu
+ * (g = gelu(g) * u), scale (x *= s) and softcap (x = cap tanh(x / cap)) on
+ * n values, some of them large (|x| up to 30: saturation). */
 static void test_elementwise(enum op op, int nc) {
     for (int i = 0; i < nc; i++) {
         const long n = rnd(3) ? rnd_in(1, 5000) : rnd_in(1, 9);
         float *a = tu_xnew((size_t)n * sizeof *a), *bv = tu_xnew((size_t)n * sizeof *bv), *outs[MAX_BE];
         double *ref = tu_xnew((size_t)n * sizeof *ref);
         const float amp = op == OP_ADD ? ldexpf(1, rnd_in(-8, 8)) : 3.0f;
+        const float s = op == OP_SCALE ? gauss() * 8 : urand() * 20 + 0.5f;   /* scale's factor, softcap's cap */
         for (long e = 0; e < n; e++) {
             a[e] = gauss() * amp;
             bv[e] = gauss() * amp;
@@ -738,7 +744,11 @@ static void test_elementwise(enum op op, int nc) {
             switch (op) {
             case OP_ADD: ref[e] = x + y; break;
             case OP_SWIGLU: ref[e] = x / (1 + exp(-x)) * y; break;
-            default: ref[e] = 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))); break;
+            case OP_SCALE: ref[e] = x * (double)s; break;
+            case OP_SOFTCAP: ref[e] = (double)s * tanh(x / (double)s); break;
+            default: ref[e] = 0.5 * x * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+                     if (op == OP_GEGLU) ref[e] *= y;
+                     break;
             }
         }
         char desc[64];
@@ -747,9 +757,12 @@ static void test_elementwise(enum op op, int nc) {
             struct tbe *t = &g_be[b];
             outs[b] = tu_xnew((size_t)n * sizeof(float));
             struct backend_buf ba = buf_up(t, a, (size_t)n * 4), bb = buf_up(t, bv, (size_t)n * 4);
-            int rc = op == OP_ADD      ? BE_OP(t->c, add, ba.data, bb.data, n)
-                     : op == OP_SWIGLU ? BE_OP(t->c, swiglu, ba.data, bb.data, n)
-                                       : BE_OP(t->c, gelu, ba.data, n);
+            int rc = op == OP_ADD       ? BE_OP(t->c, add, ba.data, bb.data, n)
+                     : op == OP_SWIGLU  ? BE_OP(t->c, swiglu, ba.data, bb.data, n)
+                     : op == OP_GEGLU   ? BE_OP(t->c, geglu, ba.data, bb.data, n)
+                     : op == OP_SCALE   ? BE_OP(t->c, scale, ba.data, n, s)
+                     : op == OP_SOFTCAP ? BE_OP(t->c, softcap, ba.data, n, s)
+                                        : BE_OP(t->c, gelu, ba.data, n);
             buf_down(t, outs[b], &ba, (size_t)n * 4);
             sync_ok(t, rc, desc);
             buf_drop(t, &ba);
@@ -758,7 +771,8 @@ static void test_elementwise(enum op op, int nc) {
         /* gelu's tanh form cancels in 1 + tanh(..) for x < 0: its error is
          * ~|x| 2^-24 however small gelu(x) is, so it is measured against ‖x‖ too */
         double xx = 0;
-        for (long e = 0; op == OP_GELU && e < n; e++) xx += (double)a[e] * a[e];
+        for (long e = 0; (op == OP_GELU || op == OP_GEGLU) && e < n; e++)
+            xx += (double)a[e] * a[e] * (op == OP_GEGLU ? (double)bv[e] * bv[e] : 1.0);
         g_den_floor = sqrt(xx);
         judge(op, outs, (size_t)n, ref, k_tol[op].simd, k_tol[op].ref, desc);
         g_den_floor = 0;
@@ -996,9 +1010,10 @@ static void test_kv_store(int nc) {
 
 /* Plain softmax attention in double of token query qrow (n_head * hd) at
  * position pos over K/V rows (positions, nkv * hd) of its sequence, with
- * positions before lo masked (sliding window). */
+ * positions before lo masked (sliding window) and scores soft-capped when
+ * softcap > 0. */
 static void ref_attention(const double *K, const double *V, int nkv, int hd, int n_head, const float *qrow, int lo,
-                          int pos, double scale, double *out) {
+                          int pos, double scale, double softcap, double *out) {
     const int g = n_head / nkv, w = nkv * hd;
     double *sc = tu_xnew((size_t)(pos + 1) * sizeof *sc);
     for (int h = 0; h < n_head; h++) {
@@ -1009,6 +1024,7 @@ static void ref_attention(const double *K, const double *V, int nkv, int hd, int
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)qrow[h * hd + i] * kr[i];
             sc[p] = d * scale;
+            if (softcap > 0) sc[p] = softcap * tanh(sc[p] / softcap);
             mx = sc[p] > mx ? sc[p] : mx;
         }
         for (int p = lo; p <= pos; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
@@ -1045,6 +1061,7 @@ static void test_paged_attention(int nc) {
         }
         const int window = rnd(3) == 0 ? rnd_in(1, max_L) : 0;
         const float scale = 1.0f / sqrtf((float)hd) * (rnd(4) ? 1.0f : 0.5f + rng_f32(&g_rng));
+        const float softcap = rnd(4) == 0 ? 0.5f + rng_f32(&g_rng) * 4 : 0.0f;   /* small: it must bite */
 
         /* blocks: shuffled; the last one is the poison block */
         int nb[PA_MAX_SEQS], nb_total = 1, max_blocks = 0;
@@ -1111,8 +1128,9 @@ static void test_paged_attention(int nc) {
 
         char desc[200];
         snprintf(desc, sizeof desc,
-                 "paged_attention %s heads=%d/%d head_dim=%d block_size=%d seqs=%d ctx=%d..%d tokens=%d window=%d%s",
-                 k_kv_names[type], n_head, nkv, hd, bs, n_seqs, L[0], max_L, n, window, outliers ? " outliers" : "");
+                 "paged_attention %s heads=%d/%d head_dim=%d block_size=%d seqs=%d ctx=%d..%d tokens=%d window=%d softcap=%g%s",
+                 k_kv_names[type], n_head, nkv, hd, bs, n_seqs, L[0], max_L, n, window, softcap,
+                 outliers ? " outliers" : "");
         struct pool_img img0, img[MAX_BE];
         pool_init(&img0, type, nb_total, bs, nkv, hd);
         pool_fill(&img0, 0xff);
@@ -1140,7 +1158,7 @@ static void test_paged_attention(int nc) {
             struct paged_attn_args a = {
                 .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd, .q = bq.data, .pos = bp.data,
                 .seq = bsq.data, .block_table = bt.data, .max_blocks = max_blocks, .kv = d.view, .scale = scale,
-                .window = window, .out = bo.data,
+                .softcap = softcap, .window = window, .out = bo.data,
             };
             int rc2 = BE_OP(t->c, paged_attention, &a);
             outs[b] = tu_xnew(len * sizeof(float));
@@ -1183,8 +1201,8 @@ static void test_paged_attention(int nc) {
         for (int t = 0; t < n; t++) {
             const int s = seq[t], lo = window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
             const float *qr = q + (size_t)t * n_head * hd;
-            ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, ref_st + (size_t)t * n_head * hd);
-            ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, ref_in + (size_t)t * n_head * hd);
+            ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, ref_st + (size_t)t * n_head * hd);
+            ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, ref_in + (size_t)t * n_head * hd);
         }
         judge(OP_PAGED_ATTN, outs, len, ref_st, k_pa_simd[type], k_pa_stored[type], desc);
         const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
@@ -1511,6 +1529,9 @@ int main(void) {
     test_elementwise(OP_ADD, CASES(80));
     test_elementwise(OP_SWIGLU, CASES(80));
     test_elementwise(OP_GELU, CASES(80));
+    test_elementwise(OP_GEGLU, CASES(80));
+    test_elementwise(OP_SCALE, CASES(80));
+    test_elementwise(OP_SOFTCAP, CASES(80));
     test_kv_store(CASES(100));
     test_paged_attention(CASES(150));
     test_copy_blocks(CASES(60));

@@ -225,7 +225,8 @@ ALWAYS_INLINE void prefetch_row(const void *base, size_t row, size_t rb) {
 }
 
 static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                       float scale, float *part0, size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
+                       float scale, float softcap, float *part0, size_t pstride, float *sc, int cap,
+                       const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     float buf[MAX_N * MAX_HD];
@@ -242,6 +243,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
     }
     for (int jj = n; jj < npf; jj++) prefetch_row(kv->k, pf[jj], rb);
     scores(g, q, hd, r, rs, n, sc, cap);
+    pa_softcap(sc, g, n, cap, softcap);
     softmax_step(g, part0, pstride, hd, sc, cap, n);
     for (int jj = 0; jj < n; jj++) {
         if (jj < npf) prefetch_row(kv->v, pf[jj], rb);

@@ -427,7 +427,8 @@ static void widen_v(enum kv_type type, const void *base, const size_t *rows, int
 }
 
 static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                         float scale, float *part0, size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
+                         float scale, float softcap, float *part0, size_t pstride, float *sc, int cap,
+                         const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     _Alignas(64) float buf[MAX_N * MAX_HD];       /* K pairs, then the V rows */
@@ -440,6 +441,7 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
     for (int jj = 0; jj < MAX_N; jj++) rs[jj] = jj < n ? (q8 ? kv->k_scale[rows[jj]] * scale : scale) : 0.0f;
     widen_kp_any(kv->type, kv->k, rows, n, hd, buf, &pfc);
     scores(g, q, hd, buf, rs, n, sc, cap, &pfc);
+    pa_softcap(sc, g, n, cap, softcap);
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
     softmax_step(g, part0, pstride, hd, sc, cap, n, q8 ? vs : NULL);

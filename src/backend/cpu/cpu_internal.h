@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/threadpool.h"
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -112,8 +113,18 @@ int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a);
  * on its arguments (no thread or batch state), which keeps attention
  * batch-invariant. */
 typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
-                         const float *q, float scale, float *part, size_t pstride, float *sc, int cap,
-                         const size_t *pf, int npf);
+                         const float *q, float scale, float softcap, float *part, size_t pstride, float *sc,
+                         int cap, const size_t *pf, int npf);
+
+/* Soft-capping of a step's scores sc (g, n; rows cap apart), when softcap
+ * > 0: s -> softcap * tanh(s / softcap), after scaling and before the max,
+ * in every kernel set alike (scalar tanhf: the capped families are few and
+ * the step's cost is the K and V reads). */
+static inline void pa_softcap(float *sc, int g, int n, int cap, float softcap) {
+    if (softcap <= 0) return;
+    for (int i = 0; i < g; i++)
+        for (int jj = 0; jj < n; jj++) sc[(size_t)i * cap + jj] = softcap * tanhf(sc[(size_t)i * cap + jj] / softcap);
+}
 
 /* paged_attention with a given step kernel (the item, split and merge
  * structure of kv_kernels.c around it). */

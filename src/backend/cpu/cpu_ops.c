@@ -164,12 +164,28 @@ int cpu_add_bias(struct backend_ctx *c, float *y, const struct tensor *bt, int n
     return 0;
 }
 
-int cpu_gelu(struct backend_ctx *c, float *x, long n) {
+static inline float gelu1(float v) {
     const float k = 0.7978845608028654f;   /* sqrt(2 / pi) */
-    for (long i = 0; i < n; i++) {
-        float v = x[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
-    }
+    return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+}
+
+int cpu_gelu(struct backend_ctx *c, float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = gelu1(x[i]);
+    return 0;
+}
+
+int cpu_geglu(struct backend_ctx *c, float *g, const float *u, long n) {
+    for (long i = 0; i < n; i++) g[i] = gelu1(g[i]) * u[i];
+    return 0;
+}
+
+int cpu_scale(struct backend_ctx *c, float *x, long n, float s) {
+    for (long i = 0; i < n; i++) x[i] *= s;
+    return 0;
+}
+
+int cpu_softcap(struct backend_ctx *c, float *x, long n, float cap) {
+    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
     return 0;
 }
 

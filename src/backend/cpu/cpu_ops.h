@@ -17,6 +17,9 @@ int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, c
              const struct rope_params *p);
 int cpu_add_bias(struct backend_ctx *c, float *y, const struct tensor *b, int n, int dim);
 int cpu_gelu(struct backend_ctx *c, float *x, long n);
+int cpu_geglu(struct backend_ctx *c, float *g, const float *u, long n);
+int cpu_scale(struct backend_ctx *c, float *x, long n, float s);
+int cpu_softcap(struct backend_ctx *c, float *x, long n, float cap);
 int cpu_swiglu(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_add(struct backend_ctx *c, float *y, const float *x, long n);
 int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,

@@ -223,8 +223,8 @@ static void pa_rows(const struct kv_layer_view *kv, const int32_t *table, int hk
 
 /* pa_chunk_fn, scalar: see cpu_internal.h. */
 static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
-                            const float *q, float scale, float *part0, size_t pstride, float *sc, int cap,
-                            const size_t *pf, int npf) {
+                            const float *q, float scale, float softcap, float *part0, size_t pstride, float *sc,
+                            int cap, const size_t *pf, int npf) {
     (void)pf;
     (void)npf;
     const int hd = kv->head_dim;
@@ -237,6 +237,7 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
         const float ks = q8 ? kv->k_scale[row] * scale : scale;
         for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
     }
+    pa_softcap(sc, g, n, cap, softcap);
     /* per head: new max, rescale once, weights */
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride, *si = sc + i * cap;
@@ -299,7 +300,7 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         /* the next step's rows, for the step to prefetch while it computes: blocks lie
          * anywhere in the pool, so the hardware prefetcher cannot guess them */
         if (nn > 0) pa_rows(kv, table, hk, c1, nn, rows[cur ^ 1]);
-        j->chunk(kv, rows[cur], n, g, q, a->scale, part0, pstride, sc, cap, rows[cur ^ 1], nn > 0 ? nn : 0);
+        j->chunk(kv, rows[cur], n, g, q, a->scale, a->softcap, part0, pstride, sc, cap, rows[cur ^ 1], nn > 0 ? nn : 0);
         cur ^= 1;
         c0 = c1;
         n = nn;

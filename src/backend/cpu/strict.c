@@ -161,6 +161,9 @@ WALLED(add_bias, (struct backend_ctx *c, float *y, const struct tensor *bt, int 
 WALLED(add, (struct backend_ctx *c, float *y, const float *x, long n), (c, y, x, n))
 WALLED(swiglu, (struct backend_ctx *c, float *g, const float *u, long n), (c, g, u, n))
 WALLED(gelu, (struct backend_ctx *c, float *x, long n), (c, x, n))
+WALLED(geglu, (struct backend_ctx *c, float *g, const float *u, long n), (c, g, u, n))
+WALLED(scale, (struct backend_ctx *c, float *x, long n, float s), (c, x, n, s))
+WALLED(softcap, (struct backend_ctx *c, float *x, long n, float cap), (c, x, n, cap))
 WALLED(kv_store, (struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                   const float *v, int n), (c, kv, slots, k, v, n))
 WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a), (c, a))
@@ -190,6 +193,9 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->add = strict_add;
     o->swiglu = strict_swiglu;
     o->gelu = strict_gelu;
+    o->geglu = strict_geglu;
+    o->scale = strict_scale;
+    o->softcap = strict_softcap;
     o->kv_store = strict_kv_store;
     o->paged_attention = strict_paged_attention;
     o->copy_blocks = strict_copy_blocks;

@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_attn(struct paged_attn_args a, f
                 float dot = 0.0f;
                 for (int e = 0; e < hd; e++) dot = fmaf(qi[e], kr[e], dot);
                 sc = dot * ks_s[lane];
+                if (a.softcap > 0) sc = a.softcap * tanhf(sc / a.softcap);
             }
             const float m_old = m_s[i];
             const float m_new = fmaxf(m_old, cu_warp_max(sc));

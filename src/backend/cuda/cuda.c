@@ -320,6 +320,21 @@ static int cuda_gelu(struct backend_ctx *c, float *x, long n) {
     return launched(cuk_gelu(cc_of(c)->stream, x, n), "gelu");
 }
 
+static int cuda_geglu(struct backend_ctx *c, float *g, const float *u, long n) {
+    CU_ENTER(c->be);
+    return launched(cuk_geglu(cc_of(c)->stream, g, u, n), "geglu");
+}
+
+static int cuda_scale(struct backend_ctx *c, float *x, long n, float s) {
+    CU_ENTER(c->be);
+    return launched(cuk_scale(cc_of(c)->stream, x, n, s), "scale");
+}
+
+static int cuda_softcap(struct backend_ctx *c, float *x, long n, float cap) {
+    CU_ENTER(c->be);
+    return launched(cuk_softcap(cc_of(c)->stream, x, n, cap), "softcap");
+}
+
 static int cuda_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
                          const float *k, const float *v, int n) {
     if ((unsigned)kv->type >= KV_TYPE_COUNT_ || kv->block_size <= 0 || kv->n_head_kv <= 0 || kv->head_dim <= 0) {
@@ -416,6 +431,9 @@ static const struct backend_ops k_cuda_ops = {
     .add = cuda_add,
     .swiglu = cuda_swiglu,
     .gelu = cuda_gelu,
+    .geglu = cuda_geglu,
+    .scale = cuda_scale,
+    .softcap = cuda_softcap,
     .kv_store = cuda_kv_store,
     .paged_attention = cuda_paged_attention,
     .copy_blocks = cuda_copy_blocks,

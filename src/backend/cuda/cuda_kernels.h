@@ -43,6 +43,9 @@ cudaError_t cuk_add_bias(cudaStream_t s, float *y, const float *b, int n, int di
 cudaError_t cuk_add(cudaStream_t s, float *y, const float *x, long n);
 cudaError_t cuk_swiglu(cudaStream_t s, float *g, const float *u, long n);
 cudaError_t cuk_gelu(cudaStream_t s, float *x, long n);
+cudaError_t cuk_geglu(cudaStream_t s, float *g, const float *u, long n);
+cudaError_t cuk_scale(cudaStream_t s, float *x, long n, float sc);
+cudaError_t cuk_softcap(cudaStream_t s, float *x, long n, float cap);
 cudaError_t cuk_kv_store(cudaStream_t s, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                          const float *v, int n);
 /* partials: cuda_attn_partial_floats(n_tokens, n_head, head_dim, max_ctx) floats; max_ctx bounds

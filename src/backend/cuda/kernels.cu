@@ -213,6 +213,41 @@ extern "C" cudaError_t cuk_gelu(cudaStream_t s, float *x, long n) {
     return CU_LAUNCH_CHECK();
 }
 
+__global__ void k_geglu(float *g, const float *u, long n) {
+    const float k = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const float v = g[i];
+        g[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v))) * u[i];
+    }
+}
+
+extern "C" cudaError_t cuk_geglu(cudaStream_t s, float *g, const float *u, long n) {
+    if (n <= 0) return cudaSuccess;
+    k_geglu<<<grid_for(n, ROW_THREADS), ROW_THREADS, 0, s>>>(g, u, n);
+    return CU_LAUNCH_CHECK();
+}
+
+__global__ void k_scale(float *x, long n, float sc) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) x[i] *= sc;
+}
+
+extern "C" cudaError_t cuk_scale(cudaStream_t s, float *x, long n, float sc) {
+    if (n <= 0) return cudaSuccess;
+    k_scale<<<grid_for(n, ROW_THREADS), ROW_THREADS, 0, s>>>(x, n, sc);
+    return CU_LAUNCH_CHECK();
+}
+
+__global__ void k_softcap(float *x, long n, float cap) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+extern "C" cudaError_t cuk_softcap(cudaStream_t s, float *x, long n, float cap) {
+    if (n <= 0) return cudaSuccess;
+    k_softcap<<<grid_for(n, ROW_THREADS), ROW_THREADS, 0, s>>>(x, n, cap);
+    return CU_LAUNCH_CHECK();
+}
+
 /* ---- kv_store: a block per token, a warp per kv head row (K, then V) ---- */
 
 /* Quantize row x (head_dim) into element row of dst (and scales), as store_row in kv_kernels.c:

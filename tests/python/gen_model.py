@@ -6,8 +6,12 @@ rope_freqs.weight tensor), "qwen2" (Q/K/V biases), "gpt2" (learned positions,
 LayerNorm with bias, fused QKV, biases everywhere, GELU FFN), "qwen3" (per-head
 attn_q_norm / attn_k_norm, head_dim from attention.key_length), "gemma2" and "gemma3"
 (post-norms, GeGLU, tied head, sliding-window layers; gemma2 soft-caps, gemma3 q/k
-norms): the <arch>.* hyper-parameter keys, the GGUF tensor names, a SentencePiece-style
-vocabulary in tokenizer.ggml.* (the tests only use ids).  As the converters do, qwen3 and
+norms), "phi3" (fused attn_qkv, ffn_up holding gate then up, partial rotary, LongRoPE
+rope_factors_short / rope_factors_long), "smollm3" (llama with every fourth layer unroped),
+mixture-of-experts "llama" (Mixtral: ffn_gate_inp plus ffn_{gate,up,down}_exps stacked over
+experts) and "qwen3moe" (qwen3 attention, experts of expert_feed_forward_length): the <arch>.*
+hyper-parameter keys, the GGUF tensor names, a SentencePiece-style vocabulary in
+tokenizer.ggml.* (the tests only use ids).  As the converters do, qwen3 and
 gemma files carry no rope.dimension_count (readers default it to head_dim) and gemma2 no
 rope.freq_base unless rope_theta differs from 10000.  Weights are random but scaled so that the
 activations of a forward pass stay O(1): matrices are N(0, 1/fan_in), the
@@ -72,6 +76,11 @@ class ModelConfig:
                                     # and value_length (always written for qwen3 and gemma, as the converters do)
     attn_softcap: float = 50.0      # gemma2: <arch>.attn_logit_softcapping (the Gemma 2 configs' value)
     final_softcap: float = 30.0     # gemma2: <arch>.final_logit_softcapping
+    n_expert: int = 0               # > 0: mixture of experts (llama, qwen3moe): <arch>.expert_count
+    n_expert_used: int = 0          # <arch>.expert_used_count (top-k)
+    n_ff_exp: int | None = None     # qwen3moe: <arch>.expert_feed_forward_length (None: n_ff)
+    n_ctx_orig: int | None = None   # phi3: <arch>.rope.scaling.original_context_length (None: n_ctx)
+    longrope: bool = False          # phi3: rope_factors_short / rope_factors_long and rope.scaling.attn_factor
 
     @property
     def head_dim(self) -> int:
@@ -80,6 +89,11 @@ class ModelConfig:
     @property
     def rot(self) -> int:
         return self.head_dim if self.n_rot is None else self.n_rot
+
+    @property
+    def ff_exp(self) -> int:
+        """Each expert's FFN width."""
+        return self.n_ff if self.n_ff_exp is None else self.n_ff_exp
 
     def check(self) -> None:
         if self.key_length is None and self.n_embd % self.n_head:
@@ -97,22 +111,37 @@ class ModelConfig:
         if self.arch == "gpt2" and (self.llama3_rope or self.n_swa or self.n_rot is not None or self.key_length):
             raise ValueError("gpt2 has learned positions: no rope settings or sliding window")
         # what the converters never write for these families: a reader need not accept it
-        if self.arch in ("qwen3", "gemma2", "gemma3") and (self.llama3_rope or self.n_rot is not None):
+        if self.arch in ("qwen3", "qwen3moe", *GEMMA) and (self.llama3_rope or self.n_rot is not None):
             raise ValueError(f"{self.arch}: rope over the whole head, no rope_freqs")
-        if self.arch in ("qwen3", "gemma2") and self.rope_scale_linear:
+        if self.arch in ("qwen3", "qwen3moe", "gemma2") and self.rope_scale_linear:
             raise ValueError(f"{self.arch}: no linear rope scaling")
-        if self.arch == "qwen3" and self.n_swa:
-            raise ValueError("qwen3: no sliding window")
+        if self.arch in ("qwen3", "qwen3moe") and self.n_swa:
+            raise ValueError(f"{self.arch}: no sliding window")
         if self.arch in ("gemma2", "gemma3") and not self.tied:
             raise ValueError(f"{self.arch}: the head is always token_embd (tied=True)")
         if self.arch == "gemma3" and self.n_swa <= 0:
             raise ValueError("gemma3: sliding_window is required")
         if self.arch == "gemma2" and not (self.attn_softcap > 0 and self.final_softcap > 0):
             raise ValueError("gemma2: both soft-caps must be positive")
+        if self.arch == "qwen3moe" and not self.n_expert:
+            raise ValueError("qwen3moe: n_expert must be positive")
+        if self.n_expert and (self.arch not in ("llama", "qwen3moe") or not 0 < self.n_expert_used <= self.n_expert):
+            raise ValueError(f"experts: llama or qwen3moe with 0 < n_expert_used <= n_expert, not {self.arch} "
+                             f"{self.n_expert_used}/{self.n_expert}")
+        if self.n_ff_exp is not None and self.arch != "qwen3moe":
+            raise ValueError("n_ff_exp: qwen3moe only")
+        if (self.longrope or self.n_ctx_orig) and self.arch != "phi3":
+            raise ValueError("LongRoPE: phi3 only")
+        if self.arch == "phi3" and (self.key_length or self.llama3_rope or self.rope_scale_linear or self.n_swa):
+            raise ValueError("phi3: head_dim n_embd / n_head, rope scaling by LongRoPE factors only, no window")
+        if self.arch in ("phi3", "smollm3") and self.key_length:
+            raise ValueError(f"{self.arch}: head_dim is n_embd / n_head")
 
 
-ARCHS = ("llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "qwen3moe")
 GEMMA = ("gemma2", "gemma3")
+QK_NORM = ("qwen3", "qwen3moe", "gemma3")      # per-head attn_q_norm / attn_k_norm
+KEY_LENGTH = ("qwen3", "qwen3moe", *GEMMA)    # converters write attention.key_length, not rope.dimension_count
 
 
 SHAPES: dict[str, ModelConfig] = {
@@ -200,8 +229,9 @@ class TensorSpec:
         return None if self.kind in VECTOR_KINDS else QTYPES.get(cfg.dtype)
 
 
-# kinds always stored as F32: norm weights, biases, rope frequency factors
-VECTOR_KINDS = ("norm", "bias", "freqs")
+# kinds always stored as F32: norm weights, biases, rope frequency factors, and the expert router
+# (convert_hf_to_gguf.py and llama-quantize keep ffn_gate_inp in F32)
+VECTOR_KINDS = ("norm", "bias", "freqs", "router")
 
 
 def llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
@@ -222,6 +252,20 @@ def llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def longrope_factors(cfg: ModelConfig, which: str) -> np.ndarray:
+    """rope_factors_short / rope_factors_long (rot/2,): fixed ramps in the range of Phi-3.5's (short near 1,
+    long up to tens), so that the two sets and the plain rope all turn the pairs differently."""
+    m = cfg.rot // 2
+    f = np.linspace(1.0, 2.5, m) if which == "short" else np.geomspace(1.0, 30.0, m)
+    return f.astype(np.float32)
+
+
+def longrope_attn_factor(cfg: ModelConfig) -> float:
+    """rope.scaling.attn_factor as the phi3 converter computes it for rope_type longrope."""
+    scale = cfg.n_ctx / (cfg.n_ctx_orig or cfg.n_ctx)
+    return float(np.sqrt(1 + np.log(scale) / np.log(cfg.n_ctx_orig or cfg.n_ctx))) if scale > 1.0 else 1.0
+
+
 def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     """Tensors in file order, with numpy shapes."""
     d, hd = cfg.n_embd, cfg.head_dim
@@ -231,6 +275,9 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
         specs.append(TensorSpec("position_embd.weight", (cfg.n_ctx, d), "embd", d))
     if cfg.llama3_rope:
         specs.append(TensorSpec("rope_freqs.weight", (cfg.rot // 2,), "freqs", 0))
+    if cfg.longrope:
+        specs.append(TensorSpec("rope_factors_long.weight", (cfg.rot // 2,), "freqs", 0))
+        specs.append(TensorSpec("rope_factors_short.weight", (cfg.rot // 2,), "freqs", 0))
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         if cfg.arch == "gpt2":
@@ -249,6 +296,16 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 TensorSpec(p + "ffn_down.bias", (d,), "bias", cfg.n_ff),
             ]
             continue
+        if cfg.arch == "phi3":
+            specs += [
+                TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "attn_qkv.weight", (q_dim + 2 * kv_dim, d), "matrix", d),
+                TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
+                TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "ffn_up.weight", (2 * cfg.n_ff, d), "matrix", d),     # gate rows, then up rows
+                TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
+            ]
+            continue
         specs += [
             TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
             TensorSpec(p + "attn_q.weight", (q_dim, d), "matrix", d),
@@ -261,7 +318,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 TensorSpec(p + "attn_k.bias", (kv_dim,), "bias", d),
                 TensorSpec(p + "attn_v.bias", (kv_dim,), "bias", d),
             ]
-        if cfg.arch in ("qwen3", "gemma3"):
+        if cfg.arch in QK_NORM:
             specs += [
                 TensorSpec(p + "attn_q_norm.weight", (hd,), "norm", hd),
                 TensorSpec(p + "attn_k_norm.weight", (hd,), "norm", hd),
@@ -269,12 +326,21 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
         specs.append(TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim))
         if cfg.arch in GEMMA:
             specs.append(TensorSpec(p + "post_attention_norm.weight", (d,), "norm", d))
-        specs += [
-            TensorSpec(p + "ffn_norm.weight", (d,), "norm", d),
-            TensorSpec(p + "ffn_gate.weight", (cfg.n_ff, d), "matrix", d),
-            TensorSpec(p + "ffn_up.weight", (cfg.n_ff, d), "matrix", d),
-            TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
-        ]
+        specs.append(TensorSpec(p + "ffn_norm.weight", (d,), "norm", d))
+        if cfg.n_expert:
+            ne, ff = cfg.n_expert, cfg.ff_exp
+            specs += [
+                TensorSpec(p + "ffn_gate_inp.weight", (ne, d), "router", d),
+                TensorSpec(p + "ffn_gate_exps.weight", (ne, ff, d), "matrix", d),
+                TensorSpec(p + "ffn_up_exps.weight", (ne, ff, d), "matrix", d),
+                TensorSpec(p + "ffn_down_exps.weight", (ne, d, ff), "matrix", ff),
+            ]
+        else:
+            specs += [
+                TensorSpec(p + "ffn_gate.weight", (cfg.n_ff, d), "matrix", d),
+                TensorSpec(p + "ffn_up.weight", (cfg.n_ff, d), "matrix", d),
+                TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
+            ]
         if cfg.arch in GEMMA:
             specs.append(TensorSpec(p + "post_ffw_norm.weight", (d,), "norm", d))
     specs.append(TensorSpec("output_norm.weight", (d,), "norm", d))
@@ -290,8 +356,11 @@ def _random_tensor(rng: np.random.Generator, spec: TensorSpec, cfg: ModelConfig)
         t = rng.uniform(0.9, 1.1, size=spec.shape).astype(np.float32)
     elif spec.kind == "bias":
         t = rng.uniform(-0.2, 0.2, size=spec.shape).astype(np.float32)
-    elif spec.kind == "freqs":
-        t = llama3_rope_factors(cfg)          # computed, not drawn: the rng stream is untouched
+    elif spec.kind == "freqs":                # computed, not drawn: the rng stream is untouched
+        if spec.name == "rope_freqs.weight":
+            t = llama3_rope_factors(cfg)
+        else:
+            t = longrope_factors(cfg, "long" if spec.name == "rope_factors_long.weight" else "short")
     else:
         t = rng.standard_normal(size=spec.shape, dtype=np.float32)
         t *= np.float32(1.0 / np.sqrt(spec.fan_in))
@@ -352,13 +421,23 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     kv(f"{arch}.feed_forward_length", w.add_uint32, cfg.n_ff)
     kv(f"{arch}.attention.head_count", w.add_uint32, cfg.n_head)
     kv(f"{arch}.attention.head_count_kv", w.add_uint32, cfg.n_head_kv)
-    if cfg.key_length or arch in ("qwen3", *GEMMA):
+    if cfg.key_length or arch in KEY_LENGTH:
         kv(f"{arch}.attention.key_length", w.add_uint32, cfg.head_dim)
         kv(f"{arch}.attention.value_length", w.add_uint32, cfg.head_dim)
+    if cfg.n_expert:
+        kv(f"{arch}.expert_count", w.add_uint32, cfg.n_expert)
+        kv(f"{arch}.expert_used_count", w.add_uint32, cfg.n_expert_used)
+        if arch == "qwen3moe":
+            kv(f"{arch}.expert_feed_forward_length", w.add_uint32, cfg.ff_exp)
+    if arch == "phi3":
+        kv(f"{arch}.rope.scaling.original_context_length", w.add_uint32, cfg.n_ctx_orig or cfg.n_ctx)
+        kv(f"{arch}.attention.sliding_window", w.add_uint32, 0)        # what the converter writes for Phi-4
+        if cfg.longrope:
+            kv(f"{arch}.rope.scaling.attn_factor", w.add_float32, longrope_attn_factor(cfg))
     if arch == "gpt2":
         kv(f"{arch}.attention.layer_norm_epsilon", w.add_float32, cfg.norm_eps)
     else:
-        if arch not in ("qwen3", *GEMMA):
+        if arch not in KEY_LENGTH:
             kv(f"{arch}.rope.dimension_count", w.add_uint32, cfg.rot)
         if arch != "gemma2" or cfg.rope_theta != 10000.0:
             kv(f"{arch}.rope.freq_base", w.add_float32, cfg.rope_theta)
@@ -421,7 +500,7 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
     cfg = dataclasses.replace(SHAPES[args.shape])
     cfg.dtype = args.type
     for f in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx", "n_rot",
-              "rope_theta", "norm_eps", "key_length"):
+              "rope_theta", "norm_eps", "key_length", "n_expert", "n_expert_used", "n_ff_exp", "n_ctx_orig"):
         v = getattr(args, f)
         if v is not None:
             setattr(cfg, f, v)
@@ -433,6 +512,8 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
         cfg.arch = args.arch
     if args.n_swa is not None:
         cfg.n_swa = args.n_swa
+    if args.longrope:
+        cfg.longrope = True
     return cfg
 
 
@@ -449,9 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="general.name")
     ap.add_argument("--arch", choices=ARCHS, default=None, help="general.architecture (default llama)")
     ap.add_argument("--sliding-window", dest="n_swa", type=int, default=None, help="attention.sliding_window")
+    ap.add_argument("--longrope", action="store_true", help="phi3: LongRoPE factors (with --n-ctx-orig < --n-ctx)")
     for f, t in (("n_vocab", int), ("n_embd", int), ("n_layer", int), ("n_head", int), ("n_head_kv", int),
                  ("n_ff", int), ("n_ctx", int), ("n_rot", int), ("rope_theta", float), ("norm_eps", float),
-                 ("key_length", int)):
+                 ("key_length", int), ("n_expert", int), ("n_expert_used", int), ("n_ff_exp", int),
+                 ("n_ctx_orig", int)):
         ap.add_argument("--" + f.replace("_", "-"), dest=f, type=t, default=None, help=f"override {f}")
     args = ap.parse_args(argv)
     cfg = build_config(args)

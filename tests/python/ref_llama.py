@@ -51,6 +51,21 @@ hyper-parameters read from its file:
           gemma3: q/k norms as qwen3; sliding layers use rope base 10000 and no rope scaling (Transformers'
                   rope_local_base_freq, llama.cpp's rope_freq_base_train_swa), global layers the file's
                   rope.freq_base and its linear scaling; no soft-capping
+  phi3 (modeling_phi3.py): q, k, v = split(h Wqkv^T); ffn = silu(g) * u with g, u the first and second halves
+          of h Wup^T (Transformers' gate_up_proj); rope on halves of the first n_rot = rope.dimension_count dims
+          (partial rotary); LongRoPE: pair i's frequency divided by rope_factors_long[i] when the context
+          (context_length) exceeds rope.scaling.original_context_length, else by rope_factors_short[i] —
+          llama.cpp's choice at its default context — and cos, sin times rope.scaling.attn_factor; the file's
+          sliding_window is ignored, as llama.cpp does
+  smollm3 (modeling_smollm3.py): llama, but layers il with (il + 1) % 4 == 0 skip rope (Transformers'
+          no_rope_layers with no_rope_layer_interval 4; llama.cpp's n_no_rope_layer_step, fixed at 4)
+  mixture of experts — llama with <arch>.expert_count (Mixtral, modeling_mixtral.py) and qwen3moe
+          (modeling_qwen3_moe.py, qwen3 attention):
+          p = softmax(h Wgate_inp^T) over all n_expert experts; the expert_used_count largest are kept and
+          renormalised to sum 1 (= softmax over the kept logits; Qwen3-MoE's norm_topk_prob, which every
+          released model sets and llama.cpp always applies);  ffn(h) = sum_e p_e * down_e(silu(gate_e h) * up_e h)
+          with ffn_{gate,up}_exps (n_expert, n_ff_exp, n_embd), ffn_down_exps (n_expert, n_embd, n_ff_exp);
+          n_ff_exp = expert_feed_forward_length (qwen3moe) or feed_forward_length (llama)
 """
 from __future__ import annotations
 
@@ -73,12 +88,15 @@ class Family:
     qk_norm: bool = False          # per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before rope
     post_norms: bool = False       # each branch's output normed (post_attention_norm, post_ffw_norm) before its add
     ffn: str = "swiglu"            # swiglu: silu(gate) * up | geglu: gelu_tanh(gate) * up | gelu: gelu_tanh(up)
+                                   # | swiglu_fused: swiglu with gate and up the two halves of ffn_up
     embd_scale: bool = False       # token embeddings times sqrt(n_embd)
     learned_pos: bool = False      # position_embd added to the embeddings
     swa_pattern: int = 0           # with a window: layer il slides iff il % P < P - 1; 0: every layer slides
     swa_rope_theta: float = 0.0    # > 0: sliding layers use this rope base and no rope scaling
     n_swa_default: int = 0         # window when the file has no sliding_window key
     head_dim_key: bool = False     # head_dim from <arch>.attention.key_length (else n_embd / n_head unless present)
+    window_key: bool = True        # whether <arch>.attention.sliding_window is honoured
+    no_rope_step: int = 0          # > 0: layers with (il + 1) % step == 0 skip rope
 
 
 FAMILIES: dict[str, Family] = {
@@ -92,6 +110,9 @@ FAMILIES: dict[str, Family] = {
                      n_swa_default=4096, head_dim_key=True),
     "gemma3": Family(rope="halves", qk_norm=True, post_norms=True, ffn="geglu", embd_scale=True, swa_pattern=6,
                      swa_rope_theta=10000.0, head_dim_key=True),
+    "phi3": Family(rope="halves", qkv_fused=True, ffn="swiglu_fused", window_key=False),
+    "smollm3": Family(no_rope_step=4),
+    "qwen3moe": Family(rope="halves", qk_norm=True, head_dim_key=True),
 }
 ARCHS = tuple(FAMILIES)
 
@@ -116,6 +137,16 @@ class HParams:
     rope_theta_swa: float = 0.0   # rope base of sliding layers (0: rope_theta, with rope_scale)
     attn_softcap: float = 0.0     # > 0: attention scores soft-capped at this value
     final_softcap: float = 0.0    # > 0: logits soft-capped at this value
+    n_no_rope_layer_step: int = 0 # > 0: layers with (il + 1) % step == 0 skip rope
+    n_expert: int = 0             # > 0: the FFN is a mixture of experts
+    n_expert_used: int = 0        # experts per token (top-k)
+    n_ff_exp: int = 0             # each expert's FFN width
+    expert_weights_norm: bool = True   # the kept experts' probabilities renormalised to sum 1
+    rope_long: bool = False       # LongRoPE: rope_factors_long (else rope_factors_short) when the file has them
+    rope_attn_factor: float = 1.0 # rope's cos and sin multiplied by this
+
+    def layer_uses_rope(self, il: int) -> bool:
+        return not self.n_no_rope_layer_step or (il + 1) % self.n_no_rope_layer_step != 0
 
     def layer_window(self, il: int) -> int:
         """Layer il's sliding window, 0 for full causal attention."""
@@ -182,9 +213,16 @@ def expected_tensors(hp: HParams, fam: Family) -> dict[str, tuple[int, ...]]:
         if fam.qk_norm:
             out.update({p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)})
         out[p + "attn_output.weight"] = (d, qd)
-        out.update({p + "ffn_up.weight": (ff, d), p + "ffn_down.weight": (d, ff)})
-        if fam.ffn != "gelu":
-            out[p + "ffn_gate.weight"] = (ff, d)
+        if hp.n_expert:
+            ne, fe = hp.n_expert, hp.n_ff_exp
+            out.update({p + "ffn_gate_inp.weight": (ne, d), p + "ffn_gate_exps.weight": (ne, fe, d),
+                        p + "ffn_up_exps.weight": (ne, fe, d), p + "ffn_down_exps.weight": (ne, d, fe)})
+        elif fam.ffn == "swiglu_fused":
+            out.update({p + "ffn_up.weight": (2 * ff, d), p + "ffn_down.weight": (d, ff)})
+        else:
+            out.update({p + "ffn_up.weight": (ff, d), p + "ffn_down.weight": (d, ff)})
+            if fam.ffn != "gelu":
+                out[p + "ffn_gate.weight"] = (ff, d)
         if fam.out_bias:
             out.update({p + "attn_output.bias": (d,), p + "ffn_up.bias": (ff,), p + "ffn_down.bias": (d,)})
     return out
@@ -209,10 +247,13 @@ class LlamaRef:
                 raise ValueError(f"tensor {name}: shape {weights[name].shape}, expected {shape}")
         if "output.weight" in weights and weights["output.weight"].shape != (hp.n_vocab, hp.n_embd):
             raise ValueError(f"output.weight: shape {weights['output.weight'].shape}")
-        if "rope_freqs.weight" in weights and weights["rope_freqs.weight"].shape != (hp.n_rot // 2,):
-            raise ValueError(f"rope_freqs.weight: shape {weights['rope_freqs.weight'].shape}")
+        for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+            if name in weights and weights[name].shape != (hp.n_rot // 2,):
+                raise ValueError(f"{name}: shape {weights[name].shape}")
         if hp.n_head % hp.n_head_kv or hp.n_rot % 2 or hp.n_rot > hp.head_dim:
             raise ValueError(f"bad head layout {hp}")
+        if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
+            raise ValueError(f"expert_used_count {hp.n_expert_used} of {hp.n_expert} experts")
 
     @classmethod
     def from_gguf(cls, path: "str | Path | gguf.GGUFReader") -> "LlamaRef":
@@ -233,6 +274,8 @@ class LlamaRef:
         if scaling not in ("none", "linear"):
             raise ValueError(f"{path}: rope scaling {scaling!r} not supported by the reference")
         layer = fam.norm == "layer"
+        n_ctx = int(key("context_length", 0))
+        n_expert = int(key("expert_count", 0))
         hp = HParams(
             n_vocab=weights["token_embd.weight"].shape[0],
             n_embd=n_embd,
@@ -244,14 +287,21 @@ class LlamaRef:
             n_rot=0 if fam.rope == "none" else int(key("rope.dimension_count", head_dim)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
             norm_eps=float(key("attention.layer_norm_epsilon" if layer else "attention.layer_norm_rms_epsilon", 1e-5)),
-            n_ctx=int(key("context_length", 0)),
+            n_ctx=n_ctx,
             arch=arch,
-            n_swa=int(key("attention.sliding_window", fam.n_swa_default)),
+            n_swa=int(key("attention.sliding_window", fam.n_swa_default)) if fam.window_key else 0,
             rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
             swa_pattern=fam.swa_pattern,
             rope_theta_swa=fam.swa_rope_theta,
             attn_softcap=float(key("attn_logit_softcapping", 0.0)),
             final_softcap=float(key("final_logit_softcapping", 0.0)),
+            n_no_rope_layer_step=fam.no_rope_step,
+            n_expert=n_expert,
+            n_expert_used=int(key("expert_used_count", 0)),
+            n_ff_exp=int(key("expert_feed_forward_length", 0) or key("feed_forward_length")) if n_expert else 0,
+            expert_weights_norm=bool(key("expert_weights_norm", True)),
+            rope_long=n_ctx > int(key("rope.scaling.original_context_length", n_ctx)),
+            rope_attn_factor=float(key("rope.scaling.attn_factor", 1.0)),
         )
         return cls(hp, weights)
 
@@ -280,11 +330,14 @@ class LlamaRef:
         scale = hp.rope_scale if scale is None else scale
         i = np.arange(n_rot // 2, dtype=np.float64)
         freq = theta ** (-2.0 * i / n_rot)                             # (n_rot/2,)
-        factors = getattr(self, "w", {}).get("rope_freqs.weight")     # Llama 3: per-pair divisors
+        w = getattr(self, "w", {})
+        factors = w.get("rope_freqs.weight",                           # Llama 3 and LongRoPE: per-pair divisors
+                        w.get("rope_factors_long.weight" if hp.rope_long else "rope_factors_short.weight"))
         if factors is not None:
             freq = freq / factors
         ang = (pos.astype(np.float64) / scale)[:, None] * freq[None, :]   # (n_tokens, n_rot/2)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        m = hp.rope_attn_factor
+        cos, sin = m * np.cos(ang)[:, None, :], m * np.sin(ang)[:, None, :]
         out = x.copy()
         fam = getattr(self, "fam", None) or FAMILIES[hp.arch]
         if fam.rope == "halves":
@@ -341,16 +394,44 @@ class LlamaRef:
 
     def _ffn(self, h: np.ndarray, p: str) -> np.ndarray:
         w, fam = self.w, self.fam
+        if self.hp.n_expert:
+            return self._moe(h, p)
         if fam.ffn == "gelu":
             u = self._gelu(h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"])
             return u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
-        g = h @ w[p + "ffn_gate.weight"].T
-        u = h @ w[p + "ffn_up.weight"].T
+        if fam.ffn == "swiglu_fused":
+            g, u = np.split(h @ w[p + "ffn_up.weight"].T, 2, axis=-1)
+        else:
+            g, u = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         act = self._gelu(g) if fam.ffn == "geglu" else g / (1.0 + np.exp(-g))
         return (act * u) @ w[p + "ffn_down.weight"].T
 
-    def forward(self, tokens: Sequence[int], start_pos: int = 0) -> np.ndarray:
-        """Logits (n_tokens, n_vocab) float64: row i = after tokens[0..i] at positions start_pos + 0..i."""
+    def routing(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(router logits (n, n_expert), chosen experts (n, k) best first, their weights (n, k))."""
+        hp = self.hp
+        logits = h @ self.w[p + "ffn_gate_inp.weight"].T
+        prob = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        prob /= prob.sum(axis=-1, keepdims=True)
+        top = np.argsort(-prob, axis=-1, kind="stable")[:, :hp.n_expert_used]
+        wt = np.take_along_axis(prob, top, axis=-1)
+        if hp.expert_weights_norm:
+            wt = wt / wt.sum(axis=-1, keepdims=True)
+        return logits, top, wt
+
+    def _moe(self, h: np.ndarray, p: str) -> np.ndarray:
+        w = self.w
+        _, top, wt = self.routing(h, p)
+        out = np.zeros_like(h)
+        for i in range(len(h)):
+            for e, we in zip(top[i], wt[i]):
+                g = w[p + "ffn_gate_exps.weight"][e] @ h[i]
+                u = w[p + "ffn_up_exps.weight"][e] @ h[i]
+                out[i] += we * (w[p + "ffn_down_exps.weight"][e] @ (g / (1.0 + np.exp(-g)) * u))
+        return out
+
+    def forward(self, tokens: Sequence[int], start_pos: int = 0, ffn_inputs: list | None = None) -> np.ndarray:
+        """Logits (n_tokens, n_vocab) float64: row i = after tokens[0..i] at positions start_pos + 0..i.
+        ffn_inputs: if given, each layer's normed FFN input (n_tokens, n_embd) is appended to it."""
         hp, w, fam = self.hp, self.w, self.fam
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
@@ -369,7 +450,7 @@ class LlamaRef:
         for il in range(hp.n_layer):
             p = f"blk.{il}."
             q, k, v = self._qkv(self._norm(x, p + "attn_norm"), p)
-            if fam.rope != "none":
+            if fam.rope != "none" and hp.layer_uses_rope(il):
                 theta, scale = hp.layer_rope(il)
                 q, k = self._rope(q, pos, theta, scale), self._rope(k, pos, theta, scale)
             a = self._attention(q, k, v, pos, hp.layer_window(il)) @ w[p + "attn_output.weight"].T
@@ -378,7 +459,10 @@ class LlamaRef:
             if fam.post_norms:
                 a = self._norm(a, p + "post_attention_norm")
             x = x + a
-            f = self._ffn(self._norm(x, p + "ffn_norm"), p)
+            h = self._norm(x, p + "ffn_norm")
+            if ffn_inputs is not None:
+                ffn_inputs.append(h)
+            f = self._ffn(h, p)
             if fam.post_norms:
                 f = self._norm(f, p + "post_ffw_norm")
             x = x + f

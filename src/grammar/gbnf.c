@@ -9,7 +9,10 @@
  * llama.cpp rewrites them (S{m,n} = S repeated m times, then a chain of
  * n-m optional rules).  Errors carry "line:col"; an undefined rule, a
  * missing root and left recursion (also through rules that can match
- * nothing) are refused. */
+ * nothing) are refused, and so is a grammar past the sizes of
+ * grammar_internal.h (rules, elements, a rule's width, rules entered before
+ * a first character): every step here is linear in the text and the
+ * elements made, so that bound is a bound on the time. */
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 #include "core/core.h"
@@ -38,6 +41,8 @@ struct gparser {
     const char *text;
     struct grule *rules;
     uint32_t n_rules, cap_rules;
+    struct gnames names;   /* rule name -> id */
+    uint32_t n_elems;      /* elements made so far (the budget: GRAMMAR_MAX_ELEMS) */
     int rc;            /* first error */
     char *err;
     size_t err_cap;
@@ -75,6 +80,11 @@ static const char *fail(struct gparser *p, int rc, const char *pos, const char *
 }
 
 static bool vec_push(struct gparser *p, struct gvec *v, uint32_t type, uint32_t value) {
+    if (++p->n_elems > GRAMMAR_MAX_ELEMS) {
+        fail(p, KVLLM_ERANGE, NULL, "the grammar is too large: more than %u elements once its repetitions are "
+             "expanded", GRAMMAR_MAX_ELEMS);
+        return false;
+    }
     if (v->n == v->cap) {
         uint32_t cap = v->cap ? v->cap * 2 : 16;
         struct gelem *e = realloc(v->e, cap * sizeof *e);
@@ -94,8 +104,13 @@ static bool vec_append(struct gparser *p, struct gvec *v, const struct gelem *e,
 
 /* The id of a rule by name, created (undefined) on first use; UINT32_MAX on ENOMEM. */
 static uint32_t symbol(struct gparser *p, const char *name, size_t len, const char *at) {
-    for (uint32_t i = 0; i < p->n_rules; i++)
-        if (strlen(p->rules[i].name) == len && !memcmp(p->rules[i].name, name, len)) return i;
+    int64_t id = gnames_get(&p->names, name, len);
+    if (id >= 0) return (uint32_t)id;
+    if (p->n_rules >= GRAMMAR_MAX_RULES) {
+        fail(p, KVLLM_ERANGE, at, "the grammar is too large: more than %u rules once its groups and repetitions "
+             "are expanded", GRAMMAR_MAX_RULES);
+        return UINT32_MAX;
+    }
     if (p->n_rules == p->cap_rules) {
         uint32_t cap = p->cap_rules ? p->cap_rules * 2 : 32;
         struct grule *r = realloc(p->rules, cap * sizeof *r);
@@ -110,6 +125,11 @@ static uint32_t symbol(struct gparser *p, const char *name, size_t len, const ch
     memcpy(r->name, name, len);
     r->name[len] = 0;
     r->ref_off = (uint32_t)(at - p->text);
+    if (!gnames_put(&p->names, r->name, len, p->n_rules)) {
+        free(r->name);
+        fail(p, KVLLM_ENOMEM, NULL, "out of memory");
+        return UINT32_MAX;
+    }
     return p->n_rules++;
 }
 
@@ -370,30 +390,92 @@ static const char *parse_rule(struct gparser *p, const char *src) {
 
 /* ---- checks on the whole grammar ---- */
 
-static bool rule_nullable_now(const struct grule *rules, const bool *nullable, uint32_t r) {
-    const struct gvec *b = &rules[r].body;
-    bool alt_ok = true;   /* every element of the current alternative so far can match nothing */
-    for (uint32_t i = 0; i < b->n; i++) {
-        const struct gelem *e = &b->e[i];
-        if (e->type == G_END || e->type == G_ALT) {
-            if (alt_ok) return true;
-            alt_ok = true;
-        } else if (e->type == G_RULE_REF) {
-            if (!nullable[e->value]) alt_ok = false;
-        } else if (e->type == G_CHAR || e->type == G_CHAR_NOT || e->type == G_CHAR_ANY) {
-            alt_ok = false;
+static bool is_char_start(uint32_t type) { return type == G_CHAR || type == G_CHAR_NOT || type == G_CHAR_ANY; }
+
+/* Which rules can match nothing, in time linear in the elements (a fixpoint
+ * that sweeps every rule until nothing changes is quadratic on a chain of
+ * rules).  An alternative without a character is nullable once every rule
+ * it references is: each alternative counts its references not yet known
+ * nullable, and each rule found nullable is queued once and counts down the
+ * alternatives that reference it. */
+static int find_nullable(const struct gparser *p, bool *nullable) {
+    uint32_t n_alts = 0, n_refs = 0;
+    for (uint32_t r = 0; r < p->n_rules; r++)
+        for (uint32_t i = 0; i < p->rules[r].body.n; i++) {
+            uint32_t t = p->rules[r].body.e[i].type;
+            n_alts += t == G_END || t == G_ALT;
+            n_refs += t == G_RULE_REF;
+        }
+    const uint32_t HAS_CHAR = UINT32_MAX;
+    uint32_t *alt_rule = malloc(((size_t)n_alts + 1) * sizeof *alt_rule);
+    uint32_t *pending = calloc((size_t)n_alts + 1, sizeof *pending);
+    uint32_t *head = calloc((size_t)p->n_rules + 1, sizeof *head);   /* references to rule t: occ[head[t]..head[t+1]) */
+    uint32_t *occ = malloc(((size_t)n_refs + 1) * sizeof *occ);       /* the alternative of each reference */
+    uint32_t *queue = malloc(((size_t)p->n_rules + 1) * sizeof *queue);
+    int rc = alt_rule && pending && head && occ && queue ? 0 : KVLLM_ENOMEM;
+    for (uint32_t r = 0, a = 0; !rc && r < p->n_rules; r++)
+        for (uint32_t i = 0; i < p->rules[r].body.n; i++) {
+            const struct gelem *e = &p->rules[r].body.e[i];
+            if (e->type == G_RULE_REF) {
+                head[e->value + 1]++;
+                if (pending[a] != HAS_CHAR) pending[a]++;
+            } else if (is_char_start(e->type)) {
+                pending[a] = HAS_CHAR;
+            } else if (e->type == G_END || e->type == G_ALT) {
+                alt_rule[a++] = r;
+            }
+        }
+    for (uint32_t t = 0; !rc && t < p->n_rules; t++) head[t + 1] += head[t];
+    uint32_t n_queue = 0;
+    for (uint32_t r = 0, a = 0; !rc && r < p->n_rules; r++)
+        for (uint32_t i = 0; i < p->rules[r].body.n; i++) {
+            const struct gelem *e = &p->rules[r].body.e[i];
+            if (e->type == G_RULE_REF) occ[head[e->value]++] = a;   /* head[t] ends at head[t + 1]'s old value */
+            else if (e->type == G_END || e->type == G_ALT) a++;
+        }
+    for (uint32_t t = p->n_rules; !rc && t > 0; t--) head[t] = head[t - 1];   /* back to the starts */
+    if (!rc) head[0] = 0;
+    for (uint32_t a = 0; !rc && a < n_alts; a++)
+        if (pending[a] == 0 && !nullable[alt_rule[a]]) nullable[queue[n_queue++] = alt_rule[a]] = true;
+    for (uint32_t q = 0; !rc && q < n_queue; q++) {
+        const uint32_t t = queue[q];
+        for (uint32_t k = head[t]; k < head[t + 1]; k++) {
+            const uint32_t a = occ[k];
+            if (pending[a] == HAS_CHAR || --pending[a] != 0 || nullable[alt_rule[a]]) continue;
+            nullable[queue[n_queue++] = alt_rule[a]] = true;
         }
     }
-    return false;
+    free(alt_rule);
+    free(pending);
+    free(head);
+    free(occ);
+    free(queue);
+    return rc;
 }
 
-/* Left recursion: a rule reachable from itself through the first elements of
- * its alternatives (skipping rules that can match nothing).  DFS with
- * colours; on a cycle, names the rule. */
-static int left_rec_dfs(struct gparser *p, const bool *nullable, uint8_t *colour, uint32_t r) {
-    colour[r] = 1;
+struct lead_check {
+    struct gparser *p;
+    const bool *nullable;
+    uint8_t *colour;    /* (n_rules) 0 unvisited, 1 on the path, 2 done */
+    uint32_t *width;    /* (n_rules) stacks the rule begins (done rules) */
+};
+
+/* Through the first elements of r's alternatives (skipping rules that can
+ * match nothing), depth-first: a rule met again on the path is left
+ * recursion; a path of more than GRAMMAR_MAX_LEAD rules, or a rule that
+ * begins more than GRAMMAR_MAX_WIDTH stacks, is too large for the matcher.
+ * Each rule is visited once. */
+static int lead_dfs(struct lead_check *k, uint32_t r, uint32_t depth) {
+    struct gparser *p = k->p;
+    if (depth > GRAMMAR_MAX_LEAD) {
+        fail(p, KVLLM_ERANGE, NULL, "the grammar is too large: rule '%s' is entered through more than %u rules "
+             "before a first character", p->rules[r].name, GRAMMAR_MAX_LEAD);
+        return KVLLM_ERANGE;
+    }
+    k->colour[r] = 1;
     const struct gvec *b = &p->rules[r].body;
     bool at_start = true;
+    uint64_t w = 0;
     for (uint32_t i = 0; i < b->n; i++) {
         const struct gelem *e = &b->e[i];
         if (e->type == G_END || e->type == G_ALT) {
@@ -401,22 +483,46 @@ static int left_rec_dfs(struct gparser *p, const bool *nullable, uint8_t *colour
         } else if (!at_start) {
             continue;
         } else if (e->type == G_RULE_REF) {
-            if (colour[e->value] == 1) {
+            if (k->colour[e->value] == 1) {
                 fail(p, KVLLM_EINVAL, NULL, "left recursion in rule '%s' (through '%s')", p->rules[e->value].name,
                      p->rules[r].name);
                 return KVLLM_EINVAL;
             }
-            if (colour[e->value] == 0) {
-                int rc = left_rec_dfs(p, nullable, colour, e->value);
+            if (k->colour[e->value] == 0) {
+                int rc = lead_dfs(k, e->value, depth + 1);
                 if (rc) return rc;
             }
-            if (!nullable[e->value]) at_start = false;
-        } else if (e->type == G_CHAR || e->type == G_CHAR_NOT || e->type == G_CHAR_ANY) {
+            w += k->width[e->value] ? k->width[e->value] : 1;   /* an empty rule is still a step */
+            if (!k->nullable[e->value]) at_start = false;
+        } else if (is_char_start(e->type)) {
+            w++;
             at_start = false;
         }
     }
-    colour[r] = 2;
+    if (w > GRAMMAR_MAX_WIDTH) {
+        fail(p, KVLLM_ERANGE, NULL, "the grammar is too large: rule '%s' can begin %llu ways at once (its "
+             "alternatives, through the rules that start them), the matcher follows at most %u (thousands of "
+             "optional properties or enum values?)", p->rules[r].name, (unsigned long long)w, GRAMMAR_MAX_WIDTH);
+        return KVLLM_ERANGE;
+    }
+    k->width[r] = (uint32_t)w;
+    k->colour[r] = 2;
     return 0;
+}
+
+/* Nullable rules, then left recursion and the matcher's sizes. */
+static int check_rules(struct gparser *p) {
+    bool *nullable = calloc((size_t)p->n_rules + 1, sizeof *nullable);
+    struct lead_check k = { p, nullable, calloc((size_t)p->n_rules + 1, 1),
+                            calloc((size_t)p->n_rules + 1, sizeof *k.width) };
+    int rc = nullable && k.colour && k.width ? find_nullable(p, nullable) : KVLLM_ENOMEM;
+    for (uint32_t r = 0; !rc && r < p->n_rules; r++)
+        if (!k.colour[r]) rc = lead_dfs(&k, r, 0);
+    if (rc == KVLLM_ENOMEM) fail(p, rc, NULL, "out of memory");
+    free(nullable);
+    free(k.colour);
+    free(k.width);
+    return rc;
 }
 
 static void free_rules(struct gparser *p) {
@@ -425,6 +531,7 @@ static void free_rules(struct gparser *p) {
         free(p->rules[i].body.e);
     }
     free(p->rules);
+    gnames_free(&p->names);
 }
 
 int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap) {
@@ -444,24 +551,7 @@ int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t e
         if (!strcmp(p.rules[i].name, "root")) root = i;
     }
     if (!rc && root == UINT32_MAX) rc = (fail(&p, KVLLM_EINVAL, NULL, "grammar does not contain a root rule"), p.rc);
-    bool *nullable = NULL;
-    uint8_t *colour = NULL;
-    if (!rc) {
-        nullable = calloc(p.n_rules, sizeof *nullable);
-        colour = calloc(p.n_rules, 1);
-        if (!nullable || !colour) rc = KVLLM_ENOMEM;
-    }
-    if (!rc) {
-        for (bool changed = true; changed;) {
-            changed = false;
-            for (uint32_t r = 0; r < p.n_rules; r++)
-                if (!nullable[r] && rule_nullable_now(p.rules, nullable, r)) nullable[r] = changed = true;
-        }
-        for (uint32_t r = 0; !rc && r < p.n_rules; r++)
-            if (!colour[r]) rc = left_rec_dfs(&p, nullable, colour, r);
-    }
-    free(nullable);
-    free(colour);
+    if (!rc) rc = check_rules(&p);
     struct kvllm_grammar *g = NULL;
     if (!rc) {
         g = calloc(1, sizeof *g);
@@ -496,6 +586,45 @@ int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t e
     }
     *out = g;
     return 0;
+}
+
+/* ---- the name table (grammar_internal.h) ---- */
+
+int64_t gnames_get(const struct gnames *t, const char *key, size_t len) {
+    if (!t->cap) return -1;
+    const uint32_t h = hash_bytes(key, len), mask = t->cap - 1;
+    for (uint32_t i = h & mask;; i = (i + 1) & mask) {
+        const struct gname_slot *s = &t->slot[i];
+        if (!s->key) return -1;
+        if (s->hash == h && s->len == len && !memcmp(s->key, key, len)) return s->value;
+    }
+}
+
+static void gnames_place(struct gname_slot *slot, uint32_t cap, struct gname_slot v) {
+    for (uint32_t i = v.hash & (cap - 1);; i = (i + 1) & (cap - 1))
+        if (!slot[i].key) { slot[i] = v; return; }
+}
+
+bool gnames_put(struct gnames *t, const char *key, size_t len, uint32_t value) {
+    if (len > UINT32_MAX) return false;
+    if (2 * (t->n + 1) > t->cap) {
+        uint32_t cap = t->cap ? 2 * t->cap : 64;
+        struct gname_slot *slot = calloc(cap, sizeof *slot);
+        if (!slot) return false;
+        for (uint32_t i = 0; i < t->cap; i++)
+            if (t->slot[i].key) gnames_place(slot, cap, t->slot[i]);
+        free(t->slot);
+        t->slot = slot;
+        t->cap = cap;
+    }
+    gnames_place(t->slot, t->cap, (struct gname_slot){ key, (uint32_t)len, hash_bytes(key, len), value });
+    t->n++;
+    return true;
+}
+
+void gnames_free(struct gnames *t) {
+    free(t->slot);
+    *t = (struct gnames){ 0 };
 }
 
 /* ---- public API (kvllm.h) ---- */

@@ -53,6 +53,38 @@ struct kvllm_grammar {
 
 void gshared_free(struct gshared *s);
 
+/* What one grammar may hold: compiling costs time linear in its size, and a
+ * grammar past these is refused (KVLLM_ERANGE) before anything is built, so
+ * a request's compile is bounded whatever its body says. */
+#define GRAMMAR_MAX_RULES (1u << 17)
+#define GRAMMAR_MAX_ELEMS (1u << 20)
+/* Stacks a rule may begin at once (its alternatives, through the rules that
+ * start them): the matcher holds this many stacks in one set, so a rule
+ * wider than this could never be matched (an object of thousands of
+ * optional properties, an enum of thousands of values). */
+#define GRAMMAR_MAX_WIDTH 1024
+/* Rules entered before a first character (the matcher and the checks
+ * recurse through them). */
+#define GRAMMAR_MAX_LEAD 1024
+
+/* Names to values by hash (FNV-1a, linear probing): the rule tables of the
+ * GBNF parser and the JSON Schema compiler, so a lookup is O(1) and a
+ * grammar of many rules compiles in linear time.  Keys are not copied: each
+ * must stay valid (and unchanged) while the table is used. */
+struct gname_slot {
+    const char *key;   /* NULL: empty */
+    uint32_t len, hash, value;
+};
+struct gnames {
+    struct gname_slot *slot;   /* (cap) cap a power of two, at most half full */
+    uint32_t cap, n;
+};
+/* The value of key[0..len), or -1 when absent. */
+int64_t gnames_get(const struct gnames *t, const char *key, size_t len);
+/* Add key[0..len) (absent) with value; false when memory runs out. */
+bool gnames_put(struct gnames *t, const char *key, size_t len, uint32_t value);
+void gnames_free(struct gnames *t);
+
 /* Parse GBNF text into a new grammar (refs = 1).  err gets "line:col: what". */
 int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap);
 

@@ -32,6 +32,8 @@
 #define JS_MAX_DEPTH 64
 #define JS_MAX_REPEAT 1000   /* largest minItems/maxItems/minLength/maxLength expanded */
 #define JS_INT_DIGITS 16     /* an unbounded integer part has at most this many digits (as llama.cpp) */
+#define JS_MAX_GBNF (16 << 20)   /* GBNF text one schema may compile to (the compile's budget) */
+#define JS_MAX_KEY 1024      /* bytes of a property name beside additional properties (a rule per byte) */
 
 /* ---- text ---- */
 
@@ -115,6 +117,7 @@ static void json_escape(struct sb *out, const char *s, size_t n) {
 
 struct jrule {
     char *name, *body;
+    int next_suffix;   /* the next "-N" to try for another rule of this name */
 };
 
 struct jref {
@@ -124,8 +127,11 @@ struct jref {
 struct jctx {
     struct jrule *rules;
     int n_rules, cap_rules;
+    struct gnames names;   /* rule name -> index */
+    size_t n_text;         /* GBNF bytes made so far (the budget: JS_MAX_GBNF) */
     struct jref *refs;
     int n_refs, cap_refs;
+    struct gnames ref_names;   /* $ref -> index in refs */
     json_object *root;
     bool strict;
     int rc;
@@ -147,17 +153,32 @@ static void jfail(struct jctx *c, int rc, const char *path, const char *fmt, ...
     LOG_ERR("json schema: %s: %s", path, msg);
 }
 
+static struct jrule *rule_get(struct jctx *c, const char *name) {
+    int64_t i = name ? gnames_get(&c->names, name, strlen(name)) : -1;
+    return i < 0 ? NULL : &c->rules[i];
+}
+
 static const char *rule_find(struct jctx *c, const char *name) {
-    for (int i = 0; i < c->n_rules; i++)
-        if (!strcmp(c->rules[i].name, name)) return c->rules[i].body;
-    return NULL;
+    const struct jrule *r = rule_get(c, name);
+    return r ? r->body : NULL;
 }
 
 /* The table's copy of a rule name (names handed out stay valid while the table lives). */
 static const char *rule_find_name(struct jctx *c, const char *name) {
-    for (int i = 0; name && i < c->n_rules; i++)
-        if (!strcmp(c->rules[i].name, name)) return c->rules[i].name;
-    return NULL;
+    const struct jrule *r = rule_get(c, name);
+    return r ? r->name : NULL;
+}
+
+/* A name not yet taken: base, or base-N with N counted on from the last
+ * rule of that base (so many rules of one base cost no search each). */
+static void unique_name(struct jctx *c, const char *base, char *name, size_t cap) {
+    struct jrule *first = rule_get(c, base);
+    snprintf(name, cap, "%s", base);
+    if (!first) return;
+    int i = first->next_suffix ? first->next_suffix : 1;
+    do snprintf(name, cap, "%s-%d", base, i++);
+    while (rule_get(c, name));
+    first->next_suffix = i;
 }
 
 /* Add a rule; its name is `hint` made GBNF-safe and unique.  Returns the
@@ -174,8 +195,13 @@ static const char *rule_add(struct jctx *c, const char *hint, const char *body) 
     if (!k) base[k++] = 'r';
     base[k] = 0;
     char name[140];
-    snprintf(name, sizeof name, "%s", base);
-    for (int i = 1; rule_find(c, name); i++) snprintf(name, sizeof name, "%s-%d", base, i);
+    unique_name(c, base, name, sizeof name);
+    c->n_text += strlen(name) + (body ? strlen(body) : 0) + 6;
+    if (c->n_text > JS_MAX_GBNF || (uint32_t)c->n_rules >= GRAMMAR_MAX_RULES) {
+        jfail(c, KVLLM_ERANGE, "$", "the schema is too large: its grammar would pass %u rules or %d MiB",
+              GRAMMAR_MAX_RULES, JS_MAX_GBNF >> 20);
+        return NULL;
+    }
     if (c->n_rules == c->cap_rules) {
         int cap = c->cap_rules ? c->cap_rules * 2 : 32;
         struct jrule *r = realloc(c->rules, (size_t)cap * sizeof *r);
@@ -186,7 +212,8 @@ static const char *rule_add(struct jctx *c, const char *hint, const char *body) 
     struct jrule *r = &c->rules[c->n_rules];
     r->name = strdup(name);
     r->body = strdup(body ? body : "");
-    if (!r->name || !r->body) {
+    r->next_suffix = 0;
+    if (!r->name || !r->body || !gnames_put(&c->names, r->name, strlen(r->name), (uint32_t)c->n_rules)) {
         free(r->name);
         free(r->body);
         jfail(c, KVLLM_ENOMEM, "$", "out of memory");
@@ -197,14 +224,12 @@ static const char *rule_add(struct jctx *c, const char *hint, const char *body) 
 }
 
 static void rule_set_body(struct jctx *c, const char *name, const char *body) {
-    for (int i = 0; i < c->n_rules; i++)
-        if (!strcmp(c->rules[i].name, name)) {
-            char *d = strdup(body);
-            if (!d) { jfail(c, KVLLM_ENOMEM, "$", "out of memory"); return; }
-            free(c->rules[i].body);
-            c->rules[i].body = d;
-            return;
-        }
+    struct jrule *r = rule_get(c, name);
+    if (!r) return;
+    char *d = strdup(body);
+    if (!d) { jfail(c, KVLLM_ENOMEM, "$", "out of memory"); return; }
+    free(r->body);
+    r->body = d;
 }
 
 /* Shared primitives, added on first use. */
@@ -384,6 +409,7 @@ struct rx {
     struct jctx *c;
     const char *path;
     struct sb *o;
+    int depth;   /* groups open (the parser recurses into each) */
 };
 
 static bool rx_fail(struct rx *r, const char *what) {
@@ -460,9 +486,11 @@ static bool rx_atom(struct rx *r) {
             if (r->s[r->i + 1] == ':') r->i += 2;
             else return rx_fail(r, "lookaround or named group");
         }
+        if (++r->depth > JS_MAX_DEPTH) return rx_fail(r, "groups nested too deep");
         sb_add(r->o, "(");
         if (!rx_alt(r)) return false;
         if (r->i >= r->n || r->s[r->i] != ')') return rx_fail(r, "expecting ')'");
+        r->depth--;
         r->i++;
         sb_add(r->o, ")");
         return true;
@@ -619,7 +647,7 @@ static const char *pattern_rule(struct jctx *c, const char *pat, const char *hin
     sb_add(&body, "\"\\\"\" ");
     if (!a0) sb_add(&body, "char* ");
     sb_add(&body, "(");
-    struct rx r = { pat, i, a1 ? n - 1 : n, c, path, &body };
+    struct rx r = { pat, i, a1 ? n - 1 : n, c, path, &body, 0 };
     bool ok = rx_alt(&r);
     if (ok && r.i != r.n) ok = rx_fail(&r, "unbalanced ')'");
     sb_add(&body, ")");
@@ -634,64 +662,97 @@ static const char *pattern_rule(struct jctx *c, const char *pat, const char *hin
 
 /* ---- keys other than a set (for additional properties) ---- */
 
-struct ktrie {
-    uint32_t cp;
-    bool end;
-    struct ktrie *kids;
-    int n_kids;
-};
+static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void ktrie_free(struct ktrie *t) {
-    for (int i = 0; i < t->n_kids; i++) ktrie_free(&t->kids[i]);
-    free(t->kids);
-}
-
-static bool ktrie_insert(struct ktrie *t, const char *s) {
-    while (*s) {
-        struct rx r = { s, 0, strlen(s), NULL, NULL, NULL };
-        uint32_t cp = rx_utf8(&r);
-        s += r.i;
-        int k = 0;
-        while (k < t->n_kids && t->kids[k].cp != cp) k++;
-        if (k == t->n_kids) {
-            struct ktrie *nk = realloc(t->kids, (size_t)(t->n_kids + 1) * sizeof *nk);
-            if (!nk) return false;
-            t->kids = nk;
-            memset(&t->kids[t->n_kids], 0, sizeof *t->kids);
-            t->kids[t->n_kids++].cp = cp;
-        }
-        t = &t->kids[k];
-    }
-    t->end = true;
-    return true;
-}
-
-/* Rule for the rest of a key after trie node t (the key so far is a prefix of a declared key):
- * end here unless a declared key ends here; or a child char; or any other char and then anything. */
-static const char *not_keys_rule(struct jctx *c, const struct ktrie *t, const char *hint) {
-    struct sb b = { 0 };
-    bool first = true;
-    if (!t->end) { sb_add(&b, "\"\""); first = false; }
-    for (int i = 0; i < t->n_kids; i++) {
-        const char *sub = not_keys_rule(c, &t->kids[i], hint);
-        if (!sub) { free(b.s); return NULL; }
+/* Rule for the rest of a key whose first `at` bytes are those of the
+ * declared keys keys[lo..hi) (sorted bytewise, so a key that ends here
+ * comes first and each next character's keys are a run): end here unless a
+ * declared key ends here; or a next character of theirs and the rest; or
+ * any other character and then anything.  One rule per trie node, each key
+ * byte visited once per depth; the recursion is as deep as the longest key
+ * (JS_MAX_KEY). */
+static const char *not_keys_rule(struct jctx *c, const char *const *keys, size_t lo, size_t hi, size_t at,
+                                 const char *hint) {
+    struct sb b = { 0 }, seen = { 0 };
+    size_t i = lo;
+    if (i < hi && !keys[i][at]) i++;
+    bool first = i > lo;
+    if (!first) sb_add(&b, "\"\"");
+    while (i < hi && !c->rc) {
+        struct rx r = { keys[i] + at, 0, strlen(keys[i] + at), NULL, NULL, NULL, 0 };
+        const uint32_t cp = rx_utf8(&r);
+        size_t j = i + 1;
+        while (j < hi && !strncmp(keys[j] + at, keys[i] + at, r.i)) j++;
+        const char *sub = not_keys_rule(c, keys, i, j, at + r.i, hint);
+        if (!sub) break;
         sb_add(&b, first ? "" : " | ");
         first = false;
         sb_add(&b, "[");
-        class_cp(&b, t->kids[i].cp);
+        class_cp(&b, cp);
         sb_addf(&b, "] %s", sub);
+        class_cp(&seen, cp);
+        i = j;
     }
     sb_add(&b, first ? "" : " | ");
-    sb_add(&b, "[^\"\\\\\\x7F\\x00-\\x1F");
-    for (int i = 0; i < t->n_kids; i++) class_cp(&b, t->kids[i].cp);
-    sb_add(&b, "] char* | [\\\\] ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) char*");
-    const char *name = b.oom ? NULL : rule_add(c, hint, b.s);
-    if (b.oom) jfail(c, KVLLM_ENOMEM, "$", "out of memory");
+    sb_addf(&b, "[^\"\\\\\\x7F\\x00-\\x1F%s] char* | [\\\\] ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) char*",
+            seen.s ? seen.s : "");
+    const char *name = NULL;
+    if (b.oom || seen.oom) jfail(c, KVLLM_ENOMEM, "$", "out of memory");
+    else if (!c->rc) name = rule_add(c, hint, b.s);
     free(b.s);
+    free(seen.s);
     return name;
 }
 
+/* The rule of keys other than keys[0..n) (reordered), or NULL (c->rc set). */
+static const char *extra_key_rule(struct jctx *c, const char **keys, int n, const char *hint, const char *path) {
+    for (int k = 0; k < n; k++)
+        if (strlen(keys[k]) > JS_MAX_KEY) {
+            jfail(c, KVLLM_EUNSUPPORTED, path, "a property name longer than %d bytes beside additional properties",
+                  JS_MAX_KEY);
+            return NULL;
+        }
+    qsort(keys, (size_t)n, sizeof *keys, cmp_key);
+    prim(c, "char");
+    return not_keys_rule(c, keys, 0, (size_t)n, 0, hint);
+}
+
 /* ---- types ---- */
+
+/* Refused before anything is built: an object whose optional properties
+ * (and the additional ones) could each come next is wider than the matcher
+ * follows (the GBNF parser would refuse it, after the whole compile). */
+static bool object_fits(struct jctx *c, const bool *required, int n, bool allow_extra, const char *path) {
+    int n_opt = allow_extra;
+    for (int j = 0; j < n; j++) n_opt += !required[j];
+    if (n_opt <= GRAMMAR_MAX_WIDTH) return true;
+    jfail(c, KVLLM_ERANGE, path, "the schema is too large: %d optional properties%s, the matcher follows at most %u "
+          "at once (make some required, or split the object)", n_opt - allow_extra,
+          allow_extra ? " and additional ones" : "", GRAMMAR_MAX_WIDTH);
+    return false;
+}
+
+/* required[j] for each name of the array req that is keys[j]; a name that
+ * is not a key is refused.  0 or -1 (c->rc set). */
+static int mark_required(struct jctx *c, json_object *req, const char *const *keys, int n, bool *required,
+                         const char *path) {
+    struct gnames index = { 0 };
+    for (int j = 0; j < n; j++)
+        if (!gnames_put(&index, keys[j], strlen(keys[j]), (uint32_t)j)) {
+            gnames_free(&index);
+            jfail(c, KVLLM_ENOMEM, path, "out of memory");
+            return -1;
+        }
+    for (size_t k = 0; k < json_object_array_length(req) && !c->rc; k++) {
+        json_object *r = json_object_array_get_idx(req, k);
+        const char *name = json_object_get_string(r);
+        int64_t j = json_object_is_type(r, json_type_string) ? gnames_get(&index, name, strlen(name)) : -1;
+        if (j < 0) jfail(c, KVLLM_EUNSUPPORTED, path, "required property '%s' is not in 'properties'", name ? name : "?");
+        else required[j] = true;
+    }
+    gnames_free(&index);
+    return c->rc ? -1 : 0;
+}
 
 static const char *object_rule(struct jctx *c, json_object *s, const char *hint, char *path, size_t plen) {
     json_object *props = NULL, *req = NULL, *addl = NULL;
@@ -720,7 +781,19 @@ static const char *object_rule(struct jctx *c, json_object *s, const char *hint,
     int i = 0;
     if (props) {
         json_object_object_foreach(props, key, val) {
-            keys[i] = key;
+            (void)val;
+            keys[i++] = key;
+        }
+    }
+    bool allow_extra = has_addl ? !(json_object_is_type(addl, json_type_boolean) && !json_object_get_boolean(addl))
+                                : !c->strict;
+    if ((req && mark_required(c, req, keys, n, required, path)) || !object_fits(c, required, n, allow_extra, path)) {
+        free(kv); free(required); free(keys);
+        return NULL;
+    }
+    i = 0;
+    if (props) {
+        json_object_object_foreach(props, key, val) {
             size_t pl = plen;
             path_push(path, &pl, ".properties.%s", key);
             char h[160];
@@ -743,24 +816,8 @@ static const char *object_rule(struct jctx *c, json_object *s, const char *hint,
         }
     }
     if (c->rc) { free(kv); free(required); free(keys); return NULL; }
-    if (req) {
-        for (size_t k = 0; k < json_object_array_length(req); k++) {
-            json_object *r = json_object_array_get_idx(req, k);
-            const char *name = json_object_get_string(r);
-            int j = 0;
-            while (j < n && strcmp(keys[j], name)) j++;
-            if (!json_object_is_type(r, json_type_string) || j == n) {
-                jfail(c, KVLLM_EUNSUPPORTED, path, "required property '%s' is not in 'properties'", name ? name : "?");
-                free(kv); free(required); free(keys);
-                return NULL;
-            }
-            required[j] = true;
-        }
-    }
     /* additional properties: a kv rule whose key is none of the declared keys */
     const char *extra = NULL;
-    bool allow_extra = has_addl ? !(json_object_is_type(addl, json_type_boolean) && !json_object_get_boolean(addl))
-                                : !c->strict;
     if (allow_extra) {
         const char *vref;
         if (!has_addl || (json_object_is_type(addl, json_type_boolean))) {
@@ -773,14 +830,13 @@ static const char *object_rule(struct jctx *c, json_object *s, const char *hint,
             vref = visit(c, addl, h, path, pl);
             path[plen] = 0;
         }
-        struct ktrie t = { 0 };
-        bool ok = vref != NULL;
-        for (int k = 0; k < n && ok; k++) ok = ktrie_insert(&t, keys[k]);
         char h[160];
         snprintf(h, sizeof h, "%.90s-extra-key", hint);
-        prim(c, "char");
-        const char *keyrule = ok ? not_keys_rule(c, &t, h) : NULL;
-        ktrie_free(&t);
+        const char **sorted = vref ? malloc(((size_t)n + 1) * sizeof *sorted) : NULL;
+        if (sorted) memcpy(sorted, keys, (size_t)n * sizeof *sorted);
+        else if (vref) jfail(c, KVLLM_ENOMEM, path, "out of memory");
+        const char *keyrule = sorted ? extra_key_rule(c, sorted, n, h, path) : NULL;
+        free(sorted);
         if (keyrule) {
             struct sb b = { 0 };
             sb_addf(&b, "\"\\\"\" %s \"\\\"\" space \":\" space %s", keyrule, vref);
@@ -1087,8 +1143,8 @@ static void literal_value(struct sb *b, json_object *v) {
 }
 
 static const char *resolve_ref(struct jctx *c, const char *ref, const char *path) {
-    for (int i = 0; i < c->n_refs; i++)
-        if (!strcmp(c->refs[i].ref, ref)) return c->refs[i].rule;
+    int64_t known = gnames_get(&c->ref_names, ref, strlen(ref));
+    if (known >= 0) return c->refs[known].rule;
     const char *p;
     if (!strncmp(ref, "#/$defs/", 8)) p = ref + 8;
     else if (!strncmp(ref, "#/definitions/", 14)) p = ref + 14;
@@ -1120,7 +1176,13 @@ static const char *resolve_ref(struct jctx *c, const char *ref, const char *path
     }
     c->refs[c->n_refs].ref = strdup(ref);
     c->refs[c->n_refs].rule = strdup(name);
-    if (!c->refs[c->n_refs].ref || !c->refs[c->n_refs].rule) { jfail(c, KVLLM_ENOMEM, path, "out of memory"); return NULL; }
+    if (!c->refs[c->n_refs].ref || !c->refs[c->n_refs].rule ||
+        !gnames_put(&c->ref_names, c->refs[c->n_refs].ref, strlen(ref), (uint32_t)c->n_refs)) {
+        free(c->refs[c->n_refs].ref);
+        free(c->refs[c->n_refs].rule);
+        jfail(c, KVLLM_ENOMEM, path, "out of memory");
+        return NULL;
+    }
     const char *rule = c->refs[c->n_refs++].rule;
     char tpath[512];
     snprintf(tpath, sizeof tpath, "$%s%s", p ? (strncmp(ref, "#/$defs/", 8) ? ".definitions." : ".$defs.") : "", p ? p : "");
@@ -1294,6 +1356,8 @@ static void jctx_free(struct jctx *c) {
     free(c->rules);
     for (int i = 0; i < c->n_refs; i++) { free(c->refs[i].ref); free(c->refs[i].rule); }
     free(c->refs);
+    gnames_free(&c->names);
+    gnames_free(&c->ref_names);
 }
 
 /* The GBNF text of a schema (caller frees), or NULL with c->rc. */
@@ -1345,7 +1409,9 @@ int kvllm_grammar_from_json_schema(const char *schema_json, bool strict, struct 
     if (!gbnf) return c.rc ? c.rc : KVLLM_ENOMEM;
     char perr[256];
     int rc = gbnf_parse(gbnf, out, perr, sizeof perr);
-    if (rc) {
+    if (rc == KVLLM_ERANGE) {   /* the schema's, not the compiler's: its grammar is past the matcher's sizes */
+        if (err && err_cap) snprintf(err, err_cap, "$: %s", perr);
+    } else if (rc) {
         /* a compiler bug, not the user's: say so with the parser's message */
         LOG_ERR("json schema: generated grammar does not parse (%s)", perr);
         if (err && err_cap) snprintf(err, err_cap, "$: internal error: generated grammar does not parse (%s)", perr);

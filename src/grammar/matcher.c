@@ -37,7 +37,7 @@
 #include <string.h>
 
 #define GM_HISTORY GMATCHER_HISTORY /* tokens gmatcher_rollback can undo */
-#define GM_MAX_STACKS 1024          /* stacks in one set */
+#define GM_MAX_STACKS GRAMMAR_MAX_WIDTH /* stacks in one set (the compilers refuse a rule wider) */
 #define GM_STATE_CAP 4096           /* positions (plus one depth per stack) in one kept state */
 #define GM_NODES (1u << 16)         /* scratch stack nodes per call */
 #define GM_SETS (1u << 15)          /* interned stack sets per call */

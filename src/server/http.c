@@ -685,6 +685,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!cn) return;
     if (cn->pending) pending_free(cn->pending);   /* the connection died while suspended */
     sb_free(&cn->body);
+    if (cn->n_body >= SERVER_RELEASE_BYTES) server_release_memory();
     free(cn);
     *con_cls = NULL;
 }

@@ -16,6 +16,9 @@
 #include "core/core.h"
 
 #include <json-c/json.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +148,12 @@ const char *server_cors_origin(const struct server *s, const char *origin) {
 }
 
 /* ---- the engine thread ---- */
+
+void server_release_memory(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
 
 void server_kick(struct server *s) {
     pthread_mutex_lock(&s->mu);

@@ -74,6 +74,15 @@ const char *server_cors_origin(const struct server *s, const char *origin);
 void server_log_request(struct server *s, const char *id, unsigned status, int n_prompt, int n_cached, int n_gen,
                         double ttft, double gen_s, const char *finish, double total_s);
 
+/* Give the memory a large request freed back to the system.  glibc keeps
+ * what a thread freed in that thread's arena (and, after a large block was
+ * freed, serves blocks of that size from the heap instead of mapping them),
+ * so the 300 KB body of one request, its JSON and its grammar would stay
+ * resident for good on the polling thread that parsed them.  A few
+ * milliseconds: called after requests that were large, never per token. */
+#define SERVER_RELEASE_BYTES ((size_t)64 << 10)
+void server_release_memory(void);
+
 /* Wake the engine thread: a request was added or aborted. */
 void server_kick(struct server *s);
 /* The engine's stats as of its last step; false while loading. */

@@ -101,6 +101,24 @@ class Server:
         assert st == 200, raw
         return parse_metrics(raw)
 
+    def rss_kb(self) -> int:
+        """The server's resident memory (VmRSS), in kB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+
+    def wait_rss_below(self, kb: int, timeout: float = 3.0) -> int:
+        """Poll VmRSS until it is below `kb` (memory is given back once the last response went out); the last
+        value either way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.rss_kb()
+            if r < kb or time.monotonic() > deadline:
+                return r
+            time.sleep(0.05)
+
     def wait_blocks_released(self, timeout: float = 2.0) -> dict[str, float]:
         """Poll /metrics until no KV block is held (returns the last metrics either way)."""
         deadline = time.monotonic() + timeout

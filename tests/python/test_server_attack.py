@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from server_util import (Server, connect_from, gqa_args, parse_metrics, raise_fd_limit, read_response, request_bytes,
-                         stories_args, write_gqa_model)
+from server_util import (Server, connect_from, gqa_args, ok, parse_metrics, raise_fd_limit, read_response,
+                         request_bytes, stories_args, write_gqa_model)
 
 LONG = {"max_tokens": 8000, "ignore_eos": True, "temperature": 0}
 
@@ -87,6 +87,41 @@ def timed_get(port: int, path: str, source: str) -> tuple[int, float]:
     finally:
         k.close()
     return st, time.monotonic() - t0
+
+
+class Probe:
+    """Another client, from its own address, asking /health every 50 ms while an attack runs (`with
+    Probe(s) as p:`): every status it got and the slowest answer (a refused or timed-out probe counts as 5 s)."""
+
+    def __init__(self, s: Server, source: str = "127.0.0.99"):
+        self.s, self.source = s, source
+        self.statuses: list[int] = []
+        self.worst = 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                st, dt = timed_get(self.s.port, "/health", self.source)
+            except OSError:
+                st, dt = 0, 5.0
+            self.statuses.append(st)
+            self.worst = max(self.worst, dt)
+            time.sleep(0.05)
+
+    def __enter__(self) -> "Probe":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join(30)
+
+    def check(self, what: str, max_s: float = 1.0) -> None:
+        print(f"{what}: /health probed {len(self.statuses)} times, slowest {self.worst:.3f} s")
+        assert self.statuses and all(st == 200 for st in self.statuses), (what, self.statuses)
+        assert self.worst < max_s, (what, self.worst)
 
 
 # ---- slowloris and connection limits ----------------------------------------------------
@@ -483,6 +518,50 @@ def test_empty_stop_string_is_refused(kvllm, stories, chatml):
             st, r = s.post(path, {**body, "max_tokens": 8, "stop": ["zq"]})
             assert st == 200, (path, r)
         assert s.wait_blocks_released()['kvllm_kv_blocks{state="held"}'] == 0
+    finally:
+        stopped_ok(s)
+
+
+def big_schema(n_props: int) -> dict:
+    return {"type": "object", "properties": {f"property_number_{i}": {"type": "string"} for i in range(n_props)}}
+
+
+def test_huge_grammars_are_bounded(kvllm, stories, chatml):
+    """A JSON Schema of 10,000 properties (~290 KB; its compile grew with the cube of the property count and
+    held a polling thread for minutes) is a 400 within a second, as response_format, as a forced tool call's
+    parameters, and with four copies abandoned mid-request; a GBNF chain of 40,000 rules (35 s) compiles at
+    once and is served.  /health answers within a second throughout, the server's memory comes back near
+    its level, and it exits 0 on SIGINT."""
+    s = Server(kvllm, *stories_args(stories), "--chat-template", chatml, "--tool-call-format", "hermes")
+    schema = big_schema(10000)
+    rf = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
+    try:
+        ok(s, "/v1/completions", {"prompt": "Once", "max_tokens": 4, "response_format": rf | {
+            "json_schema": {"name": "small", "schema": big_schema(50)}}})           # warm: the allocator's level
+        rss0 = s.rss_kb()
+        with Probe(s) as probe:
+            for k in [send_request(s.port, {"prompt": "Once", "max_tokens": 4, "response_format": rf})
+                      for _ in range(4)]:
+                k.close()
+            t0 = time.monotonic()
+            st, r = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 4, "response_format": rf}, timeout=60)
+            dt = time.monotonic() - t0
+            print(f"10,000-property schema: {st} in {dt:.3f} s: {r['error']['message'][:160]}")
+            assert st == 400 and "too large" in r["error"]["message"] and dt < 1.5, (st, dt, r)
+            tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+            st, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                                                    "tool_choice": "required", "max_tokens": 4}, timeout=60)
+            assert st == 400 and "too large" in r["error"]["message"], (st, r)
+            chain = "root ::= r0\n" + "".join(f"r{i} ::= \"x\" r{i + 1}\n" for i in range(40000)) + "r40000 ::= \"y\"\n"
+            t0 = time.monotonic()
+            r = ok(s, "/v1/completions", {"prompt": "Once", "max_tokens": 4, "grammar": chain}, timeout=60)
+            dt = time.monotonic() - t0
+            print(f"GBNF chain of 40,000 rules: served in {dt:.3f} s: {r['choices'][0]['text']!r}")
+            assert r["choices"][0]["text"] == "xxxx" and dt < 2.0, (dt, r)
+        probe.check("huge grammars")
+        rss1 = s.wait_rss_below(rss0 + 8 * 1024)
+        print(f"huge grammars: RSS {rss0} kB before, {rss1} kB after")
+        assert rss1 < rss0 + 8 * 1024, (rss0, rss1)
     finally:
         stopped_ok(s)
 

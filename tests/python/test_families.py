@@ -56,9 +56,10 @@ CONFIGS = {
     "phi3_f32_longrope_long": ModelConfig(arch="phi3", n_vocab=400, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
                                           n_ff=128, n_rot=12, n_ctx=256, n_ctx_orig=64, longrope=True,
                                           rope_theta=10000.0),
-    # context = original: the short factors, attn_factor 1
+    # context = original: the short factors, attn_factor 1 (512, not less: llama.cpp pads its context to 256,
+    # which would pick the long factors for a smaller original context)
     "phi3_f16_longrope_short": ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
-                                           n_ff=96, n_ctx=64, n_ctx_orig=64, longrope=True, dtype="f16"),
+                                           n_ff=96, n_ctx=512, n_ctx_orig=512, longrope=True, dtype="f16"),
     # no LongRoPE; rope on 8 of 32 dims
     "phi3_q8_0_tied_rot8": ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=3, n_head=2, n_head_kv=1,
                                        n_ff=96, n_rot=8, dtype="q8_0", tied=True),

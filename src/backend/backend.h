@@ -105,6 +105,26 @@ struct paged_attn_args {
     float *out;                   /* (n_tokens, n_head * head_dim) */
 };
 
+/* The experts of a mixture-of-experts FFN (backend_ops.moe): for each token
+ * t and each of its n_used experts e = ids[t, j] (in ascending e),
+ *   out[t] += weights[t, j] * down_e(act(gate_e · x[t]) * (up_e · x[t]))
+ * with out zeroed first.  A backend groups the tokens by expert, so each
+ * expert's weights are read once per call, and a token's result depends
+ * on its own row alone (batch invariance). */
+enum glu_kind { GLU_SILU, GLU_GELU };   /* act: silu (SwiGLU) or gelu, tanh form (GeGLU) */
+
+struct moe_args {
+    int n_tokens, n_used, n_expert, n_embd, n_ff;   /* n_ff: one expert's hidden width */
+    const float *x;               /* (n_tokens, n_embd) */
+    const int32_t *ids;           /* (n_tokens, n_used) experts, each in [0, n_expert) */
+    const float *weights;         /* (n_tokens, n_used) */
+    const struct tensor *gate, *up, *down;   /* (n_expert) each: gate, up (n_ff, n_embd); down (n_embd, n_ff) */
+    enum glu_kind act;
+    float *xs, *ys;               /* scratch (n_tokens, n_embd) each: a group's gathered rows and results */
+    float *g, *u;                 /* scratch (n_tokens, n_ff) each */
+    float *out;                   /* (n_tokens, n_embd); must not alias x or the scratch */
+};
+
 /* Rotary embedding settings (backend_ops.rope). */
 struct rope_params {
     int n_rot;                    /* rotated dims at the start of each head (even) */
@@ -195,6 +215,15 @@ struct backend_ops {
     int (*scale)(struct backend_ctx *c, float *x, long n, float s);
     /* x (n) = cap * tanh(x / cap) (logit soft-capping) */
     int (*softcap)(struct backend_ctx *c, float *x, long n, float cap);
+    /* Mixture-of-experts routing (optional, with moe: NULL when the backend
+     * cannot run such models, which model_load then refuses): for each of n rows of logits (n,
+     * n_expert), p = softmax(row); ids (n, n_used) = the n_used largest p
+     * (lowest index first on ties), weights (n, n_used) = their p, divided by
+     * their sum when norm. */
+    int (*moe_route)(struct backend_ctx *c, int32_t *ids, float *weights, const float *logits, int n,
+                     int n_expert, int n_used, bool norm);
+    /* the experts' FFN (struct moe_args); optional, with moe_route */
+    int (*moe)(struct backend_ctx *c, const struct moe_args *a);
     /* store n tokens' K and V rows (n, n_head_kv * head_dim) at slots
      * (block * block_size + offset; negative: skipped), converting to the
      * storage type */

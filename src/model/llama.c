@@ -8,6 +8,8 @@
  *              x += [post_norm](h)
  *              h = ffn(norm(x)):   Wdown · (silu(Wgate·) * Wup·)  |  Wdown · (gelu(Wgate·) * Wup·)
  *                                  |  Wdown · gelu(Wup· + bup) + bdown
+ *                                  |  Σ over the token's top-k experts e of w_e · FFN_e (routed by
+ *                                     softmax(Wrouter·), grouped by expert)
  *              x += [post_norm](h)
  *   logits = Wout · norm(x) [soft-capped]    (only for the rows that need them)
  * norm is RMSNorm, or LayerNorm with bias; the bracketed steps are the
@@ -30,9 +32,19 @@ static uint64_t q_width(const struct model_hparams *hp) {
     return q > (uint64_t)hp->n_embd ? q : (uint64_t)hp->n_embd;
 }
 
+/* Width of the gate and up buffers: the dense FFN's or one expert's. */
+static uint64_t ff_width(const struct model_hparams *hp) {
+    return hp->n_expert && hp->n_ff_exp > hp->n_ff ? (uint64_t)hp->n_ff_exp : (uint64_t)hp->n_ff;
+}
+
+/* Floats a token takes in the mixture-of-experts buffers (0 for a dense model). */
+static uint64_t moe_floats(const struct model_hparams *hp) {
+    return hp->n_expert ? (uint64_t)hp->n_expert + 2 * (uint64_t)hp->n_expert_used + 2 * (uint64_t)hp->n_embd : 0;
+}
+
 static uint64_t act_floats(const struct model_hparams *hp, int n, int n_logits) {
     uint64_t q = q_width(hp), kv = (uint64_t)hp->n_head_kv * hp->head_dim;
-    return (uint64_t)n * (2 * (uint64_t)hp->n_embd + 2 * q + 2 * kv + 2 * (uint64_t)hp->n_ff) +
+    return (uint64_t)n * (2 * (uint64_t)hp->n_embd + 2 * q + 2 * kv + 2 * ff_width(hp) + moe_floats(hp)) +
            (uint64_t)n_logits * (uint64_t)hp->n_vocab;
 }
 
@@ -48,6 +60,8 @@ int forward_buf_init(struct forward_buf *b, struct backend *be, const struct mod
     int rc = be->ops->buf_alloc(be, (size_t)bytes, &b->mem);
     if (rc) return rc;
     const size_t n = (size_t)n_max, q = (size_t)q_width(hp), kv = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t ff = (size_t)ff_width(hp), E = (size_t)hp->n_embd, ne = (size_t)hp->n_expert,
+                 nu = (size_t)hp->n_expert_used;
     b->be = be;
     b->n_max = n_max;
     b->n_logits_max = n_logits_max;
@@ -57,9 +71,16 @@ int forward_buf_init(struct forward_buf *b, struct backend *be, const struct mod
     b->att = b->q + n * q;             /* (n, q) attention output */
     b->k = b->att + n * q;             /* (n, kv) */
     b->v = b->k + n * kv;              /* (n, kv) */
-    b->gate = b->v + n * kv;           /* (n, n_ff) */
-    b->up = b->gate + n * hp->n_ff;    /* (n, n_ff) */
-    b->logits = b->up + n * hp->n_ff;  /* (n_logits_max, n_vocab) */
+    b->gate = b->v + n * kv;           /* (n, ff) */
+    b->up = b->gate + n * ff;          /* (n, ff) */
+    b->logits = b->up + n * ff;        /* (n_logits_max, n_vocab) */
+    if (ne) {                          /* mixture of experts */
+        b->router = b->logits + (size_t)n_logits_max * hp->n_vocab;   /* (n, n_expert) */
+        b->moe_w = b->router + n * ne;                                /* (n, n_expert_used) */
+        b->moe_ids = (int32_t *)(b->moe_w + n * nu);                  /* (n, n_expert_used) */
+        b->moe_x = (float *)(b->moe_ids + n * nu);                    /* (n, n_embd) */
+        b->moe_y = b->moe_x + n * E;                                  /* (n, n_embd) */
+    }
     return 0;
 }
 
@@ -101,7 +122,7 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
         OP(rmsnorm, b->q, b->q, &l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->norm_eps);
         OP(rmsnorm, b->k, b->k, &l->attn_k_norm, n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
     }
-    if (m->desc->pos != POS_LEARNED) {
+    if (l->rope.n_rot) {   /* 0: learned positions, or a layer without them */
         OP(rope, b->q, n, hp->n_head, hp->head_dim, bt->pos, &l->rope);
         OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &l->rope);
     }
@@ -117,31 +138,52 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
     return bias(c, b->xn, &l->bo, n);
 }
 
-/* b->xn = ffn(b->xn) for layer il. */
-static int ffn(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, int il, int n) {
+/* *h = the experts' FFN of b->xn for layer il: route each token to its
+ * n_expert_used experts, then run them grouped by expert (backend_ops.moe). */
+static int experts(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, int il, int n,
+                   float **h) {
+    const struct model_hparams *hp = &m->hp;
     const struct llama_layer *l = &m->layers[il];
+    OP(matmul, b->router, &l->ffn_gate_inp, b->xn, n);
+    OP(moe_route, b->moe_ids, b->moe_w, b->router, n, hp->n_expert, hp->n_expert_used, m->desc->expert_norm);
+    struct moe_args a = {
+        .n_tokens = n, .n_used = hp->n_expert_used, .n_expert = hp->n_expert, .n_embd = hp->n_embd,
+        .n_ff = hp->n_ff_exp, .x = b->xn, .ids = b->moe_ids, .weights = b->moe_w, .gate = l->exp_gate,
+        .up = l->exp_up, .down = l->exp_down, .act = m->desc->ffn == FFN_GEGLU ? GLU_GELU : GLU_SILU,
+        .xs = b->moe_x, .ys = b->moe_y, .g = b->gate, .u = b->up, .out = b->att,   /* att: free after attention */
+    };
+    OP(moe, &a);
+    *h = b->att;
+    return 0;
+}
+
+/* *h = ffn(b->xn) for layer il: the dense FFN (in place, in b->xn) or the experts. */
+static int ffn(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, int il, int n, float **h) {
+    const struct llama_layer *l = &m->layers[il];
+    if (l->exp_gate) return experts(m, c, b, il, n, h);
     const long nf = (long)n * m->hp.n_ff;
     int rc;
     OP(matmul, b->up, &l->ffn_up, b->xn, n);
     if ((rc = bias(c, b->up, &l->ffn_up_b, n))) return rc;
-    const float *h = b->gate;
+    const float *act = b->gate;
     switch (m->desc->ffn) {
     case FFN_SWIGLU: OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(swiglu, b->gate, b->up, nf); break;
     case FFN_GEGLU:  OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(geglu, b->gate, b->up, nf); break;
-    case FFN_GELU:   OP(gelu, b->up, nf); h = b->up; break;
+    case FFN_GELU:   OP(gelu, b->up, nf); act = b->up; break;
     }
-    OP(matmul, b->xn, &l->ffn_down, h, n);
+    OP(matmul, b->xn, &l->ffn_down, act, n);
+    *h = b->xn;
     return bias(c, b->xn, &l->ffn_down_b, n);
 }
 
-/* x += [post_norm](xn): the residual add of a sub-layer's output. */
-static int residual(const struct model *m, struct backend_ctx *c, const struct forward_buf *b,
+/* x += [post_norm](h): the residual add of a sub-layer's output h (n, n_embd). */
+static int residual(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, float *h,
                     const struct tensor *post_norm, int n) {
     if (m->desc->post_norms) {
-        int rc = norm(m, c, b->xn, b->xn, post_norm, &(struct tensor){ 0 }, n);
+        int rc = norm(m, c, h, h, post_norm, &(struct tensor){ 0 }, n);
         if (rc) return rc;
     }
-    return BE_OP(c, add, b->x, b->xn, (long)n * m->hp.n_embd);
+    return BE_OP(c, add, b->x, h, (long)n * m->hp.n_embd);
 }
 
 int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
@@ -158,11 +200,12 @@ int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_
     }
     for (int il = 0; il < hp->n_layer; il++) {
         const struct llama_layer *l = &m->layers[il];
+        float *h = b->xn;
         int rc;
         if ((rc = norm(m, c, b->xn, b->x, &l->attn_norm, &l->attn_norm_b, n)) ||
-            (rc = attention(m, c, kv, b, bt, il)) || (rc = residual(m, c, b, &l->attn_post_norm, n)) ||
-            (rc = norm(m, c, b->xn, b->x, &l->ffn_norm, &l->ffn_norm_b, n)) || (rc = ffn(m, c, b, il, n)) ||
-            (rc = residual(m, c, b, &l->ffn_post_norm, n)))
+            (rc = attention(m, c, kv, b, bt, il)) || (rc = residual(m, c, b, b->xn, &l->attn_post_norm, n)) ||
+            (rc = norm(m, c, b->xn, b->x, &l->ffn_norm, &l->ffn_norm_b, n)) || (rc = ffn(m, c, b, il, n, &h)) ||
+            (rc = residual(m, c, b, h, &l->ffn_post_norm, n)))
             return rc;
     }
     if (!bt->n_logits) return 0;

@@ -98,14 +98,18 @@ static int get_tensor(struct loader *L, const char *name, int64_t cols, int64_t 
  * genuinely new op); the loader resolves per-layer windows and RoPE from it
  * and model_forward reads nothing else. */
 static const struct arch_desc k_archs[] = {
-    /* name      norm        pos           ffn         qkv_bias qk_norm post_norms embd_scale swa_period swa_rope_base scalar_embd_layers */
-    { "llama",   NORM_RMS,   POS_ROPE,      FFN_SWIGLU, false,   false,  false,     false,     0, 0,      0 },
-    { "mistral", NORM_RMS,   POS_ROPE,      FFN_SWIGLU, false,   false,  false,     false,     0, 0,      0 },
-    { "qwen2",   NORM_RMS,   POS_ROPE_NEOX, FFN_SWIGLU, true,    false,  false,     false,     0, 0,      0 },
-    { "qwen3",   NORM_RMS,   POS_ROPE_NEOX, FFN_SWIGLU, false,   true,   false,     false,     0, 0,      0 },
-    { "gemma2",  NORM_RMS,   POS_ROPE_NEOX, FFN_GEGLU,  false,   false,  true,      true,      2, 0,      46 },
-    { "gemma3",  NORM_RMS,   POS_ROPE_NEOX, FFN_GEGLU,  false,   true,   true,      true,      6, 10000,  62 },
-    { "gpt2",    NORM_LAYER, POS_LEARNED,   FFN_GELU,   false,   false,  false,     false,     0, 0,      0 },
+    /* a zeroed field is Llama's choice: RMSNorm, adjacent-pair RoPE, SwiGLU, nothing else */
+    { .name = "llama", .expert_norm = true },
+    { .name = "mistral", .expert_norm = true },
+    { .name = "qwen2", .pos = POS_ROPE_NEOX, .qkv_bias = true },
+    { .name = "qwen3", .pos = POS_ROPE_NEOX, .qk_norm = true },
+    { .name = "qwen3moe", .pos = POS_ROPE_NEOX, .qk_norm = true, .expert_norm = true },
+    { .name = "smollm3", .nope_period = 4 },
+    { .name = "gemma2", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .post_norms = true, .embd_scale = true,
+      .swa_period = 2, .scalar_embd_layers = 46 },
+    { .name = "gemma3", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .qk_norm = true, .post_norms = true,
+      .embd_scale = true, .swa_period = 6, .swa_rope_base = 10000, .scalar_embd_layers = 62 },
+    { .name = "gpt2", .norm = NORM_LAYER, .pos = POS_LEARNED, .ffn = FFN_GELU },
 };
 
 static const struct arch_desc *find_arch(struct gguf_str name) {
@@ -193,6 +197,23 @@ static int load_scales(struct loader *L) {
     return 0;
 }
 
+/* Mixture of experts: experts per layer, per token, and an expert's width. */
+static int load_expert_counts(struct loader *L) {
+    struct model_hparams *hp = &L->m->hp;
+    int rc;
+    if ((rc = opt_u32(L, akey(L, "expert_count"), 0, 4096, 0, &hp->n_expert)) ||
+        (rc = opt_u32(L, akey(L, "expert_used_count"), 0, 4096, 0, &hp->n_expert_used)) ||
+        (rc = opt_u32(L, akey(L, "expert_feed_forward_length"), 1, 1 << 22, hp->n_ff, &hp->n_ff_exp)))
+        return rc;
+    if (hp->n_expert && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)) {
+        LOG_ERR("%s: %s.expert_used_count %d: a token must use 1 to %s.expert_count = %d experts", L->path,
+                L->m->arch, hp->n_expert_used, L->m->arch, hp->n_expert);
+        return KVLLM_EFORMAT;
+    }
+    if (!hp->n_expert) hp->n_expert_used = 0;
+    return 0;
+}
+
 static int load_hparams(struct loader *L) {
     struct model *m = L->m;
     struct model_hparams *hp = &m->hp;
@@ -223,7 +244,8 @@ static int load_hparams(struct loader *L) {
         return rc;
     }
     if (m->desc->pos != POS_LEARNED && (rc = load_rope(L))) return rc;
-    return load_scales(L);
+    if ((rc = load_scales(L))) return rc;
+    return load_expert_counts(L);
 }
 
 /* Layer il's window and RoPE, from the family's pattern. */
@@ -240,6 +262,7 @@ static void resolve_layer(const struct model *m, int il, struct llama_layer *l) 
         l->rope.theta = d->swa_rope_base;
         l->rope.freq_scale = 1.0f;
     }
+    if (d->nope_period && (il + 1) % d->nope_period == 0) l->rope.n_rot = 0;   /* this layer has no positions */
 }
 
 /* View of rows r0 .. r0 + nr of a 2-D tensor (a slice of a fused QKV matrix). */
@@ -296,6 +319,85 @@ static int load_qkv(struct loader *L, int il, struct llama_layer *l) {
     return 0;
 }
 
+/* The dense FFN of layer il: gate (unless GELU), up, down and their optional biases. */
+static int load_ffn(struct loader *L, int il, struct llama_layer *l) {
+    const int64_t E = L->m->hp.n_embd, F = L->m->hp.n_ff;
+    const bool gated = L->m->desc->ffn != FFN_GELU;
+    static const char *name[5] = { "ffn_gate.weight", "ffn_up.weight", "ffn_up.bias", "ffn_down.weight",
+                                   "ffn_down.bias" };
+    char n[6][64];
+    for (int i = 0; i < 5; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+    snprintf(n[5], sizeof n[5], "blk.%d.ffn_gate_exps.weight", il);
+    if (gguf_find_tensor(L->m->file, n[5])) {
+        LOG_ERR("%s: tensor '%s' holds experts, but the file has no %s.expert_count", L->path, n[5], L->m->arch);
+        return KVLLM_EFORMAT;
+    }
+    int rc;
+    if ((rc = get_tensor(L, n[0], E, F, false, !gated, &l->ffn_gate)) ||
+        (rc = get_tensor(L, n[1], E, F, false, false, &l->ffn_up)) ||
+        (rc = get_tensor(L, n[2], F, 0, true, true, &l->ffn_up_b)) ||
+        (rc = get_tensor(L, n[3], F, E, false, false, &l->ffn_down)) ||
+        (rc = get_tensor(L, n[4], E, 0, true, true, &l->ffn_down_b)))
+        return rc;
+    if (!gated && l->ffn_gate.data) {
+        LOG_ERR("%s: tensor '%s' in a %s model, whose FFN is ungated", L->path, n[0], L->m->arch);
+        return KVLLM_EFORMAT;
+    }
+    return 0;
+}
+
+/* n_expert views of a 3-D tensor (cols, rows, n_expert): expert e is the
+ * 2-D matrix at e * rows rows, placed by the backend like any other. */
+static int get_expert_views(struct loader *L, const char *name, int64_t cols, int64_t rows, struct tensor *out) {
+    const int ne = L->m->hp.n_expert;
+    const struct gguf_tensor *g = gguf_find_tensor(L->m->file, name);
+    if (!g) { LOG_ERR("%s: missing tensor '%s'", L->path, name); return KVLLM_EFORMAT; }
+    if (g->n_dims != 3 || g->ne[0] != cols || g->ne[1] != rows || g->ne[2] != ne || g->ne[3] != 1) {
+        LOG_ERR("%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d] (%s.expert_count)",
+                L->path, name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2], (long long)g->ne[3],
+                (long long)cols, (long long)rows, ne, L->m->arch);
+        return KVLLM_EFORMAT;
+    }
+    if (!dtype_supported(g->type)) {
+        LOG_ERR("%s: tensor '%s' has type %s, which kvllm cannot compute with here", L->path, name,
+                dtype_name(g->type));
+        return KVLLM_EUNSUPPORTED;
+    }
+    const size_t row_bytes = (size_t)(g->n_bytes / (uint64_t)(rows * ne));
+    for (int e = 0; e < ne; e++)
+        out[e] = (struct tensor){ .type = g->type, .ne0 = cols, .ne1 = rows, .row_bytes = row_bytes,
+                                  .data = (const uint8_t *)g->data + (size_t)e * (size_t)rows * row_bytes };
+    L->m->n_params += g->n_elems;
+    L->m->weight_bytes += g->n_bytes;
+    if (g->type < DTYPE_COUNT_) L->type_bytes[g->type] += g->n_bytes;
+    return 0;
+}
+
+/* The experts of layer il: the router and ffn_{gate,up,down}_exps, gated by the family's activation. */
+static int load_experts(struct loader *L, int il, struct llama_layer *l) {
+    const struct model_hparams *hp = &L->m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    if (L->m->desc->ffn == FFN_GELU) {
+        LOG_ERR("%s: %s.expert_count %d: experts with an ungated FFN are not supported", L->path, L->m->arch,
+                hp->n_expert);
+        return KVLLM_EUNSUPPORTED;
+    }
+    l->exp_gate = xcalloc(3 * (size_t)hp->n_expert, sizeof *l->exp_gate);   /* freed by model_free */
+    if (!l->exp_gate) return KVLLM_ENOMEM;
+    l->exp_up = l->exp_gate + hp->n_expert;
+    l->exp_down = l->exp_up + hp->n_expert;
+    static const char *name[4] = { "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                   "ffn_down_exps.weight" };
+    char n[4][64];
+    for (int i = 0; i < 4; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+    int rc;
+    if ((rc = get_tensor(L, n[0], E, hp->n_expert, false, false, &l->ffn_gate_inp)) ||
+        (rc = get_expert_views(L, n[1], E, F, l->exp_gate)) || (rc = get_expert_views(L, n[2], E, F, l->exp_up)) ||
+        (rc = get_expert_views(L, n[3], F, E, l->exp_down)))
+        return rc;
+    return 0;
+}
+
 /* The norms some families add: per-head q/k norms, post-attention and post-FFN norms. */
 static int load_extra_norms(struct loader *L, int il, struct llama_layer *l) {
     const struct arch_desc *d = L->m->desc;
@@ -324,9 +426,8 @@ static int load_tensors(struct loader *L) {
         return KVLLM_EFORMAT;
     }
     m->hp.n_vocab = (int)emb->ne[1];
-    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, F = hp->n_ff;
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
     const bool ln = m->desc->norm == NORM_LAYER, learned_pos = m->desc->pos == POS_LEARNED;
-    const bool gated = m->desc->ffn != FFN_GELU;
     int rc;
     if ((rc = get_tensor(L, "token_embd.weight", E, hp->n_vocab, false, false, &m->tok_embd)) ||
         (rc = get_tensor(L, "position_embd.weight", E, hp->n_ctx_train, false, !learned_pos, &m->pos_embd)) ||
@@ -352,11 +453,10 @@ static int load_tensors(struct loader *L) {
     if (!m->layers) return KVLLM_ENOMEM;
     for (int il = 0; il < hp->n_layer; il++) {
         struct llama_layer *l = &m->layers[il];
-        enum { N_ = 11 };
+        enum { N_ = 6 };
         char n[N_][64];
         static const char *name[N_] = { "attn_norm.weight", "attn_norm.bias", "attn_output.weight", "attn_output.bias",
-                                        "ffn_norm.weight", "ffn_norm.bias", "ffn_gate.weight", "ffn_up.weight",
-                                        "ffn_up.bias", "ffn_down.weight", "ffn_down.bias" };
+                                        "ffn_norm.weight", "ffn_norm.bias" };
         for (int i = 0; i < N_; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
         /* biases: optional for every architecture, but LayerNorm models carry their norm biases */
         if ((rc = get_tensor(L, n[0], E, 0, true, false, &l->attn_norm)) ||
@@ -366,18 +466,10 @@ static int load_tensors(struct loader *L) {
             (rc = get_tensor(L, n[3], E, 0, true, true, &l->bo)) ||
             (rc = get_tensor(L, n[4], E, 0, true, false, &l->ffn_norm)) ||
             (rc = get_tensor(L, n[5], E, 0, true, !ln, &l->ffn_norm_b)) ||
-            (rc = get_tensor(L, n[6], E, F, false, !gated, &l->ffn_gate)) ||
-            (rc = get_tensor(L, n[7], E, F, false, false, &l->ffn_up)) ||
-            (rc = get_tensor(L, n[8], F, 0, true, true, &l->ffn_up_b)) ||
-            (rc = get_tensor(L, n[9], F, E, false, false, &l->ffn_down)) ||
-            (rc = get_tensor(L, n[10], E, 0, true, true, &l->ffn_down_b)) ||
+            (rc = hp->n_expert ? load_experts(L, il, l) : load_ffn(L, il, l)) ||
             (rc = load_extra_norms(L, il, l)))
             return rc;
         resolve_layer(m, il, l);
-        if (!gated && l->ffn_gate.data) {
-            LOG_ERR("%s: tensor '%s' in a %s model, whose FFN is ungated", L->path, n[6], m->arch);
-            return KVLLM_EFORMAT;
-        }
     }
     return 0;
 }
@@ -385,7 +477,7 @@ static int load_tensors(struct loader *L) {
 /* Every tensor of the model, for the backend to place in one call; the
  * tied output is the embedding itself and is re-pointed afterwards. */
 static int place_weights(struct model *m) {
-    const int per_layer = 22, n_max = 6 + per_layer * m->hp.n_layer;
+    const int per_layer = 23 + 3 * m->hp.n_expert, n_max = 6 + per_layer * m->hp.n_layer;
     struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
     if (!ts) return KVLLM_ENOMEM;
     int n = 0;
@@ -398,9 +490,10 @@ static int place_weights(struct model *m) {
         struct tensor *lt[] = { &l->attn_norm, &l->attn_norm_b, &l->wq, &l->wk, &l->wv, &l->bq, &l->bk, &l->bv,
                                 &l->wo, &l->bo, &l->ffn_norm, &l->ffn_norm_b, &l->ffn_gate, &l->ffn_up,
                                 &l->ffn_up_b, &l->ffn_down, &l->ffn_down_b, &l->attn_q_norm, &l->attn_k_norm,
-                                &l->attn_post_norm, &l->ffn_post_norm };
-        _Static_assert(sizeof lt / sizeof lt[0] <= 22, "per_layer");
+                                &l->attn_post_norm, &l->ffn_post_norm, &l->ffn_gate_inp };
+        _Static_assert(sizeof lt / sizeof lt[0] <= 23, "per_layer");
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
+        for (int e = 0; l->exp_gate && e < 3 * m->hp.n_expert; e++) ts[n++] = &l->exp_gate[e];   /* gate, up, down */
     }
     (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_LOGITS;   /* a hint (tensor.h) */
     int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
@@ -436,6 +529,10 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
         if (L.type_bytes[t] > L.type_bytes[m->main_type]) m->main_type = t;
     m->n_threads = n_threads > 0 ? n_threads : cpu_count();
     if (!rc) rc = backend_new_from_env(cpu_kind, &m->be);
+    if (!rc && m->hp.n_expert && (!m->be->ops->moe || !m->be->ops->moe_route)) {
+        LOG_ERR("%s: a mixture-of-experts model, which the %s backend cannot run yet", path, m->be->ops->name);
+        rc = KVLLM_EUNSUPPORTED;
+    }
     if (!rc) rc = place_weights(m);
     if (rc) { model_free(m); return rc; }
     *out = m;
@@ -457,7 +554,7 @@ int model_rope_params(const struct model *m, struct rope_params *out) {
     if (m->desc->pos == POS_LEARNED || r->n_rot == 0) return KVLLM_EUNSUPPORTED;
     for (int il = 1; il < m->hp.n_layer; il++) {
         const struct rope_params *o = &m->layers[il].rope;
-        if (o->theta != r->theta || o->freq_scale != r->freq_scale) return KVLLM_EUNSUPPORTED;
+        if (o->n_rot != r->n_rot || o->theta != r->theta || o->freq_scale != r->freq_scale) return KVLLM_EUNSUPPORTED;
     }
     return 0;
 }
@@ -465,6 +562,7 @@ int model_rope_params(const struct model *m, struct rope_params *out) {
 void model_free(struct model *m) {
     if (!m) return;
     backend_free(m->be);   /* the placed weights with it */
+    for (int il = 0; m->layers && il < m->hp.n_layer; il++) free(m->layers[il].exp_gate);   /* with up, down */
     free(m->layers);
     gguf_free(m->file);
     free(m);

@@ -36,6 +36,8 @@ struct model_hparams {
     float attn_softcap;     /* > 0: scores become attn_softcap * tanh(scores / attn_softcap) (Gemma 2) */
     float final_softcap;    /* > 0: the same on the logits */
     float embd_scale;       /* > 0: embeddings are multiplied by this (Gemma: sqrt(n_embd)) */
+    int n_expert, n_expert_used;  /* mixture of experts: experts per layer and per token (0: a dense FFN) */
+    int n_ff_exp;           /* one expert's hidden width */
 };
 
 /* How a family computes, as data: model.c holds one entry per
@@ -54,10 +56,12 @@ struct arch_desc {
     bool qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3) */
     bool post_norms;           /* RMSNorm of the attention and FFN outputs before each residual add (Gemma) */
     bool embd_scale;           /* embeddings scaled by sqrt(n_embd) (Gemma) */
+    bool expert_norm;          /* experts' weights renormalized over the chosen ones (Mixtral, Qwen3-MoE) */
     int swa_period;            /* with a window in the file: layer il slides when il % period < period - 1
                                   (Gemma 2: 2, Gemma 3: 6); 0: every layer slides (Mistral) */
     float swa_rope_base;       /* > 0: the RoPE base of sliding layers (Gemma 3: 10000), the file's base
                                   being the global layers' */
+    int nope_period;           /* > 0: layer il has no RoPE when (il + 1) % nope_period == 0 (SmolLM3: 4) */
     int scalar_embd_layers;    /* the layer count of the family's model whose attention scale is
                                   1/sqrt(n_embd / n_head) rather than 1/sqrt(head_dim) (Gemma's 27B: GGUF has no
                                   key for query_pre_attn_scalar, so llama.cpp infers it the same way); 0: none */
@@ -80,6 +84,10 @@ struct llama_layer {
     struct tensor ffn_up_b;   /* (n_ff) f32: GPT-2 */
     struct tensor ffn_down;   /* (n_embd, n_ff) */
     struct tensor ffn_down_b; /* (n_embd) f32: GPT-2 */
+    struct tensor ffn_gate_inp;   /* (n_expert, n_embd) the router, when the layer has experts */
+    struct tensor *exp_gate, *exp_up, *exp_down;  /* (n_expert) each: one expert's gate, up (n_ff_exp,
+                                                     n_embd) and down (n_embd, n_ff_exp), views of the file's
+                                                     3-D ffn_*_exps tensors; NULL for a dense FFN */
     struct tensor attn_q_norm, attn_k_norm;   /* (head_dim) f32: qk_norm families */
     struct tensor attn_post_norm, ffn_post_norm; /* (n_embd) f32: post_norms families */
     int window;               /* sliding window of this layer (0: full attention) */
@@ -155,6 +163,8 @@ struct forward_buf {
     struct backend_buf mem;
     int n_max, n_logits_max;
     float *x, *xn, *q, *k, *v, *att, *gate, *up;  /* (n_max, width) each */
+    float *router, *moe_w, *moe_x, *moe_y;        /* (n_max, n_expert | n_expert_used | n_embd | n_embd) */
+    int32_t *moe_ids;                             /* (n_max, n_expert_used) */
     float *logits;                                /* (n_logits_max, n_vocab) */
 };
 int forward_buf_init(struct forward_buf *b, struct backend *be, const struct model_hparams *hp, int n_max,

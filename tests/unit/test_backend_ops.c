@@ -54,6 +54,9 @@
  * geglu, softcap                  is max(‖ref‖, ‖x‖): the tanh form's 1 + tanh(u) cancels for
  *                                 x < 0, leaving an error ~|x| 2^-24 however small gelu(x) is
  * scale            0      1e-7    one f32 rounding
+ * moe_route        0      1e-6    ids exactly (ties: the lower expert); weights: expf over <= 8 logits
+ * moe              1e-5   1e-5    f32 and f16 experts on f32 arithmetic (the matmul's bound); and each
+ *                                 token alone bit-identical to the batch (batch invariance)
  * kv_store         0      bytes   stored bytes identical everywhere; against the math: f32 exact,
  *                                 f16 / bf16 the dtype.h rounding, int8 / fp8 scale = amax / 127
  *                                 (448) and every code within half a step; the dequantized rows
@@ -95,7 +98,7 @@
 
 enum op {
     OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
-    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
+    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_MOE_ROUTE, OP_MOE, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
 };
 
 static const struct {
@@ -116,6 +119,8 @@ static const struct {
     [OP_GEGLU] = { "geglu", 1e-6, 1e-6 },
     [OP_SCALE] = { "scale", 0, 1e-7 },
     [OP_SOFTCAP] = { "softcap", 1e-6, 1e-6 },
+    [OP_MOE_ROUTE] = { "moe_route", 0, 1e-6 },
+    [OP_MOE] = { "moe", 1e-5, 1e-5 },
     [OP_KV_STORE] = { "kv_store", 0, 0 },          /* per type: k_store_bound */
     [OP_PAGED_ATTN] = { "paged_attention", 0, 0 }, /* per type: k_pa_* */
     [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
@@ -781,6 +786,136 @@ static void test_elementwise(enum op op, int nc) {
         free(bv);
         free(ref);
     }
+}
+
+/* ---- mixture of experts ---- */
+
+/* The experts' FFN in double for token row x: Σ_j w[j] down_e(silu|gelu(gate_e x) * up_e x). */
+static void ref_moe_token(const float *x, const int32_t *ids, const float *w, int n_used, const struct tensor *gate,
+                          const struct tensor *up, const struct tensor *down, bool gelu, double *out) {
+    const int E = (int)gate[0].ne0, F = (int)gate[0].ne1;
+    float *row = tu_xnew((size_t)(E > F ? E : F) * sizeof *row);
+    double *h = tu_xnew((size_t)F * sizeof *h);
+    for (int i = 0; i < E; i++) out[i] = 0;
+    for (int j = 0; j < n_used; j++) {
+        const int e = ids[j];
+        for (int f = 0; f < F; f++) {
+            double g = 0, u = 0;
+            dtype_to_f32(gate[e].type, tensor_row(&gate[e], f), row, E);
+            for (int i = 0; i < E; i++) g += (double)row[i] * x[i];
+            dtype_to_f32(up[e].type, tensor_row(&up[e], f), row, E);
+            for (int i = 0; i < E; i++) u += (double)row[i] * x[i];
+            const double a = gelu ? 0.5 * g * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)))
+                                  : g / (1 + exp(-g));
+            h[f] = a * u;
+        }
+        for (int i = 0; i < E; i++) {
+            double d = 0;
+            dtype_to_f32(down[e].type, tensor_row(&down[e], i), row, F);
+            for (int f = 0; f < F; f++) d += (double)row[f] * h[f];
+            out[i] += (double)w[j] * d;
+        }
+    }
+    free(row);
+    free(h);
+}
+
+/* moe_route against a host top-k, then moe against the double reference,
+ * and each token computed alone against the batch (bit for bit). */
+static void test_moe(int nc) {
+    const int nbe_all = g_nbe;
+    while (g_nbe > 1 && !g_be[g_nbe - 1].be->ops->moe) {   /* devices come last */
+        printf("SKIP moe on %s: the backend has no mixture-of-experts ops\n", g_be[g_nbe - 1].name);
+        g_nbe--;
+    }
+    for (int ci = 0; ci < nc; ci++) {
+        const int ne = rnd_in(1, 8), nu = rnd_in(1, ne), E = 32 * rnd_in(1, 3), F = 32 * rnd_in(1, 3);
+        const int n = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
+        const uint32_t type = rnd(2) ? DTYPE_F32 : DTYPE_F16;
+        const bool gelu = rnd(2), norm = rnd(2);
+        struct tensor *w = tu_xnew(3 * (size_t)ne * sizeof *w), *placed[MAX_BE];
+        for (int e = 0; e < ne; e++) {
+            w[e] = rand_weight(type, E, F);
+            w[ne + e] = rand_weight(type, E, F);
+            w[2 * ne + e] = rand_weight(type, F, E);
+        }
+        float *x = tu_xnew((size_t)n * E * sizeof *x), *lg = tu_xnew((size_t)n * ne * sizeof *lg);
+        for (int i = 0; i < n * E; i++) x[i] = gauss();
+        for (int i = 0; i < n * ne; i++) lg[i] = rnd(3) ? gauss() : (float)rnd_in(-2, 2);   /* ties too */
+        /* the host's routing: softmax, the n_used largest (the lower expert first on ties) */
+        int32_t *ids = tu_xnew((size_t)n * nu * sizeof *ids);
+        double *wr = tu_xnew((size_t)n * nu * sizeof *wr), *ref = tu_xnew((size_t)n * E * sizeof *ref);
+        float *wf = tu_xnew((size_t)n * nu * sizeof *wf);
+        for (int t = 0; t < n; t++) {
+            const float *l = lg + (size_t)t * ne;
+            double mx = -INFINITY, sum = 0, ws = 0;
+            for (int e = 0; e < ne; e++) mx = l[e] > mx ? l[e] : mx;
+            for (int e = 0; e < ne; e++) sum += exp(l[e] - mx);
+            for (int j = 0; j < nu; j++) {
+                int best = -1;
+                for (int e = 0; e < ne; e++) {
+                    bool used = false;
+                    for (int k = 0; k < j; k++) used |= ids[t * nu + k] == e;
+                    if (!used && (best < 0 || l[e] > l[best])) best = e;
+                }
+                ids[t * nu + j] = best;
+                ws += wr[t * nu + j] = exp(l[best] - mx) / sum;
+            }
+            for (int j = 0; j < nu; j++) wf[t * nu + j] = (float)(wr[t * nu + j] /= norm ? ws : 1.0);
+            ref_moe_token(x + (size_t)t * E, ids + t * nu, wf + t * nu, nu, w, w + ne, w + 2 * ne, gelu,
+                          ref + (size_t)t * E);
+        }
+        char desc[128];
+        snprintf(desc, sizeof desc, "moe %s experts=%d used=%d E=%d F=%d n=%d %s%s", dtype_name(type), ne, nu, E, F,
+                 n, gelu ? "gelu" : "silu", norm ? " norm" : "");
+        float *outs[MAX_BE], *wouts[MAX_BE];
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            placed[b] = place(t, w, 3 * ne);
+            const size_t xb = (size_t)n * E * 4, fb = (size_t)n * F * 4, kb = (size_t)n * nu * 4;
+            struct backend_buf bx = buf_up(t, x, xb), bl = buf_up(t, lg, (size_t)n * ne * 4), bi = buf_up(t, NULL, kb),
+                               bw = buf_up(t, NULL, kb), bxs = buf_up(t, NULL, xb), bys = buf_up(t, NULL, xb),
+                               bg = buf_up(t, NULL, fb), bu = buf_up(t, NULL, fb), bo = buf_up(t, NULL, xb);
+            int32_t *got_ids = tu_xnew(kb);
+            wouts[b] = tu_xnew(kb);
+            outs[b] = tu_xnew(xb);
+            int rc = BE_OP(t->c, moe_route, bi.data, bw.data, bl.data, n, ne, nu, norm);
+            buf_down(t, got_ids, &bi, kb);
+            buf_down(t, wouts[b], &bw, kb);
+            sync_ok(t, rc, desc);
+            CHECK_MSG(memcmp(got_ids, ids, kb) == 0, "%s %s: moe_route chose other experts", t->name, desc);
+            struct moe_args a = { .n_tokens = n, .n_used = nu, .n_expert = ne, .n_embd = E, .n_ff = F, .x = bx.data,
+                                  .ids = bi.data, .weights = bw.data, .gate = placed[b], .up = placed[b] + ne,
+                                  .down = placed[b] + 2 * ne, .act = gelu ? GLU_GELU : GLU_SILU, .xs = bxs.data,
+                                  .ys = bys.data, .g = bg.data, .u = bu.data, .out = bo.data };
+            rc = BE_OP(t->c, moe, &a);
+            buf_down(t, outs[b], &bo, xb);
+            sync_ok(t, rc, desc);
+            /* batch invariance: one token at a time gives the batch's bytes */
+            for (int tk = 0; tk < n; tk++) {
+                float one[96];
+                struct moe_args a1 = a;
+                a1.n_tokens = 1;
+                a1.x = (const float *)bx.data + (size_t)tk * E;
+                a1.ids = (const int32_t *)bi.data + (size_t)tk * nu;
+                a1.weights = (const float *)bw.data + (size_t)tk * nu;
+                rc = BE_OP(t->c, moe, &a1);
+                buf_down(t, one, &bo, (size_t)E * 4);
+                sync_ok(t, rc, desc);
+                CHECK_MSG(memcmp(one, outs[b] + (size_t)tk * E, (size_t)E * 4) == 0,
+                          "%s %s: token %d alone differs from the batch", t->name, desc, tk);
+            }
+            struct backend_buf *bufs[] = { &bx, &bl, &bi, &bw, &bxs, &bys, &bg, &bu, &bo };
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) buf_drop(t, bufs[i]);
+            free(got_ids);
+        }
+        judge(OP_MOE_ROUTE, wouts, (size_t)n * nu, wr, k_tol[OP_MOE_ROUTE].simd, k_tol[OP_MOE_ROUTE].ref, desc);
+        judge(OP_MOE, outs, (size_t)n * E, ref, k_tol[OP_MOE].simd, k_tol[OP_MOE].ref, desc);
+        for (int b = 0; b < g_nbe; b++) { free(outs[b]); free(wouts[b]); free(placed[b]); }
+        for (int i = 0; i < 3 * ne; i++) free((void *)w[i].data);
+        free(w); free(x); free(lg); free(ids); free(wr); free(ref); free(wf);
+    }
+    g_nbe = nbe_all;
 }
 
 /* ---- paged KV: storage made through the backend ---- */
@@ -1532,6 +1667,7 @@ int main(void) {
     test_elementwise(OP_GEGLU, CASES(80));
     test_elementwise(OP_SCALE, CASES(80));
     test_elementwise(OP_SOFTCAP, CASES(80));
+    test_moe(CASES(40));
     test_kv_store(CASES(100));
     test_paged_attention(CASES(150));
     test_copy_blocks(CASES(60));

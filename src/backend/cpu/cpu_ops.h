@@ -20,6 +20,10 @@ int cpu_gelu(struct backend_ctx *c, float *x, long n);
 int cpu_geglu(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_scale(struct backend_ctx *c, float *x, long n, float s);
 int cpu_softcap(struct backend_ctx *c, float *x, long n, float cap);
+/* moe.c */
+int cpu_moe_route(struct backend_ctx *c, int32_t *ids, float *weights, const float *logits, int n, int n_expert,
+                  int n_used, bool norm);
+int cpu_moe(struct backend_ctx *c, const struct moe_args *a);
 int cpu_swiglu(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_add(struct backend_ctx *c, float *y, const float *x, long n);
 int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,

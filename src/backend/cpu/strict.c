@@ -164,6 +164,9 @@ WALLED(gelu, (struct backend_ctx *c, float *x, long n), (c, x, n))
 WALLED(geglu, (struct backend_ctx *c, float *g, const float *u, long n), (c, g, u, n))
 WALLED(scale, (struct backend_ctx *c, float *x, long n, float s), (c, x, n, s))
 WALLED(softcap, (struct backend_ctx *c, float *x, long n, float cap), (c, x, n, cap))
+WALLED(moe_route, (struct backend_ctx *c, int32_t *ids, float *weights, const float *logits, int n, int n_expert,
+                   int n_used, bool norm), (c, ids, weights, logits, n, n_expert, n_used, norm))
+WALLED(moe, (struct backend_ctx *c, const struct moe_args *a), (c, a))
 WALLED(kv_store, (struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                   const float *v, int n), (c, kv, slots, k, v, n))
 WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a), (c, a))
@@ -196,6 +199,8 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->geglu = strict_geglu;
     o->scale = strict_scale;
     o->softcap = strict_softcap;
+    o->moe_route = strict_moe_route;
+    o->moe = strict_moe;
     o->kv_store = strict_kv_store;
     o->paged_attention = strict_paged_attention;
     o->copy_blocks = strict_copy_blocks;

@@ -155,6 +155,16 @@ void server_release_memory(void) {
 #endif
 }
 
+/* Blocks of 256 KiB and more (a grammar matcher's tables, a large response)
+ * are mapped and unmapped on their own.  glibc's default threshold rises to
+ * the size of any mapped block freed, after which such blocks come from the
+ * arenas, and what the engine thread freed there stayed resident. */
+static void map_large_blocks(void) {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+#endif
+}
+
 void server_kick(struct server *s) {
     pthread_mutex_lock(&s->mu);
     s->kick = true;
@@ -201,6 +211,9 @@ static void *engine_main(void *arg) {
         s->stats = st;
         s->idle = idle;
         pthread_mutex_unlock(&s->mu);
+        /* what the finished requests left in this thread's arena (matchers' history, a grammar's
+         * tables), given back once per busy period rather than kept until the next large request */
+        if (idle) server_release_memory();
         busy |= n > 0;
         double now = time_now();
         if (s->log_interval > 0 && now - t_line >= s->log_interval) {
@@ -233,6 +246,7 @@ int server_start(const struct server_params *p, struct server **out) {
         LOG_ERR("--tool-call-format: '%s' is not auto, hermes, llama3, mistral or none", p->tool_call_format);
         return KVLLM_EINVAL;
     }
+    map_large_blocks();
     struct server *s = calloc(1, sizeof *s);
     if (!s) return KVLLM_ENOMEM;
     s->host = strdup(p->host ? p->host : "127.0.0.1");

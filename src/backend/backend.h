@@ -134,6 +134,9 @@ struct rope_params {
                                            freq_factors[i] (Llama 3) */
     bool neox;                    /* false: adjacent pairs (x[2i], x[2i+1]) (GGUF llama);
                                      true: halves (x[i], x[i + n_rot/2]) (GGUF qwen2, "NEOX") */
+    float attn_factor;            /* cos and sin are multiplied by this (LongRoPE's magnitude scaling); 0 is
+                                     read as 1.  kv_shift takes only settings where it is 1 (a shift would
+                                     scale a cached row twice) */
 };
 
 /* The largest step a context must run without allocating. */

@@ -105,6 +105,7 @@ static const struct arch_desc k_archs[] = {
     { .name = "qwen3", .pos = POS_ROPE_NEOX, .qk_norm = true },
     { .name = "qwen3moe", .pos = POS_ROPE_NEOX, .qk_norm = true, .expert_norm = true },
     { .name = "smollm3", .nope_period = 4 },
+    { .name = "phi3", .pos = POS_ROPE_NEOX, .no_window = true },
     { .name = "gemma2", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .post_norms = true, .embd_scale = true,
       .swa_period = 2, .scalar_embd_layers = 46 },
     { .name = "gemma3", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .qk_norm = true, .post_norms = true,
@@ -139,6 +140,11 @@ static int load_rope(struct loader *L) {
         LOG_ERR("%s: %s.rope.dimension_count %d must be even", L->path, m->arch, hp->n_rot);
         return KVLLM_EFORMAT;
     }
+    hp->rope_attn_factor = 1.0f;
+    if ((rc = opt_f32(L, akey(L, "rope.scaling.attn_factor"), 1e-3f, 1e3f, 1.0f, &hp->rope_attn_factor)) ||
+        (rc = opt_u32(L, akey(L, "rope.scaling.original_context_length"), 1, 1 << 24, hp->n_ctx_train,
+                      &hp->n_ctx_orig)))
+        return rc;
     struct gguf_str st;
     rc = gguf_get_str(m->file, akey(L, "rope.scaling.type"), &st);
     if (rc && rc != KVLLM_ENOTFOUND) return rc;
@@ -187,7 +193,7 @@ static int load_scales(struct loader *L) {
     if ((rc = opt_f32(L, akey(L, "attn_logit_softcapping"), 0.0f, 1e6f, 0.0f, &hp->attn_softcap)) ||
         (rc = opt_f32(L, akey(L, "final_logit_softcapping"), 0.0f, 1e6f, 0.0f, &hp->final_softcap)))
         return rc;
-    if (d->pos == POS_LEARNED) return 0;
+    if (d->pos == POS_LEARNED || d->no_window) return 0;
     if ((rc = opt_u32(L, akey(L, "attention.sliding_window"), 0, 1 << 30, 0, &hp->n_swa))) return rc;
     if (hp->n_swa > hp->n_ctx_train) {
         LOG_ERR("%s: %s.attention.sliding_window %d is longer than the context (%s.context_length %d)", L->path,
@@ -257,6 +263,7 @@ static void resolve_layer(const struct model *m, int il, struct llama_layer *l) 
     l->rope = (struct rope_params){
         .n_rot = hp->n_rot, .theta = hp->rope_theta, .freq_scale = hp->rope_freq_scale,
         .freq_factors = m->rope_freqs.data ? &m->rope_freqs : NULL, .neox = d->pos == POS_ROPE_NEOX,
+        .attn_factor = hp->rope_attn_factor,
     };
     if (slides && d->swa_rope_base > 0) {   /* the file's base and scaling are the global layers' */
         l->rope.theta = d->swa_rope_base;
@@ -319,7 +326,26 @@ static int load_qkv(struct loader *L, int il, struct llama_layer *l) {
     return 0;
 }
 
-/* The dense FFN of layer il: gate (unless GELU), up, down and their optional biases. */
+/* Frequency factors: Llama 3's rope_freqs, or LongRoPE's pair of which the
+ * context picks one: the long factors when the model's context is longer
+ * than the original one (what llama.cpp picks at its default context). */
+static int load_rope_factors(struct loader *L) {
+    struct model *m = L->m;
+    const struct model_hparams *hp = &m->hp;
+    const char *longrope = hp->n_ctx_train > hp->n_ctx_orig ? "rope_factors_long.weight" : "rope_factors_short.weight";
+    int rc;
+    if ((rc = get_tensor(L, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs))) return rc;
+    if (!gguf_find_tensor(m->file, longrope)) return 0;
+    if (m->rope_freqs.data) {
+        LOG_ERR("%s: both rope_freqs.weight and %s: which frequency factors apply is ambiguous", L->path, longrope);
+        return KVLLM_EFORMAT;
+    }
+    return get_tensor(L, longrope, hp->n_rot / 2, 0, true, false, &m->rope_freqs);
+}
+
+/* The dense FFN of layer il: gate (unless GELU), up, down and their
+ * optional biases; a file may fuse gate and up into one ffn_up of 2 n_ff
+ * rows, gate first (Phi-3). */
 static int load_ffn(struct loader *L, int il, struct llama_layer *l) {
     const int64_t E = L->m->hp.n_embd, F = L->m->hp.n_ff;
     const bool gated = L->m->desc->ffn != FFN_GELU;
@@ -333,6 +359,15 @@ static int load_ffn(struct loader *L, int il, struct llama_layer *l) {
         return KVLLM_EFORMAT;
     }
     int rc;
+    if (gated && !gguf_find_tensor(L->m->file, n[0])) {   /* gate and up fused */
+        struct tensor gu;
+        if ((rc = get_tensor(L, n[1], E, 2 * F, false, false, &gu)) ||
+            (rc = get_tensor(L, n[3], F, E, false, false, &l->ffn_down)))
+            return rc;
+        l->ffn_gate = row_view(&gu, 0, F);
+        l->ffn_up = row_view(&gu, F, F);
+        return 0;
+    }
     if ((rc = get_tensor(L, n[0], E, F, false, !gated, &l->ffn_gate)) ||
         (rc = get_tensor(L, n[1], E, F, false, false, &l->ffn_up)) ||
         (rc = get_tensor(L, n[2], F, 0, true, true, &l->ffn_up_b)) ||
@@ -431,7 +466,7 @@ static int load_tensors(struct loader *L) {
     int rc;
     if ((rc = get_tensor(L, "token_embd.weight", E, hp->n_vocab, false, false, &m->tok_embd)) ||
         (rc = get_tensor(L, "position_embd.weight", E, hp->n_ctx_train, false, !learned_pos, &m->pos_embd)) ||
-        (rc = get_tensor(L, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs)) ||
+        (rc = load_rope_factors(L)) ||
         (rc = get_tensor(L, "output_norm.weight", E, 0, true, false, &m->output_norm)) ||
         (rc = get_tensor(L, "output_norm.bias", E, 0, true, !ln, &m->output_norm_b)) ||
         (rc = get_tensor(L, "output.weight", E, hp->n_vocab, false, true, &m->output)))
@@ -556,6 +591,7 @@ int model_rope_params(const struct model *m, struct rope_params *out) {
         const struct rope_params *o = &m->layers[il].rope;
         if (o->n_rot != r->n_rot || o->theta != r->theta || o->freq_scale != r->freq_scale) return KVLLM_EUNSUPPORTED;
     }
+    if (r->attn_factor != 1.0f) return KVLLM_EUNSUPPORTED;   /* a shift would scale cached K twice */
     return 0;
 }
 

@@ -30,6 +30,8 @@ struct model_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot, n_ctx_train;
     float rope_theta, norm_eps;
     float rope_freq_scale;  /* positions are multiplied by this before RoPE (1; 1/factor for linear scaling) */
+    float rope_attn_factor; /* cos and sin multiplied by this (LongRoPE: rope.scaling.attn_factor; 1 = none) */
+    int n_ctx_orig;         /* rope.scaling.original_context_length: LongRoPE's long factors apply past it */
     int n_swa;              /* the file's sliding window (attend the last n_swa positions); 0 = none.
                                Which layers use it is the family's window pattern (struct llama_layer.window) */
     float attn_scale;       /* attention scores are (q . k) * attn_scale: 1/sqrt(head_dim) but for Gemma's 27B */
@@ -62,6 +64,8 @@ struct arch_desc {
     float swa_rope_base;       /* > 0: the RoPE base of sliding layers (Gemma 3: 10000), the file's base
                                   being the global layers' */
     int nope_period;           /* > 0: layer il has no RoPE when (il + 1) % nope_period == 0 (SmolLM3: 4) */
+    bool no_window;            /* the file's sliding_window is not used (Phi-3: llama.cpp disables it too, its
+                                  converters writing windows the model was not run with) */
     int scalar_embd_layers;    /* the layer count of the family's model whose attention scale is
                                   1/sqrt(n_embd / n_head) rather than 1/sqrt(head_dim) (Gemma's 27B: GGUF has no
                                   key for query_pre_attn_scalar, so llama.cpp infers it the same way); 0: none */
@@ -101,7 +105,8 @@ struct model {
     struct model_hparams hp;
     struct tensor tok_embd;       /* (n_vocab, n_embd) */
     struct tensor pos_embd;       /* (n_ctx_train, n_embd) when learned_pos */
-    struct tensor rope_freqs;     /* (n_rot / 2) f32 frequency divisors (Llama 3 rope scaling), optional */
+    struct tensor rope_freqs;     /* (n_rot / 2) f32 frequency divisors, optional: Llama 3's rope_freqs, or
+                                     LongRoPE's rope_factors_long / _short, whichever the context calls for */
     struct tensor output_norm;    /* (n_embd) f32 */
     struct tensor output_norm_b;  /* (n_embd) f32, LayerNorm models */
     struct tensor output;         /* (n_vocab, n_embd); tok_embd when tied */

@@ -638,7 +638,7 @@ static void test_rope(int nc) {
         for (int e = 0; e < half; e++) cs[i].ff[e] = 1 + 31 * rng_f32(&g_rng);
         host[i] = vec_tensor(has_ff ? cs[i].ff : NULL, half);
         cs[i].p = (struct rope_params){ .n_rot = cs[i].n_rot, .theta = thetas[rnd(3)], .freq_scale = fscales[rnd(5)],
-                                        .neox = rnd(2) };
+                                        .neox = rnd(2), .attn_factor = rnd(3) ? 0.0f : 0.5f + 1.5f * rng_f32(&g_rng) };
     }
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, nc);
     for (int i = 0; i < nc; i++) {
@@ -658,13 +658,14 @@ static void test_rope(int nc) {
                     if (has_ff) ang /= (double)cs[i].ff[k];
                     const size_t a = (size_t)t * nh * hd + (size_t)h * hd + (size_t)(p->neox ? k : 2 * k);
                     const size_t o = a + (size_t)(p->neox ? half : 1);
-                    const double xa = cs[i].x[a], xo = cs[i].x[o];
-                    ref[a] = xa * cos(ang) - xo * sin(ang);
-                    ref[o] = xa * sin(ang) + xo * cos(ang);
+                    const double xa = cs[i].x[a], xo = cs[i].x[o], ms = p->attn_factor != 0 ? p->attn_factor : 1.0;
+                    ref[a] = (xa * cos(ang) - xo * sin(ang)) * ms;
+                    ref[o] = (xa * sin(ang) + xo * cos(ang)) * ms;
                 }
         char desc[160];
-        snprintf(desc, sizeof desc, "rope n=%d heads=%d head_dim=%d n_rot=%d %s theta=%g freq_scale=%g%s", n, nh, hd,
-                 n_rot, p->neox ? "neox" : "normal", p->theta, p->freq_scale, has_ff ? " freq_factors" : "");
+        snprintf(desc, sizeof desc, "rope n=%d heads=%d head_dim=%d n_rot=%d %s theta=%g freq_scale=%g attn_factor=%g%s", n,
+                 nh, hd, n_rot, p->neox ? "neox" : "normal", p->theta, p->freq_scale, p->attn_factor,
+                 has_ff ? " freq_factors" : "");
         float *outs[MAX_BE];
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];

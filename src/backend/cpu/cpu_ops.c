@@ -145,7 +145,8 @@ int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, c
             double ang = (double)pos[t] * pow((double)p->theta, -2.0 * i / (double)n_rot);
             if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
             if (ff) ang /= (double)ff[i];
-            float cs = (float)cos(ang), sn = (float)sin(ang);
+            const double ms = p->attn_factor != 0 ? (double)p->attn_factor : 1.0;
+            float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
             for (int h = 0; h < n_head; h++) {
                 float *q = xt + (size_t)h * head_dim + (size_t)i * step;
                 float a = q[0], b = q[other];

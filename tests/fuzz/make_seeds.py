@@ -22,25 +22,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
 from gen_model import ModelConfig  # noqa: E402
-from gguf_build import ARRAY, INT32, STRING, base_model  # noqa: E402
+from gguf_build import ARRAY, INT32, STRING, base_model, byte_unicode  # noqa: E402
 
 SEP = b"\n--8<--\n"
 CORPUS = HERE / "corpus"
 SHARED = HERE.parent.parent.parent / "shared"
 TINY = ModelConfig(n_vocab=40, n_embd=8, n_layer=1, n_head=2, n_head_kv=1, n_ff=16, n_ctx=32, name="fuzz-tiny")
-
-
-def byte_unicode() -> list[str]:
-    """GPT-2's bytes_to_unicode: the 256 printable stand-ins of the byte-level vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 BYTES = byte_unicode()

@@ -44,6 +44,19 @@ def array(sub: int, items, count: int | None = None) -> bytes:
     return out + b"".join(value(sub, x) for x in items)
 
 
+def byte_unicode() -> list[str]:
+    """GPT-2's bytes_to_unicode: the 256 printable stand-ins of the byte-level vocabularies, by byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
 @dataclass
 class GGUF:
     kvs: list[tuple[str, bytes]] = field(default_factory=list)     # (key, full encoded entry)

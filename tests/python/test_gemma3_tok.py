@@ -22,11 +22,12 @@ import pytest
 from gemma3 import gemma3  # noqa: F401  (the fixture)
 from gen_model import TOKEN_BOS, TOKEN_EOS, ModelConfig, make_vocab, write_model
 from jinja_ref import ENV
-from kvtest import REPO, run_cli
+from kvtest import run_cli
 from test_chat_template import CONVERSATIONS
+from tok_golden import (case_params, check_case, check_decode, check_decode_one, check_well_formed,
+                        known_decode_params, load)
 
-GOLDEN = REPO / "tests" / "golden" / "tok-gemma3" / "gemma-3-270m.json"
-DOC = json.loads(GOLDEN.read_text(encoding="utf-8"))
+DOC = load("tok-gemma3/gemma-3-270m.json")
 CASES = DOC["cases"]
 
 # Where kvllm follows Gemma's own tokenizer instead of llama.cpp, by token id -> why.  Each case holding one of
@@ -35,18 +36,6 @@ END_S = ("'</s>' (id 212) is one of Gemma's HTML-tag user-defined tokens, matche
          "Transformers alike; llama.cpp turns every token spelled '</s>' into a control end-of-generation token "
          "(for PaddleOCR), so without parse_special it spells the tag out and it decodes to nothing")
 KNOWN_MISMATCHES: dict[int, str] = {212: END_S}
-
-
-def _known(ids: list[int]) -> str | None:
-    return next((KNOWN_MISMATCHES[i] for i in ids if i in KNOWN_MISMATCHES), None)
-
-
-def _case_params():
-    out = []
-    for i, c in enumerate(CASES):
-        why = _known(c["ids"] + c["ids_special"])
-        out.append(pytest.param(i, marks=[pytest.mark.xfail(reason=why, strict=True)] if why else []))
-    return out
 
 # chat_template of google/gemma-3-270m-it (tokenizer_config.json), as Transformers renders it
 GEMMA3_IT_TEMPLATE = (
@@ -93,58 +82,27 @@ GEMMA3_IT_TEMPLATE = (
 )
 
 
-def _diff(what: str, got: list[int], want: list[int]) -> str:
-    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    return (f"{what}: first difference at index {k}: kvllm {got[k:k + 8]}, llama.cpp {want[k:k + 8]}\n"
-            f" kvllm:     {got}\n llama.cpp: {want}")
-
-
 def test_golden_well_formed():
-    assert DOC["made_by"] == "scripts/golden-tok-llamacpp.py" and DOC["llama_cpp_python"]
-    assert DOC["vocab"] == "repo:models/gemma3/gemma-3-270m-q4_k_m.gguf"
-    assert len(CASES) >= 130 and len(DOC["decode_cases"]) >= 1000
-    assert all(any([t] == c["ids"] for c in DOC["decode_cases"]) for t in KNOWN_MISMATCHES)
+    check_well_formed(DOC, "repo:models/gemma3/gemma-3-270m-q4_k_m.gguf", 130, 1000, KNOWN_MISMATCHES)
     texts = [c["text"] for c in CASES]
     for must in ("", "<start_of_turn>", "<end_of_turn>", "<bos>", "\t" * 31, "\n" * 45, " " * 70):
         assert must in texts, repr(must)
     for c in CASES:
         assert c["ids"][:1] == [2] and c["ids_special"][:1] == [2], c["text"]  # BOS, as the vocabulary asks
-        bytes.fromhex(c["decoded"])
 
 
-@pytest.mark.parametrize("idx", _case_params())
+@pytest.mark.parametrize("idx", case_params(DOC, KNOWN_MISMATCHES))
 def test_tokenize_matches_llamacpp(run, gemma3, tmp_path, idx):
-    case = CASES[idx]
-    f = tmp_path / "text.txt"
-    f.write_bytes(case["text"].encode("utf-8"))
-    got = [int(t) for t in run("tokenize", "-m", gemma3, "--ids", "-f", f).check_ok().out.split()]
-    assert got == case["ids"], _diff(f"case {idx} {case['text']!r}", got, case["ids"])
-    got = [int(t) for t in run("tokenize", "-m", gemma3, "--ids", "--parse-special", "-f", f).check_ok().out.split()]
-    assert got == case["ids_special"], _diff(f"case {idx} {case['text']!r} (special)", got, case["ids_special"])
-    res = run("tokenize", "-m", gemma3, "--decode", " ".join(map(str, got))).check_ok()
-    assert res.stdout == bytes.fromhex(case["decoded"]), (idx, res.stdout, bytes.fromhex(case["decoded"]))
+    check_case(run, gemma3, CASES[idx], tmp_path)
 
 
 def test_decode_matches_llamacpp(run, gemma3):
-    """Every id list of decode_cases at once (llama.cpp's bytes of a list are its tokens' bytes in a row: no space
-    prefix to drop), then one by one where the whole differs, to name the first id that does."""
-    dec = [c for c in DOC["decode_cases"] if not _known(c["ids"])]
-    ids = [i for c in dec for i in c["ids"]]
-    want = b"".join(bytes.fromhex(c["bytes"]) for c in dec)
-    res = run("tokenize", "-m", gemma3, "--decode", " ".join(map(str, ids))).check_ok()
-    if res.stdout == want:
-        return
-    for c in dec:
-        got = run("tokenize", "-m", gemma3, "--decode", " ".join(map(str, c["ids"]))).check_ok().stdout
-        assert got == bytes.fromhex(c["bytes"]), (c["ids"], got, bytes.fromhex(c["bytes"]))
-    pytest.fail("the whole decodes differently from its parts")
+    check_decode(run, gemma3, DOC, KNOWN_MISMATCHES)
 
 
-@pytest.mark.parametrize("token", [pytest.param(t, marks=pytest.mark.xfail(reason=why, strict=True))
-                                   for t, why in KNOWN_MISMATCHES.items()])
+@pytest.mark.parametrize("token", known_decode_params(KNOWN_MISMATCHES))
 def test_decode_known_mismatch(run, gemma3, token):
-    want = next(c["bytes"] for c in DOC["decode_cases"] if c["ids"] == [token])
-    assert run("tokenize", "-m", gemma3, "--decode", str(token)).check_ok().stdout == bytes.fromhex(want)
+    check_decode_one(run, gemma3, DOC, token)
 
 
 # ---- chat template -------------------------------------------------------------

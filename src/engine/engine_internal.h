@@ -22,6 +22,8 @@ struct kvllm_model {
     char path[512];
 };
 
+struct gpool;
+
 /* One sample of a request. */
 struct seq_ctx {
     struct request *req;
@@ -33,8 +35,9 @@ struct seq_ctx {
     size_t n_held, cap_held;
     int n_generated;
     bool done;
-    struct gmatcher *gm;    /* this sample's grammar state (NULL: unconstrained) */
-    uint32_t *allow;        /* (mask_words) the grammar's allow-mask, filled per token; NULL without a grammar */
+    struct gmatcher *gm;    /* this sample's grammar state while it runs (constrain_attach; NULL: none yet) */
+    uint32_t *allow;        /* (mask_words) the grammar's allow-mask, filled per token; NULL with gm */
+    struct gpool *pool;     /* the engine's matcher pool, for a constrained sample (constrain.c) */
     struct request *shadow; /* KVLLM_SPEC_DRAFT: this sequence's copy in the draft engine (spec.c) */
 };
 
@@ -110,6 +113,7 @@ struct kvllm_engine {
     int n_end;
     pthread_mutex_t gv_mu;                     /* builds gv once, at the first constrained add (any thread) */
     struct gvocab *gv;                         /* the vocabulary index for grammars (NULL until then) */
+    struct gpool *gpool;                       /* matchers for running constrained samples (constrain.c) */
 
     pthread_mutex_t mu;                        /* guards the fields below, up to `live` */
     struct request *inbox, **inbox_tail;
@@ -159,10 +163,20 @@ struct kvllm_engine *session_engine(struct kvllm_session *s);
 /* A reference to g for a request (NULL stays NULL). */
 struct kvllm_grammar *constrain_ref(const struct kvllm_grammar *g);
 void constrain_unref(struct kvllm_grammar *g);
-/* c's matcher and allow-mask for r's grammar; builds the engine's vocabulary
- * index at the first call (any thread, under gv_mu).  KVLLM_EINVAL (logged)
- * when the model has no vocabulary; KVLLM_ENOMEM. */
+/* At add (any thread): count c, a sample of r's grammar, in the engine's
+ * matcher pool, and make the matchers the live samples may need (at most
+ * max_seqs); builds the engine's vocabulary index at the first call (under
+ * gv_mu).  KVLLM_EINVAL (logged) when the model has no vocabulary;
+ * KVLLM_ENOMEM. */
 int constrain_seq_new(struct kvllm_engine *e, const struct request *r, struct seq_ctx *c);
+/* c's matcher, at its first token (engine thread): taken from the pool and
+ * reset to its grammar; 0 at once when it has one or is unconstrained.
+ * KVLLM_ERANGE when the grammar's start exceeds the matcher's capacity. */
+int constrain_attach(struct seq_ctx *c);
+/* c finished: its matcher goes back to the pool. */
+void constrain_release(struct seq_ctx *c);
+/* With the request: released and uncounted; the pool shrinks to what the
+ * live samples may need, and is freed with the last of them. */
 void constrain_seq_free(struct seq_ctx *c);
 void constrain_engine_free(struct kvllm_engine *e);
 /* Fill c->allow for the next token: the number of allowed tokens (0: none) or < 0. */

@@ -12,9 +12,11 @@
  * the token is accepted (the matcher advances), and a grammar that admits
  * nothing but its end finishes the sample with STOP at once.  Greedy first
  * offers the matcher the unconstrained argmax and fills the mask only when
- * the grammar refuses it (the same token either way).  Everything it
- * touches was sized at add: nothing allocates here but the rare growth of
- * withheld text past its reserve. */
+ * the grammar refuses it (the same token either way).  A constrained sample
+ * takes its matcher from the engine's pool at its first token and gives it
+ * back when it finishes.  Everything it touches was sized at add: nothing
+ * allocates here but the rare growth of withheld text past its reserve (and
+ * a matcher when preempted samples hold the pool's). */
 #include "engine/engine_internal.h"
 #include "core/core.h"
 
@@ -57,6 +59,7 @@ void output_finish_seq(struct kvllm_engine *e, struct seq *q, int32_t token, con
     c->done = true;
     c->req->n_done++;
     if (fin == KVLLM_FINISH_ERROR) c->req->failed = true;
+    constrain_release(c);   /* the matcher serves the next admitted sample */
     emit(e, q, token, text, len, fin);
 }
 
@@ -182,9 +185,19 @@ static const uint32_t *next_mask(struct kvllm_engine *e, struct seq_ctx *c, cons
     return c->allow;
 }
 
+/* c's matcher at its first token (the sample has been admitted); false
+ * (the sample failed) when none can be had. */
+static bool have_matcher(struct kvllm_engine *e, struct seq *q) {
+    int rc = constrain_attach(q->owner);
+    if (rc) fail_seq(e, q, rc == KVLLM_ERANGE ? "the grammar's start exceeds the matcher's capacity"
+                                              : "no memory for the grammar's matcher");
+    return rc == 0;
+}
+
 int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float *logits) {
     struct seq_ctx *c = q->owner;
     const struct request *r = c->req;
+    if (!have_matcher(e, q)) return KVLLM_EINVAL;
     if (c->gm && r->greedy) {
         /* Greedy under a grammar: when the unconstrained argmax is a token the
          * grammar accepts, it is also the argmax among the allowed tokens (same
@@ -206,7 +219,7 @@ int32_t output_sample_accept(struct kvllm_engine *e, struct seq *q, const float 
 
 void output_on_token(struct kvllm_engine *e, struct seq *q, int32_t token) {
     struct seq_ctx *c = q->owner;
-    if (c->done || c->req->aborted) return;
+    if (c->done || c->req->aborted || !have_matcher(e, q)) return;
     e->cur_logits = NULL;
     accept_token(e, q, token, false);
 }

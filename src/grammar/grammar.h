@@ -46,6 +46,27 @@ int gvocab_n_vocab(const struct gvocab *v);
  * matcher, one thread per matcher at a time. */
 int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct gmatcher **out);
 void gmatcher_free(struct gmatcher *m);
+
+/* Most of a matcher's memory (about 6 MB of hash tables and sets) is working
+ * store that every call resets: matchers that one thread runs in turn may
+ * share one (struct gscratch), so each keeps only its state (its history of
+ * GMATCHER_HISTORY + 1 states, ~0.5 MB, and its context cache).  A matcher
+ * made by gmatcher_new_shared has no grammar until gmatcher_reset gives it
+ * one, and may be reset to another grammar when its sequence is done (the
+ * engine keeps a pool of them).  s must outlive the matcher; the caller
+ * ensures no two of its matchers run at once. */
+struct gscratch;
+int gscratch_new(struct gscratch **out);
+void gscratch_free(struct gscratch *s);
+int gmatcher_new_shared(const struct gvocab *v, struct gscratch *s, struct gmatcher **out);
+/* Start over on grammar g (which must outlive this use): the state at g's
+ * start, the cache emptied, nothing allocated.  KVLLM_ERANGE (logged) when
+ * g's start exceeds the matcher's capacity; the matcher then has no usable
+ * state until the next reset. */
+int gmatcher_reset(struct gmatcher *m, const struct kvllm_grammar *g);
+/* Make g's shared context store for v now (it is made by the first matcher
+ * otherwise), so that a reset later allocates nothing. */
+void gmatcher_prepare(const struct kvllm_grammar *g, const struct gvocab *v);
 /* allow: (n_vocab + 31) / 32 words; bit (id & 31) of word id >> 5 is set
  * when token id may come next.  Returns the number of allowed tokens (0:
  * nothing can follow — the caller ends the sequence) or < 0. */

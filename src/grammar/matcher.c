@@ -272,15 +272,11 @@ void gshared_free(struct gshared *s) {
     free(s);
 }
 
-struct gmatcher {
-    const struct kvllm_grammar *g;
-    struct kvllm_grammar *gm;   /* the same grammar, for its lock and shared store */
-    struct gshared *shared;     /* NULL: the store belongs to another vocabulary */
-    const struct gvocab *v;
-    /* kept states */
-    struct gkept hist[GM_HISTORY + 1];
-    int cur, n_hist;
-    /* scratch stacks */
+/* The working stores of one matcher call: reset at the start of every call,
+ * so matchers that one thread runs in turn can share them (the engine keeps
+ * one for all its sequences).  The epochs and stamps live here with the
+ * tables they validate. */
+struct gscratch {
     struct gnode *nodes;      /* (GM_NODES) */
     uint32_t n_nodes;
     uint32_t *mark;           /* (GM_NODES) set membership / expansion stamps */
@@ -302,6 +298,18 @@ struct gmatcher {
     uint32_t *tmp_w;          /* (GM_MAX_STACKS) a step's output before interning */
     uint32_t *cur_set, cur_n; /* (GM_MAX_STACKS) the loaded state */
     uint32_t *tmp_a, *tmp_b;  /* (GM_MAX_STACKS) accept's ping-pong */
+};
+
+struct gmatcher {
+    const struct kvllm_grammar *g;   /* NULL until gmatcher_reset */
+    struct kvllm_grammar *gm;   /* the same grammar, for its lock and shared store */
+    struct gshared *shared;     /* NULL: the store belongs to another vocabulary */
+    const struct gvocab *v;
+    struct gscratch *s;         /* the working stores (own or shared) */
+    bool own_scratch;
+    /* kept states */
+    struct gkept hist[GM_HISTORY + 1];
+    int cur, n_hist;
     /* cache */
     struct gcache_entry cache[GM_CACHE_ENTRIES];
     int n_cache;
@@ -315,26 +323,26 @@ static inline bool end_of_seq(const struct kvllm_grammar *g, uint32_t pos) {
 }
 
 static void scratch_reset(struct gmatcher *m) {
-    m->n_nodes = 1;   /* node 0: the empty stack */
-    m->nodes[0] = (struct gnode){ UINT32_MAX, 0 };
-    m->n_sets = 0;
-    m->set_used = 0;
-    m->n_rows = 0;
-    if (++m->epoch == 0) {   /* wrapped: stale slots could look current */
-        memset(m->table, 0, 2 * (size_t)GM_NODES * sizeof *m->table);
-        memset(m->set_tab, 0, 2 * (size_t)GM_SETS * sizeof *m->set_tab);
-        memset(m->memo, 0, GM_MEMO * sizeof *m->memo);
-        m->epoch = 1;
+    m->s->n_nodes = 1;   /* node 0: the empty stack */
+    m->s->nodes[0] = (struct gnode){ UINT32_MAX, 0 };
+    m->s->n_sets = 0;
+    m->s->set_used = 0;
+    m->s->n_rows = 0;
+    if (++m->s->epoch == 0) {   /* wrapped: stale slots could look current */
+        memset(m->s->table, 0, 2 * (size_t)GM_NODES * sizeof *m->s->table);
+        memset(m->s->set_tab, 0, 2 * (size_t)GM_SETS * sizeof *m->s->set_tab);
+        memset(m->s->memo, 0, GM_MEMO * sizeof *m->s->memo);
+        m->s->epoch = 1;
     }
-    m->overflow = false;
+    m->s->overflow = false;
 }
 
 static inline uint32_t new_stamp(struct gmatcher *m) {
-    if (++m->stamp == 0) {
-        memset(m->mark, 0, GM_NODES * sizeof *m->mark);
-        m->stamp = 1;
+    if (++m->s->stamp == 0) {
+        memset(m->s->mark, 0, GM_NODES * sizeof *m->s->mark);
+        m->s->stamp = 1;
     }
-    return m->stamp;
+    return m->s->stamp;
 }
 
 /* The stack `pos` on top of `parent` (hash-consed). */
@@ -343,19 +351,19 @@ static uint32_t push(struct gmatcher *m, uint32_t parent, uint32_t pos) {
     h ^= h >> 15;
     const uint32_t mask = 2 * GM_NODES - 1;
     for (uint32_t i = h & mask;; i = (i + 1) & mask) {
-        struct gslot *s = &m->table[i];
-        if (s->epoch != m->epoch) {
-            if (m->n_nodes >= GM_NODES) {
-                m->overflow = true;
+        struct gslot *s = &m->s->table[i];
+        if (s->epoch != m->s->epoch) {
+            if (m->s->n_nodes >= GM_NODES) {
+                m->s->overflow = true;
                 return 0;
             }
-            uint32_t id = m->n_nodes++;
-            m->nodes[id] = (struct gnode){ pos, parent };
-            m->mark[id] = 0;
-            *s = (struct gslot){ m->epoch, id };
+            uint32_t id = m->s->n_nodes++;
+            m->s->nodes[id] = (struct gnode){ pos, parent };
+            m->s->mark[id] = 0;
+            *s = (struct gslot){ m->s->epoch, id };
             return id;
         }
-        const struct gnode *n = &m->nodes[s->idx];
+        const struct gnode *n = &m->s->nodes[s->idx];
         if (n->pos == pos && n->parent == parent) return s->idx;
     }
 }
@@ -367,10 +375,10 @@ struct gset {
 };
 
 static inline void set_add(struct gmatcher *m, struct gset *out, uint32_t s) {
-    if (m->mark[s] == m->stamp) return;
-    m->mark[s] = m->stamp;
+    if (m->s->mark[s] == m->s->stamp) return;
+    m->s->mark[s] = m->s->stamp;
     if (out->n >= GM_MAX_STACKS) {
-        m->overflow = true;
+        m->s->overflow = true;
         return;
     }
     out->ids[out->n++] = s;
@@ -384,17 +392,17 @@ static inline void set_add(struct gmatcher *m, struct gset *out, uint32_t s) {
 static void advance(struct gmatcher *m, uint32_t s, struct gset *out) {
     const struct kvllm_grammar *g = m->g;
     if (s == 0) { set_add(m, out, 0); return; }
-    uint32_t pos = m->nodes[s].pos;
+    uint32_t pos = m->s->nodes[s].pos;
     const struct gelem *e = &g->elems[pos];
     if (e->type != G_RULE_REF) { set_add(m, out, s); return; }
-    if (m->mark[s] == m->stamp) return;
-    m->mark[s] = m->stamp;
-    uint32_t base = m->nodes[s].parent;
+    if (m->s->mark[s] == m->s->stamp) return;
+    m->s->mark[s] = m->s->stamp;
+    uint32_t base = m->s->nodes[s].parent;
     if (!end_of_seq(g, pos + 1)) base = push(m, base, pos + 1);
     uint32_t sub = g->rule_start[e->value];
     for (;;) {
         uint32_t ns = end_of_seq(g, sub) ? base : push(m, base, sub);
-        if (m->overflow) return;
+        if (m->s->overflow) return;
         advance(m, ns, out);
         while (!end_of_seq(g, sub)) sub++;
         if (g->elems[sub].type == G_ALT) sub++;
@@ -488,16 +496,16 @@ static void step_byte(struct gmatcher *m, const uint32_t *in, uint32_t n_in, str
     if (q.n_remain > 0) {   /* mid-character: keep the stacks that some completion could satisfy */
         for (uint32_t i = 0; i < n_in; i++) {
             uint32_t s = in[i];
-            if (s && match_partial(&g->elems[m->nodes[s].pos], q)) set_add(m, out, s);
+            if (s && match_partial(&g->elems[m->s->nodes[s].pos], q)) set_add(m, out, s);
         }
         return;
     }
-    for (uint32_t i = 0; i < n_in && !m->overflow; i++) {
+    for (uint32_t i = 0; i < n_in && !m->s->overflow; i++) {
         uint32_t s = in[i];
         if (!s) continue;
-        uint32_t pos = m->nodes[s].pos;
+        uint32_t pos = m->s->nodes[s].pos;
         if (!match_char(&g->elems[pos], q.value)) continue;
-        uint32_t base = m->nodes[s].parent;
+        uint32_t base = m->s->nodes[s].parent;
         uint32_t nxt = after_class(g, pos);
         if (!end_of_seq(g, nxt)) base = push(m, base, nxt);
         advance(m, base, out);
@@ -522,21 +530,21 @@ static uint32_t intern_set(struct gmatcher *m, const uint32_t *ids, uint32_t n, 
     for (uint32_t i = 0; i < n; i++) h = (h ^ ids[i]) * 0x01000193u;
     const uint32_t mask = 2 * GM_SETS - 1;
     for (uint32_t i = (h ^ (h >> 16)) & mask;; i = (i + 1) & mask) {
-        struct gslot *slot = &m->set_tab[i];
-        if (slot->epoch != m->epoch) {
-            if (m->n_sets >= GM_SETS || m->set_used + n > GM_SET_WORDS) {
-                m->overflow = true;
+        struct gslot *slot = &m->s->set_tab[i];
+        if (slot->epoch != m->s->epoch) {
+            if (m->s->n_sets >= GM_SETS || m->s->set_used + n > GM_SET_WORDS) {
+                m->s->overflow = true;
                 return SET_DEAD;
             }
-            uint32_t id = m->n_sets++;
-            m->set_rec[id] = (struct gsetrec){ m->set_used, n, h, NO_ROW, has_empty };
-            memcpy(m->set_data + m->set_used, ids, n * sizeof *ids);
-            m->set_used += n;
-            *slot = (struct gslot){ m->epoch, id };
+            uint32_t id = m->s->n_sets++;
+            m->s->set_rec[id] = (struct gsetrec){ m->s->set_used, n, h, NO_ROW, has_empty };
+            memcpy(m->s->set_data + m->s->set_used, ids, n * sizeof *ids);
+            m->s->set_used += n;
+            *slot = (struct gslot){ m->s->epoch, id };
             return id;
         }
-        const struct gsetrec *r = &m->set_rec[slot->idx];
-        if (r->hash == h && r->n == n && !memcmp(m->set_data + r->off, ids, n * sizeof *ids)) return slot->idx;
+        const struct gsetrec *r = &m->s->set_rec[slot->idx];
+        if (r->hash == h && r->n == n && !memcmp(m->s->set_data + r->off, ids, n * sizeof *ids)) return slot->idx;
     }
 }
 
@@ -547,7 +555,7 @@ static void walk_node(struct gmatcher *m, const struct walk *w, uint32_t k, uint
                       bool popped) {
     const struct gvocab *v = m->v;
     const struct gtnode *nd = &v->nodes[k];
-    const struct gsetrec *rec = &m->set_rec[sid];
+    const struct gsetrec *rec = &m->s->set_rec[sid];
     for (uint32_t i = nd->tok_lo; i < nd->tok_here; i++) bit_set(w->acc, (uint32_t)v->dfs_tok[i]);
     bool popped2 = popped || rec->has_empty;
     for (uint32_t c = k + 1; c < nd->next; c = v->nodes[c].next) {
@@ -559,12 +567,12 @@ static void walk_node(struct gmatcher *m, const struct walk *w, uint32_t k, uint
         struct gmemo *mm = NULL;
         if (p.n_remain == 0) {
             /* at a character boundary the byte alone gives the new partial state */
-            if (rec->row == NO_ROW && m->n_rows < GM_ROWS) {
-                uint32_t *row = m->rows + (size_t)m->n_rows * 256;
+            if (rec->row == NO_ROW && m->s->n_rows < GM_ROWS) {
+                uint32_t *row = m->s->rows + (size_t)m->s->n_rows * 256;
                 for (int b = 0; b < 256; b++) row[b] = SET_UNKNOWN;
-                m->set_rec[sid].row = m->n_rows++;
+                m->s->set_rec[sid].row = m->s->n_rows++;
             }
-            if (rec->row != NO_ROW) cell = m->rows + (size_t)rec->row * 256 + cn->byte;
+            if (rec->row != NO_ROW) cell = m->s->rows + (size_t)rec->row * 256 + cn->byte;
         }
         if (cell && *cell != SET_UNKNOWN) {
             out = *cell;
@@ -575,18 +583,18 @@ static void walk_node(struct gmatcher *m, const struct walk *w, uint32_t k, uint
         }
         uint32_t key = p.value << 10 | (uint32_t)p.n_remain << 8 | cn->byte;
         uint32_t h = (sid * 0x9E3779B1u) ^ (key * 0x85EBCA77u);
-        mm = &m->memo[(h ^ (h >> 16)) & (GM_MEMO - 1)];
-        if (!cell && mm->epoch == m->epoch && mm->set == sid && mm->key == key) {
+        mm = &m->s->memo[(h ^ (h >> 16)) & (GM_MEMO - 1)];
+        if (!cell && mm->epoch == m->s->epoch && mm->set == sid && mm->key == key) {
             out = mm->out;
             q = (struct gutf8){ mm->q_value, mm->q_remain };
         } else {
             q = p;
-            struct gset o = { m->tmp_w, 0, false };
-            step_byte(m, m->set_data + rec->off, rec->n, &q, cn->byte, &o);
-            out = o.n && !m->overflow ? intern_set(m, o.ids, o.n, o.has_empty) : SET_DEAD;
-            if (m->overflow) return;
+            struct gset o = { m->s->tmp_w, 0, false };
+            step_byte(m, m->s->set_data + rec->off, rec->n, &q, cn->byte, &o);
+            out = o.n && !m->s->overflow ? intern_set(m, o.ids, o.n, o.has_empty) : SET_DEAD;
+            if (m->s->overflow) return;
             if (cell) *cell = out;
-            else *mm = (struct gmemo){ m->epoch, sid, key, out, q.value, q.n_remain };
+            else *mm = (struct gmemo){ m->s->epoch, sid, key, out, q.value, q.n_remain };
         }
     have:
         if (out == SET_DEAD) {
@@ -594,7 +602,7 @@ static void walk_node(struct gmatcher *m, const struct walk *w, uint32_t k, uint
             continue;
         }
         walk_node(m, w, c, out, q, popped2);
-        if (m->overflow) return;
+        if (m->s->overflow) return;
     }
 }
 
@@ -606,14 +614,14 @@ static int keep_state(struct gmatcher *m, struct gkept *k, const uint32_t *set, 
     bool can_end = false;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t depth = 0;
-        for (uint32_t s = set[i]; s; s = m->nodes[s].parent) depth++;
+        for (uint32_t s = set[i]; s; s = m->s->nodes[s].parent) depth++;
         if (used + 1 + depth > GM_STATE_CAP) {
             LOG_ERR("grammar: matcher state exceeds %d positions (stacks too deep or too many)", GM_STATE_CAP);
             return KVLLM_ERANGE;
         }
         k->buf[used] = depth;
         uint32_t j = used + depth;
-        for (uint32_t s = set[i]; s; s = m->nodes[s].parent) k->buf[j--] = m->nodes[s].pos;
+        for (uint32_t s = set[i]; s; s = m->s->nodes[s].parent) k->buf[j--] = m->s->nodes[s].pos;
         used += 1 + depth;
         if (depth == 0) can_end = true;
     }
@@ -626,17 +634,17 @@ static int keep_state(struct gmatcher *m, struct gkept *k, const uint32_t *set, 
     return 0;
 }
 
-/* Rebuild a kept state's stacks as scratch nodes into m->cur_set. */
+/* Rebuild a kept state's stacks as scratch nodes into m->s->cur_set. */
 static void load_state(struct gmatcher *m, const struct gkept *k) {
     new_stamp(m);
-    struct gset out = { m->cur_set, 0, false };
+    struct gset out = { m->s->cur_set, 0, false };
     uint32_t i = 0;
     for (uint32_t s = 0; s < k->n_stacks; s++) {
         uint32_t depth = k->buf[i++], node = 0;
         for (uint32_t j = 0; j < depth; j++) node = push(m, node, k->buf[i++]);
         set_add(m, &out, node);
     }
-    m->cur_n = out.n;
+    m->s->cur_n = out.n;
 }
 
 /* ---- the context cache ---- */
@@ -646,8 +654,8 @@ static struct gcache_entry *cache_get(struct gmatcher *m, uint32_t s) {
     uint8_t klen = 0;
     uint32_t t = s;
     while (t && klen < GM_CACHE_K) {
-        key[klen++] = m->nodes[t].pos;
-        t = m->nodes[t].parent;
+        key[klen++] = m->s->nodes[t].pos;
+        t = m->s->nodes[t].parent;
     }
     bool full = t == 0;
     uint32_t h = full ? 0x51ED27u : 0;
@@ -692,10 +700,10 @@ static struct gcache_entry *cache_get(struct gmatcher *m, uint32_t s) {
     uint32_t local = 0;
     for (int j = klen - 1; j >= 0; j--) local = push(m, local, key[j]);
     uint32_t sid = intern_set(m, &local, 1, local == 0);
-    if (m->overflow) return NULL;
+    if (m->s->overflow) return NULL;
     struct walk w = { NULL, c->acc, c->unc, !full };
     walk_node(m, &w, 0, sid, (struct gutf8){ 0, 0 }, false);
-    if (m->overflow) return NULL;
+    if (m->s->overflow) return NULL;
     c->has_unc = bit_any(c->unc, 0, m->v->n_trie_tok);
     m->cache_tab[i] = (int16_t)m->n_cache++;
     if (m->shared) {   /* publish (another matcher may have published the same key meanwhile: harmless) */
@@ -718,64 +726,90 @@ static struct gcache_entry *cache_get(struct gmatcher *m, uint32_t s) {
 
 /* ---- public ---- */
 
+void gscratch_free(struct gscratch *s) {
+    if (!s) return;
+    free(s->nodes);
+    free(s->mark);
+    free(s->table);
+    free(s->set_data);
+    free(s->set_rec);
+    free(s->set_tab);
+    free(s->memo);
+    free(s->rows);
+    free(s->tmp_w);
+    free(s->cur_set);
+    free(s->tmp_a);
+    free(s->tmp_b);
+    free(s);
+}
+
+int gscratch_new(struct gscratch **out) {
+    struct gscratch *s = calloc(1, sizeof *s);
+    *out = NULL;
+    if (!s) return KVLLM_ENOMEM;
+    s->nodes = malloc(GM_NODES * sizeof *s->nodes);
+    s->mark = calloc(GM_NODES, sizeof *s->mark);
+    s->table = calloc(2 * (size_t)GM_NODES, sizeof *s->table);
+    s->set_data = malloc(GM_SET_WORDS * sizeof *s->set_data);
+    s->set_rec = malloc(GM_SETS * sizeof *s->set_rec);
+    s->set_tab = calloc(2 * (size_t)GM_SETS, sizeof *s->set_tab);
+    s->memo = calloc(GM_MEMO, sizeof *s->memo);
+    s->rows = malloc((size_t)GM_ROWS * 256 * sizeof *s->rows);
+    s->tmp_w = malloc(GM_MAX_STACKS * sizeof *s->tmp_w);
+    s->cur_set = malloc(GM_MAX_STACKS * sizeof *s->cur_set);
+    s->tmp_a = malloc(GM_MAX_STACKS * sizeof *s->tmp_a);
+    s->tmp_b = malloc(GM_MAX_STACKS * sizeof *s->tmp_b);
+    if (!s->nodes || !s->mark || !s->table || !s->set_data || !s->set_rec || !s->set_tab || !s->memo || !s->rows ||
+        !s->tmp_w || !s->cur_set || !s->tmp_a || !s->tmp_b) {
+        LOG_ERR("gscratch_new: out of memory");
+        gscratch_free(s);
+        return KVLLM_ENOMEM;
+    }
+    *out = s;
+    return 0;
+}
+
 void gmatcher_free(struct gmatcher *m) {
     if (!m) return;
     for (int i = 0; i <= GM_HISTORY; i++) free(m->hist[i].buf);
-    free(m->nodes);
-    free(m->mark);
-    free(m->table);
-    free(m->set_data);
-    free(m->set_rec);
-    free(m->set_tab);
-    free(m->memo);
-    free(m->rows);
-    free(m->tmp_w);
-    free(m->cur_set);
-    free(m->tmp_a);
-    free(m->tmp_b);
+    if (m->own_scratch) gscratch_free(m->s);
     free(m->cache_tab);
     free(m->slab);
     free(m);
 }
 
-int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct gmatcher **out) {
+int gmatcher_new_shared(const struct gvocab *v, struct gscratch *s, struct gmatcher **out) {
     *out = NULL;
-    if (!g || !v) return KVLLM_EINVAL;
+    if (!v || !s) return KVLLM_EINVAL;
     struct gmatcher *m = calloc(1, sizeof *m);
     if (!m) return KVLLM_ENOMEM;
-    m->g = g;
-    m->gm = (struct kvllm_grammar *)g;   /* its lock and shared store are the grammar's only mutable state */
     m->v = v;
+    m->s = s;
     bool ok = true;
     for (int i = 0; i <= GM_HISTORY; i++) ok &= (m->hist[i].buf = malloc(GM_STATE_CAP * sizeof(uint32_t))) != NULL;
-    m->nodes = malloc(GM_NODES * sizeof *m->nodes);
-    m->mark = calloc(GM_NODES, sizeof *m->mark);
-    m->table = calloc(2 * (size_t)GM_NODES, sizeof *m->table);
-    m->set_data = malloc(GM_SET_WORDS * sizeof *m->set_data);
-    m->set_rec = malloc(GM_SETS * sizeof *m->set_rec);
-    m->set_tab = calloc(2 * (size_t)GM_SETS, sizeof *m->set_tab);
-    m->memo = calloc(GM_MEMO, sizeof *m->memo);
-    m->rows = malloc((size_t)GM_ROWS * 256 * sizeof *m->rows);
-    m->tmp_w = malloc(GM_MAX_STACKS * sizeof *m->tmp_w);
-    m->cur_set = malloc(GM_MAX_STACKS * sizeof *m->cur_set);
-    m->tmp_a = malloc(GM_MAX_STACKS * sizeof *m->tmp_a);
-    m->tmp_b = malloc(GM_MAX_STACKS * sizeof *m->tmp_b);
     m->cache_tab = malloc(2 * GM_CACHE_ENTRIES * sizeof *m->cache_tab);
     m->trie_words = (int)((v->n_trie_tok + 31) / 32);
     size_t per = (size_t)v->n_words + (size_t)m->trie_words;
     m->slab = malloc(GM_CACHE_ENTRIES * per * sizeof(uint32_t));
-    ok = ok && m->nodes && m->mark && m->table && m->set_data && m->set_rec && m->set_tab && m->memo && m->rows && m->tmp_w && m->cur_set && m->tmp_a && m->tmp_b &&
-         m->cache_tab && m->slab;
-    if (!ok) {
+    if (!ok || !m->cache_tab || !m->slab) {
         LOG_ERR("gmatcher_new: out of memory");
         gmatcher_free(m);
         return KVLLM_ENOMEM;
     }
-    /* the grammar's shared store: made for the first vocabulary this grammar meets */
-    pthread_mutex_lock(&m->gm->lock);
-    if (!m->gm->shared) {
+    for (int i = 0; i < GM_CACHE_ENTRIES; i++) {
+        m->cache[i].acc = (uint32_t *)m->slab + (size_t)i * per;
+        m->cache[i].unc = m->cache[i].acc + v->n_words;
+    }
+    *out = m;
+    return 0;
+}
+
+/* g's shared context store, made for the first vocabulary the grammar meets (NULL: another's, or no memory). */
+static struct gshared *shared_store(struct kvllm_grammar *g, const struct gvocab *v, int trie_words) {
+    pthread_mutex_lock(&g->lock);
+    if (!g->shared) {
         struct gshared *sh = calloc(1, sizeof *sh);
-        size_t per_sh = (size_t)v->n_words + (size_t)m->trie_words;
+        size_t per_sh = (size_t)v->n_words + (size_t)trie_words;
         if (sh) sh->slab = malloc(GM_SHARED * per_sh * sizeof(uint32_t));
         if (sh && sh->slab) {
             sh->vocab_id = v->id;
@@ -783,22 +817,33 @@ int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct g
                 sh->e[i].acc = sh->slab + (size_t)i * per_sh;
                 sh->e[i].unc = sh->e[i].acc + v->n_words;
             }
-            m->gm->shared = sh;
+            g->shared = sh;
         } else {
             gshared_free(sh);   /* no store: this matcher works alone */
         }
     }
-    m->shared = m->gm->shared && m->gm->shared->vocab_id == v->id ? m->gm->shared : NULL;
-    pthread_mutex_unlock(&m->gm->lock);
+    struct gshared *sh = g->shared && g->shared->vocab_id == v->id ? g->shared : NULL;
+    pthread_mutex_unlock(&g->lock);
+    return sh;
+}
+
+void gmatcher_prepare(const struct kvllm_grammar *g, const struct gvocab *v) {
+    if (g && v) shared_store((struct kvllm_grammar *)g, v, (int)((v->n_trie_tok + 31) / 32));
+}
+
+int gmatcher_reset(struct gmatcher *m, const struct kvllm_grammar *g) {
+    if (!g) return KVLLM_EINVAL;
+    m->g = g;
+    m->gm = (struct kvllm_grammar *)g;   /* its lock and shared store are the grammar's only mutable state */
+    m->shared = shared_store(m->gm, m->v, m->trie_words);
+    m->cur = 0;
+    m->n_hist = 0;
+    m->n_cache = 0;
     memset(m->cache_tab, 0xff, 2 * GM_CACHE_ENTRIES * sizeof *m->cache_tab);
-    for (int i = 0; i < GM_CACHE_ENTRIES; i++) {
-        m->cache[i].acc = (uint32_t *)m->slab + (size_t)i * per;
-        m->cache[i].unc = m->cache[i].acc + v->n_words;
-    }
     /* the initial state: the root rule's alternatives, expanded */
     scratch_reset(m);
     new_stamp(m);
-    struct gset set = { m->cur_set, 0, false };
+    struct gset set = { m->s->cur_set, 0, false };
     uint32_t sub = g->rule_start[g->root];
     for (;;) {
         uint32_t ns = end_of_seq(g, sub) ? 0 : push(m, 0, sub);
@@ -807,12 +852,23 @@ int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct g
         if (g->elems[sub].type == G_ALT) sub++;
         else break;
     }
-    int rc = m->overflow ? KVLLM_ERANGE : keep_state(m, &m->hist[0], set.ids, set.n, (struct gutf8){ 0, 0 }, false);
-    if (rc) {
-        if (m->overflow) LOG_ERR("gmatcher_new: the grammar's initial state exceeds the matcher's capacity");
-        gmatcher_free(m);
-        return rc;
+    if (m->s->overflow) {
+        LOG_ERR("gmatcher_new: the grammar's initial state exceeds the matcher's capacity");
+        return KVLLM_ERANGE;
     }
+    return keep_state(m, &m->hist[0], set.ids, set.n, (struct gutf8){ 0, 0 }, false);
+}
+
+int gmatcher_new(const struct kvllm_grammar *g, const struct gvocab *v, struct gmatcher **out) {
+    *out = NULL;
+    if (!g || !v) return KVLLM_EINVAL;
+    struct gscratch *s;
+    int rc = gscratch_new(&s);
+    if (rc) return rc;
+    struct gmatcher *m;
+    if ((rc = gmatcher_new_shared(v, s, &m))) { gscratch_free(s); return rc; }
+    m->own_scratch = true;
+    if ((rc = gmatcher_reset(m, g))) { gmatcher_free(m); return rc; }
     *out = m;
     return 0;
 }
@@ -827,13 +883,13 @@ int gmatcher_fill_mask(struct gmatcher *m, uint32_t *allow) {
     if (k->partial.n_remain != 0) {
         /* mid-character: the cache assumes a character boundary; walk everything with the whole set */
         bool has_empty = false;
-        for (uint32_t i = 0; i < m->cur_n; i++) has_empty |= m->cur_set[i] == 0;
-        uint32_t sid = intern_set(m, m->cur_set, m->cur_n, has_empty);
+        for (uint32_t i = 0; i < m->s->cur_n; i++) has_empty |= m->s->cur_set[i] == 0;
+        uint32_t sid = intern_set(m, m->s->cur_set, m->s->cur_n, has_empty);
         struct walk w = { NULL, allow, NULL, false };
-        if (!m->overflow) walk_node(m, &w, 0, sid, k->partial, false);
+        if (!m->s->overflow) walk_node(m, &w, 0, sid, k->partial, false);
     } else {
-        for (uint32_t i = 0; i < m->cur_n && !m->overflow; i++) {
-            uint32_t s = m->cur_set[i];
+        for (uint32_t i = 0; i < m->s->cur_n && !m->s->overflow; i++) {
+            uint32_t s = m->s->cur_set[i];
             if (!s) continue;
             const struct gcache_entry *c = cache_get(m, s);
             if (!c) break;
@@ -841,10 +897,10 @@ int gmatcher_fill_mask(struct gmatcher *m, uint32_t *allow) {
             if (!c->has_unc) continue;
             uint32_t sid = intern_set(m, &s, 1, false);
             struct walk w = { c->unc, allow, NULL, false };
-            if (!m->overflow) walk_node(m, &w, 0, sid, (struct gutf8){ 0, 0 }, false);
+            if (!m->s->overflow) walk_node(m, &w, 0, sid, (struct gutf8){ 0, 0 }, false);
         }
     }
-    if (m->overflow) {
+    if (m->s->overflow) {
         LOG_ERR("grammar: the mask exceeds the matcher's capacity (%u stack nodes, %d stacks per set)", GM_NODES,
                 GM_MAX_STACKS);
         return KVLLM_ERANGE;
@@ -867,18 +923,18 @@ int gmatcher_accept(struct gmatcher *m, int32_t token) {
     load_state(m, k);
     if (v->is_end[token]) {
         if (!k->can_end) return KVLLM_EINVAL;
-        rc = keep_state(m, nk, m->cur_set, m->cur_n, k->partial, true);
+        rc = keep_state(m, nk, m->s->cur_set, m->s->cur_n, k->partial, true);
     } else {
         size_t len = tok_len(v, token);
         if (v->special[token] || len == 0) return KVLLM_EINVAL;
         const uint8_t *b = tok_bytes(v, token);
         struct gutf8 p = k->partial;
-        uint32_t *in = m->cur_set, n = m->cur_n;
-        uint32_t *bufs[2] = { m->tmp_a, m->tmp_b };
+        uint32_t *in = m->s->cur_set, n = m->s->cur_n;
+        uint32_t *bufs[2] = { m->s->tmp_a, m->s->tmp_b };
         for (size_t i = 0; i < len; i++) {
             struct gset out = { bufs[i & 1], 0, false };
             step_byte(m, in, n, &p, b[i], &out);
-            if (m->overflow) {
+            if (m->s->overflow) {
                 LOG_ERR("grammar: accepting token %d exceeds the matcher's capacity", token);
                 return KVLLM_ERANGE;
             }

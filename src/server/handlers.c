@@ -240,6 +240,7 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
     char *out = gone || failed ? NULL : oai_resp_json(&w->resp);
     log_job(s, &w->resp, w->j, gone ? 499 : failed ? err.status : out ? 200 : 500);
     pending_free(w);
+    if (out && strlen(out) >= SERVER_RELEASE_BYTES) server_release_memory();   /* the choices it was built from */
     if (gone) {
         metrics_request(&s->metrics, OUTCOME_ABORTED);
         return HTTP_NO;   /* nobody reads: close */

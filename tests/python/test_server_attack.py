@@ -89,34 +89,48 @@ def timed_get(port: int, path: str, source: str) -> tuple[int, float]:
     return st, time.monotonic() - t0
 
 
-class Probe:
-    """Another client, from its own address, asking /health every 50 ms while an attack runs (`with
-    Probe(s) as p:`): every status it got and the slowest answer (a refused or timed-out probe counts as 5 s)."""
+class Background:
+    """tick() every `period` seconds in a thread while a `with` block runs."""
+    period = 0.05
 
-    def __init__(self, s: Server, source: str = "127.0.0.99"):
-        self.s, self.source = s, source
-        self.statuses: list[int] = []
-        self.worst = 0.0
+    def __init__(self):
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
+    def tick(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                st, dt = timed_get(self.s.port, "/health", self.source)
-            except OSError:
-                st, dt = 0, 5.0
-            self.statuses.append(st)
-            self.worst = max(self.worst, dt)
-            time.sleep(0.05)
+            self.tick()
+            time.sleep(self.period)
 
-    def __enter__(self) -> "Probe":
+    def __enter__(self):
         self._t.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._t.join(30)
+
+
+class Probe(Background):
+    """Another client, from its own address, asking /health every 50 ms while an attack runs (`with
+    Probe(s) as p:`): every status it got and the slowest answer (a refused or timed-out probe counts as 5 s)."""
+
+    def __init__(self, s: Server, source: str = "127.0.0.99"):
+        super().__init__()
+        self.s, self.source = s, source
+        self.statuses: list[int] = []
+        self.worst = 0.0
+
+    def tick(self) -> None:
+        try:
+            st, dt = timed_get(self.s.port, "/health", self.source)
+        except OSError:
+            st, dt = 0, 5.0
+        self.statuses.append(st)
+        self.worst = max(self.worst, dt)
 
     def check(self, what: str, max_s: float = 1.0) -> None:
         print(f"{what}: /health probed {len(self.statuses)} times, slowest {self.worst:.3f} s")
@@ -561,6 +575,44 @@ def test_huge_grammars_are_bounded(kvllm, stories, chatml):
         probe.check("huge grammars")
         rss1 = s.wait_rss_below(rss0 + 8 * 1024)
         print(f"huge grammars: RSS {rss0} kB before, {rss1} kB after")
+        assert rss1 < rss0 + 8 * 1024, (rss0, rss1)
+    finally:
+        stopped_ok(s)
+
+
+class RssPeak(Background):
+    """The server's highest VmRSS while the block runs, sampled every 20 ms (`with RssPeak(s) as p:`)."""
+    period = 0.02
+
+    def __init__(self, s: Server):
+        super().__init__()
+        self.s, self.peak = s, 0
+
+    def tick(self) -> None:
+        try:
+            self.peak = max(self.peak, self.s.rss_kb())
+        except OSError:
+            pass
+
+
+def test_many_constrained_samples_share_matchers(kvllm, stories):
+    """64 prompts x n = 32 under json_object (2,048 constrained samples in one ~1 KB request; each sample's
+    matcher, ~8 MB, was made at add: 6 MB -> 732 MB RSS, kept): matchers are taken when a sample runs (at most
+    --max-seqs, 32 here) from a pool sharing one working store, so the peak stays within 64 MB of the level
+    before, the memory comes back, and /health answers meanwhile."""
+    s = Server(kvllm, *stories_args(stories))
+    try:
+        body = {"prompt": [f"Once {i}" for i in range(64)], "n": 32, "max_tokens": 6, "temperature": 1.0}
+        ok(s, "/v1/completions", body)    # the level: the KV pool and the engine's buffers touched, no grammar
+        ok(s, "/v1/completions", {"prompt": "Once", "max_tokens": 4, "response_format": {"type": "json_object"}})
+        rss0 = s.wait_rss_below(1 << 30)
+        with Probe(s) as probe, RssPeak(s) as peak:
+            r = ok(s, "/v1/completions", body | {"response_format": {"type": "json_object"}})
+        assert len(r["choices"]) == 64 * 32 and all(c["text"].startswith("{") for c in r["choices"]), r["choices"][:2]
+        probe.check("2,048 constrained samples")
+        rss1 = s.wait_rss_below(rss0 + 8 * 1024)
+        print(f"2,048 constrained samples: RSS {rss0} kB before, peak {peak.peak} kB, {rss1} kB after")
+        assert peak.peak < rss0 + 64 * 1024, (rss0, peak.peak)
         assert rss1 < rss0 + 8 * 1024, (rss0, rss1)
     finally:
         stopped_ok(s)

@@ -136,8 +136,11 @@ static int load_rope(struct loader *L) {
     if ((rc = opt_u32(L, akey(L, "rope.dimension_count"), 0, hp->head_dim, hp->head_dim, &hp->n_rot)) ||
         (rc = opt_f32(L, akey(L, "rope.freq_base"), 1.0f, 1e12f, 10000.0f, &hp->rope_theta)))
         return rc;
-    if (hp->n_rot % 2) {
-        LOG_ERR("%s: %s.rope.dimension_count %d must be even", L->path, m->arch, hp->n_rot);
+    if (hp->n_rot % 2) {   /* without rope.dimension_count, the head width set it */
+        const char *from = gguf_find(m->file, akey(L, "rope.dimension_count")) ? "rope.dimension_count"
+                           : gguf_find(m->file, akey(L, "attention.key_length")) ? "attention.key_length"
+                                                                                   : "attention.head_count";
+        LOG_ERR("%s: %d rotated dimensions (from %s.%s) must be even", L->path, hp->n_rot, m->arch, from);
         return KVLLM_EFORMAT;
     }
     hp->rope_attn_factor = 1.0f;
@@ -164,13 +167,18 @@ static int load_rope(struct loader *L) {
 static int load_heads(struct loader *L) {
     struct model_hparams *hp = &L->m->hp;
     int rc, v_len;
-    if ((rc = opt_u32(L, akey(L, "attention.key_length"), 0, 1 << 16, 0, &hp->head_dim)) ||
-        (rc = opt_u32(L, akey(L, "attention.value_length"), 0, 1 << 16, 0, &v_len)))
+    if ((rc = opt_u32(L, akey(L, "attention.key_length"), 1, 1 << 16, 0, &hp->head_dim)) ||
+        (rc = opt_u32(L, akey(L, "attention.value_length"), 1, 1 << 16, 0, &v_len)))
         return rc;
-    if (hp->n_head % hp->n_head_kv || (!hp->head_dim && hp->n_embd % hp->n_head)) {
-        LOG_ERR("%s: n_embd %d, n_head %d, n_head_kv %d: heads must divide n_embd (or the file must give "
-                "%s.attention.key_length) and kv heads must divide heads", L->path, hp->n_embd, hp->n_head,
-                hp->n_head_kv, L->m->arch);
+    const char *a = L->m->arch;
+    if (hp->n_head % hp->n_head_kv) {
+        LOG_ERR("%s: %s.attention.head_count_kv %d must divide %s.attention.head_count %d", L->path, a,
+                hp->n_head_kv, a, hp->n_head);
+        return KVLLM_EFORMAT;
+    }
+    if (!hp->head_dim && hp->n_embd % hp->n_head) {
+        LOG_ERR("%s: %s.attention.head_count %d does not divide %s.embedding_length %d (and the file gives no "
+                "%s.attention.key_length)", L->path, a, hp->n_head, a, hp->n_embd, a);
         return KVLLM_EFORMAT;
     }
     if (!hp->head_dim) hp->head_dim = hp->n_embd / hp->n_head;
@@ -328,19 +336,38 @@ static int load_qkv(struct loader *L, int il, struct llama_layer *l) {
 
 /* Frequency factors: Llama 3's rope_freqs, or LongRoPE's pair of which the
  * context picks one: the long factors when the model's context is longer
- * than the original one (what llama.cpp picks at its default context). */
+ * than the original one (what llama.cpp picks at its default context).
+ * Every factor the file holds is checked, the unused half of the pair too:
+ * a file with one of them missing or malformed was not written by a
+ * converter, and its other factors cannot be trusted either. */
 static int load_rope_factors(struct loader *L) {
     struct model *m = L->m;
     const struct model_hparams *hp = &m->hp;
-    const char *longrope = hp->n_ctx_train > hp->n_ctx_orig ? "rope_factors_long.weight" : "rope_factors_short.weight";
+    static const char *name[3] = { "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight" };
+    struct tensor t[3];
     int rc;
-    if ((rc = get_tensor(L, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs))) return rc;
-    if (!gguf_find_tensor(m->file, longrope)) return 0;
-    if (m->rope_freqs.data) {
-        LOG_ERR("%s: both rope_freqs.weight and %s: which frequency factors apply is ambiguous", L->path, longrope);
+    for (int i = 0; i < 3; i++) {
+        if ((rc = get_tensor(L, name[i], hp->n_rot / 2, 0, true, true, &t[i]))) return rc;
+        for (int j = 0; t[i].data && j < hp->n_rot / 2; j++) {
+            float f = ((const float *)t[i].data)[j];
+            if (!(f > 0 && f < 1e30f)) {
+                LOG_ERR("%s: %s[%d] = %g: frequency factors must be positive and finite", L->path, name[i], j, f);
+                return KVLLM_EFORMAT;
+            }
+        }
+    }
+    if (t[0].data && (t[1].data || t[2].data)) {
+        LOG_ERR("%s: both %s and %s: which frequency factors apply is ambiguous", L->path, name[0],
+                name[t[1].data ? 1 : 2]);
         return KVLLM_EFORMAT;
     }
-    return get_tensor(L, longrope, hp->n_rot / 2, 0, true, false, &m->rope_freqs);
+    if (!t[1].data != !t[2].data) {
+        LOG_ERR("%s: %s without %s: LongRoPE factors come in pairs", L->path, name[t[1].data ? 1 : 2],
+                name[t[1].data ? 2 : 1]);
+        return KVLLM_EFORMAT;
+    }
+    m->rope_freqs = t[0].data ? t[0] : hp->n_ctx_train > hp->n_ctx_orig ? t[1] : t[2];
+    return 0;
 }
 
 /* The dense FFN of layer il: gate (unless GELU), up, down and their
@@ -474,13 +501,6 @@ static int load_tensors(struct loader *L) {
     if (learned_pos && m->rope_freqs.data) {
         LOG_ERR("%s: rope_freqs.weight in a %s model, which has no RoPE", L->path, m->arch);
         return KVLLM_EFORMAT;
-    }
-    for (int i = 0; m->rope_freqs.data && i < hp->n_rot / 2; i++) {
-        float f = ((const float *)m->rope_freqs.data)[i];
-        if (!(f > 0 && f < 1e30f)) {
-            LOG_ERR("%s: rope_freqs.weight[%d] = %g: frequency factors must be positive and finite", L->path, i, f);
-            return KVLLM_EFORMAT;
-        }
     }
     m->tied_output = m->output.data == NULL;
     if (m->tied_output) m->output = m->tok_embd;

@@ -1,7 +1,7 @@
-/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2 folders read as an in-memory
- * GGUF (see hf.h); writing one is hf_write.c.
+/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 3 folders read
+ * as an in-memory GGUF (see hf.h); writing one is hf_write.c.
  *
- * config.json -> llama.* keys; the shards are mapped back to back
+ * config.json -> <arch>.* keys, as llama.cpp's converter writes them; the shards are mapped back to back
  * into one reservation (each at a page boundary) so that the gguf's single
  * file_map owns them all; each shard's header is validated by st_parse and
  * its tensors are renamed to GGUF names.  Every error is logged once, where
@@ -125,15 +125,17 @@ static int cfg_bool(const char *path, json_object *cfg, const char *key, bool de
 struct hf_hparams {
     enum hf_arch arch;
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
-    int64_t n_swa;      /* Mistral sliding_window, 0 when absent/null */
+    int64_t head_dim;   /* n_embd / n_head, but Qwen3's and Gemma 3's own (GGUF: key_length) */
+    int64_t n_swa;      /* Mistral, Gemma 3 sliding_window, 0 when absent/null */
     double eps, theta;
+    double attn_softcap, final_softcap; /* Gemma 3: 0 when null */
     bool tied;
     /* rope_scaling: 0 none, 1 linear (factor), 2 llama3 (factor, low/high_freq_factor, original context) */
     int rope_scaling;
     double rs_factor, rs_low, rs_high, rs_orig;
 };
 
-const char *const hf_gguf_arch[3] = { "llama", "qwen2", "gpt2" };
+const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3" };
 
 /* rope_scaling (object or null): none, linear or llama3; anything else is refused. */
 static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hparams *hp) {
@@ -189,6 +191,7 @@ static int read_config_gpt2(const char *path, json_object *cfg, struct hf_hparam
         LOG_ERR("%s: n_embd %lld is not a multiple of n_head %lld", path, (long long)hp->n_embd, (long long)hp->n_head);
         return KVLLM_EFORMAT;
     }
+    hp->head_dim = hp->n_embd / hp->n_head;
     json_object *act = cfg_get(cfg, "activation_function");
     const char *as = act && json_object_is_type(act, json_type_string) ? json_object_get_string(act) : NULL;
     if (act && (!as || (strcmp(as, "gelu_new") && strcmp(as, "gelu_pytorch_tanh")))) {
@@ -199,11 +202,59 @@ static int read_config_gpt2(const char *path, json_object *cfg, struct hf_hparam
     return 0;
 }
 
+/* What Gemma 3 adds: sliding layers five in six, with their own RoPE base,
+ * an attention scale and soft-caps.  GGUF's gemma3 has keys for the window
+ * and the soft-caps only; the pattern, the sliding layers' base and the
+ * scale are the family's (src/model/model.c, as in llama.cpp), so a config
+ * that differs from them is refused rather than run differently. */
+static int read_config_gemma3(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    int64_t period;
+    double local_base, scalar;
+    bool bidir;
+    int rc;
+    if ((rc = cfg_int(path, cfg, "sliding_window_pattern", false, 1, 4096, 6, &period)) ||
+        (rc = cfg_float(path, cfg, "rope_local_base_freq", 1.0, 1e12, 10000.0, &local_base)) ||
+        (rc = cfg_float(path, cfg, "query_pre_attn_scalar", 1.0, 1e9, 256.0, &scalar)) ||
+        (rc = cfg_float(path, cfg, "attn_logit_softcapping", 0.0, 1e6, 0.0, &hp->attn_softcap)) ||
+        (rc = cfg_float(path, cfg, "final_logit_softcapping", 0.0, 1e6, 0.0, &hp->final_softcap)) ||
+        (rc = cfg_bool(path, cfg, "use_bidirectional_attention", false, &bidir)))
+        return rc;
+    /* layer il slides unless (il + 1) % 6 == 0; layer_types, when given, spells that out */
+    json_object *lt = cfg_get(cfg, "layer_types");
+    if (lt && (!json_object_is_type(lt, json_type_array) || (int64_t)json_object_array_length(lt) != hp->n_layer)) {
+        LOG_ERR("%s: \"layer_types\" must be an array of num_hidden_layers (%lld) strings", path,
+                (long long)hp->n_layer);
+        return KVLLM_EFORMAT;
+    }
+    for (int64_t il = 0; il < hp->n_layer && (lt || period != 6); il++) {
+        const char *want = (il + 1) % 6 ? "sliding_attention" : "full_attention";
+        json_object *v = lt ? json_object_array_get_idx(lt, (size_t)il) : NULL;
+        const char *got = v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "?";
+        if (!lt || strcmp(got, want)) {
+            LOG_ERR("%s: %s%lld%s: Gemma 3 in GGUF has every sixth layer global and the others sliding", path,
+                    lt ? "layer_types[" : "sliding_window_pattern ", lt ? (long long)il : (long long)period,
+                    lt ? "] differs" : "");
+            return KVLLM_EUNSUPPORTED;
+        }
+    }
+    const int64_t scale_dim = hp->n_layer == 62 ? hp->n_embd / hp->n_head : hp->head_dim;   /* the 27B's */
+    if (local_base != 10000.0 || scalar != (double)scale_dim || bidir) {
+        LOG_ERR("%s: %s is not what GGUF's gemma3 runs (rope_local_base_freq 10000, query_pre_attn_scalar "
+                "%lld, causal attention)", path, local_base != 10000.0 ? "rope_local_base_freq"
+                : scalar != (double)scale_dim ? "query_pre_attn_scalar" : "use_bidirectional_attention",
+                (long long)scale_dim);
+        return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
+}
+
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
-    static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel" };
-    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2" };
-    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2 };
+    static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel",
+                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM" };
+    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3 };
+    const size_t n_archs = sizeof archs / sizeof *archs;
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
     bool known = false;
@@ -215,7 +266,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
             return KVLLM_EFORMAT;
         }
         name = json_object_get_string(a0);
-        for (size_t i = 0; i < 4; i++)
+        for (size_t i = 0; i < n_archs; i++)
             if (!strcmp(name, archs[i])) { known = true; hp->arch = ids[i]; }
     } else if (t) {
         if (!json_object_is_type(t, json_type_string)) {
@@ -223,7 +274,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
             return KVLLM_EFORMAT;
         }
         name = json_object_get_string(t);
-        for (size_t i = 0; i < 4; i++)
+        for (size_t i = 0; i < n_archs; i++)
             if (!strcmp(name, types[i])) { known = true; hp->arch = ids[i]; }
     } else {
         LOG_ERR("%s: neither \"architectures\" nor \"model_type\" is given", path);
@@ -231,12 +282,14 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
     }
     if (!known) {
         LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, GPT2LMHeadModel)", path, name);
+                "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma3ForCausalLM)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
+    hp->attn_softcap = hp->final_softcap = 0.0;
     if (hp->arch == HF_GPT2) return read_config_gpt2(path, cfg, hp);
+    const bool gemma = hp->arch == HF_GEMMA3;
+    const bool own_hd = hp->arch == HF_QWEN3 || gemma;   /* head_dim need not be hidden_size / heads */
     const int64_t big = 1 << 20;
-    int64_t head_dim;
     int rc;
     if ((rc = cfg_int(path, cfg, "hidden_size", true, 1, big, 0, &hp->n_embd)) ||
         (rc = cfg_int(path, cfg, "num_hidden_layers", true, 1, 4096, 0, &hp->n_layer)) ||
@@ -247,37 +300,53 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         (rc = cfg_int(path, cfg, "max_position_embeddings", false, 1, 1 << 24, 2048, &hp->n_ctx)) ||
         (rc = cfg_float(path, cfg, "rms_norm_eps", 0.0, 1.0, 1e-6, &hp->eps)) ||
         (rc = cfg_float(path, cfg, "rope_theta", 1.0, 1e12, 10000.0, &hp->theta)) ||
-        (rc = cfg_bool(path, cfg, "tie_word_embeddings", false, &hp->tied)) ||
-        (rc = cfg_int(path, cfg, "sliding_window", false, 1, INT32_MAX, 0, &hp->n_swa)))
+        (rc = cfg_bool(path, cfg, "tie_word_embeddings", gemma, &hp->tied)) ||
+        (rc = cfg_int(path, cfg, "sliding_window", false, 1, INT32_MAX, gemma ? 4096 : 0, &hp->n_swa)))
         return rc;
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv || (hp->n_embd / hp->n_head) % 2) {
+    if (hp->n_head % hp->n_head_kv || (!own_hd && (hp->n_embd % hp->n_head || (hp->n_embd / hp->n_head) % 2))) {
         LOG_ERR("%s: hidden_size %lld, num_attention_heads %lld, num_key_value_heads %lld: heads must divide "
                 "hidden_size into an even head size and kv heads must divide heads", path, (long long)hp->n_embd,
                 (long long)hp->n_head, (long long)hp->n_head_kv);
         return KVLLM_EFORMAT;
     }
-    if ((rc = cfg_int(path, cfg, "head_dim", false, 1, big, hp->n_embd / hp->n_head, &head_dim))) return rc;
-    if (head_dim != hp->n_embd / hp->n_head) {
+    /* Transformers' defaults: Qwen3 128, Gemma 3 256 */
+    const int64_t hd_def = hp->arch == HF_QWEN3 ? 128 : gemma ? 256 : hp->n_embd / hp->n_head;
+    if ((rc = cfg_int(path, cfg, "head_dim", false, 1, big, hd_def, &hp->head_dim))) return rc;
+    if (hp->head_dim % 2) {
+        LOG_ERR("%s: head_dim %lld must be even", path, (long long)hp->head_dim);
+        return KVLLM_EFORMAT;
+    }
+    if (!own_hd && hp->head_dim != hp->n_embd / hp->n_head) {
         LOG_ERR("%s: head_dim %lld differs from hidden_size / num_attention_heads (not supported)", path,
-                (long long)head_dim);
+                (long long)hp->head_dim);
         return KVLLM_EUNSUPPORTED;
     }
-    json_object *act = cfg_get(cfg, "hidden_act");
-    if (act && (!json_object_is_type(act, json_type_string) || strcmp(json_object_get_string(act), "silu"))) {
-        LOG_ERR("%s: hidden_act %.40s is not supported (only \"silu\")", path, json_object_to_json_string(act));
+    /* Gemma names it hidden_activation (tanh GELU, its GeGLU); the others hidden_act (SwiGLU) */
+    const char *act_key = gemma && cfg_get(cfg, "hidden_activation") ? "hidden_activation" : "hidden_act";
+    const char *act_want = gemma ? "gelu_pytorch_tanh" : "silu";
+    json_object *act = cfg_get(cfg, act_key);
+    if (act && (!json_object_is_type(act, json_type_string) || strcmp(json_object_get_string(act), act_want))) {
+        LOG_ERR("%s: %s %.40s is not supported (only \"%s\")", path, act_key, json_object_to_json_string(act),
+                act_want);
         return KVLLM_EUNSUPPORTED;
     }
     if ((rc = read_rope_scaling(path, cfg, hp))) return rc;
-    if (hp->arch == HF_QWEN2) {
-        /* Qwen2 carries sliding_window even when it is off; on, it applies to some layers only */
+    if (hp->arch == HF_QWEN2 || hp->arch == HF_QWEN3) {
+        /* Qwen carries sliding_window even when it is off; on, it applies to some layers only */
         bool swa;
         if ((rc = cfg_bool(path, cfg, "use_sliding_window", false, &swa))) return rc;
         if (swa) {
-            LOG_ERR("%s: \"use_sliding_window\": true is not supported for Qwen2", path);
+            LOG_ERR("%s: \"use_sliding_window\": true is not supported for %s", path, hf_gguf_arch[hp->arch]);
             return KVLLM_EUNSUPPORTED;
         }
         hp->n_swa = 0;
     }
+    if (hp->n_swa > hp->n_ctx) {
+        LOG_ERR("%s: sliding_window %lld is longer than max_position_embeddings %lld", path, (long long)hp->n_swa,
+                (long long)hp->n_ctx);
+        return KVLLM_EFORMAT;
+    }
+    if (gemma && (rc = read_config_gemma3(path, cfg, hp))) return rc;
     bool bias;
     static const char *bias_keys[] = { "attention_bias", "mlp_bias" };
     for (size_t i = 0; i < 2; i++) {
@@ -308,7 +377,12 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     if (hp->arch == HF_GPT2) {
         if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_epsilon"), (float)hp->eps);
     } else {
-        if (!rc) rc = gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)(hp->n_embd / hp->n_head));
+        if (hp->arch == HF_QWEN3 || hp->arch == HF_GEMMA3) {   /* rope over the whole head, its width given */
+            if (!rc) rc = gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)hp->head_dim);
+            if (!rc) rc = gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)hp->head_dim);
+        } else if (!rc) {
+            rc = gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)hp->head_dim);
+        }
         if (!rc) rc = gguf_set_f32(g, KEY("rope.freq_base"), (float)hp->theta);
         if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)hp->eps);
         if (!rc && hp->rope_scaling == 1) rc = gguf_set_str(g, KEY("rope.scaling.type"), "linear");
@@ -316,6 +390,8 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     }
     if (!rc) rc = gguf_set_u32(g, KEY("vocab_size"), (uint32_t)hp->n_vocab);
     if (!rc && hp->n_swa) rc = gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)hp->n_swa);
+    if (!rc && hp->attn_softcap > 0) rc = gguf_set_f32(g, KEY("attn_logit_softcapping"), (float)hp->attn_softcap);
+    if (!rc && hp->final_softcap > 0) rc = gguf_set_f32(g, KEY("final_logit_softcapping"), (float)hp->final_softcap);
 #undef KEY
     return rc;
 }
@@ -323,7 +399,7 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
 /* Llama 3 rope scaling as GGUF carries it: rope_freqs.weight (head_dim / 2) f32,
  * the divisor of each pair's frequency, computed as llama.cpp's converter does. */
 static int add_rope_freqs(struct gguf *g, const struct hf_hparams *hp) {
-    const int64_t hd = hp->n_embd / hp->n_head, n = hd / 2;
+    const int64_t hd = hp->head_dim, n = hd / 2;
     float *f = gguf_alloc(g, (size_t)n * sizeof *f);
     if (!f) return KVLLM_ENOMEM;
     const double low_wl = hp->rs_orig / hp->rs_low, high_wl = hp->rs_orig / hp->rs_high;
@@ -464,8 +540,9 @@ static int map_name_gpt2(const char *hf, int64_t n_layer, char *out, size_t cap,
 static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size_t cap, int *perm) {
     if (hp->arch == HF_GPT2) return map_name_gpt2(hf, hp->n_layer, out, cap, perm);
     const int64_t n_layer = hp->n_layer;
-    /* GGUF Qwen2 keeps HF's halves layout (llama.cpp runs it with NEOX rope): no permutation */
-    const int pq = hp->arch == HF_QWEN2 ? PERM_NONE : PERM_Q, pk = hp->arch == HF_QWEN2 ? PERM_NONE : PERM_K;
+    /* GGUF Qwen2, Qwen3 and Gemma keep HF's halves layout (llama.cpp runs them with NEOX rope): no permutation */
+    const int pq = hp->arch != HF_LLAMA ? PERM_NONE : PERM_Q, pk = hp->arch != HF_LLAMA ? PERM_NONE : PERM_K;
+    const bool qk_norm = hp->arch == HF_QWEN3 || hp->arch == HF_GEMMA3;
     static const struct { const char *hf, *gguf; int perm; } layer[] = {
         { "self_attn.q_proj.weight", "attn_q.weight", PERM_Q },
         { "self_attn.k_proj.weight", "attn_k.weight", PERM_K },
@@ -479,7 +556,13 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
         { "self_attn.q_proj.bias", "attn_q.bias", PERM_NONE },   /* Qwen2 */
         { "self_attn.k_proj.bias", "attn_k.bias", PERM_NONE },
         { "self_attn.v_proj.bias", "attn_v.bias", PERM_NONE },
+        { "self_attn.q_norm.weight", "attn_q_norm.weight", PERM_NONE },   /* Qwen3, Gemma 3 */
+        { "self_attn.k_norm.weight", "attn_k_norm.weight", PERM_NONE },
     };
+    /* Gemma's norms around the sub-layers: after attention, before and after the FFN */
+    static const char *const gemma[][2] = { { "post_attention_layernorm.weight", "post_attention_norm.weight" },
+                                            { "pre_feedforward_layernorm.weight", "ffn_norm.weight" },
+                                            { "post_feedforward_layernorm.weight", "post_ffw_norm.weight" } };
     *perm = PERM_NONE;
     if (!strcmp(hf, "model.embed_tokens.weight")) { snprintf(out, cap, "token_embd.weight"); return 1; }
     if (!strcmp(hf, "model.norm.weight")) { snprintf(out, cap, "output_norm.weight"); return 1; }
@@ -492,8 +575,15 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
     while (*p >= '0' && *p <= '9' && il <= n_layer) il = il * 10 + (*p++ - '0');
     if (*p++ != '.' || il >= n_layer) return -1;
     if (!strcmp(p, "self_attn.rotary_emb.inv_freq")) return 0; /* recomputed */
+    for (size_t i = 0; hp->arch == HF_GEMMA3 && i < sizeof gemma / sizeof *gemma; i++)
+        if (!strcmp(p, gemma[i][0])) {
+            snprintf(out, cap, "blk.%lld.%s", (long long)il, gemma[i][1]);
+            return 1;
+        }
     for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
         if (!strcmp(p, layer[i].hf)) {
+            if (!qk_norm && (!strcmp(layer[i].gguf, "attn_q_norm.weight") || !strcmp(layer[i].gguf, "attn_k_norm.weight")))
+                return -1;
             snprintf(out, cap, "blk.%lld.%s", (long long)il, layer[i].gguf);
             *perm = layer[i].perm == PERM_Q ? pq : layer[i].perm == PERM_K ? pk : layer[i].perm;
             return 1;
@@ -547,10 +637,13 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
     uint32_t type = t->dtype;
     const void *data = t->data;
     const size_t esize = t->dtype == DTYPE_F32 ? 4 : 2;
-    if (t->n_dims == 1 && t->dtype != DTYPE_F32) { /* norms: F32, as in GGUF files */
+    /* Gemma's RMSNorm multiplies by 1 + w; GGUF stores 1 + w, added in f32 as Transformers computes it */
+    const size_t nl = strlen(name);
+    const float shift = hp->arch == HF_GEMMA3 && nl >= 11 && !strcmp(name + nl - 11, "norm.weight") ? 1.0f : 0.0f;
+    if (t->n_dims == 1 && (t->dtype != DTYPE_F32 || shift != 0.0f)) { /* norms: F32, as in GGUF files */
         float *f = gguf_alloc(g, (size_t)t->n_elems * 4);
         if (!f) return KVLLM_ENOMEM;
-        for (uint64_t i = 0; i < t->n_elems; i++) f[i] = elem_f32(t->dtype, t->data, i);
+        for (uint64_t i = 0; i < t->n_elems; i++) f[i] = elem_f32(t->dtype, t->data, i) + shift;
         type = DTYPE_F32;
         data = f;
     } else if (perm == PERM_T) {  /* Conv1D (in, out) -> rows of out: element (o, i) = src (i, o) */
@@ -564,7 +657,7 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
                        src + ((size_t)i * (size_t)ne[1] + (size_t)o) * esize, esize);
         data = p;
     } else if (perm != PERM_NONE) {
-        int64_t nh = perm == PERM_Q ? hp->n_head : hp->n_head_kv, hd = hp->n_embd / hp->n_head;
+        int64_t nh = perm == PERM_Q ? hp->n_head : hp->n_head_kv, hd = hp->head_dim;
         if (ne[1] != nh * hd) {
             LOG_ERR("%s: tensor '%s' has %lld rows, expected %lld heads x %lld", sf->path, t->name,
                     (long long)ne[1], (long long)nh, (long long)hd);

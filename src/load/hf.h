@@ -1,5 +1,6 @@
-/* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2) read as
- * an in-memory GGUF, and written from one.
+/* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, and for
+ * reading Qwen3 and Gemma 3 text models) read as an in-memory GGUF, and
+ * written from one.
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and
  * the weights in model.safetensors, or in shards listed by
@@ -12,8 +13,10 @@
  * GGUF llama rotates adjacent pairs.  As llama.cpp's converter does, the
  * rows of Q and K are permuted on load (reshape (n_head, 2, head_dim/2,
  * n_embd), swap axes 1 and 2); those copies live in the gguf's arena.
- * 1-D tensors (the norms) are converted to F32, as GGUF files store them;
- * everything else keeps its dtype and stays in the mapping.
+ * (GGUF's qwen2, qwen3 and gemma3 rotate halves too: no permutation.)
+ * 1-D tensors (the norms) are converted to F32, as GGUF files store them,
+ * Gemma's with its RMSNorm offset added (GGUF stores 1 + w); everything
+ * else keeps its dtype and stays in the mapping.
  *
  * The vocabulary: tokenizer.json (+ tokenizer_config.json) when the folder
  * has one, turned into tokenizer.ggml.* keys by hf_tokenizer.c; without

@@ -224,7 +224,7 @@ def test_rope_layout_matters(kvllm, models, tmp_path):
 
 VARIANTS = {
     # how the folder differs from the plain one
-    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4096),
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=256),  # = context
     "model_type_only": dict(architectures=None, model_type="llama"),
     "misaligned_data": dict(misalign=2),            # F32/F16 data off alignment: copied, not read misaligned
     "inv_freq_and_extras": dict(extra=True),        # rotary_emb.inv_freq is skipped silently
@@ -570,3 +570,205 @@ def test_bad_folder_refused(binary, bad_folders, case):
     folder, name = bad_folders[case]
     res = run_cli(binary, "run", "-m", folder, "-n", "4", "-q", timeout=TIMEOUT)
     check_refused(res, name)
+
+
+# ---- Qwen3 and Gemma 3 folders ------------------------------------------------------
+
+# How llama.cpp's converter names their tensors: Qwen3 adds per-head q/k norms; Gemma 3 has four norms per
+# layer, HF's post_attention_layernorm being the one after attention (not the FFN's pre-norm, as in Llama).
+QK_NORM_NAMES = dict(LAYER_NAMES, attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+GEMMA_NAMES = dict(QK_NORM_NAMES, post_attention_norm="post_attention_layernorm",
+                   ffn_norm="pre_feedforward_layernorm", post_ffw_norm="post_feedforward_layernorm")
+FAMILY_HF = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text")}
+FAMILY_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(40)]   # every window crossed; ids < 320
+
+
+def family_hf_name(name: str, arch: str) -> str:
+    if not name.startswith("blk."):
+        return hf_name(name)
+    _, il, what, _ = name.split(".")
+    return f"model.layers.{il}.{(GEMMA_NAMES if arch == 'gemma3' else QK_NORM_NAMES)[what]}.weight"
+
+
+def norm_shift(cfg: ModelConfig) -> float:
+    """What GGUF adds to every norm weight (Gemma: its RMSNorm scales by 1 + w, the converter stores 1 + w)."""
+    return 1.0 if cfg.arch == "gemma3" else 0.0
+
+
+def to_dtype(v: np.ndarray, dtype: str) -> np.ndarray:
+    """v (f32) rounded to the model dtype, as f32."""
+    if dtype == "f16":
+        return v.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return ((v.view(np.uint32) + 0x8000) & 0xFFFF0000).view(np.float32)
+    return v
+
+
+def family_norms(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """GGUF norm weights whose HF values (minus the shift) are exact in the model dtype: 1 + w for Gemma with w
+    rounded to the dtype (1 + w is then exact in f32), so both copies hold the same numbers."""
+    rng = np.random.default_rng(seed + 1000)
+    shift = np.float32(norm_shift(cfg))
+    return {s.name: to_dtype(rng.uniform(0.9, 1.1, size=s.shape).astype(np.float32) - shift, cfg.dtype) + shift
+            for s in tensor_specs(cfg) if s.kind == "norm"}
+
+
+def family_entries(gguf_path: Path, cfg: ModelConfig, shift: float | None = None) -> list[STEntry]:
+    """The GGUF's tensors under HF names: matrices as they are (GGUF qwen3 / gemma3 keep HF's halves rope
+    layout), norms minus the shift in the model dtype."""
+    shift = norm_shift(cfg) if shift is None else shift
+    out = []
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        if len(shape) == 1:
+            w = np.asarray(t.data, dtype=np.float32) - np.float32(shift)
+            assert np.array_equal(to_dtype(w, cfg.dtype), w), t.name
+            st = {"f32": ("F32", w), "f16": ("F16", w.astype(np.float16)),
+                  "bf16": ("BF16", (w.view(np.uint32) >> 16).astype(np.uint16))}[cfg.dtype]
+            dtype, raw = st[0], st[1].tobytes()
+        else:
+            dtype, raw = ST_DTYPE[int(t.tensor_type)], np.ascontiguousarray(t.data).tobytes()
+        out.append(STEntry(family_hf_name(t.name, cfg.arch), dtype, shape, raw))
+    return sorted(out, key=lambda e: e.name)
+
+
+def family_config(cfg: ModelConfig, layer_types: bool = False) -> dict:
+    """config.json fields beyond test_hf's Llama ones, as Transformers writes them for Qwen3 / Gemma 3 text."""
+    arch, mtype = FAMILY_HF[cfg.arch]
+    c = dict(architectures=[arch], model_type=mtype, head_dim=cfg.head_dim, attention_bias=False)
+    if cfg.arch == "qwen3":
+        c.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+    else:
+        c.update(hidden_act=None, hidden_activation="gelu_pytorch_tanh", sliding_window=cfg.n_swa,
+                 rope_local_base_freq=10000.0, query_pre_attn_scalar=cfg.head_dim, final_logit_softcapping=None,
+                 attn_logit_softcapping=None,
+                 rope_scaling={"rope_type": "linear", "factor": cfg.rope_scale_linear} if cfg.rope_scale_linear
+                 else None)
+        if layer_types:
+            c["layer_types"] = ["full_attention" if (il + 1) % 6 == 0 else "sliding_attention"
+                                for il in range(cfg.n_layer)]
+        else:
+            c["sliding_window_pattern"] = 6
+    return c
+
+
+FAMILY_CASES = {
+    # id: (config, shards, gemma layer_types instead of sliding_window_pattern)
+    "qwen3_f32_untied_hd32": (ModelConfig(arch="qwen3", n_vocab=400, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+                                          key_length=32, n_ff=160, n_ctx=256, rope_theta=1e6, norm_eps=1e-6), 1, False),
+    "qwen3_bf16_tied_hd16_sharded": (ModelConfig(arch="qwen3", n_vocab=320, n_embd=64, n_layer=3, n_head=8,
+                                                 n_head_kv=2, key_length=16, n_ff=128, n_ctx=256, dtype="bf16",
+                                                 tied=True), 2, False),
+    # layers 0-4 and 6 slide over 5 tokens (base 10000), layer 5 is global (base 1e6)
+    "gemma3_f32_w5": (ModelConfig(arch="gemma3", n_vocab=400, n_embd=64, n_layer=7, n_head=4, n_head_kv=2,
+                                  key_length=32, n_ff=128, n_ctx=256, n_swa=5, rope_theta=1e6, norm_eps=1e-6,
+                                  tied=True), 1, False),
+    "gemma3_f16_linear8_layer_types": (ModelConfig(arch="gemma3", n_vocab=320, n_embd=64, n_layer=7, n_head=4,
+                                                   n_head_kv=2, key_length=32, n_ff=128, n_ctx=256, n_swa=7,
+                                                   rope_scale_linear=8.0, dtype="f16", tied=True), 1, True),
+    "gemma3_bf16_w6_mqa_sharded": (ModelConfig(arch="gemma3", n_vocab=320, n_embd=64, n_layer=8, n_head=4,
+                                               n_head_kv=1, key_length=64, n_ff=96, n_ctx=256, n_swa=6,
+                                               rope_theta=1e6, dtype="bf16", tied=True), 2, False),
+}
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory) -> dict[str, tuple[Path, Path, ModelConfig]]:
+    d = tmp_path_factory.mktemp("hf_families")
+    out = {}
+    for i, (cid, (base, shards, layer_types)) in enumerate(FAMILY_CASES.items()):
+        cfg = dataclasses.replace(base, name=cid)
+        g = write_model(d / f"{cid}.gguf", cfg, seed=40 + i, tensors=family_norms(cfg, 40 + i))
+        h = write_hf(d / cid, cfg, family_entries(g, cfg), n_shards=shards, **family_config(cfg, layer_types))
+        out[cid] = (g, h, cfg)
+    return out
+
+
+@pytest.mark.parametrize("cid", list(FAMILY_CASES))
+def test_family_folder_matches_gguf_and_reference(kvllm, family_models, tmp_path, cid):
+    """The folder gives the GGUF's logits bit for bit over a text crossing every window (and so do they after
+    `kvllm convert` to GGUF), and they are the reference's."""
+    g, h, cfg = family_models[cid]
+    lg = eval_logits(kvllm, g, FAMILY_TOKENS, tmp_path / "g.bin")
+    res = run_cli(kvllm, "eval", "-m", h, "--tokens", " ".join(map(str, FAMILY_TOKENS)), "-o", tmp_path / "h.bin",
+                  timeout=TIMEOUT, env={"KVLLM_ACT": "f32"})
+    assert res.returncode == 0 and "warn" not in res.err.lower(), res.describe()
+    lh = np.fromfile(tmp_path / "h.bin", dtype="<f4").reshape(len(FAMILY_TOKENS), -1)
+    assert np.array_equal(lh, lg), f"HF vs GGUF: max |diff| {np.abs(lh - lg).max()}"
+    ref = LlamaRef.from_gguf(g).forward(FAMILY_TOKENS)
+    assert np.abs(ref).max() > 0.1 and np.std(ref[-1]) > 1e-3, "degenerate reference"
+    assert rel_err(lg, ref).max() <= TOL, f"GGUF vs reference: {rel_err(lg, ref).max():.3g}"
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", h, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    r = gguf.GGUFReader(back)
+    assert r.get_field("general.architecture").contents() == cfg.arch
+    assert r.get_field(f"{cfg.arch}.attention.key_length").contents() == cfg.head_dim
+    assert r.get_field(f"{cfg.arch}.rope.dimension_count") is None
+    assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
+
+
+def test_gemma3_norm_offset_matters(kvllm, family_models, tmp_path):
+    """A folder holding GGUF's 1 + w as if it were HF's w gives other logits: the test sees a converter that
+    forgot (or doubled) Gemma's offset."""
+    g, _, cfg = family_models["gemma3_f32_w5"]
+    h = write_hf(tmp_path / "unshifted", cfg, family_entries(g, cfg, shift=0.0), **family_config(cfg))
+    lg = eval_logits(kvllm, g, FAMILY_TOKENS, tmp_path / "g.bin")
+    lh = eval_logits(kvllm, h, FAMILY_TOKENS, tmp_path / "h.bin")
+    assert rel_err(lh, lg).max() > 1e-2
+
+
+def _family_bad(cid: str, drop: str | None = None, **over) -> tuple[str, Callable[[Path, Path, ModelConfig], Path]]:
+    """(cid, build): build writes a folder of FAMILY_CASES[cid] with config.json fields overridden (None:
+    null) or the HF tensor `drop` left out."""
+    def build(d: Path, g: Path, cfg: ModelConfig) -> Path:
+        c = family_config(cfg)
+        c.update(over)
+        return write_hf(d, cfg, [e for e in family_entries(g, cfg) if e.name != drop], **c)
+    return cid, build
+
+
+FAMILY_BAD = {
+    "gemma3_local_base": _family_bad("gemma3_f32_w5", rope_local_base_freq=20000.0),
+    "gemma3_query_scalar": _family_bad("gemma3_f32_w5", query_pre_attn_scalar=64),
+    "gemma3_pattern_4": _family_bad("gemma3_f32_w5", sliding_window_pattern=4),
+    "gemma3_layer_types_all_sliding": _family_bad("gemma3_f32_w5", layer_types=["sliding_attention"] * 7),
+    "gemma3_layer_types_short": _family_bad("gemma3_f32_w5", layer_types=["sliding_attention"] * 3),
+    "gemma3_silu": _family_bad("gemma3_f32_w5", hidden_activation="silu"),
+    "gemma3_bidirectional": _family_bad("gemma3_f32_w5", use_bidirectional_attention=True),
+    "gemma3_window_past_context": _family_bad("gemma3_f32_w5", sliding_window=257),
+    "gemma3_no_post_ffw_norm": _family_bad("gemma3_f32_w5", drop="model.layers.3.post_feedforward_layernorm.weight"),
+    "qwen3_sliding": _family_bad("qwen3_f32_untied_hd32", use_sliding_window=True, sliding_window=8),
+    "qwen3_head_dim_odd": _family_bad("qwen3_f32_untied_hd32", head_dim=15),
+    "qwen3_head_dim_vs_tensors": _family_bad("qwen3_f32_untied_hd32", head_dim=16),
+    "qwen3_no_k_norm": _family_bad("qwen3_f32_untied_hd32", drop="model.layers.1.self_attn.k_norm.weight"),
+}
+# what the error line names besides the file (config.json, or the folder for a tensor's error)
+FAMILY_BAD_NAMES = {
+    "gemma3_local_base": "rope_local_base_freq", "gemma3_query_scalar": "query_pre_attn_scalar",
+    "gemma3_pattern_4": "sliding_window_pattern", "gemma3_layer_types_all_sliding": "layer_types[5]",
+    "gemma3_layer_types_short": "layer_types", "gemma3_silu": "hidden_activation",
+    "gemma3_bidirectional": "use_bidirectional_attention", "gemma3_window_past_context": "sliding_window",
+    "gemma3_no_post_ffw_norm": "blk.3.post_ffw_norm.weight", "qwen3_sliding": "use_sliding_window",
+    "qwen3_head_dim_odd": "head_dim", "qwen3_head_dim_vs_tensors": "blk.0.attn_q.weight",
+    "qwen3_no_k_norm": "blk.1.attn_k_norm.weight",
+}
+
+
+@pytest.fixture(scope="module")
+def family_bad_folders(tmp_path_factory, family_models) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("hf_families_bad")
+    out = {}
+    for name, (cid, build) in FAMILY_BAD.items():
+        g, _, cfg = family_models[cid]
+        out[name] = build(d / name, g, cfg)
+    return out
+
+
+@pytest.mark.parametrize("case", list(FAMILY_BAD))
+def test_family_bad_folder_refused(binary, family_bad_folders, case):
+    folder = family_bad_folders[case]
+    res = run_cli(binary, "run", "-m", folder, "-n", "4", "-q", timeout=TIMEOUT)
+    check_refused(res, folder.name if FAMILY_BAD_NAMES[case].startswith("blk.") else "config.json")
+    err = next(ln for ln in res.err.splitlines() if ln.startswith("kvllm: error:"))
+    assert FAMILY_BAD_NAMES[case] in err, err

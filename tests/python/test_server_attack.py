@@ -618,6 +618,36 @@ def test_many_constrained_samples_share_matchers(kvllm, stories):
         stopped_ok(s)
 
 
+def test_logprobs_amplification_is_bounded(kvllm, stories):
+    """One ~2 KB request of 16 prompts x n = 32 x 250 tokens with logprobs 20, not streamed, built a 69 MB
+    answer from an 811 MB peak that stayed: now a 400 at once naming the budget (64 MB), while an eighth of it
+    streamed (too large whole) and a sixteenth of it whole are served; the memory comes back after each."""
+    s = Server(kvllm, *stories_args(stories))
+    big = {"prompt": ["Once"] * 16, "n": 32, "max_tokens": 250, "ignore_eos": True, "logprobs": 20}
+    try:
+        ok(s, "/v1/completions", {"prompt": ["Once"] * 2, "n": 32, "max_tokens": 250, "ignore_eos": True})  # the level
+        rss0 = s.wait_rss_below(1 << 30)
+        with Probe(s) as probe, RssPeak(s) as peak:
+            t0 = time.monotonic()
+            st, r = s.post("/v1/completions", big)
+            dt = time.monotonic() - t0
+            assert st == 400 and r["error"]["code"] == "response_too_large" and r["error"]["param"] == "logprobs", r
+            assert dt < 1.0, dt
+            print(f"logprobs amplification: 400 in {dt:.3f} s: {r['error']['message']}")
+            one = ok(s, "/v1/completions", big | {"prompt": ["Once"]})          # 43 MB by the estimate: built
+            assert len(one["choices"]) == 32 and len(one["choices"][0]["logprobs"]["top_logprobs"]) == 250
+            st, _, raw = s.request("POST", "/v1/completions", big | {"prompt": ["Once"] * 2, "stream": True})
+            assert st == 200 and raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
+        probe.check("logprobs amplification")
+        rss1 = s.wait_rss_below(rss0 + 8 * 1024)
+        print(f"logprobs amplification: RSS {rss0} kB before, peak {peak.peak} kB, {rss1} kB after; streamed "
+              f"{len(raw) >> 20} MB")
+        assert peak.peak < rss0 + 96 * 1024, (rss0, peak.peak)
+        assert rss1 < rss0 + 8 * 1024, (rss0, rss1)
+    finally:
+        stopped_ok(s)
+
+
 # ---- a sequence the engine failed -----------------------------------------------------------
 
 def test_engine_error_answers_500(kvllm, tmp_path):

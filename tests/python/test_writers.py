@@ -16,6 +16,7 @@ import hashlib
 import os
 import resource
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -111,6 +112,50 @@ def test_quantize_same_file_refused(kvllm, gguf_model):
     after = tree(gguf_model.parent)
     assert after.pop("hard.gguf") == before["x.gguf"]
     assert after == before
+
+
+# ---- an output that is not a regular file (a folder, for --to hf) is refused ------
+
+def not_regular_outputs(tmp_path: Path) -> list[tuple[Path, str]]:
+    """A FIFO, a folder and, where this process may make one, a character device like /dev/null (in tmp_path:
+    a writer that replaced it replaces a copy, never the machine's)."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    outs = [(tmp_path / "fifo", "a FIFO"), (tmp_path / "dir", "a folder")]
+    try:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        outs.append((tmp_path / "null", "a character device"))
+    except OSError:
+        pass
+    return outs
+
+
+@pytest.mark.parametrize("writer", ["convert", "quantize"])
+def test_output_not_a_regular_file_refused(kvllm, gguf_model, tmp_path, writer):
+    """`-o /dev/full` (or /dev/null, as root) renamed a regular file over the device node and exited 0: an
+    output that exists and is not a regular file is refused, and left as it was."""
+    args = {"convert": lambda out: ["convert", gguf_model, "-o", out],
+            "quantize": lambda out: ["quantize", gguf_model, out, "Q8_0"]}[writer]
+    for out, kind in not_regular_outputs(tmp_path):
+        before = os.lstat(out)
+        refused(run_cli(kvllm, *args(out)), f"is {kind}")
+        after = os.lstat(out)
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), out
+
+
+def test_hf_output_not_a_folder_refused(kvllm, gguf_model, tmp_path):
+    f = tmp_path / "file"
+    f.write_bytes(b"keep")
+    refused(run_cli(kvllm, "convert", gguf_model, "--to", "hf", "-o", f), "is a regular file")
+    assert f.read_bytes() == b"keep"
+
+
+def test_failed_hf_write_leaves_no_folder(kvllm, gguf_model, tmp_path):
+    """convert --to hf that fails on a full disk (EFBIG here) left the empty folder it had made."""
+    d = tmp_path / "new-hf"
+    res = run_limited(kvllm, "convert", gguf_model, "--to", "hf", "-o", d, kill=False)
+    assert res.returncode == 1, res.stderr.decode()[-2000:]
+    assert not d.exists(), list(d.iterdir())
 
 
 # ---- an interrupted write leaves the old target intact --------------------------

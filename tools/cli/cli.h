@@ -22,6 +22,12 @@ int bench_serve_cmd(int argc, char **argv);
 #include <stdbool.h>
 #include <stdint.h>
 bool cli_is_help(const char *arg);
+/* The output of a command that writes a file beside OUT and renames it over
+ * OUT (folder false), or that fills the folder OUT (true): OUT must not
+ * exist yet, or be a regular file (a folder).  A rename over a device node
+ * (-o /dev/full, or /dev/null as root) replaces the node.  0, or 1 with the
+ * reason printed. */
+int cli_out_kind_check(const char *cmd, const char *out, bool folder);
 /* Parse a number for option `opt`; on error prints "kvllm: error: ..." and returns false. */
 bool cli_int(const char *opt, const char *s, long lo, long hi, long *out);
 bool cli_float(const char *opt, const char *s, double lo, double hi, double *out);

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,20 @@ void cli_error(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a folder" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISREG(m) ? "a regular file" : "not a regular file";
+}
+
+int cli_out_kind_check(const char *cmd, const char *out, bool folder) {
+    struct stat st;
+    if (stat(out, &st) != 0) return 0;   /* absent: made; unreadable: the writer says why */
+    if (folder ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) return 0;
+    cli_error("%s: the output %s is %s; write to a %s or to a path that does not exist yet", cmd, out,
+              file_kind(st.st_mode), folder ? "folder" : "regular file");
+    return 1;
 }
 
 bool cli_is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }

@@ -14,6 +14,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *k_usage =
     "usage: kvllm convert IN [--to gguf|hf] -o OUT [--tokenizer PATH]\n"
@@ -49,6 +51,10 @@ int cmd_convert(int argc, char **argv) {
     /* the output replaces its target only when complete (a temporary file
      * renamed into place), but an output that is the input is refused anyway */
     if (out_path_check("convert", out, in) || (tok && out_path_check("convert", out, tok))) return 1;
+    const bool folder = !strcmp(to, "hf");
+    if (cli_out_kind_check("convert", out, folder)) return 1;
+    struct stat st;
+    const bool existed = stat(out, &st) == 0;
     struct gguf *g = NULL;
     int rc;
     if (gguf_is_gguf(in)) rc = gguf_open(in, &g);
@@ -56,7 +62,10 @@ int cmd_convert(int argc, char **argv) {
     else if (hf_is_folder(in)) rc = hf_open(in, &g);
     else { cli_error("%s: not a GGUF file, a llama2.c checkpoint nor a Hugging Face folder", in); return 1; }
     if (!rc && tok) rc = copy_vocab(g, tok);
-    if (!rc) rc = strcmp(to, "hf") ? gguf_write(g, out) : hf_write(g, out);
+    if (!rc) rc = folder ? hf_write(g, out) : gguf_write(g, out);
+    /* hf_write renames its files into the folder only once all are written:
+     * a folder it made for a conversion that failed (a full disk) is empty */
+    if (rc && folder && !existed) rmdir(out);
     if (!rc) fprintf(stderr, "kvllm: wrote %s (%llu tensors, %llu metadata keys)\n", out,
                      (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);
     gguf_free(g);

@@ -291,6 +291,7 @@ int cmd_quantize(int argc, char **argv) {
         return 2;
     }
     if (out_path_check("quantize", out, in)) return 1; /* OUT is written whole (gguf_write), but never over IN */
+    if (cli_out_kind_check("quantize", out, false)) return 1;
     if (!gguf_is_gguf(in)) { cli_error("%s: not a GGUF file", in); return 1; }
 
     struct gguf *src = NULL, *dst = NULL;

@@ -10,27 +10,41 @@ static const struct { const char *name; int blk; size_t bytes; bool ok; } k_type
     [1]  = { "F16",  1, 2, true },
     [2]  = { "Q4_0", QK4_0, sizeof(struct block_q4_0), true },
     [3]  = { "Q4_1", QK4_1, sizeof(struct block_q4_1), true },
-    [6]  = { "Q5_0", 32, 22, false },
-    [7]  = { "Q5_1", 32, 24, false },
+    [6]  = { "Q5_0", QK5_0, sizeof(struct block_q5_0), true },
+    [7]  = { "Q5_1", QK5_1, sizeof(struct block_q5_1), true },
     [8]  = { "Q8_0", QK8_0, sizeof(struct block_q8_0), true },
     [9]  = { "Q8_1", 32, 36, false },
-    [10] = { "Q2_K", 256, 84, false },
-    [11] = { "Q3_K", 256, 110, false },
+    [10] = { "Q2_K", QK_K, sizeof(struct block_q2_K), true },
+    [11] = { "Q3_K", QK_K, sizeof(struct block_q3_K), true },
     [12] = { "Q4_K", QK_K, sizeof(struct block_q4_K), true },
     [13] = { "Q5_K", QK_K, sizeof(struct block_q5_K), true },
     [14] = { "Q6_K", QK_K, sizeof(struct block_q6_K), true },
     [15] = { "Q8_K", 256, 292, false },
+    [16] = { "IQ2_XXS", 256, 66, false },
+    [17] = { "IQ2_XS", 256, 74, false },
+    [18] = { "IQ3_XXS", 256, 98, false },
+    [19] = { "IQ1_S", 256, 50, false },
+    [20] = { "IQ4_NL", QK4_NL, sizeof(struct block_iq4_nl), true },
+    [21] = { "IQ3_S", 256, 110, false },
+    [22] = { "IQ2_S", 256, 82, false },
+    [23] = { "IQ4_XS", QK_K, sizeof(struct block_iq4_xs), true },
     [24] = { "I8",   1, 1, false },
     [25] = { "I16",  1, 2, false },
     [26] = { "I32",  1, 4, false },
     [27] = { "I64",  1, 8, false },
     [28] = { "F64",  1, 8, false },
+    [29] = { "IQ1_M", 256, 56, false },
     [30] = { "BF16", 1, 2, true },
+    [34] = { "TQ1_0", 256, 54, false },
+    [35] = { "TQ2_0", 256, 66, false },
+    [39] = { "MXFP4", QK_MXFP4, sizeof(struct block_mxfp4), true },
 };
 
 _Static_assert(sizeof(struct block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(struct block_q4_1) == 20, "q4_1 layout");
 _Static_assert(sizeof(struct block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(struct block_q5_0) == 22, "q5_0 layout");
+_Static_assert(sizeof(struct block_q5_1) == 24, "q5_1 layout");
 
 bool dtype_supported(uint32_t t) { return t < DTYPE_COUNT_ && k_types[t].ok; }
 const char *dtype_name(uint32_t t) { return t < DTYPE_COUNT_ && k_types[t].name ? k_types[t].name : "?"; }
@@ -140,6 +154,26 @@ static void dequant_q4_1(const struct block_q4_1 *b, float *y, int64_t nb) {
     }
 }
 
+/* The 5-bit code of element j (< 32) of a Q5_0 / Q5_1 block (dtype.h). */
+static inline int q5_code(const uint8_t qh[4], const uint8_t qs[16], int j) {
+    const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    return (j < 16 ? qs[j] & 0xf : qs[j - 16] >> 4) | (int)((h >> j) & 1) << 4;
+}
+
+static void dequant_q5_0(const struct block_q5_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK5_0) {
+        float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK5_0; j++) y[j] = (float)(q5_code(b[i].qh, b[i].qs, j) - 16) * d;
+    }
+}
+
+static void dequant_q5_1(const struct block_q5_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK5_1) {
+        float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        for (int j = 0; j < QK5_1; j++) y[j] = (float)q5_code(b[i].qh, b[i].qs, j) * d + m;
+    }
+}
+
 static void dequant_q8_0(const struct block_q8_0 *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, y += QK8_0) {
         float d = f16_to_f32(b[i].d);
@@ -162,43 +196,96 @@ void dtype_to_f32(uint32_t t, const void *src, float *dst, int64_t n) {
     }
     case DTYPE_Q4_0: dequant_q4_0(src, dst, n / QK4_0); break;
     case DTYPE_Q4_1: dequant_q4_1(src, dst, n / QK4_1); break;
+    case DTYPE_Q5_0: dequant_q5_0(src, dst, n / QK5_0); break;
+    case DTYPE_Q5_1: dequant_q5_1(src, dst, n / QK5_1); break;
     case DTYPE_Q8_0: dequant_q8_0(src, dst, n / QK8_0); break;
     case DTYPE_Q4_K: dequant_q4_K(src, dst, n / QK_K); break;
     case DTYPE_Q5_K: dequant_q5_K(src, dst, n / QK_K); break;
     case DTYPE_Q6_K: dequant_q6_K(src, dst, n / QK_K); break;
+    case DTYPE_Q2_K: dequant_q2_K(src, dst, n / QK_K); break;
+    case DTYPE_Q3_K: dequant_q3_K(src, dst, n / QK_K); break;
+    case DTYPE_IQ4_NL: dequant_iq4_nl(src, dst, n / QK4_NL); break;
+    case DTYPE_IQ4_XS: dequant_iq4_xs(src, dst, n / QK_K); break;
+    case DTYPE_MXFP4: dequant_mxfp4(src, dst, n / QK_MXFP4); break;
     default: break;
     }
 }
 
+/* The two fits of ggml's 32-element reference quantizers, on one block.
+ * Symmetric (quantize_row_q4_0_ref, q5_0_ref): d = max / -half, max the
+ * element of largest magnitude (it maps to code 0), codes min(2 half - 1,
+ * (int)(x / d + half + 0.5)).  Min-max (q4_1_ref, q5_1_ref): d = (max -
+ * min) / top, codes min(top, (int)((x - min) / d + 0.5)), the offset min in
+ * *mn.  Both return d. */
+static float fit_sym(const float *x, int half, int q[32]) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+    const float d = max / (float)-half, id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        q[j] = (int)(x[j] * id + ((float)half + 0.5f));
+        q[j] = q[j] > 2 * half - 1 ? 2 * half - 1 : q[j];
+    }
+    return d;
+}
+
+static float fit_minmax(const float *x, int top, int q[32], float *mn_out) {
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; j++) { mn = x[j] < mn ? x[j] : mn; mx = x[j] > mx ? x[j] : mx; }
+    const float d = (mx - mn) / (float)top, id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        q[j] = (int)((x[j] - mn) * id + 0.5f);
+        q[j] = q[j] > top ? top : q[j];
+    }
+    *mn_out = mn;
+    return d;
+}
+
+/* Codes 0..31 into qs (low 4 bits: element j < 16 the low nibble of qs[j],
+ * 16 + j the high one) and, for 5-bit types, qh (bit e: bit 4 of code e). */
+static void pack_nibbles(const int q[32], uint8_t qs[16]) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 0xf) | (q[j + 16] & 0xf) << 4);
+}
+static void pack_q5(const int q[32], uint8_t qh[4], uint8_t qs[16]) {
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++) h |= (uint32_t)(q[j] >> 4 & 1) << j;
+    for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> 8 * k);
+    pack_nibbles(q, qs);
+}
+
 static void quant_q4_0(const float *x, struct block_q4_0 *b, int64_t nb) {
+    int q[32];
     for (int64_t i = 0; i < nb; i++, x += QK4_0) {
-        float amax = 0, max = 0;
-        for (int j = 0; j < QK4_0; j++)
-            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
-        float d = max / -8, id = d ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + QK4_0 / 2] * id + 8.5f);
-            q0 = q0 > 15 ? 15 : q0;
-            q1 = q1 > 15 ? 15 : q1;
-            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
+        b[i].d = f32_to_f16(fit_sym(x, 8, q));
+        pack_nibbles(q, b[i].qs);
     }
 }
 
 static void quant_q4_1(const float *x, struct block_q4_1 *b, int64_t nb) {
+    int q[32];
+    float mn;
     for (int64_t i = 0; i < nb; i++, x += QK4_1) {
-        float mn = x[0], mx = x[0];
-        for (int j = 1; j < QK4_1; j++) { mn = x[j] < mn ? x[j] : mn; mx = x[j] > mx ? x[j] : mx; }
-        float d = (mx - mn) / 15, id = d ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
+        b[i].d = f32_to_f16(fit_minmax(x, 15, q, &mn));
         b[i].m = f32_to_f16(mn);
-        for (int j = 0; j < QK4_1 / 2; j++) {
-            int q0 = (int)((x[j] - mn) * id + 0.5f), q1 = (int)((x[j + QK4_1 / 2] - mn) * id + 0.5f);
-            q0 = q0 > 15 ? 15 : q0;
-            q1 = q1 > 15 ? 15 : q1;
-            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
+        pack_nibbles(q, b[i].qs);
+    }
+}
+
+static void quant_q5_0(const float *x, struct block_q5_0 *b, int64_t nb) {
+    int q[32];
+    for (int64_t i = 0; i < nb; i++, x += QK5_0) {
+        b[i].d = f32_to_f16(fit_sym(x, 16, q));
+        pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
+static void quant_q5_1(const float *x, struct block_q5_1 *b, int64_t nb) {
+    int q[32];
+    float mn;
+    for (int64_t i = 0; i < nb; i++, x += QK5_1) {
+        b[i].d = f32_to_f16(fit_minmax(x, 31, q, &mn));
+        b[i].m = f32_to_f16(mn);
+        pack_q5(q, b[i].qh, b[i].qs);
     }
 }
 
@@ -227,10 +314,17 @@ void dtype_from_f32(uint32_t t, const float *src, void *dst, int64_t n) {
     }
     case DTYPE_Q4_0: quant_q4_0(src, dst, n / QK4_0); break;
     case DTYPE_Q4_1: quant_q4_1(src, dst, n / QK4_1); break;
+    case DTYPE_Q5_0: quant_q5_0(src, dst, n / QK5_0); break;
+    case DTYPE_Q5_1: quant_q5_1(src, dst, n / QK5_1); break;
     case DTYPE_Q8_0: quant_q8_0(src, dst, n / QK8_0); break;
     case DTYPE_Q4_K: quant_q4_K(src, dst, n / QK_K); break;
     case DTYPE_Q5_K: quant_q5_K(src, dst, n / QK_K); break;
     case DTYPE_Q6_K: quant_q6_K(src, dst, n / QK_K); break;
+    case DTYPE_Q2_K: quant_q2_K(src, dst, n / QK_K); break;
+    case DTYPE_Q3_K: quant_q3_K(src, dst, n / QK_K); break;
+    case DTYPE_IQ4_NL: quant_iq4_nl(src, dst, n / QK4_NL); break;
+    case DTYPE_IQ4_XS: quant_iq4_xs(src, dst, n / QK_K); break;
+    case DTYPE_MXFP4: quant_mxfp4(src, dst, n / QK_MXFP4); break;
     default: break;
     }
 }

@@ -193,14 +193,14 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
                                f->avx512vl && f->avx512vnni && f->avx2 && f->fma && f->f16c && f->amx_tile &&
                                f->amx_int8 && f->amx_os && cpu_amx_permit() == 0 },
     };
-    static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1 };
+    static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1 };
     static const int64_t Ks[] = { 32, 64, 96, 2048, MAX_K };
     static const int64_t Ms[] = { 1, 2, 3, 9, 17, 40 };
     static const int ns[] = { 1, 2, 3, 4, 7, 64, 130 };
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
         if (!sets[s].ok) { printf("SKIP: q8 group %s (this CPU or build lacks it)\n", sets[s].name); continue; }
         int cases = 0;
-        for (size_t it = 0; it < 3; it++)
+        for (size_t it = 0; it < sizeof types / sizeof *types; it++)
             for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++)
                 for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) {
                     const int64_t K = Ks[ik], M = Ms[im];
@@ -335,8 +335,9 @@ int main(void) {
     if (!B.scalar || !B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
     if (threadpool_size(cpu_ctx_of(B.avx2[1])->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 
-    static const uint32_t types[] = { DTYPE_F32, DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
-                                      DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+    static const uint32_t types[] = { DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0,   DTYPE_Q4_0,   DTYPE_Q4_1,
+                                      DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q2_K, DTYPE_Q3_K,   DTYPE_Q4_K,   DTYPE_Q5_K,
+                                      DTYPE_Q6_K, DTYPE_IQ4_NL, DTYPE_IQ4_XS, DTYPE_MXFP4 };
     /* 13 and 100: not whole blocks (float types only); 256 and 768: K-quant super-blocks */
     static const int64_t Ks[] = { 32, 96, MAX_K, 13, 100, 256, 768 };
     static const int64_t Ms[] = { 1, 7, 33 };

@@ -289,8 +289,9 @@ static void judge(enum op op, float *const *outs, size_t n, const double *ref, d
 
 /* ---- matmul and get_rows: every weight type the loader accepts ---- */
 
-static const uint32_t k_wtypes[] = { DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_0,
-                                     DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+static const uint32_t k_wtypes[] = { DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q8_0,   DTYPE_Q4_0,   DTYPE_Q4_1,
+                                     DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q2_K, DTYPE_Q3_K,   DTYPE_Q4_K,   DTYPE_Q5_K,
+                                     DTYPE_Q6_K, DTYPE_IQ4_NL, DTYPE_IQ4_XS, DTYPE_MXFP4 };
 #define N_WTYPES ((int)(sizeof k_wtypes / sizeof *k_wtypes))
 
 /* A row length for type: float types any (mostly not a multiple of 8),

@@ -75,7 +75,7 @@ static void test_quant(uint32_t type, float step_frac) {
             mn = fminf(mn, v);
             mx = fmaxf(mx, v);
         }
-        float bound = (type == DTYPE_Q4_1 ? (mx - mn) : amax) * step_frac * 1.01f + 1e-3f * amax;
+        float bound = (type == DTYPE_Q4_1 || type == DTYPE_Q5_1 ? (mx - mn) : amax) * step_frac * 1.01f + 1e-3f * amax;
         for (int j = 0; j < 32; j++) {
             float e = fabsf(x[b * 32 + j] - y[b * 32 + j]);
             over += e > bound;
@@ -88,6 +88,29 @@ static void test_quant(uint32_t type, float step_frac) {
     uint64_t bytes;
     CHECK(dtype_row_bytes(type, N, &bytes) && bytes == (uint64_t)(N / 32) * dtype_block_bytes(type));
     CHECK(!dtype_row_bytes(type, 33, &bytes));
+}
+
+/* Hand-built Q5 blocks: the fifth bit of element e is bit e of qh. */
+static void test_q5_layout(void) {
+    float y[32];
+    struct block_q5_0 b0;
+    memset(&b0, 0, sizeof b0);
+    b0.d = f32_to_f16(0.5f);
+    b0.qs[3] = 0x72;                             /* element 3: low nibble 2; element 19: high nibble 7 */
+    b0.qh[0] = 1 << 3;                           /* element 3: + 16 */
+    b0.qh[2] = 1 << 3;                           /* element 19 */
+    b0.qh[3] = 1 << 7;                           /* element 31 (nibble 0): 16 */
+    dtype_to_f32(DTYPE_Q5_0, &b0, y, 32);
+    CHECK_MSG(y[3] == 0.5f * (18 - 16) && y[19] == 0.5f * (23 - 16) && y[31] == 0.0f && y[0] == -8.0f,
+              "q5_0: y[3] %g y[19] %g y[31] %g y[0] %g", y[3], y[19], y[31], y[0]);
+    struct block_q5_1 b1;
+    memset(&b1, 0, sizeof b1);
+    b1.d = f32_to_f16(0.25f);
+    b1.m = f32_to_f16(-1.0f);
+    b1.qs[15] = 0xf0;                            /* element 31: high nibble 15 */
+    b1.qh[3] = 1 << 7;
+    dtype_to_f32(DTYPE_Q5_1, &b1, y, 32);
+    CHECK_MSG(y[31] == 0.25f * 31 - 1.0f && y[15] == -1.0f, "q5_1: y[31] %g y[15] %g", y[31], y[15]);
 }
 
 /* ---- K-quants ---- */
@@ -151,7 +174,9 @@ static void test_k_quant(uint32_t type, double rel, float steps) {
     for (int i = 0; i < N; i++) x[i] = tu_gauss(&s) * (0.01f + (float)((i / QK_K) % 5));
     dtype_from_f32(type, x, q, N);
     dtype_to_f32(type, q, y, N);
-    const int nmax = type == DTYPE_Q4_K ? 15 : type == DTYPE_Q5_K ? 31 : 63;
+    /* levels - 1 (IQ4_XS: 16 values, non-uniform) */
+    const int nmax = type == DTYPE_Q2_K ? 3 : type == DTYPE_Q3_K ? 7 : type == DTYPE_Q4_K || type == DTYPE_IQ4_XS ? 15
+                   : type == DTYPE_Q5_K ? 31 : 63;
     double err = 0, ref = 0, worst = 0;
     int over = 0;
     for (int b = 0; b < NB; b++) {
@@ -211,8 +236,9 @@ static void test_k_edges(uint32_t type) {
         }
         if (c == 0) CHECK_MSG(emax == 0, "%s: zeros decode to %g", dtype_name(type), emax);
         /* K-quant steps are at least range / 63 apart; allow a few and f16 scale rounding */
+        /* Q2_K: 4 levels per 16 elements, the low one pinned at -min */
         if (c < 6)
-            CHECK_MSG(emax <= 0.25f * amax, "%s case %d: max error %g for amax %g", dtype_name(type), c, emax, amax);
+            CHECK_MSG(emax <= (type == DTYPE_Q2_K ? 0.3f : 0.25f) * amax, "%s case %d: max error %g for amax %g", dtype_name(type), c, emax, amax);
     }
     CHECK_MSG(bad == 0, "%s: %d non-finite decoded values", dtype_name(type), bad);
 }
@@ -223,16 +249,26 @@ int main(void) {
     test_quant(DTYPE_Q8_0, 0.5f / 127);  /* half a step of amax/127 */
     test_quant(DTYPE_Q4_0, 1.0f / 8);    /* step amax/8 (one half step, plus clamping at +8) */
     test_quant(DTYPE_Q4_1, 0.5f / 15);   /* half a step of (max-min)/15 */
+    test_quant(DTYPE_Q5_0, 1.0f / 16);   /* step amax/16 (one half step, plus clamping at +16) */
+    test_quant(DTYPE_Q5_1, 0.5f / 31);   /* half a step of (max-min)/31 */
+    test_q5_layout();
+    test_quant(DTYPE_IQ4_NL, 0.15f);     /* half the widest gap of kvalues_iq4nl (89 .. 113) is 12 / 127 of amax,
+                                            widened by the weighted fit of the scale */
+    test_quant(DTYPE_MXFP4, 0.25f);      /* amax in [8, 16) e-steps, the top value 12: clipping up to 4 steps */
     test_k_layout();
     /* measured 0.0713 / 0.0361 / 0.0177 (bit-identical to a transcription of ggml's reference quantizers) */
     test_k_quant(DTYPE_Q4_K, 0.080, 1.0f);
     test_k_quant(DTYPE_Q5_K, 0.040, 1.0f);
     test_k_quant(DTYPE_Q6_K, 0.020, 1.0f);
-    for (uint32_t t = DTYPE_Q4_K; t <= DTYPE_Q6_K; t++) test_k_edges(t);
+    test_k_quant(DTYPE_Q2_K, 0.31, 1.0f);   /* measured 0.297, as ggml's (byte-identical blocks) */
+    test_k_quant(DTYPE_Q3_K, 0.20, 1.0f);
+    test_k_quant(DTYPE_IQ4_XS, 0.12, 1.0f);
+    static const uint32_t k_types[] = { DTYPE_Q2_K, DTYPE_Q3_K, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_IQ4_XS };
+    for (size_t i = 0; i < sizeof k_types / sizeof *k_types; i++) test_k_edges(k_types[i]);
     CHECK(dtype_block_bytes(DTYPE_Q4_K) == 144 && dtype_block_bytes(DTYPE_Q5_K) == 176 &&
           dtype_block_bytes(DTYPE_Q6_K) == 210);
     CHECK(!strcmp(dtype_name(DTYPE_Q4_K), "Q4_K") && !strcmp(dtype_name(DTYPE_Q6_K), "Q6_K"));
-    CHECK(dtype_supported(DTYPE_F16) && dtype_supported(DTYPE_Q5_K) && !dtype_supported(11) &&
+    CHECK(dtype_supported(DTYPE_F16) && dtype_supported(DTYPE_Q5_K) && !dtype_supported(9) &&
           !dtype_supported(15) && !dtype_supported(200));
     CHECK(!strcmp(dtype_name(DTYPE_BF16), "BF16") && !strcmp(dtype_name(999), "?"));
     return check_report("test_tensor_dtype");

@@ -14,8 +14,8 @@
  * A row length (ne[0]) that is not a whole number of blocks of the chosen
  * type falls back, counted in one warning line on stderr (grouped by type
  * and row length, naming the first tensor of each group):
- *   Q4_K -> Q4_1, Q5_K and Q6_K -> Q8_0 (the output in a mix: Q8_0, as llama.cpp) (llama.cpp uses Q5_0 / Q5_1 / Q8_0;
- *   kvllm has no Q5_0 / Q5_1, so the nearest type it computes with);
+ *   Q2_K, Q3_K, IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0
+ *   (the output in a mix: Q8_0), as llama.cpp's convert_incompatible_tensor;
  *   a 32-element block type that does not fit either -> F16.
  * A tensor already in its target type is copied byte for byte.  Others are
  * dequantized row by row with dtype_to_f32 and quantized with the reference
@@ -24,8 +24,8 @@
  * already in a block-quantized type that would change type (to another
  * quantized type or back to a float one) needs --allow-requantize; every
  * tensor's type is decided, and OUT checked to be creatable, before any work.  general.file_type is set in llama.cpp's
- * LLAMA_FTYPE numbering (a pure K type as its _S variant: Q4_K 14, Q5_K 16,
- * Q6_K 18). */
+ * LLAMA_FTYPE numbering (a pure K type as its _S variant: Q3_K 11, Q4_K 14,
+ * Q5_K 16, Q6_K 18; MXFP4 as MXFP4_MOE 38). */
 #include "cli.h"
 #include "core/core.h"
 #include "core/threadpool.h"
@@ -41,7 +41,8 @@
 
 static const char *k_usage =
     "usage: kvllm quantize IN.gguf OUT.gguf TYPE [N] [-t N] [--allow-requantize]\n"
-    "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K: every weight matrix in TYPE\n"
+    "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4:\n"
+    "        every weight matrix in TYPE\n"
     "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
     "  -t, --threads N     threads (default: all CPUs); the output is the same for any N; a number\n"
     "                      after TYPE is the same (llama-quantize's nthreads)\n"
@@ -50,9 +51,9 @@ static const char *k_usage =
     "                      the F16/F32 original instead).  Tensors already in their target type are\n"
     "                      copied as they are and need no flag.\n"
     "  1-D tensors (norms) are copied unchanged.  A matrix whose row length is not a whole\n"
-    "  number of the type's blocks falls back (K types: Q4_K -> Q4_1, Q5_K/Q6_K -> Q8_0;\n"
-    "  32-blocks -> F16); one warning line counts them.  OUT is checked to be writable before\n"
-    "  any work.  Progress and a summary go to stderr.\n";
+    "  number of the type's blocks falls back (Q2_K/Q3_K/IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1,\n"
+    "  Q6_K -> Q8_0; 32-blocks -> F16); one warning line counts them.  OUT is checked to be writable\n"
+    "  before any work.  Progress and a summary go to stderr.\n";
 
 enum mix { MIX_NONE, MIX_Q4_K_M, MIX_Q5_K_M };
 
@@ -63,9 +64,16 @@ static const struct { const char *name; uint32_t type; uint32_t ftype; enum mix 
     { "Q8_0",   DTYPE_Q8_0, 7,  MIX_NONE },
     { "Q4_0",   DTYPE_Q4_0, 2,  MIX_NONE },
     { "Q4_1",   DTYPE_Q4_1, 3,  MIX_NONE },
+    { "Q5_0",   DTYPE_Q5_0, 8,  MIX_NONE },
+    { "Q5_1",   DTYPE_Q5_1, 9,  MIX_NONE },
+    { "Q2_K",   DTYPE_Q2_K, 10, MIX_NONE },
+    { "Q3_K",   DTYPE_Q3_K, 11, MIX_NONE },
     { "Q4_K",   DTYPE_Q4_K, 14, MIX_NONE },
     { "Q5_K",   DTYPE_Q5_K, 16, MIX_NONE },
     { "Q6_K",   DTYPE_Q6_K, 18, MIX_NONE },
+    { "IQ4_NL", DTYPE_IQ4_NL, 25, MIX_NONE },
+    { "IQ4_XS", DTYPE_IQ4_XS, 30, MIX_NONE },
+    { "MXFP4",  DTYPE_MXFP4, 38, MIX_NONE },
     { "Q4_K_M", DTYPE_Q4_K, 15, MIX_Q4_K_M },
     { "Q5_K_M", DTYPE_Q5_K, 17, MIX_Q5_K_M },
 };
@@ -112,7 +120,8 @@ static uint32_t mix_type(enum mix mix, uint32_t base, const char *name, struct m
 
 /* The type a row of ne0 elements can really take when `want` does not fit. */
 static uint32_t fallback_type(uint32_t want, int64_t ne0) {
-    uint32_t t = want == DTYPE_Q4_K ? DTYPE_Q4_1 : (want == DTYPE_Q5_K || want == DTYPE_Q6_K) ? DTYPE_Q8_0 : DTYPE_F16;
+    uint32_t t = want == DTYPE_Q4_K ? DTYPE_Q5_0 : want == DTYPE_Q5_K ? DTYPE_Q5_1 : want == DTYPE_Q6_K ? DTYPE_Q8_0
+               : want == DTYPE_Q2_K || want == DTYPE_Q3_K || want == DTYPE_IQ4_XS ? DTYPE_IQ4_NL : DTYPE_F16;
     return ne0 % dtype_block_elems(t) ? DTYPE_F16 : t;
 }
 
@@ -286,8 +295,10 @@ int cmd_quantize(int argc, char **argv) {
     for (size_t i = 0; i < sizeof k_targets / sizeof *k_targets; i++)
         if (!strcasecmp(pos[2], k_targets[i].name)) ti = (int)i;
     if (ti < 0) {
-        cli_error("quantize: unknown TYPE '%s' (valid: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K Q4_K_M Q5_K_M)",
-                  pos[2]);
+        char valid[256] = "";
+        for (size_t i = 0; i < sizeof k_targets / sizeof *k_targets; i++)
+            snprintf(valid + strlen(valid), sizeof valid - strlen(valid), "%s%s", i ? " " : "", k_targets[i].name);
+        cli_error("quantize: unknown TYPE '%s' (valid: %s)", pos[2], valid);
         return 2;
     }
     if (out_path_check("quantize", out, in)) return 1; /* OUT is written whole (gguf_write), but never over IN */

@@ -10,7 +10,7 @@
  * 16 rows at once:
  *   B (tile TB): K / 4 rows of 64 bytes, row k = bytes 4k .. 4k+3 of each
  *     weight row — TENSOR_Q8X16's runs, so Q8_0 loads its block straight
- *     from the group; the 4-bit and K-quant codes are unpacked to bytes
+ *     from the group; the 4- and 5-bit and K-quant codes are unpacked to bytes
  *     (AVX-512) into wbuf first, once per group and block, and the tile is
  *     used by every token tile of the chunk;
  *   A (TA; TAT for the last n % 16 tokens): one row per token, loaded
@@ -18,7 +18,7 @@
  *   C (TC; TCT) = A · B: tdpbssd for Q8_0 (signed × signed), tdpbsud for
  *     the rest (signed activations × unsigned codes), stored to cbuf.
  * Then AVX-512 does exactly what matmul_q8_kern.h does per (token, block)
- * with one lane per weight row: Q4_0's - 8 xs and Q6_K's - 32 xs16 added
+ * with one lane per weight row: Q4_0's - 8 xs (Q5_0's - 16 xs) and Q6_K's - 32 xs16 added
  * in int32, the K-quants' sc · P summed in int32 (vpmulld) and their mins
  * by vpmaddwd, then the same conversions and FMAs in the same order.  The
  * integer values are the same exact sums (no overflow: qmm.h, qmm_k.c), so
@@ -104,7 +104,8 @@ ALWAYS_INLINE void amx_config(struct amx_cfg *cfg, int kb, int tail) {
 ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0,
                          int nr, int t0, int nt) {
     const int64_t nb = j->K / QMM_BLK;
-    const size_t gb = qmm_gblock_bytes(type), sb = type == DTYPE_Q4_1 ? 64 : 32;
+    const size_t gb = qmm_gblock_bytes(type), sb = qmm_gcode_off(type);
+    const bool has_m = qmm_has_m(type), q5 = qmm_is_q5(type);
     _Alignas(64) float acc[QMM_AMX_CH][16];
     _Alignas(64) int32_t cbuf[16][16];
     _Alignas(64) uint8_t wbuf[8][64];
@@ -113,14 +114,21 @@ ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gp = g + (size_t)b * gb, *cp = gp + sb;
         const vf dv = ldh(gp);
-        const vf mv = type == DTYPE_Q4_1 ? ldh(gp + 32) : _mm512_setzero_ps();
+        const vf mv = has_m ? ldh(gp + 32) : _mm512_setzero_ps();
         if (type == DTYPE_Q8_0) {
             T_LOAD(TB, cp, 64);   /* the 8 runs are the B tile */
         } else {
+            /* Q5: the fifth bits from the spread qh (qmm.h), as matmul_q8_kern.h */
+            const vi qh = q5 ? ldw(gp + qmm_gqh_off(type)) : _mm512_setzero_si512();
             for (int r = 0; r < 4; r++) {   /* row r: codes 4r.. (low nibbles of run r); row 4 + r: 16 + 4r.. */
                 const vi v = ldw(cp + 64 * r);
-                _mm512_store_si512((void *)wbuf[r], and_(v, m8(0x0f)));
-                _mm512_store_si512((void *)wbuf[4 + r], and_(srl4(v), m8(0x0f)));
+                vi lo = and_(v, m8(0x0f)), hi = and_(srl4(v), m8(0x0f));
+                if (q5) {
+                    lo = or_(lo, and_(_mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - r)), m8(0x10)));
+                    hi = or_(hi, and_(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(r)), m8(0x10)));
+                }
+                _mm512_store_si512((void *)wbuf[r], lo);
+                _mm512_store_si512((void *)wbuf[4 + r], hi);
             }
             T_LOAD(TB, wbuf, 64);
         }
@@ -133,11 +141,11 @@ ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, 
                 const float *xd = (const float *)(const void *)(xq + j->K);
                 const int32_t *xs = (const int32_t *)(const void *)(xd + nb);
                 vi p = ld32x16(cbuf[i]);
-                if (type == DTYPE_Q4_0) p = _mm512_add_epi32(p, _mm512_set1_epi32(-8 * xs[b]));
+                if (qmm_zero(type)) p = _mm512_add_epi32(p, _mm512_set1_epi32(-qmm_zero(type) * xs[b]));
                 const vf dx = _mm512_set1_ps(xd[b]);
                 vf a_ = _mm512_load_ps(acc[tt + i]);
                 a_ = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, dx), a_);
-                if (type == DTYPE_Q4_1) a_ = _mm512_fmadd_ps(_mm512_set1_ps((float)xs[b]), _mm512_mul_ps(mv, dx), a_);
+                if (has_m) a_ = _mm512_fmadd_ps(_mm512_set1_ps((float)xs[b]), _mm512_mul_ps(mv, dx), a_);
                 _mm512_store_ps(acc[tt + i], a_);
             }
         }
@@ -276,6 +284,8 @@ ALWAYS_INLINE void amx_group(uint32_t type, const struct qmm_job *j, const uint8
 static void amx_q8_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q8_0, j, g, r0, nr); }
 static void amx_q4_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q4_0, j, g, r0, nr); }
 static void amx_q4_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q4_1, j, g, r0, nr); }
+static void amx_q5_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q5_0, j, g, r0, nr); }
+static void amx_q5_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q5_1, j, g, r0, nr); }
 static void amx_q4_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q4_K, j, g, r0, nr); }
 static void amx_q5_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q5_K, j, g, r0, nr); }
 static void amx_q6_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q6_K, j, g, r0, nr); }
@@ -289,6 +299,8 @@ void QMM_AMX_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
     case DTYPE_Q8_0: amx_q8_0(j, g, r0, nr); break;
     case DTYPE_Q4_0: amx_q4_0(j, g, r0, nr); break;
     case DTYPE_Q4_1: amx_q4_1(j, g, r0, nr); break;
+    case DTYPE_Q5_0: amx_q5_0(j, g, r0, nr); break;
+    case DTYPE_Q5_1: amx_q5_1(j, g, r0, nr); break;
     case DTYPE_Q4_K: amx_q4_k(j, g, r0, nr); break;
     case DTYPE_Q5_K: amx_q5_k(j, g, r0, nr); break;
     default: amx_q6_k(j, g, r0, nr); break;

@@ -18,6 +18,9 @@
  *         them <= 30480 < 2^15), then one vpmaddwd; ISA 2, 3 vpdpbusd.
  *         Q4_0's - 8 is - 8 xs (the token's code sum), subtracted (ISA 1)
  *         or the accumulator's start (ISA 2, 3);
+ *   Q5_x  as Q4_x with the fifth bit or'ed in from the group's spread qh
+ *         (qmm.h); ISA 1 sums only four runs in int16 (<= 4 * 2 * 31 * 127
+ *         = 31496); Q5_0's - 16 as Q4_0's - 8;
  *   Q8_0  ISA 1: vpmaddubsw(|w|, sign(x, w)) (<= 2 * 128 * 127 per int16),
  *         vpmaddwd per run; ISA 2, 3: vpdpbusd(w ^ 0x80, x) from - 128 xs. */
 #include "backend/cpu/avx2_util.h"
@@ -82,6 +85,7 @@ ALWAYS_INLINE vi sll16_3(vi a) { return _mm512_slli_epi16(a, 3); }
 ALWAYS_INLINE vi sll16_2(vi a) { return _mm512_slli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16_2(vi a) { return _mm512_srli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16(vi a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+ALWAYS_INLINE vi sll16(vi a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
 ALWAYS_INLINE vi sll32_16(vi a) { return _mm512_slli_epi32(a, 16); }
 /* LANES bytes at p, zero- or sign-extended to the int32 lanes */
 ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
@@ -126,22 +130,19 @@ ALWAYS_INLINE vi sll16_3(vi a) { return _mm256_slli_epi16(a, 3); }
 ALWAYS_INLINE vi sll16_2(vi a) { return _mm256_slli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16_2(vi a) { return _mm256_srli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16(vi a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+ALWAYS_INLINE vi sll16(vi a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
 ALWAYS_INLINE vi sll32_16(vi a) { return _mm256_slli_epi32(a, 16); }
 ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
 ALWAYS_INLINE vi ldi8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
 ALWAYS_INLINE vf fnma_(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 #endif
 
-ALWAYS_INLINE size_t wblock(uint32_t type) {
-    return type == DTYPE_Q8_0 ? sizeof(struct block_q8_0)
-         : type == DTYPE_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
-}
-
 /* Lanes [h * LANES, h * LANES + LANES) of the group g, T tokens from t0. */
 ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, const uint8_t *g, int h, int64_t r0,
                         int nr, int t0) {
     const int64_t nb = j->K / QMM_BLK;
-    const size_t gb = QMM_IL * wblock(type), sb = type == DTYPE_Q4_1 ? 64 : 32;
+    const size_t gb = QMM_IL * qmm_blk_bytes(type), sb = qmm_gcode_off(type);
+    const bool has_m = qmm_has_m(type), q5 = qmm_is_q5(type);
     const int8_t *xq[TT];
     const float *xd[TT];
     const int32_t *xs[TT];
@@ -158,7 +159,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
         if (pf) prefetch_ahead(gp, gb);
         const vf dv = ldh(gp + 2 * LANES * h);
         vf mv = fzero();
-        if (type == DTYPE_Q4_1) mv = ldh(gp + 32 + 2 * LANES * h);
+        if (has_m) mv = ldh(gp + 32 + 2 * LANES * h);
         const uint8_t *cp = gp + sb + (size_t)(4 * LANES * h);
         vi w[8];
         if (type == DTYPE_Q8_0) {
@@ -169,10 +170,17 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
 #endif
             }
         } else {
+            /* Q5: run r's fifth bits are bits r (low nibbles) and 4 + r (high) of
+             * each byte of the spread qh (qmm_q5_spread), moved to bit 4 */
+            const vi qh = q5 ? ldw(gp + qmm_gqh_off(type) + 4 * LANES * h) : izero();
             for (int r = 0; r < 4; r++) {
                 const vi v = ldw(cp + 64 * r);
                 w[r] = and_(v, set1_i8(0x0f));            /* codes 4r .. 4r + 3 */
                 w[4 + r] = and_(srl4(v), set1_i8(0x0f));  /* codes 16 + 4r .. */
+                if (q5) {
+                    w[r] = or_(w[r], and_(sll16(qh, 4 - r), set1_i8(0x10)));
+                    w[4 + r] = or_(w[4 + r], and_(srl16(qh, r), set1_i8(0x10)));
+                }
             }
         }
         for (int t = 0; t < T; t++) {
@@ -188,16 +196,21 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                             _mm256_set1_epi16(1)));
                 }
             } else {
-                vi s16 = _mm256_maddubs_epi16(w[0], bc32(ld32(x)));
-                for (int r = 1; r < 8; r++) {
-                    const int off = r < 4 ? 4 * r : 16 + 4 * (r - 4);
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], bc32(ld32(x + off))));
+                /* int16 sums of 8 runs (4-bit codes) or of 4 (5-bit): at most 30480 or 31496 */
+                const int per = q5 ? 4 : 8;
+                p = izero();
+                for (int rs = 0; rs < 8; rs += per) {
+                    vi s16 = _mm256_setzero_si256();
+                    for (int r = rs; r < rs + per; r++) {
+                        const int off = r < 4 ? 4 * r : 16 + 4 * (r - 4);
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[r], bc32(ld32(x + off))));
+                    }
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
                 }
-                p = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-                if (type == DTYPE_Q4_0) p = _mm256_sub_epi32(p, bc32(8 * xs[t][b]));
+                if (qmm_zero(type)) p = _mm256_sub_epi32(p, bc32(qmm_zero(type) * xs[t][b]));
             }
 #else
-            p = type == DTYPE_Q4_0 ? bc32(-8 * xs[t][b]) : type == DTYPE_Q8_0 ? bc32(-128 * xs[t][b]) : izero();
+            p = type == DTYPE_Q8_0 ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
             for (int r = 0; r < 8; r++) {
                 const int off = type == DTYPE_Q8_0 || r < 4 ? 4 * r : 16 + 4 * (r - 4);
                 p = dot(p, w[r], bc32(ld32(x + off)));
@@ -205,7 +218,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
 #endif
             const vf dx = set1f(xd[t][b]);
             acc[t] = fma_(cvt(p), mul(dv, dx), acc[t]);
-            if (type == DTYPE_Q4_1) acc[t] = fma_(set1f((float)xs[t][b]), mul(mv, dx), acc[t]);
+            if (has_m) acc[t] = fma_(set1f((float)xs[t][b]), mul(mv, dx), acc[t]);
         }
     }
     const int n_here = nr - LANES * h;
@@ -358,6 +371,8 @@ ALWAYS_INLINE void group(uint32_t type, const struct qmm_job *j, const uint8_t *
 static void group_q8_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q8_0, j, g, r0, nr); }
 static void group_q4_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q4_0, j, g, r0, nr); }
 static void group_q4_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q4_1, j, g, r0, nr); }
+static void group_q5_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q5_0, j, g, r0, nr); }
+static void group_q5_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q5_1, j, g, r0, nr); }
 
 static void group_q4_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q4_K, j, g, r0, nr); }
 static void group_q5_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q5_K, j, g, r0, nr); }
@@ -368,6 +383,8 @@ void QMM_GROUP_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr)
     case DTYPE_Q8_0: group_q8_0(j, g, r0, nr); break;
     case DTYPE_Q4_0: group_q4_0(j, g, r0, nr); break;
     case DTYPE_Q4_1: group_q4_1(j, g, r0, nr); break;
+    case DTYPE_Q5_0: group_q5_0(j, g, r0, nr); break;
+    case DTYPE_Q5_1: group_q5_1(j, g, r0, nr); break;
     case DTYPE_Q4_K: group_q4_k(j, g, r0, nr); break;
     case DTYPE_Q5_K: group_q5_k(j, g, r0, nr); break;
     default: group_q6_k(j, g, r0, nr); break;

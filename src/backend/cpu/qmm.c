@@ -14,7 +14,8 @@
 
 bool qmm_supports(uint32_t type, int64_t K) {
     if (qmm_is_k(type)) return K > 0 && K % QMM_QK == 0;
-    return (type == DTYPE_Q8_0 || type == DTYPE_Q4_0 || type == DTYPE_Q4_1) && K > 0 && K % QMM_BLK == 0;
+    return (type == DTYPE_Q8_0 || type == DTYPE_Q4_0 || type == DTYPE_Q4_1 || qmm_is_q5(type)) && K > 0 &&
+           K % QMM_BLK == 0;
 }
 
 /* The K-quant row (K + K / 64 + K / 8 + K / 16 bytes) fits in this too. */
@@ -81,17 +82,15 @@ float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64
 
 /* ---- the reference ---- */
 
-static size_t wblock_bytes(uint32_t type) {
-    return type == DTYPE_Q8_0 ? sizeof(struct block_q8_0)
-         : type == DTYPE_Q4_0 ? sizeof(struct block_q4_0) : sizeof(struct block_q4_1);
-}
+static size_t wblock_bytes(uint32_t type) { return qmm_blk_bytes(type); }
 
 /* Weight code i (0..31) of block blk, as qmm.h defines w. */
 static int wcode(uint32_t type, const uint8_t *blk, int i) {
     if (type == DTYPE_Q8_0) return ((const struct block_q8_0 *)(const void *)blk)->qs[i];
-    const uint8_t *qs = blk + (type == DTYPE_Q4_0 ? 2 : 4);
-    const int nib = i < 16 ? qs[i] & 0xf : qs[i - 16] >> 4;
-    return type == DTYPE_Q4_0 ? nib - 8 : nib;
+    const uint8_t *qs = blk + qmm_blk_bytes(type) - 16;   /* the nibbles end every block */
+    int q = i < 16 ? qs[i] & 0xf : qs[i - 16] >> 4;
+    if (qmm_is_q5(type)) q |= (blk[(qmm_has_m(type) ? 4 : 2) + i / 8] >> (i % 8) & 1) << 4;
+    return q - qmm_zero(type);
 }
 
 float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
@@ -105,7 +104,7 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
         int32_t p = 0;
         for (int i = 0; i < QMM_BLK; i++) p += wcode(type, blk, i) * xq[b * QMM_BLK + i];
         acc = fmaf((float)p, f16_to_f32(dh) * xd[b], acc);
-        if (type == DTYPE_Q4_1) {
+        if (qmm_has_m(type)) {
             memcpy(&mh, blk + 2, 2);
             acc = fmaf((float)xs[b], f16_to_f32(mh) * xd[b], acc);
         }
@@ -126,7 +125,6 @@ size_t qmm_gblock_bytes(uint32_t type) {
     }
 }
 static size_t gblock_bytes(uint32_t type) { return qmm_gblock_bytes(type); }
-static size_t gscale_bytes(uint32_t type) { return type == DTYPE_Q4_1 ? 64 : 32; }
 
 size_t qmm_group_bytes(uint32_t type, int64_t K) {
     return (size_t)(K / (qmm_is_k(type) ? QMM_QK : QMM_BLK)) * qmm_gblock_bytes(type);
@@ -143,15 +141,22 @@ static void pack_group(uint32_t type, const uint8_t *w, size_t rb, int64_t K, in
         qmm_pack_group_k(type, w, rb, K, nr, dst);
         return;
     }
-    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
-    const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2;
+    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = qmm_gcode_off(type);
+    const size_t qoff = type == DTYPE_Q8_0 ? 2 : bb - 16;   /* the codes end every block */
+    const int runs = type == DTYPE_Q8_0 ? 8 : 4;
     memset(dst, 0, (size_t)(K / QMM_BLK) * gb);
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         uint8_t *g = dst + (size_t)b * gb;
         for (int i = 0; i < nr; i++) {
             const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bb;
             memcpy(g + 2 * i, blk, 2);
-            if (type == DTYPE_Q4_1) memcpy(g + 32 + 2 * i, blk + 2, 2);
+            if (qmm_has_m(type)) memcpy(g + 32 + 2 * i, blk + 2, 2);
+            if (qmm_is_q5(type)) {
+                uint32_t qh;
+                memcpy(&qh, blk + qoff - 4, 4);
+                qh = qmm_q5_spread(qh);
+                memcpy(g + qmm_gqh_off(type) + 4 * (size_t)i, &qh, 4);
+            }
             for (int j = 0; j < runs; j++) memcpy(g + sb + (size_t)j * 64 + 4 * (size_t)i, blk + qoff + 4 * j, 4);
         }
     }
@@ -171,14 +176,21 @@ void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst) {
                          (int)(r % QMM_IL), t->ne0, dst);
         return;
     }
-    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = gscale_bytes(type);
-    const int runs = type == DTYPE_Q8_0 ? 8 : 4, qoff = type == DTYPE_Q4_1 ? 4 : 2, i = (int)(r % QMM_IL);
+    const size_t bb = wblock_bytes(type), gb = gblock_bytes(type), sb = qmm_gcode_off(type);
+    const size_t qoff = type == DTYPE_Q8_0 ? 2 : bb - 16;
+    const int runs = type == DTYPE_Q8_0 ? 8 : 4, i = (int)(r % QMM_IL);
     const uint8_t *grp = (const uint8_t *)t->data + (size_t)(r / QMM_IL) * QMM_IL * t->row_bytes;
     for (int64_t b = 0; b < t->ne0 / QMM_BLK; b++) {
         const uint8_t *g = grp + (size_t)b * gb;
         uint8_t *blk = dst + (size_t)b * bb;
         memcpy(blk, g + 2 * i, 2);
-        if (type == DTYPE_Q4_1) memcpy(blk + 2, g + 32 + 2 * i, 2);
+        if (qmm_has_m(type)) memcpy(blk + 2, g + 32 + 2 * i, 2);
+        if (qmm_is_q5(type)) {
+            uint32_t qh;
+            memcpy(&qh, g + qmm_gqh_off(type) + 4 * (size_t)i, 4);
+            qh = qmm_q5_gather(qh);
+            memcpy(blk + qoff - 4, &qh, 4);
+        }
         for (int j = 0; j < runs; j++) memcpy(blk + qoff + 4 * j, g + sb + (size_t)j * 64 + 4 * (size_t)i, 4);
     }
 }

@@ -1,5 +1,5 @@
 /* qmm.h — the 8-bit integer matmul (KVLLM_ACT=q8): y (n, M) = x (n, K) · Wᵀ
- * for Q8_0 / Q4_0 / Q4_1 weights, the activations quantized per row.
+ * for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights, the activations quantized per row.
  *
  * Model of the arithmetic.  Each token row x is quantized in blocks of 32
  * (qmm_quantize_row): dx = amax / 127, code = round-half-even(x * (127 /
@@ -9,8 +9,9 @@
  *
  * Per (weight row, token), one f32 accumulator acc = 0; in block order,
  * P = Σ_{32} w · x exactly in int32 (w: Q8_0's signed code, Q4_0's nibble
- * - 8, Q4_1's nibble) and acc = fma((float)P, f16(dw) * dx, acc); Q4_1 then
- * adds its offset as acc = fma((float)xs, f16(m) * dx, acc).  y = acc.
+ * - 8, Q5_0's 5-bit code - 16, Q4_1's and Q5_1's code) and acc =
+ * fma((float)P, f16(dw) * dx, acc); Q4_1 and Q5_1 then add their offset as
+ * acc = fma((float)xs, f16(m) * dx, acc).  y = acc.
  *
  * That sequence is the definition: qmm_ref_dot computes it in plain C, and
  * every kernel set (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-VNNI and
@@ -22,11 +23,12 @@
  * Weight layout.  The kernels keep one output row per vector lane: they
  * read weights 16 rows at a time, interleaved (TENSOR_Q8X16): per group of
  * 16 rows (the last padded with zero rows) and block b, the 16 f16 scales
- * d (Q4_1: then the 16 f16 m), then the codes in 4-byte runs, run j of
- * rows 0..15 at j * 64 — Q4_x: run j (0..3) is bytes 4j .. 4j+3 of the
- * block's qs (low nibbles: codes 4j.., high: codes 16 + 4j..); Q8_0: run j
- * (0..7) is codes 4j .. 4j+3.  A group of 16 rows takes exactly 16 rows'
- * bytes.  place_weights repacks to it (when the activations are q8); a
+ * d (Q4_1, Q5_1: then the 16 f16 m; Q5_x: then the 16 rows' fifth bits,
+ * 4 bytes each, spread by qmm_q5_spread), then the codes in 4-byte runs,
+ * run j of rows 0..15 at j * 64 — Q4_x, Q5_x: run j (0..3) is bytes 4j ..
+ * 4j+3 of the block's qs (low nibbles: codes 4j.., high: codes 16 + 4j..);
+ * Q8_0: run j (0..7) is codes 4j .. 4j+3.  A group of 16 rows takes
+ * exactly 16 rows' bytes.  place_weights repacks to it (when the activations are q8); a
  * tensor still in rows is repacked group by group into the thread's
  * scratch as the matmul goes (tests, the strict backend's copies). */
 #ifndef KVLLM_QMM_H
@@ -45,6 +47,40 @@
  * activation rows (Q8_K-style, one scale per 256), arithmetic and layout. */
 static inline bool qmm_is_k(uint32_t type) {
     return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K;
+}
+
+/* The 32-element block types' layout, as constants once type is (the
+ * kernels inline them): whether a block has an offset m (f16 after d) or a
+ * fifth code bit (qh, 4 bytes after d and m); its bytes; the code offset
+ * its w subtracts; in a 16-row group's block (above), where the spread
+ * fifth bits and where the code runs begin. */
+static inline bool qmm_has_m(uint32_t t) { return t == DTYPE_Q4_1 || t == DTYPE_Q5_1; }
+static inline bool qmm_is_q5(uint32_t t) { return t == DTYPE_Q5_0 || t == DTYPE_Q5_1; }
+static inline size_t qmm_blk_bytes(uint32_t t) {
+    return t == DTYPE_Q8_0 ? 34 : 18 + 2 * (size_t)qmm_has_m(t) + 4 * (size_t)qmm_is_q5(t);
+}
+static inline int qmm_zero(uint32_t t) { return t == DTYPE_Q4_0 ? 8 : t == DTYPE_Q5_0 ? 16 : 0; }
+static inline size_t qmm_gqh_off(uint32_t t) { return 32 + 32 * (size_t)qmm_has_m(t); }
+static inline size_t qmm_gcode_off(uint32_t t) { return qmm_gqh_off(t) + 64 * (size_t)qmm_is_q5(t); }
+
+/* A Q5 block's qh (bit e: fifth bit of code e) rearranged so that each
+ * code run's bits sit in its own byte: byte k, bit r holds code 4r + k's
+ * (run r, low nibble k) and bit 4 + r code 16 + 4r + k's (run r, high
+ * nibble k).  A kernel then moves run r's bits to bit 4 of each code byte
+ * with one shift and mask (left 4 - r, right r).  qmm_q5_gather undoes it. */
+static inline uint32_t qmm_q5_spread(uint32_t qh) {
+    uint32_t s = 0;
+    for (int k = 0; k < 4; k++)
+        for (int r = 0; r < 4; r++)
+            s |= ((qh >> (4 * r + k)) & 1) << (8 * k + r) | ((qh >> (16 + 4 * r + k)) & 1) << (8 * k + 4 + r);
+    return s;
+}
+static inline uint32_t qmm_q5_gather(uint32_t s) {
+    uint32_t qh = 0;
+    for (int k = 0; k < 4; k++)
+        for (int r = 0; r < 4; r++)
+            qh |= ((s >> (8 * k + r)) & 1) << (4 * r + k) | ((s >> (8 * k + 4 + r)) & 1) << (16 + 4 * r + k);
+    return qh;
 }
 
 /* Whether the integer path takes weights of type with rows of K. */

@@ -96,6 +96,11 @@ __device__ __forceinline__ void cu_q4_K_scale_min(const uint8_t *scales, int j, 
     }
 }
 
+/* dtype_nl.c's tables */
+__device__ static const int8_t cu_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                                        1, 13, 25, 38, 53, 69, 89, 113 };
+__device__ static const int8_t cu_kvalues_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
 template <int T>
 __device__ __forceinline__ float cu_dequant(const uint8_t *row, int64_t e) {
     if (T == DTYPE_F32) return ((const float *)row)[e];
@@ -112,6 +117,14 @@ __device__ __forceinline__ float cu_dequant(const uint8_t *row, int64_t e) {
         const int j = (int)(e % 32);
         const int q = j < 16 ? (b[4 + j] & 0xf) : (b[4 + j - 16] >> 4);
         return __fadd_rn(__fmul_rn((float)q, cu_f16_to_f32(cu_u16(b))), cu_f16_to_f32(cu_u16(b + 2)));
+    }
+    if (T == DTYPE_Q5_0 || T == DTYPE_Q5_1) {    /* d, (m,) qh[4], qs[16]: 22 / 24 bytes */
+        const bool q51 = T == DTYPE_Q5_1;
+        const uint8_t *b = row + (e / 32) * (q51 ? 24 : 22), *qh = b + (q51 ? 4 : 2);
+        const int j = (int)(e % 32);
+        const int q = (j < 16 ? (qh[4 + j] & 0xf) : (qh[4 + j - 16] >> 4)) | ((qh[j / 8] >> (j % 8)) & 1) << 4;
+        if (q51) return __fadd_rn(__fmul_rn((float)q, cu_f16_to_f32(cu_u16(b))), cu_f16_to_f32(cu_u16(b + 2)));
+        return __fmul_rn((float)(q - 16), cu_f16_to_f32(cu_u16(b)));
     }
     if (T == DTYPE_Q8_0) {                       /* d, qs[32]: 34 bytes */
         const uint8_t *b = row + (e / 32) * 34;
@@ -137,6 +150,39 @@ __device__ __forceinline__ float cu_dequant(const uint8_t *row, int64_t e) {
         const int hi2 = (b[128 + 32 * h + l] >> (2 * s)) & 3;
         const float dl = __fmul_rn(cu_f16_to_f32(cu_u16(b + 208)), (float)(int8_t)b[192 + 8 * h + 2 * s + l / 16]);
         return __fmul_rn(dl, (float)((lo | (hi2 << 4)) - 32));
+    }
+    if (T == DTYPE_Q2_K) {                       /* scales[16], qs[64], d, dmin: 84 bytes */
+        const uint8_t *b = row + (e / 256) * 84;
+        const int j = (int)(e % 256), h = j / 128, s = (j % 128) / 32, l = j % 32, sc = b[j / 16];
+        const float dl = __fmul_rn(cu_f16_to_f32(cu_u16(b + 80)), (float)(sc & 0xf));
+        const float ml = __fmul_rn(cu_f16_to_f32(cu_u16(b + 82)), (float)(sc >> 4));
+        return __fsub_rn(__fmul_rn(dl, (float)((b[16 + 32 * h + l] >> (2 * s)) & 3)), ml);
+    }
+    if (T == DTYPE_Q3_K) {                       /* hmask[32], qs[64], scales[12], d: 110 bytes */
+        const uint8_t *b = row + (e / 256) * 110;
+        const int j = (int)(e % 256), h = j / 128, s = (j % 128) / 32, l = j % 32, r = j / 16;
+        const uint8_t *scales = b + 96;
+        const int sc = (r < 8 ? scales[r] & 0xf : scales[r - 8] >> 4) | ((scales[8 + r % 4] >> (2 * (r / 4))) & 3) << 4;
+        const int q = ((b[32 + 32 * h + l] >> (2 * s)) & 3) - ((b[l] >> (4 * h + s)) & 1 ? 0 : 4);
+        return __fmul_rn(__fmul_rn(cu_f16_to_f32(cu_u16(b + 108)), (float)(sc - 32)), (float)q);
+    }
+    if (T == DTYPE_IQ4_NL || T == DTYPE_MXFP4) {  /* d (f16) or e (e8m0), qs[16]: 18 / 17 bytes */
+        const bool mx = T == DTYPE_MXFP4;
+        const uint8_t *b = row + (e / 32) * (mx ? 17 : 18), *qs = b + (mx ? 1 : 2);
+        const int j = (int)(e % 32), q = j < 16 ? qs[j] & 0xf : qs[j - 16] >> 4;
+        if (mx) {
+            const uint32_t x = b[0], bits = x < 2 ? 0x00200000u << x : (x - 1) << 23;
+            return __fmul_rn((float)cu_kvalues_mxfp4[q], cu_bits_f32(bits));
+        }
+        return __fmul_rn(cu_f16_to_f32(cu_u16(b)), (float)cu_kvalues_iq4nl[q]);
+    }
+    if (T == DTYPE_IQ4_XS) {                     /* d, scales_h, scales_l[4], qs[128]: 136 bytes */
+        const uint8_t *b = row + (e / 256) * 136;
+        const int j = (int)(e % 256), r = j / 32, l = j % 32;
+        const int sc = ((b[4 + r / 2] >> (4 * (r % 2))) & 0xf) | ((cu_u16(b + 2) >> (2 * r)) & 3) << 4;
+        const uint8_t *qs = b + 8 + 16 * r;
+        const int q = l < 16 ? qs[l] & 0xf : qs[l - 16] >> 4;
+        return __fmul_rn(__fmul_rn(cu_f16_to_f32(cu_u16(b)), (float)(sc - 32)), (float)cu_kvalues_iq4nl[q]);
     }
     return 0.0f;
 }

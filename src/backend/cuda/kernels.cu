@@ -36,7 +36,8 @@ extern "C" cudaError_t cuk_get_rows(cudaStream_t s, int *err, float *y, const st
 #define GR(T) case T: k_get_rows<T><<<n, ROW_THREADS, 0, s>>>(y, d, w->row_bytes, w->ne0, w->ne1, ids, err); break
     switch (w->type) {
     GR(DTYPE_F32); GR(DTYPE_F16); GR(DTYPE_BF16); GR(DTYPE_Q8_0); GR(DTYPE_Q4_0); GR(DTYPE_Q4_1);
-    GR(DTYPE_Q4_K); GR(DTYPE_Q5_K); GR(DTYPE_Q6_K);
+    GR(DTYPE_Q5_0); GR(DTYPE_Q5_1); GR(DTYPE_Q2_K); GR(DTYPE_Q3_K); GR(DTYPE_Q4_K); GR(DTYPE_Q5_K); GR(DTYPE_Q6_K);
+    GR(DTYPE_IQ4_NL); GR(DTYPE_IQ4_XS); GR(DTYPE_MXFP4);
     default: return cudaErrorInvalidValue;
     }
 #undef GR

@@ -62,7 +62,8 @@ extern "C" cudaError_t cuk_matmul(cudaStream_t s, float *y, const struct tensor 
 #define MM(T) case T: k_matmul<T><<<grid, MM_THREADS, 0, s>>>(y, d, w->row_bytes, w->ne0, w->ne1, x, n); break
     switch (w->type) {
     MM(DTYPE_F32); MM(DTYPE_F16); MM(DTYPE_BF16); MM(DTYPE_Q8_0); MM(DTYPE_Q4_0); MM(DTYPE_Q4_1);
-    MM(DTYPE_Q4_K); MM(DTYPE_Q5_K); MM(DTYPE_Q6_K);
+    MM(DTYPE_Q5_0); MM(DTYPE_Q5_1); MM(DTYPE_Q2_K); MM(DTYPE_Q3_K); MM(DTYPE_Q4_K); MM(DTYPE_Q5_K); MM(DTYPE_Q6_K);
+    MM(DTYPE_IQ4_NL); MM(DTYPE_IQ4_XS); MM(DTYPE_MXFP4);
     default: return cudaErrorInvalidValue;
     }
 #undef MM

@@ -95,12 +95,17 @@ static void fail_seq(struct kvllm_engine *e, struct seq *q, const char *what) {
     output_finish_seq(e, q, -1, "", 0, KVLLM_FINISH_ERROR);
 }
 
+/* EOS and the vocabulary's end-of-turn tokens (e->end_ids) end a sample
+ * alike, as llama.cpp's end-of-generation set does: a chat model ends its
+ * answer with its turn's end, which need not be the file's EOS (Gemma's
+ * EOS is <eos>, its turns end with <end_of_turn>).  ignore_eos ignores
+ * them all, except under a grammar, whose string may end only so. */
 bool output_is_end(const struct kvllm_engine *e, const struct request *r, int32_t tok) {
     const int eos = e->km->tok ? tokenizer_eos(e->km->tok) : -1;
     if (tok == eos && (!r->ignore_eos || r->grammar)) return true;
     for (int i = 0; i < r->n_stop_ids; i++)
         if (r->stop_ids[i] == tok) return true;
-    if (r->grammar)
+    if (!r->ignore_eos || r->grammar)
         for (int i = 0; i < e->n_end; i++)
             if (e->end_ids[i] == tok) return true;
     return false;

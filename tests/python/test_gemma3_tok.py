@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gemma3 import gemma3  # noqa: F401  (the fixture)
@@ -157,3 +158,26 @@ def test_builtin_template_real_file(kvllm, gemma3, tmp_path):
     assert res.returncode == 0, res.describe()
     assert res.out == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
                        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+
+
+# ---- end of turn ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def says_end_of_turn(tmp_path_factory) -> Path:
+    """A random gemma3 file whose vocabulary holds <end_of_turn> (control, id 3) and whose head always picks it."""
+    tokens, scores, types = make_vocab(300)
+    tokens[3], types[3] = "<end_of_turn>", 3   # in place of the byte token <0x00>; 3 is CONTROL
+    emb = np.random.default_rng(0).standard_normal((300, 32)).astype(np.float32) * 0.02
+    emb[3] = 5.0
+    cfg = ModelConfig(arch="gemma3", n_vocab=300, n_embd=32, n_layer=2, n_head=2, n_head_kv=1, key_length=16,
+                      n_ff=64, n_swa=4, tied=True, name="gemma3-says-end-of-turn")
+    return write_model(tmp_path_factory.mktemp("eot") / "eot.gguf", cfg, vocab=(tokens, scores, types),
+                       tensors={"token_embd.weight": emb})
+
+
+def test_end_of_turn_ends_generation(run, says_end_of_turn):
+    """<end_of_turn> is not Gemma's EOS (<eos>), yet an answer ends there, as llama.cpp ends it; --ignore-eos
+    ignores it too."""
+    assert run("run", "-m", says_end_of_turn, "-p", "hello", "-n", "6", "--temp", "0", "--ids").check_ok().out == "\n"
+    res = run("run", "-m", says_end_of_turn, "-p", "hello", "-n", "6", "--temp", "0", "--ids", "--ignore-eos").check_ok()
+    assert res.out.split() == ["3"] * 6

@@ -378,7 +378,7 @@ def test_requantize_refused_without_flag(kvllm, models, quantized, tmp_path):
 
 def test_output_not_creatable_refused_first(kvllm, models, tmp_path):
     f32 = models["tied"].f32
-    for out, why in ((tmp_path / "no-such-dir" / "o.gguf", "cannot create"), (tmp_path, "is a directory")):
+    for out, why in ((tmp_path / "no-such-dir" / "o.gguf", "cannot create"), (tmp_path, "is a folder")):
         res = run_cli(kvllm, "quantize", f32, out, "Q4_K")
         assert res.returncode == 1 and res.err.count("kvllm: error:") == 1, res.describe()
         assert why in res.err and "[   1/" not in res.err, res.describe()

@@ -29,7 +29,8 @@ SOAK_TSAN_REQUESTS ?= 80
 SOAK_REL_REQUESTS ?= 1000
 PYTHON     ?= .venv/bin/python
 JOBS       ?= $(shell nproc)
-SHARED     ?= $(abspath ../shared)
+# the tests' models, tokenizers and templates (tests/data/README.md); another copy of the same layout may stand in
+SHARED     ?= $(abspath tests/data)
 
 .PHONY: all build asan asan-rel tsan clang fuzz-build fuzz fuzz-ci soak soak-ci bootstrap test demo clean cuda-ci
 

@@ -6,10 +6,10 @@
 #   3. time to first token with 90 % of a 1024-token prompt cached vs cold (110M F16)
 #   4. quantized KV accuracy (bench/kv-accuracy.py)
 # The TinyLlama-1.1B-shape waste runs are separate (slow): see docs/PERF.md.
-#   usage: bench/engine.sh [SHARED]
+#   usage: bench/engine.sh [DATA]   (the test data folder, default tests/data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SHARED=${1:-../shared}
+SHARED=${1:-tests/data}
 K=build/kvllm
 ST=models/stories260K.gguf
 mkdir -p models

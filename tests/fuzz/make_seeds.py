@@ -6,7 +6,7 @@ Seeds are small valid inputs, so libFuzzer starts from the parsers' accepting pa
 GGUF with a SentencePiece vocabulary and one with a byte-level BPE vocabulary; the Hugging Face
 folder `kvllm convert --to hf` makes of the first (config.json, the separator line, model.safetensors);
 its tokenizer.json and a hand-made byte-level one (a text to encode after the separator); the chat
-templates of ../shared/templates with a conversation; OpenAI request bodies; raw HTTP/1.1 exchanges
+templates of tests/data/templates with a conversation; OpenAI request bodies; raw HTTP/1.1 exchanges
 for fuzz_http (every route, keep-alive and pipelined requests, chunked bodies, a stream, CORS
 preflight, a bad key, headers cut short as a slowloris client leaves them).  Crash inputs found
 later are kept beside the seeds under other names (crash-*), never rewritten by this script.
@@ -26,7 +26,7 @@ from gguf_build import ARRAY, INT32, STRING, base_model, byte_unicode  # noqa: E
 
 SEP = b"\n--8<--\n"
 CORPUS = HERE / "corpus"
-SHARED = HERE.parent.parent.parent / "shared"
+SHARED = HERE.parent / "data"
 TINY = ModelConfig(n_vocab=40, n_embd=8, n_layer=1, n_head=2, n_head_kv=1, n_ff=16, n_ctx=32, name="fuzz-tiny")
 
 

@@ -4,7 +4,7 @@ Environment (set by ctest, see tests/CMakeLists.txt):
   KVLLM_BIN       the release kvllm binary (default <repo>/build/kvllm)
   KVLLM_ASAN_BIN  an AddressSanitizer build of kvllm; empty -> ASan tests skip (none requested);
                   set but not an executable -> they fail (the ASan build broke)
-  KVLLM_SHARED    the read-only shared data dir (default <repo>/../shared); missing -> tests fail
+  KVLLM_SHARED    the test data dir (default <repo>/tests/data, kvtest.data_dir); missing -> tests fail
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import REPO, Result, run_cli
+from kvtest import REPO, Result, data_dir, run_cli
 
 # ---- fixtures -------------------------------------------------------------
 
@@ -49,9 +49,10 @@ def asan_bin(kvllm_asan) -> Path:
 
 @pytest.fixture(scope="session")
 def shared() -> Path:
-    p = Path(os.environ.get("KVLLM_SHARED") or REPO.parent / "shared").resolve()
+    """The test data folder (tests/data, or $KVLLM_SHARED): models, tokenizers, templates, reference texts."""
+    p = data_dir()
     if not p.is_dir():
-        pytest.fail(f"shared data dir {p} missing (set KVLLM_SHARED)")
+        pytest.fail(f"test data dir {p} missing (set KVLLM_SHARED)")
     return p
 
 
@@ -63,7 +64,7 @@ def stories(shared) -> dict[str, Path]:
              "text": shared / "reference" / "stories260K_greedy_text.txt"}
     for k, f in files.items():
         if not f.is_file():
-            pytest.fail(f"shared file {f} missing")
+            pytest.fail(f"test data file {f} missing")
     return files
 
 

@@ -15,6 +15,19 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> Path:
+    """The test data: $KVLLM_SHARED when set, else the repository's own tests/data (a clone carries it:
+    tests/data/README.md), else an older ../shared beside the repository, the only place it used to be."""
+    env = os.environ.get("KVLLM_SHARED")
+    if env:
+        return Path(env).resolve()
+    own = REPO / "tests" / "data"
+    if own.is_dir() or not (REPO.parent / "shared").is_dir():
+        return own
+    return (REPO.parent / "shared").resolve()
+
 DEFAULT_TIMEOUT = 300
 SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "runtime error", "UndefinedBehaviorSanitizer")
 

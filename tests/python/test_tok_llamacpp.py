@@ -6,7 +6,7 @@ parse_special=False)); this test needs none of that: it runs
 `kvllm tokenize -m VOCAB --ids -f TEXT` (BOS as the vocabulary asks, control-token
 text left as text) for each case and compares the ids exactly.
 
-The vocabularies: llama.cpp's vocab-only GGUFs in ../shared/tokenizers/llamacpp-vocab
+The vocabularies: llama.cpp's vocab-only GGUFs in tests/data/tokenizers/llamacpp-vocab
 ("shared:" paths) and SmolLM2-135M-Instruct ("repo:models/smollm2/...", through the
 smollm2 fixture, which skips when it cannot be fetched).
 """

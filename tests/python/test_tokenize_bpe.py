@@ -1,6 +1,6 @@
 """`kvllm tokenize` on byte-level BPE vocabularies: llama.cpp's vocab-only GGUFs
 (gpt-2, falcon, deepseek-coder, starcoder) and Hugging Face vocab.json + merges.txt
-(GPT-2, Llama 3) against the reference ids in ../shared/tokenizers (see its README:
+(GPT-2, Llama 3) against the reference ids in tests/data/tokenizers (see its README:
 .inp cases separated by "\\n__ggml_vocab_test__\\n", .out one id line per case, no BOS)."""
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ def run(srv: Server, start: int, count: int, args: argparse.Namespace, stats: St
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=str(ROOT / "build-asan" / "kvllm"))
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    ap.add_argument("--shared", default=str(ROOT / "tests" / "data"), help="the test data folder")
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=0, help="requests before the RSS reference (default: 25 %%, >= 50)")
     ap.add_argument("--concurrency", type=int, default=16)

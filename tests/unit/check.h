@@ -15,9 +15,14 @@ static atomic_int check_failures_, check_count_;
     fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
+/* The test data folder: $KVLLM_SHARED, else the repository's tests/data
+ * (tests/CMakeLists.txt builds its path in). */
+#ifndef KVLLM_TEST_DATA
+#define KVLLM_TEST_DATA "tests/data"
+#endif
 static inline const char *check_shared_dir(void) {
     const char *s = getenv("KVLLM_SHARED");
-    return s && *s ? s : "../shared";
+    return s && *s ? s : KVLLM_TEST_DATA;
 }
 
 static inline int check_report(const char *name) {

@@ -1,7 +1,7 @@
 /* grammar_util.h — vocabularies for the grammar tests: a synthetic one
  * (every byte, multi-byte pieces, tokens that end or start inside a UTF-8
  * character, an end token and a special token) and real ones read from
- * ../shared/tokenizers (GPT-2's byte-level BPE encoder.json, llama2.c's
+ * tests/data/tokenizers (GPT-2's byte-level BPE encoder.json, llama2.c's
  * SentencePiece tokenizer.bin). */
 #ifndef KVLLM_GRAMMAR_UTIL_H
 #define KVLLM_GRAMMAR_UTIL_H

@@ -1,5 +1,5 @@
 /* io_util.h — the file and log helpers of the C unit tests: reading a whole
- * file, paths under the shared data dir, id lists, and a log sink that keeps
+ * file, paths under the test data dir, id lists, and a log sink that keeps
  * what the library said.  One definition of each, like num_util.h. */
 #ifndef KVLLM_IO_UTIL_H
 #define KVLLM_IO_UTIL_H
@@ -32,7 +32,7 @@ static inline char *tu_read_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* out = <shared data dir>/rel (KVLLM_SHARED, check.h). */
+/* out = <test data dir>/rel (tests/data, or KVLLM_SHARED: check.h). */
 static inline void tu_shared_path(char *out, size_t cap, const char *rel) {
     snprintf(out, cap, "%s/%s", check_shared_dir(), rel);
 }

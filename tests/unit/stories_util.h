@@ -1,5 +1,5 @@
 /* stories_util.h — the engine tests' model: stories260K (llama2.c
- * checkpoint + tok512 vocabulary) from the shared folder. */
+ * checkpoint + tok512 vocabulary) from the test data folder. */
 #ifndef KVLLM_STORIES_UTIL_H
 #define KVLLM_STORIES_UTIL_H
 #include "check.h"

@@ -1,7 +1,7 @@
 /* test_engine_chat_template.c — the chat-template renderer through its C API:
  * return codes (EINVAL, EUNSUPPORTED), the logged "line:col", content that
  * is NULL (None), length with embedded NULs, the date parameter, a real
- * template from ../shared/templates, the step and output budgets (a render
+ * template from tests/data/templates, the step and output budgets (a render
  * that would hang or explode fails fast; |unique over 40,000 items is
  * fast), and the message-text spans (which output bytes came from roles and
  * contents, through concatenation, trim, filters and captures), and

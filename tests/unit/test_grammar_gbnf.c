@@ -115,7 +115,7 @@ int main(void) {
     struct tvocab gpt2;
     snprintf(path, sizeof path, "%s/tokenizers/gpt2/encoder.json", check_shared_dir());
     bool have_gpt2 = tvocab_gpt2(&gpt2, path);
-    CHECK_MSG(have_gpt2, "missing %s (the shared tokenizers)", path);
+    CHECK_MSG(have_gpt2, "missing %s (the test data tokenizers)", path);
     struct gvocab *vg = NULL;
     if (have_gpt2) CHECK(tvocab_index(&gpt2, &vg) == 0);
 

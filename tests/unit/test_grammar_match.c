@@ -454,7 +454,7 @@ int main(void) {
         gvocab_free(vg);
         tvocab_free(&gpt2);
     } else {
-        CHECK_MSG(0, "missing %s (the shared tokenizers)", path);
+        CHECK_MSG(0, "missing %s (the test data tokenizers)", path);
     }
     struct tvocab spm;
     snprintf(path, sizeof path, "%s/tokenizers/llama2/llama2c-tokenizer.bin", check_shared_dir());
@@ -466,7 +466,7 @@ int main(void) {
         gvocab_free(vl);
         tvocab_free(&spm);
     } else {
-        CHECK_MSG(0, "missing %s (the shared tokenizers)", path);
+        CHECK_MSG(0, "missing %s (the test data tokenizers)", path);
     }
     gvocab_free(vs);
     tvocab_free(&syn);

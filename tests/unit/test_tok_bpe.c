@@ -1,6 +1,6 @@
 /* test_tok_bpe.c — byte-level BPE against reference ids.
  *
- * Golden data (from $KVLLM_SHARED, see shared/README.md):
+ * Golden data (tests/data, or $KVLLM_SHARED: tests/data/README.md):
  *   - llama.cpp's vocab-only GGUFs gpt-2, falcon, deepseek-coder and
  *     starcoder with their .inp/.out strings and ids (no BOS, no special
  *     parsing);

@@ -1,6 +1,6 @@
 /* test_tok_vectors.c — the SentencePiece tokenizer against reference ids.
  *
- * Golden data (from $KVLLM_SHARED, see shared/README.md):
+ * Golden data (tests/data, or $KVLLM_SHARED: tests/data/README.md):
  *   - llama.cpp's vocab-only GGUFs (llama-spm, phi-3) with their .inp/.out
  *     test strings and ids (no BOS, no special parsing, space prefix);
  *   - llama2.c's Llama 2 encode vectors (BOS included) with the Llama 2

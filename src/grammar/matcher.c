@@ -472,6 +472,19 @@ static uint32_t after_class(const struct kvllm_grammar *g, uint32_t pos) {
     return pos;
 }
 
+/* Is q, a character just extended by one byte (lead: the byte began it),
+ * still the start of a valid UTF-8 scalar value (RFC 3629): no overlong
+ * form, no surrogate, nothing above U+10FFFF?  Checked at the byte that
+ * decides, so a later state is known valid by its size: a 3-byte
+ * character's state after two bytes is below 0x400, a 4-byte one's after
+ * three is not. */
+static bool utf8_ok(struct gutf8 q, bool lead) {
+    if (lead) return q.n_remain != 1 ? q.n_remain != 3 || q.value <= 4 : q.value >= 2;   /* C0 C1, F5..F7 */
+    if (q.n_remain == 2) return q.value >= 0x10 && q.value <= 0x10F;   /* F0 80..8F, F4 90..BF */
+    if (q.n_remain == 1 && q.value < 0x400) return q.value >= 0x20 && (q.value < 0x360 || q.value > 0x37F);   /* E0 80..9F, ED A0..BF */
+    return true;
+}
+
 /* One byte through a set: in (at the start of the pending character) and
  * partial *p -> out and the new *p.  out empty: the byte cannot follow. */
 static void step_byte(struct gmatcher *m, const uint32_t *in, uint32_t n_in, struct gutf8 *p, uint8_t b,
@@ -480,7 +493,8 @@ static void step_byte(struct gmatcher *m, const uint32_t *in, uint32_t n_in, str
     out->n = 0;
     out->has_empty = false;
     struct gutf8 q = *p;
-    if (q.n_remain == 0) {
+    const bool lead = q.n_remain == 0;
+    if (lead) {
         if (b < 0x80) q = (struct gutf8){ b, 0 };
         else if ((b & 0xE0) == 0xC0) q = (struct gutf8){ b & 0x1Fu, 1 };
         else if ((b & 0xF0) == 0xE0) q = (struct gutf8){ b & 0x0Fu, 2 };
@@ -491,6 +505,7 @@ static void step_byte(struct gmatcher *m, const uint32_t *in, uint32_t n_in, str
         q.value = (q.value << 6) | (b & 0x3Fu);
         q.n_remain--;
     }
+    if (!utf8_ok(q, lead)) return;
     *p = q;
     new_stamp(m);
     if (q.n_remain > 0) {   /* mid-character: keep the stacks that some completion could satisfy */

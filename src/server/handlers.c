@@ -21,15 +21,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int send_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
+/* An error answer, counted (the caller has logged the request). */
+static int reply_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
     metrics_request(&s->metrics, e->status >= 500 ? OUTCOME_SERVER_ERROR
                                  : e->status == 429 ? OUTCOME_BUSY : OUTCOME_CLIENT_ERROR);
-    server_log_request(s, "-", e->status, 0, 0, 0, -1, 0, NULL, 0);
     char *body = oai_error_json(e);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
     /* a full queue drains in about a step: tell clients when to come back */
     if (e->status == 429) return http_send_hdr(c, e->status, "application/json", body, "Retry-After", "1");
     return http_send(c, e->status, "application/json", body);
+}
+
+/* An error answer to a request that never ran: logged and counted. */
+static int send_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
+    server_log_request(s, "-", e->status, 0, 0, 0, -1, 0, NULL, 0);
+    return reply_error(s, c, e);
 }
 
 /* Why a job ended without a whole answer (0: it did not). */
@@ -132,6 +138,7 @@ struct stream {
     struct oai_resp resp;
     bool include_usage, ended, counted;
     enum metrics_outcome outcome;
+    unsigned status;         /* once ended: what the stream told the client (200, or its error event's) */
     struct strbuf out;       /* SSE bytes not yet handed to MHD: out.s[off..len) */
     size_t off;
 };
@@ -165,6 +172,7 @@ static void stream_event(struct stream *st, struct job_event *e) {
         oai_error_set(&err, 503, "server_shutdown", NULL, "the server is shutting down; the request was ended");
     else oai_error_set(&err, 503, "aborted", NULL, "the request was aborted");
     st->outcome = err.status == 500 ? OUTCOME_SERVER_ERROR : OUTCOME_ABORTED;
+    st->status = err.status;
     oai_stream_error(&err, &st->out);
     st->ended = true;
     stream_count(st, st->outcome);
@@ -189,6 +197,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         } else if (st->resp.n_done == st->resp.n_choices) {
             oai_stream_end(&st->resp, st->include_usage, &st->out);
             st->outcome = OUTCOME_SUCCESS;
+            st->status = 200;
             st->ended = true;
             stream_count(st, st->outcome);
         } else if (job_take_ping(st->j)) {
@@ -208,7 +217,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) {
     struct stream *st = cls;
     enum metrics_outcome oc = st->ended ? st->outcome : OUTCOME_ABORTED;
-    log_job(st->s, &st->resp, st->j, oc == OUTCOME_SUCCESS ? 200 : oc == OUTCOME_SERVER_ERROR ? 500 : 499);
+    /* a stream that ended told its client how (a shutdown's 503 event is not a client that left) */
+    log_job(st->s, &st->resp, st->j, st->ended ? st->status : 499);
     job_release(st->j);
     stream_count(st, oc);
     oai_resp_deinit(&st->resp);
@@ -250,7 +260,7 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
         char *body = oai_error_json(&err);
         return body ? http_send(c, 503, "application/json", body) : HTTP_NO;
     }
-    if (failed) return send_error(s, c, &err);
+    if (failed) return reply_error(s, c, &err);   /* logged above, with the job's counts */
     if (!out) return http_error(c, 500, NULL, NULL, "out of memory");
     metrics_request(&s->metrics, OUTCOME_SUCCESS);
     return http_send(c, 200, "application/json", out);
@@ -579,7 +589,7 @@ int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind 
             rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
         resp.llama = rq.llama;
         uint64_t ids_seed = splitmix64(atomic_fetch_add(&s->next_id, 1) ^ (uint64_t)(time_now() * 1e9));
-        if (!rc && oai_resp_set_tools(&resp, tp.format, tp.prefill, !rq.parallel_tool_calls, ids_seed))
+        if (!rc && oai_resp_set_tools(&resp, tp.format, tp.prefill, !rq.parallel_tool_calls, ids_seed, tp.tools))
             rc = oai_error_set(&err, 500, NULL, NULL, "out of memory");
     }
     for (int k = 0; !rc && rq.echo && k < np; k++) {

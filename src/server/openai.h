@@ -123,6 +123,8 @@ struct oai_resp {
     const char *tool_prefill;            /* static: the answer's opening that the prompt already holds */
     bool tool_single;                    /* parallel_tool_calls false: at most one call */
     uint64_t tool_ids;                   /* call-id generator state */
+    char **tool_names;                   /* (n_tool_names) the functions offered: calls of others are text */
+    int n_tool_names;
 };
 
 /* Returns 0 or KVLLM_ENOMEM. */
@@ -138,7 +140,8 @@ int oai_resp_set_echo(struct oai_resp *r, int k, const char *text, size_t len);
  * prompt ended with that belongs to the answer (a forced call's opening).
  * single: at most one call per choice.  id_seed: where call ids start.
  * Returns 0 or KVLLM_ENOMEM. */
-int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed);
+int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed,
+                       const char *tools);
 /* Non-streaming: fold one event into the response. */
 void oai_resp_add(struct oai_resp *r, const struct job_event *e);
 /* The whole response body (malloc'd; NULL if out of memory). */

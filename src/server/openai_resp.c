@@ -73,6 +73,8 @@ void oai_resp_deinit(struct oai_resp *r) {
         free(r->choices[i].tc);
     }
     free(r->choices);
+    for (int i = 0; i < r->n_tool_names; i++) free(r->tool_names[i]);
+    free(r->tool_names);
     free(r->n_prompt);
     free(r->n_cached);
     for (int k = 0; r->echo && k < r->n_prompts; k++) free(r->echo[k]);
@@ -112,15 +114,19 @@ const char *oai_finish_name(enum kvllm_finish f) { return finish_name(f); }
 
 /* ---- tool calls ---- */
 
-int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed) {
+int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *prefill, bool single, uint64_t id_seed,
+                       const char *tools) {
     r->tool_format = f;
     r->tool_prefill = prefill && *prefill ? prefill : NULL;
     r->tool_single = single;
     r->tool_ids = id_seed;
     if (!r->chat || f == TOOLCALL_NONE) return 0;
+    if (toolcall_declared(tools, &r->tool_names, &r->n_tool_names)) return KVLLM_ENOMEM;
     for (int c = 0; c < r->n_choices; c++) {
         if (!(r->choices[c].tc = malloc(sizeof *r->choices[c].tc))) return KVLLM_ENOMEM;
         toolcall_stream_init(r->choices[c].tc, f);
+        r->choices[c].tc->names = r->tool_names;
+        r->choices[c].tc->n_names = r->n_tool_names;
         if (r->tool_prefill) {   /* an opening is held, never shown */
             struct strbuf shown = { 0 };
             toolcall_stream_push(r->choices[c].tc, r->tool_prefill, strlen(r->tool_prefill), &shown);
@@ -137,6 +143,7 @@ static int parse_calls(struct oai_resp *r, const struct oai_choice *ch, struct t
     sb_put(&all, ch->text.s ? ch->text.s : "", ch->text.len);
     int rc = all.oom ? KVLLM_ENOMEM : toolcall_parse(r->tool_format, all.s ? all.s : "", all.len, res);
     sb_free(&all);
+    if (!rc) rc = toolcall_only_declared(res, r->tool_names, r->n_tool_names, ch->text.s ? ch->text.s : "", ch->text.len);
     return rc;
 }
 

@@ -319,10 +319,45 @@ void toolcall_stream_push(struct toolcall_stream *s, const char *text, size_t le
     }
 }
 
+int toolcall_declared(const char *tools, char ***names, int *n) {
+    *names = NULL;
+    *n = 0;
+    json_object *a = tools ? json_tokener_parse(tools) : NULL;
+    size_t k = a && json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
+    int rc = 0;
+    if (k && !(*names = calloc(k, sizeof **names))) rc = KVLLM_ENOMEM;
+    for (size_t i = 0; !rc && i < k; i++) {
+        json_object *fn = NULL, *name = NULL;
+        json_object_object_get_ex(json_object_array_get_idx(a, i), "function", &fn);
+        if (!json_object_object_get_ex(fn, "name", &name) || !json_object_is_type(name, json_type_string)) continue;
+        if (!((*names)[*n] = strdup(json_object_get_string(name)))) rc = KVLLM_ENOMEM;
+        else (*n)++;
+    }
+    json_object_put(a);
+    return rc;
+}
+
+int toolcall_only_declared(struct toolcall_result *r, char *const *names, int n_names, const char *text, size_t len) {
+    bool all = true;
+    for (int k = 0; all && k < r->n_calls; k++) {
+        bool found = false;
+        for (int i = 0; !found && i < n_names; i++) found = !strcmp(r->calls[k].name, names[i]);
+        all = found;
+    }
+    if (all) return 0;
+    toolcall_result_free(r);
+    if (!len) return 0;
+    if (!(r->content = malloc(len + 1))) return KVLLM_ENOMEM;
+    memcpy(r->content, text, len);
+    r->content[len] = 0;
+    return 0;
+}
+
 int toolcall_stream_finish(struct toolcall_stream *s, struct strbuf *shown, struct toolcall_result *out) {
     memset(out, 0, sizeof *out);
     if (s->text.oom) return KVLLM_ENOMEM;
     int rc = toolcall_parse(s->f, s->text.s ? s->text.s : "", s->text.len, out);
+    if (!rc && s->names) rc = toolcall_only_declared(out, s->names, s->n_names, s->text.s ? s->text.s : "", s->text.len);
     if (rc) return rc;
     /* what was shown is a prefix of the content by construction: text before
      * any place a call could start, ending in a character that is not space */

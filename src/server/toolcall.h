@@ -62,6 +62,17 @@ struct toolcall_result {
 int toolcall_parse(enum toolcall_format f, const char *text, size_t len, struct toolcall_result *out);
 void toolcall_result_free(struct toolcall_result *r);
 
+/* The function names of an OpenAI `tools` array (JSON text), malloc'd (each
+ * and the array; *n of them, none for text that is not such an array).
+ * 0 or KVLLM_ENOMEM. */
+int toolcall_declared(const char *tools, char ***names, int *n);
+/* A call of a function that was not offered is not a call: when one of r's
+ * calls names none of names[0..n_names), r becomes text[0, len) as content,
+ * without calls (a model that invents a function answered in text, and a
+ * client must never be asked to run a tool it did not offer).  0 or
+ * KVLLM_ENOMEM. */
+int toolcall_only_declared(struct toolcall_result *r, char *const *names, int n_names, const char *text, size_t len);
+
 /* Streaming: text arrives in pieces; toolcall_stream_push appends to
  * `shown` the text that can be shown now, toolcall_stream_finish (at the
  * end of the output) the rest of the content and the calls.  The content
@@ -71,6 +82,8 @@ struct toolcall_stream {
     struct strbuf text;  /* everything so far */
     size_t n_shown;      /* bytes of text already shown as content */
     bool held;           /* a call may have started: hold the rest until the end */
+    char *const *names;  /* NULL, or the functions offered (n_names; not owned): see toolcall_only_declared */
+    int n_names;
 };
 
 void toolcall_stream_init(struct toolcall_stream *s, enum toolcall_format f);

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -59,6 +60,14 @@ def send_request(port: int, body: dict, path: str = "/v1/completions", extra: by
     k = connect_from(port, source)
     k.sendall(request_bytes("POST", path, body) + extra)
     return k
+
+
+REQUEST_LINE = re.compile(r"kvllm: request \S+: (\d+),")
+
+
+def logged_statuses(err: str) -> list[int]:
+    """The status of every request line a server wrote (text --log-format)."""
+    return [int(m) for m in REQUEST_LINE.findall(err)]
 
 
 def wait_metric(s: Server, pred, timeout: float) -> dict:
@@ -439,6 +448,10 @@ def test_sigterm_drains(kvllm, gqa_model):
     rc, err = s.stop()
     print(f"SIGTERM: exit {rc} {dt:.2f} s after the signal (--shutdown-timeout 2)")
     assert rc == 0, err[-3000:]
+    # each request logged once, as its client was answered: the 8 streams' error events and the long
+    # request say 503 (the streams were logged 499, as if their clients had left), the short one 200
+    st = logged_statuses(err)
+    assert sorted(st).count(503) == 10 and st.count(200) == 1 and 499 not in st, st
     assert 1.9 < dt < 8, dt
     st, _, body = results["short"]
     assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == 60, body
@@ -670,5 +683,6 @@ def test_engine_error_answers_500(kvllm, tmp_path):
         m = s.metrics()
         assert m['kvllm_requests_total{outcome="server_error"}'] == 2, m
         assert s.wait_blocks_released()['kvllm_kv_blocks{state="held"}'] == 0
+        assert logged_statuses(s.stderr()) == [500, 500], s.stderr()[-3000:]   # once each (the whole one was twice)
     finally:
         stopped_ok(s)

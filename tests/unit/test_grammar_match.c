@@ -425,6 +425,32 @@ static void test_rollback(const struct tvocab *tv, const struct gvocab *v) {
     kvllm_grammar_free(g);
 }
 
+/* Classes admit UTF-8 alone: no overlong form, no surrogate, nothing past U+10FFFF.  A negated class
+ * admitted ED A0 80 (a surrogate) and F4 90 80 80, and [^\x00-\U0010FFFF] (nothing) the latter. */
+static void test_invalid_utf8(const struct gvocab *v) {
+    struct kvllm_grammar *neg = parse_ok("root ::= [^a]"), *any = parse_ok("root ::= ."),
+                         *none = parse_ok("root ::= [^\\x00-\\U0010FFFF]");
+    static const char *const valid[] = { "b", "\xc2\x80", "\xc3\xa9", "\xe0\xa0\x80", "\xe2\x82\xac", "\xed\x9f\xbf",
+                                         "\xee\x80\x80", "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf" };
+    static const char *const invalid[] = { "\xc0\x80", "\xc1\xbf", "\xe0\x80\x80", "\xe0\x9f\xbf", "\xed\xa0\x80",
+                                           "\xed\xbf\xbf", "\xf0\x80\x80\x80", "\xf0\x8f\xbf\xbf", "\xf4\x90\x80\x80",
+                                           "\xf5\x80\x80\x80", "\xf7\xbf\xbf\xbf" };
+    for (size_t i = 0; neg && any && none && i < sizeof valid / sizeof *valid; i++) {
+        const size_t n = strlen(valid[i]);
+        CHECK_MSG(matcher_accepts(neg, v, valid[i], n) == 1 && matcher_accepts(any, v, valid[i], n) == 1,
+                  "valid UTF-8 #%zu refused", i);
+        CHECK_MSG(matcher_accepts(none, v, valid[i], n) == 0, "valid UTF-8 #%zu in the empty class", i);
+    }
+    for (size_t i = 0; neg && any && none && i < sizeof invalid / sizeof *invalid; i++) {
+        const size_t n = strlen(invalid[i]);
+        CHECK_MSG(matcher_accepts(neg, v, invalid[i], n) == 0 && matcher_accepts(any, v, invalid[i], n) == 0 &&
+                  matcher_accepts(none, v, invalid[i], n) == 0, "invalid UTF-8 #%zu accepted", i);
+    }
+    kvllm_grammar_free(neg);
+    kvllm_grammar_free(any);
+    kvllm_grammar_free(none);
+}
+
 int main(void) {
     test_parse_errors();
     struct tvocab syn;
@@ -432,6 +458,7 @@ int main(void) {
     struct gvocab *vs;
     CHECK(tvocab_index(&syn, &vs) == 0);
     test_tables(vs);
+    test_invalid_utf8(vs);
     test_rollback(&syn, vs);
     test_random_strings(k_arith, vs, 1, 400);
     test_random_strings(k_json, vs, 2, 400);

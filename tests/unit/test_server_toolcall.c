@@ -235,6 +235,46 @@ static void test_ids(void) {
               "mistral id %s", a);
 }
 
+/* A call of a function that was not offered is text: toolcall_only_declared on a whole answer, and a
+ * stream given the names shows the whole answer as content (an invented function was returned as a
+ * tool_calls entry under tool_choice auto). */
+static void test_only_declared(void) {
+    char **names;
+    int n;
+    CHECK(toolcall_declared("[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}, "
+                            "{\"type\": \"function\", \"function\": {\"name\": \"add\"}}]", &names, &n) == 0);
+    CHECK(n == 2 && !strcmp(names[0], "get_weather") && !strcmp(names[1], "add"));
+    static const char ok[] = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    static const char bad[] = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n"
+                              "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>";
+    struct toolcall_result r;
+    CHECK(toolcall_parse(TOOLCALL_HERMES, ok, strlen(ok), &r) == 0 && r.n_calls == 1);
+    CHECK(toolcall_only_declared(&r, names, n, ok, strlen(ok)) == 0 && r.n_calls == 1 && !r.content);
+    toolcall_result_free(&r);
+    CHECK(toolcall_parse(TOOLCALL_HERMES, bad, strlen(bad), &r) == 0 && r.n_calls == 2);
+    CHECK(toolcall_only_declared(&r, names, n, bad, strlen(bad)) == 0);
+    CHECK_MSG(r.n_calls == 0 && r.content && !strcmp(r.content, bad), "%d calls, content '%s'", r.n_calls,
+              r.content ? r.content : "(null)");
+    toolcall_result_free(&r);
+    for (size_t piece = 1; piece <= 7; piece += 3) {
+        struct toolcall_stream st;
+        toolcall_stream_init(&st, TOOLCALL_HERMES);
+        st.names = names;
+        st.n_names = n;
+        struct strbuf shown = { 0 };
+        for (size_t off = 0; off < strlen(bad); off += piece)
+            toolcall_stream_push(&st, bad + off, strlen(bad) - off < piece ? strlen(bad) - off : piece, &shown);
+        CHECK(toolcall_stream_finish(&st, &shown, &r) == 0);
+        CHECK_MSG(r.n_calls == 0 && shown.s && !strcmp(shown.s, bad), "stream by %zu: %d calls, shown '%s'", piece,
+                  r.n_calls, shown.s ? shown.s : "");
+        toolcall_result_free(&r);
+        sb_free(&shown);
+        toolcall_stream_deinit(&st);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
 int main(void) {
     test_table();
     test_stream();
@@ -242,5 +282,6 @@ int main(void) {
     test_stream_equals_whole_on_cuts();
     test_detect();
     test_ids();
+    test_only_declared();
     return check_report("test_server_toolcall");
 }

@@ -39,13 +39,22 @@ static void meta(const struct kvllm_model *m, const char *key, char *buf, size_t
     buf[n] = 0;
 }
 
-static void json_str(const char *k, const char *v, bool comma) {
-    printf("  \"%s\": \"", k);
+/* A string from the file: control characters (C0, DEL and the C1 set, which
+ * some terminals obey) as \uXXXX escapes, so that a model's name cannot
+ * move the cursor, retitle the window or clear the screen; for JSON, quotes
+ * and backslashes escaped too. */
+static void put_escaped(const char *v, bool json) {
     for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p < 0x20) printf("\\u%04x", *p);
+        if (json && (*p == '"' || *p == '\\')) printf("\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7F) printf("\\u%04x", *p);
+        else if (*p == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F) printf("\\u%04x", *++p);
         else putchar(*p);
     }
+}
+
+static void json_str(const char *k, const char *v, bool comma) {
+    printf("  \"%s\": \"", k);
+    put_escaped(v, true);
     printf("\"%s\n", comma ? "," : "");
 }
 
@@ -154,7 +163,9 @@ int cmd_info(int argc, char **argv) {
     human(wb, sizeof wb, (double)d->weight_bytes);
     human(pb, sizeof pb, (double)d->placed_bytes);
     printf("file              %s\n", path);
-    printf("name              %s\n", *name ? name : "(none)");
+    fputs("name              ", stdout);
+    put_escaped(*name ? name : "(none)", false);
+    putchar('\n');
     printf("architecture      %s\n", d->arch);
     printf("file type         %s, %.2f bits per weight\n", ft, bpw);
     printf("n_vocab           %d\n", d->n_vocab);
@@ -169,7 +180,11 @@ int cmd_info(int argc, char **argv) {
     printf("n_ff              %d\n", d->n_ff);
     printf("rope_theta        %g\n", d->rope_theta);
     printf("norm_eps          %g\n", d->norm_eps);
-    printf("tokenizer         %s%s%s\n", *tmodel ? tmodel : "(none)", *pre ? ", pre-tokenizer " : "", pre);
+    fputs("tokenizer         ", stdout);
+    put_escaped(*tmodel ? tmodel : "(none)", false);
+    fputs(*pre ? ", pre-tokenizer " : "", stdout);
+    put_escaped(pre, false);
+    putchar('\n');
     printf("bos / eos         %d / %d\n", d->token_bos, d->token_eos);
     printf("add_bos / add_eos %s / %s\n", d->add_bos ? "yes" : "no", add_eos ? "yes" : "no");
     if (tmpl) printf("chat template     yes (%zu bytes)\n", tmpl_len);

@@ -325,6 +325,9 @@ static int run(struct run_opts *op) {
                 pr.n_gen > 1 ? (pr.n_gen - 1) / (t2 - t1 + 1e-12) : 0.0,
                 pr.n_gen > 1 ? 1e3 * (t2 - t1) / (pr.n_gen - 1) : 0.0, o.no_kv ? " [no KV cache]" : "");
     if (!o.quiet) cli_spec_report(eng, &o.ep);
+    /* the engine ended the sequence with an error (logged where it happened: the sampler found no
+     * token, the grammar allows none...): the text is cut short, and the exit status says so */
+    if (pr.finish == KVLLM_FINISH_ERROR) goto fail;
     kvllm_engine_free(eng);
     kvllm_model_free(o.ep.draft_model);
     kvllm_grammar_free(gram);

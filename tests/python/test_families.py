@@ -25,6 +25,8 @@ import pytest
 from gen_model import GEMMA, KEY_LENGTH, QK_NORM, ModelConfig, longrope_attn_factor
 from ref_llama import LlamaRef, rel_err
 from test_archs import MODES, TOL, Case, check_info, check_logits, check_not_degenerate, make_cases
+from gen_model import write_model
+from kvtest import eval_logits
 
 N_TOKENS = 26
 
@@ -396,3 +398,68 @@ def test_asan_families(asan_bin, cases, tmp_path):
                    "qwen3moe_f32_8x2"):
         for mode in ("prefill_7", "no_kv_cache"):
             check_logits(asan_bin, cases[config], tmp_path / "logits.bin", config, mode)
+
+
+# ---- long contexts and batches --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["prefill_all", "prefill_300"])
+def test_gemma3_window_across_attention_splits(kvllm, tmp_path, mode):
+    """2,500 positions with a window of 1,100 on five sliding layers and a global one: late tokens' windows
+    start inside the second attention split (PAGED_ATTN_SPLIT = 1024) and end in the third, while the global
+    layer reads all three; in one prefill and in chunks of 300."""
+    cfg = ModelConfig(arch="gemma3", n_vocab=300, n_embd=32, n_layer=6, n_head=2, n_head_kv=1, key_length=16,
+                      n_ff=48, n_ctx=4096, n_swa=1100, rope_theta=1e6, norm_eps=1e-6, tied=True)
+    path = write_model(tmp_path / "gemma3_long.gguf", cfg, seed=77)
+    tokens = [1] + np.random.default_rng(9).integers(3, 300, size=2499).tolist()
+    model = LlamaRef.from_gguf(path)
+    ref = model.forward(tokens)
+    assert [model.hp.layer_window(il) for il in range(6)] == [1100] * 5 + [0]
+    got = eval_logits(kvllm, path, tokens, tmp_path / "logits.bin", **({} if mode == "prefill_all" else
+                                                                        dict(prefill=300)))
+    err = rel_err(got, ref)
+    assert err.max() <= TOL, f"{mode}: rel err {err.max():.3g} at position {int(err.argmax())}"
+    full = LlamaRef(dataclasses.replace(model.hp, n_swa=10 ** 6), model.w, model.fam).forward(tokens[:1400])
+    assert rel_err(full[1100:], ref[1100:1400]).min() > 10 * TOL, "the window changes nothing here"
+
+
+FAMILY_BATCH_MODELS = {
+    # window 12 under prompts of up to 80 tokens; layer 5 global
+    "gemma3": ModelConfig(arch="gemma3", n_vocab=320, n_embd=64, n_layer=7, n_head=4, n_head_kv=2, key_length=16,
+                          n_ff=96, n_ctx=256, n_swa=12, rope_theta=1e6, tied=True),
+    "gemma2": ModelConfig(arch="gemma2", n_vocab=320, n_embd=64, n_layer=3, n_head=4, n_head_kv=2, key_length=16,
+                          n_ff=96, n_ctx=256, n_swa=9, attn_softcap=1.5, final_softcap=3.0, tied=True),
+    "qwen3moe": ModelConfig(arch="qwen3moe", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+                            key_length=16, n_ff=96, n_ff_exp=32, n_expert=8, n_expert_used=2, n_ctx=256),
+    "phi3_longrope": ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                                 n_rot=12, n_ctx=256, n_ctx_orig=64, longrope=True),
+}
+
+
+@pytest.fixture(scope="module")
+def family_batch_setup(kvllm, tmp_path_factory):
+    from test_archs import _run_batch
+    d = tmp_path_factory.mktemp("families_batch")
+    rng = np.random.default_rng(18)
+    prefix = [1] + rng.integers(3, 320, size=30).tolist()
+    prompts = [(prefix if i % 2 else [1]) + rng.integers(3, 320, size=int(rng.integers(3, 50))).tolist()
+               for i in range(6)]
+    out = {}
+    for name, cfg in FAMILY_BATCH_MODELS.items():
+        model = write_model(d / f"{name}.gguf", cfg, seed=31)
+        alone = [_run_batch(kvllm, d, model, [p], f"{name}_alone{i}") for i, p in enumerate(prompts)]
+        out[name] = (model, [a[0][0] for a in alone], np.stack([a[1][0] for a in alone]))
+    return d, prompts, out
+
+
+@pytest.mark.parametrize("setting", ["default", "chunk_7", "block_size_5", "preempt", "threads_1"])
+@pytest.mark.parametrize("arch", list(FAMILY_BATCH_MODELS))
+def test_family_batch_invariance(kvllm, family_batch_setup, arch, setting):
+    """test_archs' batch invariance for the new families: each prompt's greedy ids and logits are the same run
+    alone or batched with the others (sliding windows crossed, experts grouped across sequences)."""
+    from test_archs import BATCH_SETTINGS, _run_batch
+    d, prompts, out = family_batch_setup
+    model, want_ids, want_logits = out[arch]
+    ids, logits = _run_batch(kvllm, d, model, prompts, f"{arch}_{setting}", *BATCH_SETTINGS[setting])
+    assert ids == want_ids, f"{arch}/{setting}: greedy ids differ from the prompts run alone"
+    diff = np.abs(logits - want_logits).max() / np.abs(want_logits).max()
+    assert diff <= 1e-6, f"{arch}/{setting}: max|batched - alone| / max|alone| = {diff:.3g}"

@@ -1,5 +1,5 @@
-/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 3 folders read
- * as an in-memory GGUF (see hf.h); writing one is hf_write.c.
+/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 3/Phi-3 folders
+ * read as an in-memory GGUF (see hf.h); writing one is hf_write.c.
  *
  * config.json -> <arch>.* keys, as llama.cpp's converter writes them; the shards are mapped back to back
  * into one reservation (each at a page boundary) so that the gguf's single
@@ -126,18 +126,22 @@ struct hf_hparams {
     enum hf_arch arch;
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     int64_t head_dim;   /* n_embd / n_head, but Qwen3's and Gemma 3's own (GGUF: key_length) */
+    int64_t n_rot;      /* rotated dims: head_dim, or Phi-3's partial_rotary_factor of it */
+    int64_t n_ctx_orig; /* Phi-3's original_max_position_embeddings */
     int64_t n_swa;      /* Mistral, Gemma 3 sliding_window, 0 when absent/null */
     double eps, theta;
     double attn_softcap, final_softcap; /* Gemma 3: 0 when null */
     bool tied;
-    /* rope_scaling: 0 none, 1 linear (factor), 2 llama3 (factor, low/high_freq_factor, original context) */
+    /* rope_scaling: 0 none, 1 linear (factor), 2 llama3 (factor, low/high_freq_factor, original context),
+     * 3 LongRoPE (Phi-3: per-pair factors, attention factor) */
     int rope_scaling;
-    double rs_factor, rs_low, rs_high, rs_orig;
+    double rs_factor, rs_low, rs_high, rs_orig, rs_attn;
+    json_object *rs_long, *rs_short;   /* LongRoPE's factor arrays, in the config (not owned) */
 };
 
-const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3" };
+const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3", "phi3" };
 
-/* rope_scaling (object or null): none, linear or llama3; anything else is refused. */
+/* rope_scaling (object or null): none, linear, llama3, or Phi-3's longrope; anything else is refused. */
 static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hparams *hp) {
     json_object *rs = cfg_get(cfg, "rope_scaling");
     hp->rope_scaling = 0;
@@ -165,7 +169,13 @@ static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hpara
         }
         return 0;
     }
-    LOG_ERR("%s: rope_scaling %.80s is not supported (supported: linear, llama3)", path,
+    if (t && (!strcmp(t, "longrope") || !strcmp(t, "su")) && hp->arch == HF_PHI3) {
+        hp->rope_scaling = 3;
+        hp->rs_long = cfg_get(rs, "long_factor");
+        hp->rs_short = cfg_get(rs, "short_factor");
+        return cfg_float(path, rs, "attention_factor", 1e-3, 1e3, 0.0, &hp->rs_attn);   /* 0: from the contexts */
+    }
+    LOG_ERR("%s: rope_scaling %.80s is not supported (supported: linear, llama3, longrope for Phi-3)", path,
             json_object_to_json_string(rs));
     return KVLLM_EUNSUPPORTED;
 }
@@ -248,12 +258,52 @@ static int read_config_gemma3(const char *path, json_object *cfg, struct hf_hpar
     return 0;
 }
 
+/* Phi-3's partial rotary, original context and LongRoPE factors.  Its
+ * sliding_window is dropped: kvllm's phi3, as llama.cpp, does not run it
+ * (the configs carry windows the models were not run with). */
+static int read_config_phi3(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    double part;
+    int rc;
+    hp->n_swa = 0;
+    if ((rc = cfg_float(path, cfg, "partial_rotary_factor", 0.0, 1.0, 1.0, &part)) ||
+        (rc = cfg_int(path, cfg, "original_max_position_embeddings", false, 2, 1 << 24, hp->n_ctx, &hp->n_ctx_orig)))
+        return rc;
+    hp->n_rot = (int64_t)(part * (double)hp->head_dim);
+    if (hp->n_rot % 2) {
+        LOG_ERR("%s: partial_rotary_factor %g of head_dim %lld: %lld rotated dimensions, which must be even", path,
+                part, (long long)hp->head_dim, (long long)hp->n_rot);
+        return KVLLM_EFORMAT;
+    }
+    if (hp->rope_scaling != 3) return 0;
+    json_object *f[2] = { hp->rs_long, hp->rs_short };
+    for (int i = 0; i < 2; i++) {
+        bool ok = f[i] && json_object_is_type(f[i], json_type_array) &&
+                  (int64_t)json_object_array_length(f[i]) == hp->n_rot / 2;
+        for (size_t j = 0; ok && j < json_object_array_length(f[i]); j++) {
+            json_object *v = json_object_array_get_idx(f[i], j);
+            double x = json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)
+                           ? json_object_get_double(v) : NAN;
+            ok = x > 0 && x < 1e30;
+        }
+        if (!ok) {
+            LOG_ERR("%s: rope_scaling.%s must be an array of %lld positive numbers (half the rotated dimensions)",
+                    path, i ? "short_factor" : "long_factor", (long long)(hp->n_rot / 2));
+            return KVLLM_EFORMAT;
+        }
+    }
+    if (hp->rs_attn == 0.0) {   /* Transformers' and llama.cpp's converter's default */
+        const double scale = (double)hp->n_ctx / (double)hp->n_ctx_orig;
+        hp->rs_attn = scale > 1.0 ? sqrt(1 + log(scale) / log((double)hp->n_ctx_orig)) : 1.0;
+    }
+    return 0;
+}
+
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
     static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel",
-                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM" };
-    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text" };
-    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3 };
+                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM" };
+    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3 };
     const size_t n_archs = sizeof archs / sizeof *archs;
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
@@ -282,7 +332,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
     }
     if (!known) {
         LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma3ForCausalLM)", path, name);
+                "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
     hp->attn_softcap = hp->final_softcap = 0.0;
@@ -321,6 +371,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
                 (long long)hp->head_dim);
         return KVLLM_EUNSUPPORTED;
     }
+    hp->n_rot = hp->head_dim;
     /* Gemma names it hidden_activation (tanh GELU, its GeGLU); the others hidden_act (SwiGLU) */
     const char *act_key = gemma && cfg_get(cfg, "hidden_activation") ? "hidden_activation" : "hidden_act";
     const char *act_want = gemma ? "gelu_pytorch_tanh" : "silu";
@@ -341,6 +392,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         }
         hp->n_swa = 0;
     }
+    if (hp->arch == HF_PHI3 && (rc = read_config_phi3(path, cfg, hp))) return rc;
     if (hp->n_swa > hp->n_ctx) {
         LOG_ERR("%s: sliding_window %lld is longer than max_position_embeddings %lld", path, (long long)hp->n_swa,
                 (long long)hp->n_ctx);
@@ -381,8 +433,11 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
             if (!rc) rc = gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)hp->head_dim);
             if (!rc) rc = gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)hp->head_dim);
         } else if (!rc) {
-            rc = gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)hp->head_dim);
+            rc = gguf_set_u32(g, KEY("rope.dimension_count"), (uint32_t)hp->n_rot);
         }
+        if (!rc && hp->arch == HF_PHI3)
+            rc = gguf_set_u32(g, KEY("rope.scaling.original_context_length"), (uint32_t)hp->n_ctx_orig);
+        if (!rc && hp->rope_scaling == 3) rc = gguf_set_f32(g, KEY("rope.scaling.attn_factor"), (float)hp->rs_attn);
         if (!rc) rc = gguf_set_f32(g, KEY("rope.freq_base"), (float)hp->theta);
         if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_rms_epsilon"), (float)hp->eps);
         if (!rc && hp->rope_scaling == 1) rc = gguf_set_str(g, KEY("rope.scaling.type"), "linear");
@@ -414,6 +469,24 @@ static int add_rope_freqs(struct gguf *g, const struct hf_hparams *hp) {
     }
     int64_t ne[2] = { n, 1 };
     return gguf_add_tensor(g, "rope_freqs.weight", DTYPE_F32, 1, ne, f);
+}
+
+/* LongRoPE as GGUF carries it: rope_factors_long.weight and
+ * rope_factors_short.weight (n_rot / 2) f32, the arrays read_config_phi3
+ * checked. */
+static int add_longrope(struct gguf *g, const struct hf_hparams *hp) {
+    static const char *name[2] = { "rope_factors_long.weight", "rope_factors_short.weight" };
+    json_object *src[2] = { hp->rs_long, hp->rs_short };
+    const int64_t n = hp->n_rot / 2;
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        float *f = gguf_alloc(g, (size_t)(n ? n : 1) * sizeof *f);
+        if (!f) return KVLLM_ENOMEM;
+        for (int64_t j = 0; j < n; j++) f[j] = (float)json_object_get_double(json_object_array_get_idx(src[i], (size_t)j));
+        int64_t ne[2] = { n, 1 };
+        rc = gguf_add_tensor(g, name[i], DTYPE_F32, 1, ne, f);
+    }
+    return rc;
 }
 
 /* ---- shards ---- */
@@ -559,6 +632,9 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
         { "self_attn.q_norm.weight", "attn_q_norm.weight", PERM_NONE },   /* Qwen3, Gemma 3 */
         { "self_attn.k_norm.weight", "attn_k_norm.weight", PERM_NONE },
     };
+    /* Phi-3's fused projections: q, k, v rows in one; gate rows then up rows in one */
+    static const char *const phi3[][2] = { { "self_attn.qkv_proj.weight", "attn_qkv.weight" },
+                                           { "mlp.gate_up_proj.weight", "ffn_up.weight" } };
     /* Gemma's norms around the sub-layers: after attention, before and after the FFN */
     static const char *const gemma[][2] = { { "post_attention_layernorm.weight", "post_attention_norm.weight" },
                                             { "pre_feedforward_layernorm.weight", "ffn_norm.weight" },
@@ -578,6 +654,11 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
     for (size_t i = 0; hp->arch == HF_GEMMA3 && i < sizeof gemma / sizeof *gemma; i++)
         if (!strcmp(p, gemma[i][0])) {
             snprintf(out, cap, "blk.%lld.%s", (long long)il, gemma[i][1]);
+            return 1;
+        }
+    for (size_t i = 0; hp->arch == HF_PHI3 && i < sizeof phi3 / sizeof *phi3; i++)
+        if (!strcmp(p, phi3[i][0])) {
+            snprintf(out, cap, "blk.%lld.%s", (long long)il, phi3[i][1]);
             return 1;
         }
     for (size_t i = 0; i < sizeof layer / sizeof *layer; i++)
@@ -694,7 +775,7 @@ int hf_open(const char *dir, struct gguf **out) {
     uint64_t *size = NULL;
     struct st_file *sf = NULL;
     size_t n = 0;
-    struct hf_hparams hp;
+    struct hf_hparams hp = { 0 };
     struct stat st;
     int rc = g && cfg_path && idx_path ? 0 : KVLLM_ENOMEM;
     if (!rc && stat(cfg_path, &st) != 0) {
@@ -758,6 +839,8 @@ int hf_open(const char *dir, struct gguf **out) {
             rc = KVLLM_EFORMAT;
         } else if (hp.rope_scaling == 2) {
             rc = add_rope_freqs(g, &hp);
+        } else if (hp.rope_scaling == 3) {
+            rc = add_longrope(g, &hp);
         }
     }
     if (!rc) { /* the vocabulary, when the folder has one */

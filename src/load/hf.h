@@ -1,5 +1,5 @@
 /* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, and for
- * reading Qwen3 and Gemma 3 text models) read as an in-memory GGUF, and
+ * reading Qwen3, Gemma 3 text and Phi-3) read as an in-memory GGUF, and
  * written from one.
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and
@@ -13,7 +13,9 @@
  * GGUF llama rotates adjacent pairs.  As llama.cpp's converter does, the
  * rows of Q and K are permuted on load (reshape (n_head, 2, head_dim/2,
  * n_embd), swap axes 1 and 2); those copies live in the gguf's arena.
- * (GGUF's qwen2, qwen3 and gemma3 rotate halves too: no permutation.)
+ * (GGUF's qwen2, qwen3, gemma3 and phi3 rotate halves too: no permutation;
+ * Phi-3's fused qkv_proj and gate_up_proj stay fused, as llama.cpp keeps
+ * them, and its LongRoPE factors become rope_factors_long / _short.)
  * 1-D tensors (the norms) are converted to F32, as GGUF files store them,
  * Gemma's with its RMSNorm offset added (GGUF stores 1 + w); everything
  * else keeps its dtype and stays in the mapping.

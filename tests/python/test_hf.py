@@ -13,6 +13,11 @@ reproduces the reference greedy ids without --tokenizer (the folder gets tokeniz
 architecture (llama, mistral with its sliding window, qwen2, gpt2) goes GGUF -> HF -> GGUF with identical
 logits, its vocabulary included; corrupt folders are refused with one clear error line naming
 the file (release binary and, when built, the ASan one).
+
+Qwen3, Gemma 3 text and Phi-3 folders (written here from gen_model's GGUF as Transformers lays them out:
+Gemma's norms without the +1 GGUF stores, Phi-3's LongRoPE factors and partial rotary in config.json) give
+the GGUF's logits bit for bit over a text crossing every sliding window, and the reference's; configs kvllm
+cannot run as written (another sliding pattern or local rope base, bidirectional attention, yarn) are refused.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gen_model import ModelConfig, tensor_specs, write_model
+from gen_model import ModelConfig, longrope_factors, tensor_specs, write_model
 from kvtest import assert_no_sanitizer, check_refused, eval_logits, parse_ids, run_cli
 from ref_llama import LlamaRef, rel_err
 
@@ -572,14 +577,17 @@ def test_bad_folder_refused(binary, bad_folders, case):
     check_refused(res, name)
 
 
-# ---- Qwen3 and Gemma 3 folders ------------------------------------------------------
+# ---- Qwen3, Gemma 3 and Phi-3 folders -----------------------------------------------
 
 # How llama.cpp's converter names their tensors: Qwen3 adds per-head q/k norms; Gemma 3 has four norms per
-# layer, HF's post_attention_layernorm being the one after attention (not the FFN's pre-norm, as in Llama).
+# layer, HF's post_attention_layernorm being the one after attention (not the FFN's pre-norm, as in Llama);
+# Phi-3 fuses q, k, v in qkv_proj and gate, up in gate_up_proj (GGUF attn_qkv and ffn_up, as they are).
 QK_NORM_NAMES = dict(LAYER_NAMES, attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
 GEMMA_NAMES = dict(QK_NORM_NAMES, post_attention_norm="post_attention_layernorm",
                    ffn_norm="pre_feedforward_layernorm", post_ffw_norm="post_feedforward_layernorm")
-FAMILY_HF = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text")}
+PHI3_NAMES = dict(LAYER_NAMES, attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
+FAMILY_HF = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+             "phi3": ("Phi3ForCausalLM", "phi3")}
 FAMILY_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(40)]   # every window crossed; ids < 320
 
 
@@ -587,7 +595,8 @@ def family_hf_name(name: str, arch: str) -> str:
     if not name.startswith("blk."):
         return hf_name(name)
     _, il, what, _ = name.split(".")
-    return f"model.layers.{il}.{(GEMMA_NAMES if arch == 'gemma3' else QK_NORM_NAMES)[what]}.weight"
+    names = {"gemma3": GEMMA_NAMES, "phi3": PHI3_NAMES}.get(arch, QK_NORM_NAMES)
+    return f"model.layers.{il}.{names[what]}.weight"
 
 
 def norm_shift(cfg: ModelConfig) -> float:
@@ -614,11 +623,13 @@ def family_norms(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 def family_entries(gguf_path: Path, cfg: ModelConfig, shift: float | None = None) -> list[STEntry]:
-    """The GGUF's tensors under HF names: matrices as they are (GGUF qwen3 / gemma3 keep HF's halves rope
-    layout), norms minus the shift in the model dtype."""
+    """The GGUF's tensors under HF names: matrices as they are (GGUF qwen3 / gemma3 / phi3 keep HF's halves
+    rope layout), norms minus the shift in the model dtype; LongRoPE factors go to config.json instead."""
     shift = norm_shift(cfg) if shift is None else shift
     out = []
     for t in gguf.GGUFReader(gguf_path).tensors:
+        if t.name.startswith("rope_factors"):
+            continue
         shape = [int(x) for x in reversed(t.shape)]
         if len(shape) == 1:
             w = np.asarray(t.data, dtype=np.float32) - np.float32(shift)
@@ -633,10 +644,19 @@ def family_entries(gguf_path: Path, cfg: ModelConfig, shift: float | None = None
 
 
 def family_config(cfg: ModelConfig, layer_types: bool = False) -> dict:
-    """config.json fields beyond test_hf's Llama ones, as Transformers writes them for Qwen3 / Gemma 3 text."""
+    """config.json fields beyond test_hf's Llama ones, as Transformers writes them for Qwen3 / Gemma 3 text /
+    Phi-3 (the LongRoPE factors as gen_model computes them, exact as JSON doubles)."""
     arch, mtype = FAMILY_HF[cfg.arch]
     c = dict(architectures=[arch], model_type=mtype, head_dim=cfg.head_dim, attention_bias=False)
-    if cfg.arch == "qwen3":
+    if cfg.arch == "phi3":
+        del c["head_dim"], c["attention_bias"]      # Phi-3 configs carry neither
+        c.update(original_max_position_embeddings=cfg.n_ctx_orig or cfg.n_ctx,
+                 sliding_window=2 * cfg.n_ctx)       # as Phi-3-128k's: longer than the context, and ignored
+        if cfg.n_rot is not None:
+            c["partial_rotary_factor"] = cfg.rot / cfg.head_dim
+        c["rope_scaling"] = {"type": "longrope", "long_factor": longrope_factors(cfg, "long").tolist(),
+                             "short_factor": longrope_factors(cfg, "short").tolist()} if cfg.longrope else None
+    elif cfg.arch == "qwen3":
         c.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
     else:
         c.update(hidden_act=None, hidden_activation="gelu_pytorch_tanh", sliding_window=cfg.n_swa,
@@ -669,6 +689,15 @@ FAMILY_CASES = {
     "gemma3_bf16_w6_mqa_sharded": (ModelConfig(arch="gemma3", n_vocab=320, n_embd=64, n_layer=8, n_head=4,
                                                n_head_kv=1, key_length=64, n_ff=96, n_ctx=256, n_swa=6,
                                                rope_theta=1e6, dtype="bf16", tied=True), 2, False),
+    # rope on 12 of 16 dims (Phi-4-mini's 0.75); context 256 over an original 64: the long factors, attn_factor
+    "phi3_f32_longrope_long_rot12": (ModelConfig(arch="phi3", n_vocab=400, n_embd=64, n_layer=2, n_head=4,
+                                                 n_head_kv=2, n_ff=128, n_rot=12, n_ctx=256, n_ctx_orig=64,
+                                                 longrope=True), 1, False),
+    "phi3_bf16_tied_longrope_short_sharded": (ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=2, n_head=4,
+                                                          n_head_kv=4, n_ff=96, n_ctx=256, longrope=True,
+                                                          dtype="bf16", tied=True), 2, False),
+    "phi3_f16_rot8": (ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=3, n_head=2, n_head_kv=1, n_ff=96,
+                                  n_rot=8, n_ctx=256, dtype="f16"), 1, False),
 }
 
 
@@ -701,10 +730,15 @@ def test_family_folder_matches_gguf_and_reference(kvllm, family_models, tmp_path
     back = tmp_path / "back.gguf"
     res = run_cli(kvllm, "convert", h, "-o", back, timeout=TIMEOUT)
     assert res.returncode == 0, res.describe()
-    r = gguf.GGUFReader(back)
-    assert r.get_field("general.architecture").contents() == cfg.arch
-    assert r.get_field(f"{cfg.arch}.attention.key_length").contents() == cfg.head_dim
-    assert r.get_field(f"{cfg.arch}.rope.dimension_count") is None
+    r, a = gguf.GGUFReader(back), cfg.arch
+    assert r.get_field("general.architecture").contents() == a
+    if a == "phi3":
+        assert r.get_field(f"{a}.rope.dimension_count").contents() == cfg.rot
+        assert r.get_field(f"{a}.rope.scaling.original_context_length").contents() == (cfg.n_ctx_orig or cfg.n_ctx)
+        assert ("rope_factors_long.weight" in {t.name for t in r.tensors}) == cfg.longrope
+    else:
+        assert r.get_field(f"{a}.attention.key_length").contents() == cfg.head_dim
+        assert r.get_field(f"{a}.rope.dimension_count") is None
     assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
 
 
@@ -742,6 +776,15 @@ FAMILY_BAD = {
     "qwen3_head_dim_odd": _family_bad("qwen3_f32_untied_hd32", head_dim=15),
     "qwen3_head_dim_vs_tensors": _family_bad("qwen3_f32_untied_hd32", head_dim=16),
     "qwen3_no_k_norm": _family_bad("qwen3_f32_untied_hd32", drop="model.layers.1.self_attn.k_norm.weight"),
+    "phi3_long_factor_short": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
+        "type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 6}),
+    "phi3_short_factor_zero": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
+        "type": "longrope", "long_factor": [1.0] * 6, "short_factor": [1.0] * 5 + [0.0]}),
+    "phi3_no_short_factor": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
+        "type": "longrope", "long_factor": [1.0] * 6}),
+    "phi3_rotary_odd": _family_bad("phi3_f32_longrope_long_rot12", partial_rotary_factor=0.8125),
+    "phi3_yarn": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={"type": "yarn", "factor": 4.0}),
+    "phi3_unfused_qkv": _family_bad("phi3_f16_rot8", drop="model.layers.2.self_attn.qkv_proj.weight"),
 }
 # what the error line names besides the file (config.json, or the folder for a tensor's error)
 FAMILY_BAD_NAMES = {
@@ -751,7 +794,10 @@ FAMILY_BAD_NAMES = {
     "gemma3_bidirectional": "use_bidirectional_attention", "gemma3_window_past_context": "sliding_window",
     "gemma3_no_post_ffw_norm": "blk.3.post_ffw_norm.weight", "qwen3_sliding": "use_sliding_window",
     "qwen3_head_dim_odd": "head_dim", "qwen3_head_dim_vs_tensors": "blk.0.attn_q.weight",
-    "qwen3_no_k_norm": "blk.1.attn_k_norm.weight",
+    "qwen3_no_k_norm": "blk.1.attn_k_norm.weight", "phi3_long_factor_short": "rope_scaling.long_factor",
+    "phi3_short_factor_zero": "rope_scaling.short_factor", "phi3_no_short_factor": "rope_scaling.short_factor",
+    "phi3_rotary_odd": "partial_rotary_factor", "phi3_yarn": "rope_scaling",
+    "phi3_unfused_qkv": "blk.2.attn_q.weight",
 }
 
 

@@ -20,7 +20,9 @@
  * (POLLRDHUP: probe; POLLHUP / POLLERR: gone), because MHD does not watch a
  * suspended connection.  Connections past --max-connections, or past
  * --max-connections-per-client from one address, are still accepted (up to
- * a margin) so that they can be answered 503 rather than reset. */
+ * a margin) so that they can be answered 503 rather than reset; one that
+ * sends its headers takes the slot of the oldest socket that has sent none
+ * (evict_incomplete), so trickling sockets cannot hold every slot. */
 #include "server/server_internal.h"
 #include "server/job.h"
 #include "server/strbuf.h"
@@ -310,6 +312,36 @@ static void promote_one(struct server *s) {
             return;
         }
     }
+}
+
+/* Slowloris from many addresses: sockets that trickle their headers could
+ * fill every slot, and each under --max-connections-per-client, so that a
+ * real client (and /health) was answered 503.  A slot is for a request: a
+ * socket over the global limit that completes its headers takes the slot of
+ * the oldest counted socket that has sent none (or idles between requests),
+ * which is shut down (under peers_mu).  Only a server whose slots all hold
+ * requests answers 503. */
+static bool evict_incomplete(struct server *s) {
+    for (struct peer *q = s->peers_tail; q; q = q->prev) {
+        if (q->over || (q->phase != PH_HEADERS && q->phase != PH_IDLE) || q->fd < 0) continue;
+        shutdown(q->fd, SHUT_RDWR);   /* MHD reads end-of-file and closes it; the socket stays MHD's */
+        q->phase = PH_CLOSING;
+        q->over = true;               /* uncounted now: its close counts it off the over-limit sockets */
+        s->n_peers--;
+        s->n_over++;
+        return true;
+    }
+    return false;
+}
+
+/* p, over a limit, has sent its headers: counted if its own address is
+ * within its limit and a slot is free or can be freed (under peers_mu). */
+static void claim_slot(struct server *s, struct peer *p) {
+    if (!p->over || same_client(s, p) >= s->max_conns_per_client) return;
+    if (s->n_peers >= s->max_conns && !evict_incomplete(s)) return;
+    p->over = false;
+    s->n_over--;
+    s->n_peers++;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -617,6 +649,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         struct peer *p = peer_of(c);
         set_phase(s, p, PH_BODY);
         pthread_mutex_lock(&s->peers_mu);
+        if (p) claim_slot(s, p);
         bool over = p && p->over;
         pthread_mutex_unlock(&s->peers_mu);
         classify(s, c, url, method, version, over, cn);

@@ -149,6 +149,31 @@ class Probe(Background):
 
 # ---- slowloris and connection limits ----------------------------------------------------
 
+def trickle_and_serve(s: Server, socks: list[socket.socket], seconds: float, each_round=lambda: None):
+    """For `seconds`: a byte on each of socks, then /health and a short completion from another address
+    (127.0.0.2), then each_round().  Every status that client got, and its slowest answer."""
+    statuses, worst = [], 0.0
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        for k in socks:
+            try:
+                k.send(b"x")
+            except OSError:
+                pass
+        st, dt = timed_get(s.port, "/health", "127.0.0.2")
+        statuses.append(st)
+        worst = max(worst, dt)
+        k = connect_from(s.port, "127.0.0.2", timeout=5)
+        t0 = time.monotonic()
+        k.sendall(request_bytes("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 8}))
+        statuses.append(read_response(k, timeout=5)[0])
+        k.close()
+        worst = max(worst, time.monotonic() - t0)
+        each_round()
+        time.sleep(0.2)
+    return statuses, worst
+
+
 N_TRICKLE = 1100
 
 
@@ -167,27 +192,10 @@ def test_slowloris(kvllm, stories):
             k = connect_from(s.port, "127.0.0.1", timeout=5)
             k.sendall(b"GET /health HTTP/1.1\r\nHo")
             socks.append(k)
-        worst = 0.0
-        threads_max = 0
-        stop = time.monotonic() + 2.0          # trickle below the header timeout, serving a client meanwhile
-        while time.monotonic() < stop:
-            for k in socks:
-                try:
-                    k.send(b"x")
-                except OSError:
-                    pass
-            st, dt = timed_get(s.port, "/health", "127.0.0.2")
-            assert st == 200, st
-            worst = max(worst, dt)
-            k = connect_from(s.port, "127.0.0.2", timeout=5)
-            t0 = time.monotonic()
-            k.sendall(request_bytes("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 8}))
-            st, _, body = read_response(k, timeout=5)
-            k.close()
-            assert st == 200, body
-            worst = max(worst, time.monotonic() - t0)
-            threads_max = max(threads_max, thread_count(s.proc.pid))
-            time.sleep(0.2)
+        threads = []   # trickle below the header timeout, serving a client meanwhile
+        statuses, worst = trickle_and_serve(s, socks, 2.0, lambda: threads.append(thread_count(s.proc.pid)))
+        assert statuses and all(st == 200 for st in statuses), statuses
+        threads_max = max(threads)
         print(f"slowloris: {N_TRICKLE} trickling sockets; slowest other-client answer {worst:.3f} s; "
               f"server threads {threads_idle} idle, at most {threads_max} under attack")
         assert worst < 1.0
@@ -211,6 +219,40 @@ def test_slowloris(kvllm, stories):
               f"after they opened")
         assert closed == N_TRICKLE
         assert timed_get(s.port, "/health", "127.0.0.1")[0] == 200
+    finally:
+        for k in socks:
+            k.close()
+        stopped_ok(s)
+
+
+N_ADDRESSES, N_PER_ADDRESS = 10, 25
+
+
+def test_slowloris_many_addresses(kvllm, stories):
+    """Trickling sockets from many addresses, each address under --max-connections-per-client, fill every slot
+    (10 x 25 = 250 against --max-connections 200; the attack seen was 49 x 100 against 4,096): a real client
+    from another address was answered 503 for 134 of 136 requests, /health included.  Now a socket that sends
+    its headers takes the slot of the oldest one that has sent none (shut down): every /health and completion of
+    the other client is answered 200 within a second."""
+    if raise_fd_limit(N_ADDRESSES * N_PER_ADDRESS + 200) < N_ADDRESSES * N_PER_ADDRESS + 100:
+        pytest.skip("this machine's hard RLIMIT_NOFILE is too low")
+    s = Server(kvllm, *stories_args(stories), "--max-connections", "200", "--max-connections-per-client", "30",
+               "--header-timeout", "60")
+    socks: list[socket.socket] = []
+    try:
+        for a in range(N_ADDRESSES):
+            for _ in range(N_PER_ADDRESS):
+                k = connect_from(s.port, f"127.0.1.{a + 1}", timeout=5)
+                k.sendall(b"GET /health HTTP/1.1\r\nHo")
+                socks.append(k)
+        m = wait_metric(s, lambda m: m['kvllm_http_connections{state="counted"}'] >= 199, 10)
+        statuses, worst = trickle_and_serve(s, socks[::10], 2.0)
+        counted = m['kvllm_http_connections{state="counted"}']
+        print(f"slowloris from {N_ADDRESSES} addresses: {len(socks)} trickling sockets ({counted:.0f} counted); "
+              f"the other client got "
+              f"{statuses.count(200)} of {len(statuses)} answered 200, slowest {worst:.3f} s")
+        assert statuses and all(st == 200 for st in statuses), statuses
+        assert worst < 1.0, worst
     finally:
         for k in socks:
             k.close()
@@ -255,12 +297,19 @@ def test_body_timeout(kvllm, stories):
 
 def test_connection_limits(kvllm, stories):
     """Past --max-connections-per-client one address is answered 503 (with Retry-After) while another is
-    served; past --max-connections everybody new is answered 503, not reset; closing frees the slots, and
-    a slot freed goes to a socket already waiting over the limit."""
-    # idle sockets send no header: a long header timeout keeps them counted however slow the machine is
+    served; past --max-connections, while every slot holds a request under way, everybody new is answered
+    503, not reset; closing frees the slots, and a slot freed goes to a socket already waiting over the
+    limit.  (A socket that has sent nothing gives its slot to a request: test_slowloris_many_addresses.)"""
+    # held sockets send headers and never their body, idle ones nothing: long timeouts keep them counted
+    # however slow the machine is
     s = Server(kvllm, *stories_args(stories), "--max-connections", "12", "--max-connections-per-client", "5",
-               "--header-timeout", "120", "--idle-timeout", "120")
+               "--header-timeout", "120", "--body-timeout", "120", "--idle-timeout", "120")
     idle: list[socket.socket] = []
+
+    def held(src: str) -> socket.socket:
+        k = connect_from(s.port, src)
+        k.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        return k
 
     def answer(src: str, method: str, path: str, body=None):
         # "Connection: close", read to the server's close: the server frees a connection's slot before
@@ -315,12 +364,12 @@ def test_connection_limits(kvllm, stories):
         return st
 
     try:
-        idle += [connect_from(s.port, "127.0.0.3") for _ in range(5)]
+        idle += [held("127.0.0.3") for _ in range(5)]
         st, h, body = until_refused("127.0.0.3", "GET", "/health")
         assert st == 503 and h.get("retry-after") and "connections" in json.loads(body)["error"]["message"], body
         assert answer("127.0.0.4", "GET", "/health")[0] == 200
-        idle += [connect_from(s.port, "127.0.0.5") for _ in range(4)]
-        idle += [connect_from(s.port, "127.0.0.6") for _ in range(3)]   # 5 + 4 + 3: all 12 taken
+        idle += [held("127.0.0.5") for _ in range(4)]
+        idle += [held("127.0.0.6") for _ in range(3)]   # 5 + 4 + 3: all 12 hold requests
         for src in ("127.0.0.8", "127.0.0.9"):
             st, h, body = until_refused(src, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})
             assert st == 503 and "retry-after" in h, (st, body)

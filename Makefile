@@ -1,6 +1,8 @@
 # kvllm — top-level wrapper around CMake/CTest.
 #   make          build the release binary (no network)
-#   make test     bootstrap (packages + test venv), build, run the whole suite
+#   make check    the contributor's loop (at most 5 minutes from a built tree): the release unit tests and
+#                 the engine, server and CLI Python suites (ctest -L 'unit|python' -LE slow; README.md)
+#   make test     bootstrap (packages + test venv), build, run the whole suite (CI's tier)
 #   make demo     bootstrap, build, generate text from the default model, then answer one
 #                 chat turn with SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh;
 #                 skipped with a note when it cannot be downloaded)
@@ -32,7 +34,7 @@ JOBS       ?= $(shell nproc)
 # the tests' models, tokenizers and templates (tests/data/README.md); another copy of the same layout may stand in
 SHARED     ?= $(abspath tests/data)
 
-.PHONY: all build asan asan-rel tsan clang fuzz-build fuzz fuzz-ci soak soak-ci bootstrap test demo clean cuda-ci
+.PHONY: all build asan asan-rel tsan clang fuzz-build fuzz fuzz-ci soak soak-ci bootstrap check test demo clean cuda-ci
 
 all: build
 
@@ -100,6 +102,11 @@ soak-ci: asan tsan build
 
 bootstrap:
 	@bash scripts/bootstrap.sh
+
+# The fast tier on the release build only: the ASan runs inside the Python suites are make test's
+# (KVLLM_NO_ASAN), as are the files labelled slow (tests/CMakeLists.txt says which and why).
+check: bootstrap build
+	cd $(BUILD) && KVLLM_NO_ASAN=1 ctest --output-on-failure -j $(JOBS) -L '^(unit|python)$$' -LE '^slow$$'
 
 test: bootstrap asan tsan build
 	# tests that ask for absurd allocations expect NULL, not an ASan abort

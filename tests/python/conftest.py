@@ -4,6 +4,8 @@ Environment (set by ctest, see tests/CMakeLists.txt):
   KVLLM_BIN       the release kvllm binary (default <repo>/build/kvllm)
   KVLLM_ASAN_BIN  an AddressSanitizer build of kvllm; empty -> ASan tests skip (none requested);
                   set but not an executable -> they fail (the ASan build broke)
+  KVLLM_NO_ASAN   1 -> ASan tests skip whatever KVLLM_ASAN_BIN says (`make check`, the fast tier from a
+                  release build, leaves them to `make test`)
   KVLLM_SHARED    the test data dir (default <repo>/tests/data, kvtest.data_dir); missing -> tests fail
 """
 from __future__ import annotations
@@ -28,10 +30,10 @@ def kvllm() -> Path:
 
 @pytest.fixture(scope="session")
 def kvllm_asan() -> Path | None:
-    """The ASan kvllm binary, or None when KVLLM_ASAN_BIN is empty (no ASan build requested).  A path that is
-    set but holds no executable is a broken build: every test using it fails rather than skips."""
+    """The ASan kvllm binary, or None when KVLLM_ASAN_BIN is empty (no ASan build requested) or KVLLM_NO_ASAN=1.
+    A path that is set but holds no executable is a broken build: every test using it fails rather than skips."""
     v = os.environ.get("KVLLM_ASAN_BIN", "")
-    if not v:
+    if not v or os.environ.get("KVLLM_NO_ASAN") == "1":
         return None
     p = Path(v)
     if not (p.is_file() and os.access(p, os.X_OK)):
@@ -43,7 +45,8 @@ def kvllm_asan() -> Path | None:
 def asan_bin(kvllm_asan) -> Path:
     """The ASan binary; skips the test when there is none."""
     if kvllm_asan is None:
-        pytest.skip("no ASan build requested (KVLLM_ASAN_BIN empty; `make asan`)")
+        pytest.skip("no ASan build requested (KVLLM_ASAN_BIN empty, or KVLLM_NO_ASAN=1 as in `make check`; "
+                    "`make asan`)")
     return kvllm_asan
 
 

@@ -1,6 +1,5 @@
-/* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, and for
- * reading Qwen3, Gemma 3 text and Phi-3) read as an in-memory GGUF, and
- * written from one.
+/* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, Qwen3,
+ * Gemma 3 text, Phi-3) read as an in-memory GGUF, and written from one.
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and
  * the weights in model.safetensors, or in shards listed by
@@ -37,10 +36,12 @@ bool hf_is_folder(const char *path);
  * KVLLM_ENOMEM and sets *out to NULL. */
 int hf_open(const char *dir, struct gguf **out);
 
-/* Write a GGUF (llama, mistral, qwen2 or gpt2 architecture; F32/F16/BF16
- * tensors) as a HF folder: config.json, generation_config.json,
- * model.safetensors (llama Q/K rows permuted back to the halves layout,
- * GPT-2 matrices back to Conv1D), and, when g carries a vocabulary,
+/* Write a GGUF (llama, mistral, qwen2, gpt2, qwen3, gemma3 or phi3
+ * architecture; F32/F16/BF16 tensors) as a HF folder: config.json,
+ * generation_config.json, model.safetensors (llama Q/K rows permuted back
+ * to the halves layout, GPT-2 matrices back to Conv1D, Gemma's norms less
+ * the 1 GGUF adds; Phi-3's LongRoPE factors go to config.json), and, when
+ * g carries a vocabulary,
  * tokenizer.json + tokenizer_config.json (hf_tokenizer_write).  Creates dir
  * if needed.  Every file is written to a temporary file beside it and
  * renamed into place once all are complete: on error (logged with the path)

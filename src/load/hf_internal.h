@@ -29,9 +29,9 @@ enum hf_arch { HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3, HF_ARC
 extern const char *const hf_gguf_arch[HF_ARCH_COUNT_];
 
 /* How a tensor's rows change on the way in: Q/K rows from halves to pairs
- * (Llama), or a Conv1D (in, out) matrix transposed to (out, in) rows (GPT-2);
- * the writer undoes the same. */
-enum { PERM_NONE, PERM_Q, PERM_K, PERM_T };
+ * (Llama), a Conv1D (in, out) matrix transposed to (out, in) rows (GPT-2),
+ * or a Gemma norm's w stored as 1 + w; the writer undoes the same. */
+enum { PERM_NONE, PERM_Q, PERM_K, PERM_T, PERM_SHIFT };
 
 /* Row permutation between HF's halves and GGUF's pairs layout, for a
  * (n_head * head_dim, cols) matrix of row_bytes rows.  to_gguf: row

@@ -31,7 +31,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gen_model import ModelConfig, longrope_factors, tensor_specs, write_model
+from gen_model import ModelConfig, longrope_attn_factor, longrope_factors, tensor_specs, write_model
 from kvtest import assert_no_sanitizer, check_refused, eval_logits, parse_ids, run_cli
 from ref_llama import LlamaRef, rel_err
 
@@ -739,6 +739,51 @@ def test_family_folder_matches_gguf_and_reference(kvllm, family_models, tmp_path
     else:
         assert r.get_field(f"{a}.attention.key_length").contents() == cfg.head_dim
         assert r.get_field(f"{a}.rope.dimension_count") is None
+    assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
+
+
+@pytest.mark.parametrize("cid", list(FAMILY_CASES))
+def test_family_convert_to_hf_and_back(kvllm, family_models, tmp_path, cid):
+    """`kvllm convert --to hf` writes the config and tensors this file writes (norms as F32, Gemma's less the
+    1), the folder gives the GGUF's logits bit for bit, and so does the GGUF converted back from it."""
+    g, _, cfg = family_models[cid]
+    out = tmp_path / "conv"
+    res = run_cli(kvllm, "convert", g, "--to", "hf", "-o", out, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    conf = json.loads((out / "config.json").read_text())
+    want = dict(hf_config(cfg), **family_config(cfg))
+    for k in ("architectures", "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "num_hidden_layers", "max_position_embeddings", "vocab_size",
+              "tie_word_embeddings", "head_dim", "sliding_window", "sliding_window_pattern", "query_pre_attn_scalar",
+              "rope_local_base_freq", "original_max_position_embeddings", "partial_rotary_factor", "rope_scaling"):
+        if k in want and want[k] is not None and not (cfg.arch == "phi3" and k == "sliding_window"):
+            got = conf.get(k)
+            if k == "rope_scaling" and "long_factor" in want[k]:    # float32 factors, shortest repr
+                assert got["type"] == "longrope" and all(np.array_equal(np.float32(got[f]), np.float32(want[k][f]))
+                                                          for f in ("long_factor", "short_factor")), got
+                assert np.float32(got["attention_factor"]) == np.float32(longrope_attn_factor(cfg))
+                continue
+            assert got == want[k], (k, got, want[k])
+    b = (out / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", b[:8])
+    hdr, data = json.loads(b[8:8 + n]), b[8 + n:]
+    entries = family_entries(g, cfg)
+    assert set(hdr) - {"__metadata__"} == {e.name for e in entries}
+    for e in entries:
+        lo, hi = hdr[e.name]["data_offsets"]
+        assert hdr[e.name]["shape"] == e.shape, e.name
+        if len(e.shape) == 2:
+            assert hdr[e.name]["dtype"] == e.dtype and data[lo:hi] == e.data, e.name
+        else:
+            mine = {"F32": np.float32, "F16": np.float16}.get(e.dtype)
+            mine = (np.frombuffer(e.data, mine).astype(np.float32) if mine else
+                    (np.frombuffer(e.data, np.uint16).astype(np.uint32) << 16).view(np.float32))
+            assert hdr[e.name]["dtype"] == "F32" and np.array_equal(np.frombuffer(data[lo:hi], np.float32), mine)
+    lg = eval_logits(kvllm, g, FAMILY_TOKENS, tmp_path / "g.bin")
+    assert np.array_equal(eval_logits(kvllm, out, FAMILY_TOKENS, tmp_path / "h.bin"), lg)
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", out, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
     assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
 
 

@@ -115,6 +115,15 @@ const char *kvllm_model_backend(const struct kvllm_model *model);
  * or not a string (nothing logged).  Valid for the model's lifetime. */
 const char *kvllm_model_meta_str(const struct kvllm_model *model, const char *key, size_t *len);
 
+/* The chat template the model's conversations are rendered with when no
+ * other is given: the file's tokenizer.chat_template, else the official
+ * template of its family when kvllm carries one (Gemma 3 and Gemma 2 files
+ * often come without; by general.architecture).  Its bytes, *len of them
+ * (len may be NULL), NUL-terminated only when built in; *builtin (may be
+ * NULL) tells which.  NULL when there is neither (nothing logged).  Valid
+ * for the model's lifetime. */
+const char *kvllm_model_chat_template(const struct kvllm_model *model, size_t *len, bool *builtin);
+
 /* ---- tokenizer ----------------------------------------------------- */
 
 /* Tokenize len bytes of text.  add_bos: prepend BOS when the vocabulary asks
@@ -172,7 +181,7 @@ struct kvllm_chat_opts {
 
 /* Render a conversation with a chat template, as Hugging Face Transformers
  * renders it (Jinja, trim_blocks + lstrip_blocks).  template_text: NULL for
- * the model's own (GGUF tokenizer.chat_template).  bos_token / eos_token are
+ * the model's own (kvllm_model_chat_template).  bos_token / eos_token are
  * the model's.  On success *out is a malloc'd NUL-terminated string (free()).
  * Errors (logged): KVLLM_ENOTFOUND when there is no template, KVLLM_EINVAL
  * for a template error or raise_exception() (message with line and column),

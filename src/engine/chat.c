@@ -49,19 +49,21 @@ static int encode(const struct tokenizer *tok, const char *text, size_t len, boo
     return n;
 }
 
-/* The model's own template: its file's tokenizer.chat_template, else the
- * official one of its family when kvllm has it (chat_template_builtin), as
- * such files are common.  KVLLM_ENOTFOUND (not logged) when neither. */
-static int model_template(const struct kvllm_model *km, struct gguf_str *tmpl) {
+const char *kvllm_model_chat_template(const struct kvllm_model *km, size_t *len, bool *builtin) {
+    if (builtin) *builtin = false;
     const struct gguf *g = km ? km->m->file : NULL;
-    if (!g) return KVLLM_ENOTFOUND;
-    int rc = gguf_get_str(g, "tokenizer.chat_template", tmpl);
-    struct gguf_str arch;
-    if (rc != KVLLM_ENOTFOUND || gguf_get_str(g, "general.architecture", &arch)) return rc;
-    const char *t = chat_template_builtin(arch.ptr, (size_t)arch.len);
-    if (!t) return KVLLM_ENOTFOUND;
-    *tmpl = (struct gguf_str){ t, strlen(t) };
-    return 0;
+    struct gguf_str t, arch;
+    const char *b;
+    if (!g) return NULL;
+    if (gguf_get_str(g, "tokenizer.chat_template", &t) == 0) {
+        if (len) *len = (size_t)t.len;
+        return t.ptr;
+    }
+    if (gguf_get_str(g, "general.architecture", &arch) || !(b = chat_template_builtin(arch.ptr, (size_t)arch.len)))
+        return NULL;
+    if (len) *len = strlen(b);
+    if (builtin) *builtin = true;
+    return b;
 }
 
 /* Check a conversation and resolve its template (template_text, or the
@@ -80,9 +82,13 @@ static int chat_setup(const struct kvllm_model *km, const char *template_text, c
         }
     *tmpl = (struct gguf_str){ template_text, template_text ? strlen(template_text) : 0 };
     if (!template_text) {
-        int rc = model_template(km, tmpl);
-        if (rc == KVLLM_ENOTFOUND) LOG_ERR("%s: the model has no chat template (tokenizer.chat_template)", name);
-        if (rc) return rc;
+        size_t len = 0;
+        tmpl->ptr = kvllm_model_chat_template(km, &len, NULL);
+        tmpl->len = len;
+        if (!tmpl->ptr) {
+            LOG_ERR("%s: the model has no chat template (tokenizer.chat_template)", name);
+            return KVLLM_ENOTFOUND;
+        }
     }
     const struct tokenizer *tok = km ? km->tok : NULL;
     *p = (struct chat_template_params){

@@ -179,3 +179,10 @@ def test_end_of_turn_ends_generation(run, says_end_of_turn):
     assert run("run", "-m", says_end_of_turn, "-p", "hello", "-n", "6", "--temp", "0", "--ids").check_ok().out == "\n"
     res = run("run", "-m", says_end_of_turn, "-p", "hello", "-n", "6", "--temp", "0", "--ids", "--ignore-eos").check_ok()
     assert res.out.split() == ["3"] * 6
+
+
+def test_info_tells_builtin_template(run, gemma3, gemma_random):
+    """`kvllm info` says the file has no template of its own and which one is used instead."""
+    assert "chat template     yes, kvllm's for gemma3 (" in run("info", gemma3).check_ok().out
+    j = json.loads(run("info", gemma_random["gemma2"][0], "--json").check_ok().out)
+    assert j["chat_template"] is True and j["chat_template_builtin"] is True

@@ -126,7 +126,8 @@ int cmd_info(int argc, char **argv) {
     meta(m, "tokenizer.ggml.model", tmodel, sizeof tmodel);
     meta(m, "tokenizer.ggml.pre", pre, sizeof pre);
     size_t tmpl_len = 0;
-    bool tmpl = kvllm_model_meta_str(m, "tokenizer.chat_template", &tmpl_len) != NULL;
+    bool tmpl_builtin = false;
+    bool tmpl = kvllm_model_chat_template(m, &tmpl_len, &tmpl_builtin) != NULL;
     const double bpw = d->n_params ? 8.0 * (double)d->weight_bytes / (double)d->n_params : 0;
     const char *ft = has_ftype ? ftype_name(ftype) : d->weight_type;
     static const struct { const char *name; double bytes; int scale; } kv[] = {
@@ -148,9 +149,9 @@ int cmd_info(int argc, char **argv) {
                d->head_dim, d->n_rot, d->n_ff, d->rope_theta, d->norm_eps);
         json_str("tokenizer_model", tmodel, true);
         json_str("tokenizer_pre", pre, true);
-        printf("  \"bos\": %d,\n  \"eos\": %d,\n  \"add_bos\": %s,\n  \"add_eos\": %s,\n  \"chat_template\": %s,\n",
-               d->token_bos, d->token_eos, d->add_bos ? "true" : "false", add_eos ? "true" : "false",
-               tmpl ? "true" : "false");
+        printf("  \"bos\": %d,\n  \"eos\": %d,\n  \"add_bos\": %s,\n  \"add_eos\": %s,\n  \"chat_template\": %s,\n"
+               "  \"chat_template_builtin\": %s,\n", d->token_bos, d->token_eos, d->add_bos ? "true" : "false",
+               add_eos ? "true" : "false", tmpl ? "true" : "false", tmpl_builtin ? "true" : "false");
         printf("  \"kv_bytes_per_token\": {");
         for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
             printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name,
@@ -187,7 +188,9 @@ int cmd_info(int argc, char **argv) {
     putchar('\n');
     printf("bos / eos         %d / %d\n", d->token_bos, d->token_eos);
     printf("add_bos / add_eos %s / %s\n", d->add_bos ? "yes" : "no", add_eos ? "yes" : "no");
-    if (tmpl) printf("chat template     yes (%zu bytes)\n", tmpl_len);
+    if (tmpl && tmpl_builtin)
+        printf("chat template     yes, kvllm's for %s (%zu bytes; the file has none)\n", d->arch, tmpl_len);
+    else if (tmpl) printf("chat template     yes (%zu bytes)\n", tmpl_len);
     else printf("chat template     no\n");
     print_tensor_types(path);
     printf("parameters        %llu (%.2f M)\n", (unsigned long long)d->n_params, (double)d->n_params / 1e6);

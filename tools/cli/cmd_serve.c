@@ -220,7 +220,7 @@ int cmd_serve(int argc, char **argv) {
         ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
         rc = cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL : kvllm_engine_new(m, &ep, &e);
     }
-    if (!rc && !template_path && !kvllm_model_meta_str(m, "tokenizer.chat_template", NULL))
+    if (!rc && !template_path && !kvllm_model_chat_template(m, NULL, NULL))
         server_log(srv, KVLLM_LOG_WARN, "%s has no chat template (a base model?): /v1/chat/completions will answer 400; "
                    "give one with --chat-template FILE, or use /v1/completions", id);
     if (!rc) rc = server_ready(srv, m, e, ep.n_ctx);

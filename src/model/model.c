@@ -196,6 +196,11 @@ static int load_scales(struct loader *L) {
     struct model_hparams *hp = &L->m->hp;
     int rc;
     const bool scalar_embd = d->scalar_embd_layers && hp->n_layer == d->scalar_embd_layers;
+    if (scalar_embd && hp->n_embd % hp->n_head) {
+        LOG_ERR("%s: a %d-layer %s scales attention by %s.embedding_length / %s.attention.head_count, which %d / %d "
+                "does not give", L->path, hp->n_layer, L->m->arch, L->m->arch, L->m->arch, hp->n_embd, hp->n_head);
+        return KVLLM_EFORMAT;
+    }
     hp->attn_scale = 1.0f / sqrtf((float)(scalar_embd ? hp->n_embd / hp->n_head : hp->head_dim));
     hp->embd_scale = d->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
     if ((rc = opt_f32(L, akey(L, "attn_logit_softcapping"), 0.0f, 1e6f, 0.0f, &hp->attn_softcap)) ||

@@ -49,6 +49,8 @@ BASES = {
                         n_ctx=128, n_ctx_orig=32, longrope=True),
     "smollm3": ModelConfig(arch="smollm3", n_vocab=300, n_embd=32, n_layer=4, n_head=4, n_head_kv=2, n_ff=48,
                            n_ctx=64),
+    "gemma2_46": ModelConfig(arch="gemma2", n_vocab=300, n_embd=8, n_layer=46, n_head=2, n_head_kv=1,
+                             key_length=8, n_ff=8, n_ctx=64, n_swa=8, tied=True),
     "mistral": ModelConfig(arch="mistral", n_vocab=300, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48,
                            n_ctx=64, n_swa=8),
 }
@@ -174,6 +176,8 @@ CASES: dict[str, tuple[str, Callable[[GGUF, str], None], str]] = {
     "qwen3_key_length_0": ("qwen3", _set("attention.key_length", 0), "qwen3.attention.key_length"),
     "gemma2_key_length_odd": ("gemma2", _both(_set("attention.key_length", 15), _set("attention.value_length", 15)),
                               "gemma2.attention.key_length"),
+    # Gemma 2's 27B shape (46 layers) scales by n_embd / n_head, which these heads do not divide
+    "gemma2_46_layers_scale": ("gemma2_46", _set("attention.head_count", 3), "gemma2.attention.head_count"),
     "qwen3_key_length_vs_tensors": ("qwen3", _both(_set("attention.key_length", 8), _set("attention.value_length", 8)),
                                     "blk.0.attn_q.weight"),
     # norms

@@ -1,5 +1,5 @@
-/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 3/Phi-3 folders
- * read as an in-memory GGUF (see hf.h); writing one is hf_write.c.
+/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 2/Gemma 3/Phi-3
+ * folders read as an in-memory GGUF (see hf.h); writing one is hf_write.c.
  *
  * config.json -> <arch>.* keys, as llama.cpp's converter writes them; the shards are mapped back to back
  * into one reservation (each at a page boundary) so that the gguf's single
@@ -139,7 +139,7 @@ struct hf_hparams {
     json_object *rs_long, *rs_short;   /* LongRoPE's factor arrays, in the config (not owned) */
 };
 
-const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3", "phi3" };
+const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3", "phi3", "gemma2" };
 
 /* rope_scaling (object or null): none, linear, llama3, or Phi-3's longrope; anything else is refused. */
 static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hparams *hp) {
@@ -212,47 +212,58 @@ static int read_config_gpt2(const char *path, json_object *cfg, struct hf_hparam
     return 0;
 }
 
-/* What Gemma 3 adds: sliding layers five in six, with their own RoPE base,
- * an attention scale and soft-caps.  GGUF's gemma3 has keys for the window
- * and the soft-caps only; the pattern, the sliding layers' base and the
- * scale are the family's (src/model/model.c, as in llama.cpp), so a config
- * that differs from them is refused rather than run differently. */
-static int read_config_gemma3(const char *path, json_object *cfg, struct hf_hparams *hp) {
+/* What Gemma 2 and 3 add: sliding layers (every other one; five in six
+ * for Gemma 3, with their own RoPE base), an attention scale and
+ * soft-caps.  GGUF has keys for the window and the soft-caps only; the
+ * pattern, the sliding layers' base and the scale are the family's
+ * (src/model/model.c, as in llama.cpp), so a config that differs from them
+ * is refused rather than run differently. */
+static int read_config_gemma(const char *path, json_object *cfg, struct hf_hparams *hp) {
+    const bool g2 = hp->arch == HF_GEMMA2;
+    const int64_t want = g2 ? 2 : 6;
     int64_t period;
     double local_base, scalar;
     bool bidir;
+    json_object *v;
+    /* Gemma 2's soft-caps are 50 and 30 unless null turns them off; Gemma 3 has none */
+    const bool attn_cap = json_object_object_get_ex(cfg, "attn_logit_softcapping", &v),
+               final_cap = json_object_object_get_ex(cfg, "final_logit_softcapping", &v);
     int rc;
-    if ((rc = cfg_int(path, cfg, "sliding_window_pattern", false, 1, 4096, 6, &period)) ||
+    if ((rc = cfg_int(path, cfg, "sliding_window_pattern", false, 1, 4096, want, &period)) ||
         (rc = cfg_float(path, cfg, "rope_local_base_freq", 1.0, 1e12, 10000.0, &local_base)) ||
         (rc = cfg_float(path, cfg, "query_pre_attn_scalar", 1.0, 1e9, 256.0, &scalar)) ||
-        (rc = cfg_float(path, cfg, "attn_logit_softcapping", 0.0, 1e6, 0.0, &hp->attn_softcap)) ||
-        (rc = cfg_float(path, cfg, "final_logit_softcapping", 0.0, 1e6, 0.0, &hp->final_softcap)) ||
+        (rc = cfg_float(path, cfg, "attn_logit_softcapping", 0.0, 1e6, g2 && !attn_cap ? 50.0 : 0.0,
+                        &hp->attn_softcap)) ||
+        (rc = cfg_float(path, cfg, "final_logit_softcapping", 0.0, 1e6, g2 && !final_cap ? 30.0 : 0.0,
+                        &hp->final_softcap)) ||
         (rc = cfg_bool(path, cfg, "use_bidirectional_attention", false, &bidir)))
         return rc;
-    /* layer il slides unless (il + 1) % 6 == 0; layer_types, when given, spells that out */
+    if (g2) local_base = 10000.0;   /* one base for every layer: the file's */
+    /* layer il slides unless (il + 1) % want == 0; layer_types, when given, spells that out */
     json_object *lt = cfg_get(cfg, "layer_types");
     if (lt && (!json_object_is_type(lt, json_type_array) || (int64_t)json_object_array_length(lt) != hp->n_layer)) {
         LOG_ERR("%s: \"layer_types\" must be an array of num_hidden_layers (%lld) strings", path,
                 (long long)hp->n_layer);
         return KVLLM_EFORMAT;
     }
-    for (int64_t il = 0; il < hp->n_layer && (lt || period != 6); il++) {
-        const char *want = (il + 1) % 6 ? "sliding_attention" : "full_attention";
-        json_object *v = lt ? json_object_array_get_idx(lt, (size_t)il) : NULL;
-        const char *got = v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "?";
-        if (!lt || strcmp(got, want)) {
-            LOG_ERR("%s: %s%lld%s: Gemma 3 in GGUF has every sixth layer global and the others sliding", path,
+    for (int64_t il = 0; il < hp->n_layer && (lt || period != want); il++) {
+        const char *kind = (il + 1) % want ? "sliding_attention" : "full_attention";
+        json_object *e = lt ? json_object_array_get_idx(lt, (size_t)il) : NULL;
+        const char *got = e && json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "?";
+        if (!lt || strcmp(got, kind)) {
+            LOG_ERR("%s: %s%lld%s: Gemma %c in GGUF has every %s layer global and the others sliding", path,
                     lt ? "layer_types[" : "sliding_window_pattern ", lt ? (long long)il : (long long)period,
-                    lt ? "] differs" : "");
+                    lt ? "] differs" : "", g2 ? '2' : '3', g2 ? "second" : "sixth");
             return KVLLM_EUNSUPPORTED;
         }
     }
-    const int64_t scale_dim = hp->n_layer == 62 ? hp->n_embd / hp->n_head : hp->head_dim;   /* the 27B's */
+    /* the 27Bs' (46 layers for Gemma 2, 62 for Gemma 3) scale by n_embd / n_head */
+    const int64_t scale_dim = hp->n_layer == (g2 ? 46 : 62) ? hp->n_embd / hp->n_head : hp->head_dim;
     if (local_base != 10000.0 || scalar != (double)scale_dim || bidir) {
-        LOG_ERR("%s: %s is not what GGUF's gemma3 runs (rope_local_base_freq 10000, query_pre_attn_scalar "
+        LOG_ERR("%s: %s is not what GGUF's %s runs (rope_local_base_freq 10000, query_pre_attn_scalar "
                 "%lld, causal attention)", path, local_base != 10000.0 ? "rope_local_base_freq"
                 : scalar != (double)scale_dim ? "query_pre_attn_scalar" : "use_bidirectional_attention",
-                (long long)scale_dim);
+                hf_gguf_arch[hp->arch], (long long)scale_dim);
         return KVLLM_EUNSUPPORTED;
     }
     return 0;
@@ -301,9 +312,10 @@ static int read_config_phi3(const char *path, json_object *cfg, struct hf_hparam
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
     static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel",
-                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM" };
-    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3" };
-    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3 };
+                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM" };
+    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3", "gemma2" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3,
+                                        HF_GEMMA2 };
     const size_t n_archs = sizeof archs / sizeof *archs;
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
@@ -332,12 +344,13 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
     }
     if (!known) {
         LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)", path, name);
+                "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                "Phi3ForCausalLM)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
     hp->attn_softcap = hp->final_softcap = 0.0;
     if (hp->arch == HF_GPT2) return read_config_gpt2(path, cfg, hp);
-    const bool gemma = hp->arch == HF_GEMMA3;
+    const bool gemma = hp->arch == HF_GEMMA2 || hp->arch == HF_GEMMA3;
     const bool own_hd = hp->arch == HF_QWEN3 || gemma;   /* head_dim need not be hidden_size / heads */
     const int64_t big = 1 << 20;
     int rc;
@@ -359,7 +372,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
                 (long long)hp->n_head, (long long)hp->n_head_kv);
         return KVLLM_EFORMAT;
     }
-    /* Transformers' defaults: Qwen3 128, Gemma 3 256 */
+    /* Transformers' defaults: Qwen3 128, Gemma 256 */
     const int64_t hd_def = hp->arch == HF_QWEN3 ? 128 : gemma ? 256 : hp->n_embd / hp->n_head;
     if ((rc = cfg_int(path, cfg, "head_dim", false, 1, big, hd_def, &hp->head_dim))) return rc;
     if (hp->head_dim % 2) {
@@ -398,7 +411,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
                 (long long)hp->n_ctx);
         return KVLLM_EFORMAT;
     }
-    if (gemma && (rc = read_config_gemma3(path, cfg, hp))) return rc;
+    if (gemma && (rc = read_config_gemma(path, cfg, hp))) return rc;
     bool bias;
     static const char *bias_keys[] = { "attention_bias", "mlp_bias" };
     for (size_t i = 0; i < 2; i++) {
@@ -429,7 +442,7 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     if (hp->arch == HF_GPT2) {
         if (!rc) rc = gguf_set_f32(g, KEY("attention.layer_norm_epsilon"), (float)hp->eps);
     } else {
-        if (hp->arch == HF_QWEN3 || hp->arch == HF_GEMMA3) {   /* rope over the whole head, its width given */
+        if (hp->arch == HF_QWEN3 || hp->arch == HF_GEMMA2 || hp->arch == HF_GEMMA3) {   /* its width given */
             if (!rc) rc = gguf_set_u32(g, KEY("attention.key_length"), (uint32_t)hp->head_dim);
             if (!rc) rc = gguf_set_u32(g, KEY("attention.value_length"), (uint32_t)hp->head_dim);
         } else if (!rc) {
@@ -651,7 +664,7 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
     while (*p >= '0' && *p <= '9' && il <= n_layer) il = il * 10 + (*p++ - '0');
     if (*p++ != '.' || il >= n_layer) return -1;
     if (!strcmp(p, "self_attn.rotary_emb.inv_freq")) return 0; /* recomputed */
-    for (size_t i = 0; hp->arch == HF_GEMMA3 && i < sizeof gemma / sizeof *gemma; i++)
+    for (size_t i = 0; (hp->arch == HF_GEMMA2 || hp->arch == HF_GEMMA3) && i < sizeof gemma / sizeof *gemma; i++)
         if (!strcmp(p, gemma[i][0])) {
             snprintf(out, cap, "blk.%lld.%s", (long long)il, gemma[i][1]);
             return 1;
@@ -720,7 +733,8 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
     const size_t esize = t->dtype == DTYPE_F32 ? 4 : 2;
     /* Gemma's RMSNorm multiplies by 1 + w; GGUF stores 1 + w, added in f32 as Transformers computes it */
     const size_t nl = strlen(name);
-    const float shift = hp->arch == HF_GEMMA3 && nl >= 11 && !strcmp(name + nl - 11, "norm.weight") ? 1.0f : 0.0f;
+    const bool gemma = hp->arch == HF_GEMMA2 || hp->arch == HF_GEMMA3;
+    const float shift = gemma && nl >= 11 && !strcmp(name + nl - 11, "norm.weight") ? 1.0f : 0.0f;
     if (t->n_dims == 1 && (t->dtype != DTYPE_F32 || shift != 0.0f)) { /* norms: F32, as in GGUF files */
         float *f = gguf_alloc(g, (size_t)t->n_elems * 4);
         if (!f) return KVLLM_ENOMEM;

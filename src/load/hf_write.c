@@ -62,6 +62,9 @@ static bool hf_name_of(enum hf_arch arch, const char *gg, char *out, size_t cap,
         { "post_attention_norm.weight", "post_attention_layernorm.weight", HF_GEMMA3 },
         { "ffn_norm.weight", "pre_feedforward_layernorm.weight", HF_GEMMA3 },
         { "post_ffw_norm.weight", "post_feedforward_layernorm.weight", HF_GEMMA3 },
+        { "post_attention_norm.weight", "post_attention_layernorm.weight", HF_GEMMA2 },
+        { "ffn_norm.weight", "pre_feedforward_layernorm.weight", HF_GEMMA2 },
+        { "post_ffw_norm.weight", "post_feedforward_layernorm.weight", HF_GEMMA2 },
         { "attn_qkv.weight", "self_attn.qkv_proj.weight", HF_PHI3 },
         { "ffn_up.weight", "mlp.gate_up_proj.weight", HF_PHI3 },
     };
@@ -96,7 +99,8 @@ static bool hf_name_of(enum hf_arch arch, const char *gg, char *out, size_t cap,
 static bool hf_name(enum hf_arch arch, const char *gg, char *out, size_t cap, int *perm) {
     if (!hf_name_of(arch, gg, out, cap, perm)) return false;
     const size_t n = strlen(gg);
-    if (arch == HF_GEMMA3 && n >= 11 && !strcmp(gg + n - 11, "norm.weight")) *perm = PERM_SHIFT;   /* 1 + w -> w */
+    if ((arch == HF_GEMMA2 || arch == HF_GEMMA3) && n >= 11 && !strcmp(gg + n - 11, "norm.weight"))
+        *perm = PERM_SHIFT;   /* 1 + w -> w */
     return true;
 }
 
@@ -152,20 +156,22 @@ static int read_w_longrope(const struct gguf *g, struct w_hparams *w) {
 
 static int read_w_hparams(const struct gguf *g, struct w_hparams *w) {
     struct gguf_str arch;
-    static const char *const names[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3", "phi3" };
-    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3 };
+    static const char *const names[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3" };
+    static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA2, HF_GEMMA3,
+                                        HF_PHI3 };
     int ai = -1;
     if (gguf_get_str(g, "general.architecture", &arch) == 0)
         for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) if (gguf_str_eq(arch, names[i])) ai = i;
     if (ai < 0) {
-        LOG_ERR("%s: only llama, mistral, qwen2, gpt2, qwen3, gemma3 and phi3 models can be written as a Hugging "
-                "Face folder", g->path);
+        LOG_ERR("%s: only llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3 and phi3 models can be written as a "
+                "Hugging Face folder", g->path);
         return KVLLM_EUNSUPPORTED;
     }
     *w = (struct w_hparams){ .arch = ids[ai], .mistral = ai == 1, .CTX = 2048, .bos = 1, .eos = 2,
                              .eps = 1e-5f, .theta = 10000.0f, .rope_attn = 1.0f };
     const char *a = names[ai];
-    const bool own_hd = w->arch == HF_QWEN3 || w->arch == HF_GEMMA3;   /* head width of its own: key_length */
+    const bool gemma = w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3;
+    const bool own_hd = w->arch == HF_QWEN3 || gemma;   /* head width of its own: key_length */
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
     int rc;
@@ -210,7 +216,7 @@ static int read_w_hparams(const struct gguf *g, struct w_hparams *w) {
     }
 #undef KEY
     if (w->swa && w->arch == HF_LLAMA) w->mistral = true; /* sliding window: Mistral's config carries it */
-    if (w->swa && w->arch != HF_LLAMA && w->arch != HF_GEMMA3 && w->arch != HF_PHI3) {
+    if (w->swa && w->arch != HF_LLAMA && !gemma && w->arch != HF_PHI3) {
         LOG_ERR("%s: a sliding window in a %s model cannot be written to config.json", g->path, a);
         return KVLLM_EUNSUPPORTED;
     }
@@ -237,15 +243,17 @@ static json_object *jfloat(float f) {
     return json_object_new_double_s((double)f, buf);
 }
 
-/* config.json of a Qwen3, Gemma 3 text or Phi-3 model, as Transformers
+/* config.json of a Qwen3, Gemma 2, Gemma 3 text or Phi-3 model, as Transformers
  * writes it (through json-c: Phi-3's factor lists are as long as the
  * rotated dims). */
 static int write_config_family(struct out_file *o, const char *path, const struct w_hparams *w, int64_t n_vocab,
                                bool tied, const char *dt) {
     static const char *const arch_name[HF_ARCH_COUNT_] = {
-        [HF_QWEN3] = "Qwen3ForCausalLM", [HF_GEMMA3] = "Gemma3ForCausalLM", [HF_PHI3] = "Phi3ForCausalLM" };
+        [HF_QWEN3] = "Qwen3ForCausalLM", [HF_GEMMA2] = "Gemma2ForCausalLM", [HF_GEMMA3] = "Gemma3ForCausalLM",
+        [HF_PHI3] = "Phi3ForCausalLM" };
     static const char *const type_name[HF_ARCH_COUNT_] = {
-        [HF_QWEN3] = "qwen3", [HF_GEMMA3] = "gemma3_text", [HF_PHI3] = "phi3" };
+        [HF_QWEN3] = "qwen3", [HF_GEMMA2] = "gemma2", [HF_GEMMA3] = "gemma3_text", [HF_PHI3] = "phi3" };
+    const bool gemma = w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3;
     json_object *c = json_object_new_object(), *arr = json_object_new_array(), *rs = NULL;
     if (!c || !arr) { json_object_put(c); json_object_put(arr); return KVLLM_ENOMEM; }
 #define ADD(k, v) json_object_object_add(c, k, v)
@@ -279,12 +287,15 @@ static int write_config_family(struct out_file *o, const char *path, const struc
     }
     ADD("rope_scaling", rs);
     ADD("attention_bias", json_object_new_boolean(0));
-    if (w->arch == HF_GEMMA3) {   /* the pattern, local base and scale GGUF's gemma3 implies (hf.c) */
+    if (gemma) {   /* the pattern, local base and scale GGUF's gemma2 / gemma3 imply (hf.c) */
+        const bool g2 = w->arch == HF_GEMMA2;
         ADD("hidden_activation", json_object_new_string("gelu_pytorch_tanh"));
         ADD("sliding_window", json_object_new_int64(w->swa ? w->swa : w->CTX));   /* CTX: no window */
-        ADD("sliding_window_pattern", json_object_new_int(6));
-        ADD("rope_local_base_freq", json_object_new_double_s(10000.0, "10000.0"));
-        ADD("query_pre_attn_scalar", json_object_new_int64(w->L == 62 ? w->E / w->H : w->HD));
+        if (!g2) {
+            ADD("sliding_window_pattern", json_object_new_int(6));
+            ADD("rope_local_base_freq", json_object_new_double_s(10000.0, "10000.0"));
+        }
+        ADD("query_pre_attn_scalar", json_object_new_int64(w->L == (g2 ? 46u : 62u) ? w->E / w->H : w->HD));
         ADD("attn_logit_softcapping", w->attn_softcap > 0 ? jfloat(w->attn_softcap) : NULL);
         ADD("final_logit_softcapping", w->final_softcap > 0 ? jfloat(w->final_softcap) : NULL);
     } else {
@@ -313,7 +324,7 @@ static int write_config_family(struct out_file *o, const char *path, const struc
 }
 
 static int write_config(struct out_file *o, const char *path, const struct w_hparams *w, int64_t n_vocab, bool tied, const char *dt) {
-    if (w->arch == HF_QWEN3 || w->arch == HF_GEMMA3 || w->arch == HF_PHI3)
+    if (w->arch == HF_QWEN3 || w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3 || w->arch == HF_PHI3)
         return write_config_family(o, path, w, n_vocab, tied, dt);
     char eps_s[32], theta_s[32], rope_s[96], text[4096];
     fmt_float(eps_s, sizeof eps_s, w->eps);

@@ -14,10 +14,11 @@ architecture (llama, mistral with its sliding window, qwen2, gpt2) goes GGUF -> 
 logits, its vocabulary included; corrupt folders are refused with one clear error line naming
 the file (release binary and, when built, the ASan one).
 
-Qwen3, Gemma 3 text and Phi-3 folders (written here from gen_model's GGUF as Transformers lays them out:
-Gemma's norms without the +1 GGUF stores, Phi-3's LongRoPE factors and partial rotary in config.json) give
-the GGUF's logits bit for bit over a text crossing every sliding window, and the reference's; configs kvllm
-cannot run as written (another sliding pattern or local rope base, bidirectional attention, yarn) are refused.
+Qwen3, Gemma 2, Gemma 3 text and Phi-3 folders (written here from gen_model's GGUF as Transformers lays them
+out: Gemma's norms without the +1 GGUF stores, Phi-3's LongRoPE factors and partial rotary in config.json)
+give the GGUF's logits bit for bit over a text crossing every sliding window, and the reference's, and `kvllm
+convert --to hf` writes the same folders; configs kvllm cannot run as written (another sliding pattern or
+local rope base, bidirectional attention, yarn) are refused.
 """
 from __future__ import annotations
 
@@ -587,7 +588,7 @@ GEMMA_NAMES = dict(QK_NORM_NAMES, post_attention_norm="post_attention_layernorm"
                    ffn_norm="pre_feedforward_layernorm", post_ffw_norm="post_feedforward_layernorm")
 PHI3_NAMES = dict(LAYER_NAMES, attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
 FAMILY_HF = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
-             "phi3": ("Phi3ForCausalLM", "phi3")}
+             "gemma2": ("Gemma2ForCausalLM", "gemma2"), "phi3": ("Phi3ForCausalLM", "phi3")}
 FAMILY_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(40)]   # every window crossed; ids < 320
 
 
@@ -595,13 +596,13 @@ def family_hf_name(name: str, arch: str) -> str:
     if not name.startswith("blk."):
         return hf_name(name)
     _, il, what, _ = name.split(".")
-    names = {"gemma3": GEMMA_NAMES, "phi3": PHI3_NAMES}.get(arch, QK_NORM_NAMES)
+    names = {"gemma2": GEMMA_NAMES, "gemma3": GEMMA_NAMES, "phi3": PHI3_NAMES}.get(arch, QK_NORM_NAMES)
     return f"model.layers.{il}.{names[what]}.weight"
 
 
 def norm_shift(cfg: ModelConfig) -> float:
     """What GGUF adds to every norm weight (Gemma: its RMSNorm scales by 1 + w, the converter stores 1 + w)."""
-    return 1.0 if cfg.arch == "gemma3" else 0.0
+    return 1.0 if cfg.arch in ("gemma2", "gemma3") else 0.0
 
 
 def to_dtype(v: np.ndarray, dtype: str) -> np.ndarray:
@@ -658,6 +659,12 @@ def family_config(cfg: ModelConfig, layer_types: bool = False) -> dict:
                              "short_factor": longrope_factors(cfg, "short").tolist()} if cfg.longrope else None
     elif cfg.arch == "qwen3":
         c.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+    elif cfg.arch == "gemma2":     # every other layer slides; both soft-caps
+        c.update(hidden_act=None, hidden_activation="gelu_pytorch_tanh", sliding_window=cfg.n_swa,
+                 query_pre_attn_scalar=cfg.head_dim, attn_logit_softcapping=cfg.attn_softcap,
+                 final_logit_softcapping=cfg.final_softcap)
+        if layer_types:
+            c["layer_types"] = ["full_attention" if il % 2 else "sliding_attention" for il in range(cfg.n_layer)]
     else:
         c.update(hidden_act=None, hidden_activation="gelu_pytorch_tanh", sliding_window=cfg.n_swa,
                  rope_local_base_freq=10000.0, query_pre_attn_scalar=cfg.head_dim, final_logit_softcapping=None,
@@ -689,6 +696,14 @@ FAMILY_CASES = {
     "gemma3_bf16_w6_mqa_sharded": (ModelConfig(arch="gemma3", n_vocab=320, n_embd=64, n_layer=8, n_head=4,
                                                n_head_kv=1, key_length=64, n_ff=96, n_ctx=256, n_swa=6,
                                                rope_theta=1e6, dtype="bf16", tied=True), 2, False),
+    # even layers slide over 5 tokens; soft-caps small enough to matter
+    "gemma2_f32_w5": (ModelConfig(arch="gemma2", n_vocab=400, n_embd=64, n_layer=3, n_head=4, n_head_kv=2,
+                                  key_length=32, n_ff=128, n_ctx=256, n_swa=5, attn_softcap=1.0, final_softcap=3.0,
+                                  norm_eps=1e-6, tied=True), 1, False),
+    "gemma2_bf16_w7_base_layer_types_sharded": (ModelConfig(arch="gemma2", n_vocab=320, n_embd=64, n_layer=4,
+                                                            n_head=4, n_head_kv=1, n_ff=96, n_ctx=256, n_swa=7,
+                                                            attn_softcap=1.5, final_softcap=2.5, rope_theta=50000.0,
+                                                            dtype="bf16", tied=True), 2, True),
     # rope on 12 of 16 dims (Phi-4-mini's 0.75); context 256 over an original 64: the long factors, attn_factor
     "phi3_f32_longrope_long_rot12": (ModelConfig(arch="phi3", n_vocab=400, n_embd=64, n_layer=2, n_head=4,
                                                  n_head_kv=2, n_ff=128, n_rot=12, n_ctx=256, n_ctx_orig=64,
@@ -755,7 +770,8 @@ def test_family_convert_to_hf_and_back(kvllm, family_models, tmp_path, cid):
     for k in ("architectures", "model_type", "hidden_size", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "num_hidden_layers", "max_position_embeddings", "vocab_size",
               "tie_word_embeddings", "head_dim", "sliding_window", "sliding_window_pattern", "query_pre_attn_scalar",
-              "rope_local_base_freq", "original_max_position_embeddings", "partial_rotary_factor", "rope_scaling"):
+              "rope_local_base_freq", "original_max_position_embeddings", "partial_rotary_factor", "rope_scaling",
+              "attn_logit_softcapping", "final_logit_softcapping"):
         if k in want and want[k] is not None and not (cfg.arch == "phi3" and k == "sliding_window"):
             got = conf.get(k)
             if k == "rope_scaling" and "long_factor" in want[k]:    # float32 factors, shortest repr
@@ -785,6 +801,26 @@ def test_family_convert_to_hf_and_back(kvllm, family_models, tmp_path, cid):
     res = run_cli(kvllm, "convert", out, "-o", back, timeout=TIMEOUT)
     assert res.returncode == 0, res.describe()
     assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
+
+
+@pytest.mark.parametrize("caps", ["absent", "null"])
+def test_gemma2_softcap_defaults(kvllm, family_models, tmp_path, caps):
+    """Gemma2Config's soft-caps are 50 and 30 when config.json leaves them out; null turns them off."""
+    g, _, cfg = family_models["gemma2_f32_w5"]
+    c = family_config(cfg)
+    del c["attn_logit_softcapping"], c["final_logit_softcapping"]
+    if caps == "null":
+        c.update(attn_logit_softcapping=None, final_logit_softcapping=None)
+    h = write_hf(tmp_path / caps, cfg, family_entries(g, cfg), **c)
+    back = tmp_path / "back.gguf"
+    res = run_cli(kvllm, "convert", h, "-o", back, timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    r = gguf.GGUFReader(back)
+    got = [r.get_field(f"gemma2.{k}_logit_softcapping") for k in ("attn", "final")]
+    if caps == "absent":
+        assert [f.contents() for f in got] == [50.0, 30.0]
+    else:
+        assert got == [None, None]
 
 
 def test_gemma3_norm_offset_matters(kvllm, family_models, tmp_path):
@@ -821,6 +857,9 @@ FAMILY_BAD = {
     "qwen3_head_dim_odd": _family_bad("qwen3_f32_untied_hd32", head_dim=15),
     "qwen3_head_dim_vs_tensors": _family_bad("qwen3_f32_untied_hd32", head_dim=16),
     "qwen3_no_k_norm": _family_bad("qwen3_f32_untied_hd32", drop="model.layers.1.self_attn.k_norm.weight"),
+    "gemma2_layer_types_sixth": _family_bad("gemma2_f32_w5", layer_types=["sliding_attention"] * 3),
+    "gemma2_pattern_6": _family_bad("gemma2_f32_w5", sliding_window_pattern=6),
+    "gemma2_query_scalar": _family_bad("gemma2_f32_w5", query_pre_attn_scalar=256),
     "phi3_long_factor_short": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
         "type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 6}),
     "phi3_short_factor_zero": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
@@ -841,7 +880,8 @@ FAMILY_BAD_NAMES = {
     "qwen3_head_dim_odd": "head_dim", "qwen3_head_dim_vs_tensors": "blk.0.attn_q.weight",
     "qwen3_no_k_norm": "blk.1.attn_k_norm.weight", "phi3_long_factor_short": "rope_scaling.long_factor",
     "phi3_short_factor_zero": "rope_scaling.short_factor", "phi3_no_short_factor": "rope_scaling.short_factor",
-    "phi3_rotary_odd": "partial_rotary_factor", "phi3_yarn": "rope_scaling",
+    "phi3_rotary_odd": "partial_rotary_factor", "gemma2_layer_types_sixth": "layer_types[1]",
+    "gemma2_pattern_6": "sliding_window_pattern", "gemma2_query_scalar": "query_pre_attn_scalar", "phi3_yarn": "rope_scaling",
     "phi3_unfused_qkv": "blk.2.attn_q.weight",
 }
 

@@ -377,3 +377,141 @@ def test_quantize_trailing_thread_count_as_llama_quantize(run, tmp_path):
     assert bad.returncode == 2 and "nthreads" in bad.err, bad.describe()
     extra = run("quantize", src, tmp_path / "c.gguf", "Q8_0", "1", "x")
     assert extra.returncode == 2 and "unexpected argument 'x'" in extra.err, extra.describe()
+
+
+# ---- habits, round two: inline grammars, template names, -cnv, -fa 1, --opt=value ----------------
+
+def test_run_inline_json_schema_and_grammar(run, st, tmp_path):
+    """llama-cli's --json-schema / -j and --grammar take the text itself; -jf, --json-schema-file and
+    --grammar-file take a file; a path given to the inline options is still read (kvllm's older habit)."""
+    gen = [*st, "-p", "x", "-n", "16", "--temp", "0", "-q", "--no-echo"]
+    for flag in ("--json-schema", "-j"):
+        res = run("run", *gen, flag, '{"enum": ["yes", "no"]}').check_ok()
+        assert json.loads(res.out) in ("yes", "no"), res.describe()
+    res = run("run", *gen, "--grammar", 'root ::= "upon a time"').check_ok()
+    assert res.out.strip() == "upon a time", res.describe()
+    s = tmp_path / "s.json"
+    s.write_text('{"type": "boolean"}')
+    g = tmp_path / "g.gbnf"
+    g.write_text('root ::= "yes"\n')
+    for args in (["-jf", s], ["--json-schema-file", s], ["--json-schema", s]):
+        res = run("run", *gen, *args).check_ok()
+        assert json.loads(res.out) in (True, False), res.describe()
+    for args in (["--grammar-file", g], ["--grammar", g]):
+        assert run("run", *gen, *args).check_ok().out.strip() == "yes"
+    # an inline error names the option and the compiler's place; a file's names the file
+    res = run("run", *gen, "--grammar", 'root ::= "a" missing')
+    assert res.returncode == 1 and "--grammar: 1:14" in res.err, res.describe()
+    res = run("run", *gen, "-j", '{"type": "object", "properties": 3}')
+    assert res.returncode == 1 and "--json-schema:" in res.err, res.describe()
+    res = run("run", *gen, "--grammar-file", 'root ::= "a"')
+    assert res.returncode == 1 and "cannot open" in res.err, res.describe()
+
+
+TEMPLATE_TURNS = {
+    "chatml": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "llama3": ("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+               "<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+    "gemma": "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "phi3": "<|system|>\nBe brief.<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\n",
+    "zephyr": "<|system|>\nBe brief.<|endoftext|>\n<|user|>\nhi<|endoftext|>\n<|assistant|>\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_TURNS))
+def test_chat_template_by_llamacpp_name(run, st, name):
+    """--chat-template NAME renders what llama.cpp's built-in of that name writes (chat -v prints it)."""
+    res = run("chat", *st, "--chat-template", name, "-sys", "Be brief.", "-p", "hi", "-n", "2", "--temp", "0",
+              "-v").check_ok()
+    assert TEMPLATE_TURNS[name] in res.err, res.describe()
+
+
+def test_chat_template_text_file_and_refusals(run, st, tmp_path, chatml):
+    base = [*st, "-p", "hi", "-n", "2", "--temp", "0", "-v"]
+    inline = "{% for m in messages %}[{{ m['role'] }}:{{ m['content'] }}]{% endfor %}"
+    assert "[user:hi]" in run("chat", *base, "--chat-template", inline).check_ok().err
+    assert "<|im_start|>user\nhi<|im_end|>" in run("chat", *base, "--chat-template-file", chatml).check_ok().err
+    assert "<|im_start|>user\nhi<|im_end|>" in run("chat", *base, "--chat-template", chatml).check_ok().err
+    # llama.cpp's names that kvllm lacks are refused by name, saying what to use
+    res = run("chat", *base, "--chat-template", "llama2")
+    assert res.returncode != 0 and "'llama2' is not one kvllm has" in res.err, res.describe()
+    assert "chatml" in res.err and "--chat-template-file" in res.err, res.err
+    res = run("chat", *base, "--chat-template", "no-such-name")
+    assert res.returncode != 0 and "--chat-template-file" in res.err, res.describe()
+    res = run("serve", *st, "--chat-template", "vicuna", "--port", "0")
+    assert res.returncode != 0 and "'vicuna' is not one kvllm has" in res.err, res.describe()
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("tool_flags", [[], ["--enable-auto-tool-choice", "--tool-call-parser=hermes"]])
+def test_serve_chat_template_name_tool_parser_and_opt_equals(kvllm, stories, tool_flags):
+    """serve --chat-template chatml (llama.cpp's name), --opt=value, and vLLM's tool flags: ChatML shows no
+    tool-call format, so `tools` is a 400 until --tool-call-parser names one."""
+    from server_util import Server
+    s = Server(kvllm, f"--model={stories['bin']}", f"--tokenizer={stories['tok']}", "--threads=1",
+               "--chat-template=chatml", "--alias=storyteller", "--max-queue=8", *tool_flags)
+    try:
+        status, _, raw = s.request("GET", "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(raw)["data"]] == ["storyteller"], raw
+        body = {"model": "storyteller", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": "hi"}]}
+        status, r = s.post("/v1/chat/completions", body)
+        assert status == 200 and r["choices"][0]["message"]["content"] is not None, r
+        status, r = s.post("/v1/chat/completions", {**body, "tools": TOOLS})
+        assert status == (200 if tool_flags else 400), r
+    finally:
+        s.stop()
+
+
+def test_serve_refuses_unknown_tool_parser(run, st):
+    res = run("serve", *st, "--tool-call-parser", "pythonic", "--port", "0")
+    assert res.returncode == 2 and "hermes, llama3_json and mistral" in res.err, res.describe()
+
+
+def test_cnv_refused_by_run_accepted_by_chat(run, st):
+    res = run("run", *st, "-p", "hi", "-cnv")
+    assert res.returncode == 2 and "kvllm chat" in res.err, res.describe()
+    res = run("chat", *st, "--chat-template", "chatml", "-p", "hi", "-n", "2", "--temp", "0", "-cnv").check_ok()
+    assert "unknown option" not in res.err
+
+
+@pytest.mark.parametrize("fa", [["-fa", "1"], ["-fa", "0"], ["-fa", "on"], ["-fa", "off"], ["-fa", "0,1"],
+                                ["--flash-attn=off"], ["-fa"]])
+def test_bench_and_run_take_flash_attn_values(run, stories, st, fa):
+    """-fa as llama-bench writes it (0, 1, a list) and as llama-cli does (on, off): a note, no error."""
+    res = run("bench", "model", "-m", stories["bin"], "-p", "8", "-n", "4", "-r", "1", *fa).check_ok()
+    assert "ignored: attention is always fused" in res.err, res.describe()
+    assert "| pp8 " in res.out and "| tg4 " in res.out, res.describe()
+    res = run("run", *st, "-p", "Once", "-n", "2", "--temp", "0", *fa).check_ok()
+    assert "ignored: attention is always fused" in res.err, res.describe()
+
+
+def test_opt_equals_value_everywhere(run, stories, st, tmp_path):
+    """--opt=value as well as --opt value (argparse's habit), on every command; a flag given a value is
+    refused, and a value that itself holds '=' or starts with '--' is kept whole."""
+    m = f"--model={stories['bin']}"
+    tk = f"--tokenizer={stories['tok']}"
+    a = run("run", m, tk, "--prompt=Once", "--n-predict=8", "--temp=0", "--seed=3", "--ids", "-q").check_ok()
+    b = run("run", "-m", stories["bin"], "--tokenizer", stories["tok"], "-p", "Once", "-n", "8", "--temp", "0",
+            "--ids", "-q").check_ok()
+    assert a.out == b.out and a.out.strip(), (a.describe(), b.describe())
+    assert run("run", m, tk, "--prompt=a=b", "-n", "1", "-q").check_ok().out.startswith("a=b")
+    assert run("run", *st, "-p", "--x=y", "-n", "1", "-q").check_ok().out.startswith("--x=y")
+    assert run("run", m, tk, "-p", "x", "-n", "1", "--color=off", "--kv-tokens=64", "--block-size=8").check_ok()
+    res = run("run", m, tk, "-p", "x", "--ignore-eos=1")
+    assert res.returncode == 2 and "--ignore-eos takes no value" in res.err, res.describe()
+    res = run("run", m, tk, "-p", "x", "--ignore-eos=1", "-n", "1")
+    assert res.returncode == 2 and "--ignore-eos takes no value" in res.err, res.describe()
+    assert run("chat", m, tk, "--chat-template=chatml", "--prompt=hi", "--n-predict=2", "--temp=0").check_ok()
+    assert "tg4" in run("bench", "model", m, "--pp=8", "--tg=4", "--reps=1", "--threads=1").check_ok().out
+    assert run("bench", "throughput", "-m", stories["bin"], "--requests=4", "--prompt-len=8",
+               "--gen-len=4").check_ok()
+    assert run("tokenize", f"--tokenizer={stories['tok']}", "--ids", "hello").check_ok().out.strip()
+    out = tmp_path / "s.gguf"
+    run("convert", stories["bin"], tk, "--to=gguf", "-o", out).check_ok()
+    assert out.stat().st_size > 1_000_000
+    assert run("info", stories["bin"], "--json").check_ok()
+    res = run("info", stories["bin"], "--json=yes")
+    assert res.returncode == 2 and "takes no value" in res.err, res.describe()

@@ -31,8 +31,26 @@ int cli_out_kind_check(const char *cmd, const char *out, bool folder);
 /* Parse a number for option `opt`; on error prints "kvllm: error: ..." and returns false. */
 bool cli_int(const char *opt, const char *s, long lo, long hi, long *out);
 bool cli_float(const char *opt, const char *s, double lo, double hi, double *out);
-/* Fetch the argument of an option at argv[*i], advancing *i; prints usage error if missing. */
+/* Fetch the argument of an option at argv[*i], advancing *i; prints usage error if missing.  After
+ * cli_opt_split cut "--name=value", the value is that part (and *i stays). */
 const char *cli_arg(int argc, char **argv, int *i);
+/* --name=value as well as --name value (argparse's and llama.cpp's habit): called first for each
+ * argv[i] an option loop looks at, it cuts "--name=value" at the '=' (argv[i] is then "--name") and
+ * keeps the value for cli_arg or cli_opt_value.  A value left over from the option before, one that
+ * takes none, is an error: false (printed).  cli_opt_end says the same after the loop. */
+bool cli_opt_split(char **argv, int i);
+bool cli_opt_end(void);
+/* The value cut off the current option (NULL when none), taken: for options whose value is optional. */
+const char *cli_opt_value(void);
+/* Text given inline or by file: `value` is the text itself unless is_file, or unless it names an
+ * existing file (kvllm's older habit for --grammar and --json-schema).  malloc'd, NUL-free; NULL on
+ * error (printed, naming opt). */
+char *cli_text_arg(const char *opt, const char *value, bool is_file);
+/* --chat-template VALUE: one of llama.cpp's built-in template names that kvllm has (chatml, llama3,
+ * gemma, phi3, zephyr), Jinja text, or a file; --chat-template-file FILE (is_file).  The Jinja text,
+ * malloc'd; NULL on error (printed: a llama.cpp name kvllm lacks is refused naming the ones it has). */
+char *cli_chat_template(const char *opt, const char *value, bool is_file);
+extern const char *const cli_chat_template_names;
 /* Monotonic seconds. */
 double cli_time(void);
 /* Parse a comma-separated list of integers (at most max); returns the count or -1 (error printed). */

@@ -36,9 +36,36 @@ int cli_out_kind_check(const char *cmd, const char *out, bool folder) {
 
 bool cli_is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
 
+/* "--name=value" being parsed: argv's entry cut at '=' (g_eq_name) and the value, until taken */
+static const char *g_eq_name, *g_eq_value;
+
+const char *cli_opt_value(void) {
+    const char *v = g_eq_value;
+    g_eq_value = NULL;
+    return v;
+}
+
 const char *cli_arg(int argc, char **argv, int *i) {
+    if (g_eq_value) return cli_opt_value();
     if (*i + 1 >= argc) { cli_error("option %s needs a value", argv[*i]); return NULL; }
     return argv[++*i];
+}
+
+bool cli_opt_end(void) {
+    if (!g_eq_value) return true;
+    cli_error("option %s takes no value (given '%s')", g_eq_name, cli_opt_value());
+    return false;
+}
+
+bool cli_opt_split(char **argv, int i) {
+    if (!cli_opt_end()) return false;
+    char *a = argv[i], *eq;
+    /* only long options: a short one's value never holds '=' glued on, and values are never split */
+    if (a[0] != '-' || a[1] != '-' || !(eq = strchr(a, '='))) return true;
+    *eq = 0;
+    g_eq_name = a;
+    g_eq_value = eq + 1;
+    return true;
 }
 
 bool cli_int(const char *opt, const char *s, long lo, long hi, long *out) {
@@ -300,7 +327,7 @@ static const struct { const char *name; int value; } k_gpu_opts[] = {
 const char *const cli_gpu_usage =
     "accepted for llama.cpp / vLLM habits, with a one-line note (they change nothing; the backend is chosen\n"
     "by KVLLM_BACKEND=cpu|cuda, the CUDA one only in a -DKVLLM_CUDA=ON build; kvllm --version says which):\n"
-    "  -ngl N, --n-gpu-layers N, -mg N, -sm MODE, -ts LIST, -fa [on|off|auto], -dev DEV, --no-kv-offload,\n"
+    "  -ngl N, --n-gpu-layers N, -mg N, -sm MODE, -ts LIST, -fa [on|off|auto|1|0], -dev DEV, --no-kv-offload,\n"
     "  --gpu-memory-utilization F, -tp N, --enforce-eager, --mlock, --no-mmap\n";
 
 /* Why a GPU placement option changes nothing, for this build. */
@@ -318,10 +345,12 @@ int cli_gpu_opt(int argc, char **argv, int *i) {
         const char *name = k_gpu_opts[k].name;
         size_t n = strlen(name);
         if (strncmp(a, name, n) || (a[n] && a[n] != '=')) continue;
-        const char *v = a[n] == '=' ? a + n + 1 : NULL;
+        const char *v = a[n] == '=' ? a + n + 1 : k_gpu_opts[k].value ? cli_opt_value() : NULL;
         if (!v && k_gpu_opts[k].value == 1 && !(v = cli_arg(argc, argv, i))) return -1;
+        /* -fa's value: llama-cli's on|off|auto, llama-bench's 0|1 (or a list of them: 0,1) */
         if (!v && k_gpu_opts[k].value == 2 && *i + 1 < argc &&
-            (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto")))
+            (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto") ||
+             (argv[*i + 1][0] && strspn(argv[*i + 1], "01,") == strlen(argv[*i + 1]))))
             v = argv[++*i];
         const char *why = !strcmp(name, "--mlock") || !strcmp(name, "--no-mmap")
             ? "the CPU backend always maps the weights"
@@ -351,4 +380,79 @@ void cli_print_version(FILE *f) {
             b.cpu_kernels_default);
     fprintf(f, "GPU: %s\n", b.cuda_built ? "CUDA backend built (KVLLM_BACKEND=cuda)"
                                          : "none (CPU-only build; -DKVLLM_CUDA=ON adds the CUDA backend)");
+}
+
+/* ---- text given inline or by file; chat templates by name ---- */
+
+static char *read_nul_free(const char *opt, const char *path) {
+    size_t n;
+    char *buf = cli_read_file(path, &n);
+    if (buf && strlen(buf) != n) { cli_error("%s %s: contains a NUL byte", opt, path); free(buf); return NULL; }
+    return buf;
+}
+
+static bool is_file(const char *path) {
+    struct stat st;
+    return !stat(path, &st) && S_ISREG(st.st_mode);
+}
+
+char *cli_text_arg(const char *opt, const char *value, bool file) {
+    if (file || is_file(value)) return read_nul_free(opt, value);
+    char *s = strdup(value);
+    if (!s) cli_error("%s: out of memory", opt);
+    return s;
+}
+
+/* llama.cpp's built-in templates that kvllm has, written as Jinja that renders what llama.cpp's
+ * llm_chat_apply_template writes for them (no BOS: the vocabulary's add_bos adds it, as there). */
+static const struct { const char *name, *jinja; } k_chat_templates[] = {
+    { "chatml",
+      "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}" },
+    { "llama3",
+      "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + (m['content'] | trim)"
+      " + '<|eot_id|>' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}" },
+    { "gemma",   /* system text goes before the next user turn's */
+      "{% set ns = namespace(sys='') %}{% for m in messages %}{% if m['role'] == 'system' %}"
+      "{% set ns.sys = ns.sys + (m['content'] | trim) %}{% else %}"
+      "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}{{ '<start_of_turn>' + role + '\\n' }}"
+      "{% if ns.sys and role != 'model' %}{{ ns.sys + '\\n\\n' }}{% set ns.sys = '' %}{% endif %}"
+      "{{ (m['content'] | trim) + '<end_of_turn>\\n' }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}" },
+    { "phi3",
+      "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}" },
+    { "zephyr",
+      "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|endoftext|>\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}" },
+};
+
+const char *const cli_chat_template_names = "chatml, llama3, gemma, phi3, zephyr";
+
+/* llama.cpp's other built-in names (llama-chat.cpp), refused by name rather than read as a file */
+static const char *const k_llamacpp_templates[] = {
+    "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
+    "mistral-v7", "mistral-v7-tekken", "phi4", "falcon3", "monarch", "orion", "openchat", "vicuna", "vicuna-orca",
+    "deepseek", "deepseek2", "deepseek3", "command-r", "chatglm3", "chatglm4", "glmedge", "minicpm", "exaone3",
+    "exaone4", "rwkv-world", "granite", "gigachat", "megrez", "yandex", "bailing", "bailing-think", "bailing2",
+    "llama4", "smolvlm", "hunyuan-moe", "hunyuan-dense", "gpt-oss", "kimi-k2", "seed_oss", "grok-2",
+    "pangu-embedded",
+};
+
+char *cli_chat_template(const char *opt, const char *value, bool file) {
+    if (file) return read_nul_free(opt, value);
+    for (size_t k = 0; k < sizeof k_chat_templates / sizeof *k_chat_templates; k++)
+        if (!strcmp(value, k_chat_templates[k].name)) return cli_text_arg(opt, k_chat_templates[k].jinja, false);
+    for (size_t k = 0; k < sizeof k_llamacpp_templates / sizeof *k_llamacpp_templates; k++)
+        if (!strcmp(value, k_llamacpp_templates[k])) {
+            cli_error("%s %s: llama.cpp's built-in '%s' is not one kvllm has (it has %s); give the model's Jinja "
+                      "template with --chat-template-file FILE", opt, value, value, cli_chat_template_names);
+            return NULL;
+        }
+    if (strstr(value, "{{") || strstr(value, "{%")) return cli_text_arg(opt, value, false);
+    if (is_file(value)) return read_nul_free(opt, value);   /* kvllm's older habit: a path */
+    cli_error("%s '%s': not a built-in template name (%s), Jinja text, or a file; --chat-template-file FILE "
+              "reads a file", opt, value, cli_chat_template_names);
+    return NULL;
 }

@@ -71,6 +71,7 @@ int cmd_batch(int argc, char **argv) {
     sp.temperature = 0;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
@@ -86,6 +87,7 @@ int cmd_batch(int argc, char **argv) {
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("batch: unknown option '%s'", a); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!model || !prompts) { cli_error("batch: -m and --prompts are required"); return 2; }
     int32_t *ids = NULL;
     int *off = NULL;

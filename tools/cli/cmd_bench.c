@@ -17,11 +17,12 @@
 
 static const char *k_usage =
     "usage: kvllm bench model -m MODEL[,MODEL...] [options]   (llama-bench's short options work)\n"
-    "  -p, --pp LIST     prompt tokens per prefill test, e.g. 128,512 (default 512, 0 = skip)\n"
-    "  -n, --tg LIST     generated tokens per generation test, e.g. 32,128 (default 128, 0 = skip)\n"
+    "  -m, --model LIST  model files, comma-separated (one table, a row group per model)\n"
+    "  -p, --pp LIST     prompt tokens per prefill test, e.g. 128,512 (default 512, 0 = skip; also --n-prompt)\n"
+    "  -n, --tg LIST     generated tokens per generation test, e.g. 32,128 (default 128, 0 = skip; also --n-gen)\n"
     "  -t, --threads LIST  thread counts, e.g. 1,2 (default: all CPUs)\n"
-    "  -d, --depth LIST  context already filled before each test (default 0)\n"
-    "  -r, --reps N      repetitions (default 5)\n"
+    "  -d, --depth LIST  context already filled before each test (default 0; also --n-depth)\n"
+    "  -r, --reps N      repetitions (default 5; also --repetitions)\n"
     "  -b, --batch-size LIST  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
     "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
@@ -390,6 +391,7 @@ static int bench_model_cmd(int argc, char **argv) {
     o.tg[0] = 128;
     o.ubatch[0] = 0;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_gpu_usage, stdout); return 0; }
         if (!strcmp(a, "--no-kv-cache")) { o.no_kv = true; continue; }
@@ -417,6 +419,7 @@ static int bench_model_cmd(int argc, char **argv) {
             else { cli_error("-o: expected md, json, jsonl or csv, got '%s'", v); return 2; }
         } else { cli_unknown("bench model", a, k_usage, NULL); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!*o.models) { cli_error("bench model: -m MODEL is required"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
     char list[1024];
@@ -466,6 +469,7 @@ static int bench_throughput_cmd(int argc, char **argv) {
     bool is_static = false, json = false;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage_tp, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
@@ -485,6 +489,7 @@ static int bench_throughput_cmd(int argc, char **argv) {
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
         } else { cli_unknown("bench throughput", a, k_usage_tp, cli_engine_usage); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!model) { cli_error("bench throughput: -m MODEL is required"); return 2; }
     if (shared > p_lo) { cli_error("--shared-prefix %ld is longer than the shortest prompt (%ld)", shared, p_lo); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
@@ -594,6 +599,7 @@ static int bench_prefix_cmd(int argc, char **argv) {
     long n = 1024, pct = 90, reps = 5, threads = 0;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage_prefix, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
@@ -607,6 +613,7 @@ static int bench_prefix_cmd(int argc, char **argv) {
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_unknown("bench prefix", a, k_usage_prefix, cli_engine_usage); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!model) { cli_error("bench prefix: -m MODEL is required"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
     struct kvllm_model_params mp = kvllm_model_default_params();
@@ -648,6 +655,7 @@ static int bench_membw_cmd(int argc, char **argv) {
     long list[MAX_LIST] = { 1, cpu_threads() };
     int n = cpu_threads() > 1 ? 2 : 1;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         if (cli_is_help(argv[i])) {
             fputs("usage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
             return 0;
@@ -657,6 +665,7 @@ static int bench_membw_cmd(int argc, char **argv) {
             if (!v || (n = cli_int_list(argv[i - 1], v, 1, 256, list, MAX_LIST)) < 0) return 2;
         } else { cli_error("bench membw: unknown option '%s'", argv[i]); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     printf("| threads | read GB/s |\n|---:|---:|\n");
     for (int i = 0; i < n; i++) printf("| %ld | %.1f |\n", list[i], read_bandwidth((int)list[i]) / 1e9);
     return 0;

@@ -389,6 +389,7 @@ int bench_serve_cmd(int argc, char **argv) {
     const char *url = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         double d;
         if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
@@ -407,6 +408,7 @@ int bench_serve_cmd(int argc, char **argv) {
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
         } else { cli_error("bench serve: unknown option '%s'", a); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!url) { cli_error("bench serve: --url URL is required"); return 2; }
     if (!parse_url(url, &b.t) || !discover(&b.t)) return 1;
 

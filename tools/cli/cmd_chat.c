@@ -64,7 +64,9 @@ static const char *k_usage =
     "usage: kvllm chat -m MODEL [options]\n"
     "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
     "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
-    "  --chat-template FILE   Jinja chat template (default: the model's tokenizer.chat_template)\n"
+    "  --chat-template NAME   chat template (default: the model's tokenizer.chat_template): a llama.cpp\n"
+    "                         built-in name kvllm has (chatml, llama3, gemma, phi3, zephyr) or Jinja text\n"
+    "  --chat-template-file FILE  the Jinja chat template in a file\n"
     "  -sys, --system-prompt TEXT  a system message opening the conversation (also --system)\n"
     "  -p, --prompt TEXT      the user's message: answer it and exit\n"
     "  -f, --file FILE        the user's message from FILE ('-': stdin): answer it and exit\n"
@@ -78,6 +80,7 @@ static const char *k_usage =
     "  -c, --ctx-size N       positions the conversation may use (default: the model's)\n"
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
+    "  -cnv, --conversation   accepted (llama-cli): chat always converses\n"
     "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
     "  --no-context-shift     when old turns are dropped, recompute the kept ones rather than move their\n"
     "                         cached K/V down (exact, slower; the default moves them as llama.cpp does)\n"
@@ -92,7 +95,8 @@ static const char *k_usage =
     "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
 
 struct chat_opts {
-    const char *model, *tokenizer, *template_path, *prompt, *system, *file;
+    const char *model, *tokenizer, *template_arg, *prompt, *system, *file;
+    bool template_is_file;
     struct kvllm_engine_params ep;  /* KV options (--kv-type, --block-size, --kv-mem, ...) */
     long n_predict, n_ctx, n_threads;
     bool seed_set, interactive, no_reuse, no_shift, verbose, quiet, special_in_content;
@@ -105,6 +109,7 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
     o->sp = kvllm_sampling_default_params();
     o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
         if (so == 0) so = cli_engine_opt(argc, argv, &i, &o->ep);
@@ -115,7 +120,12 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
         else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
-        else if (!strcmp(a, "--chat-template")) { ARG(); o->template_path = v; }
+        else if (!strcmp(a, "--chat-template") || !strcmp(a, "--chat-template-file")) {
+            ARG();
+            o->template_arg = v;
+            o->template_is_file = !strcmp(a, "--chat-template-file");
+        }
+        else if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation")) continue;
         else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) { ARG(); o->system = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { ARG(); o->file = v; }
@@ -132,6 +142,7 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         else { cli_unknown("chat", a, k_usage, cli_engine_usage); return 2; }
 #undef ARG
     }
+    if (!cli_opt_end()) return 2;
     if (!o->model) { cli_error("chat: -m MODEL is required (see kvllm chat --help)"); return 2; }
     if (o->file && o->prompt) { cli_error("chat: give the message with -p or -f, not both"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
@@ -280,7 +291,7 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
     for (;;) {
         rc = kvllm_chat_tokenize(c->model, c->tmpl, c->msgs, c->n_msgs, true, c->special_in_content, &ids, &n_ids);
         if (rc) {
-            if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template FILE");
+            if (rc == KVLLM_ENOTFOUND) cli_error("chat: no chat template; give one with --chat-template NAME or --chat-template-file FILE");
             goto fail;
         }
         if (n_full < 0) n_full = n_ids;
@@ -461,8 +472,12 @@ int cmd_chat(int argc, char **argv) {
         if (!n) { cli_error("chat: %s holds no message", o.file); free(file_text); return 1; }
         o.prompt = file_text;
     }
-    if (o.template_path) {
-        if (!(tmpl = read_text(o.template_path, o.template_path))) { free(file_text); return 1; }
+    if (o.template_arg) {
+        if (!(tmpl = cli_chat_template(o.template_is_file ? "--chat-template-file" : "--chat-template", o.template_arg,
+                                       o.template_is_file))) {
+            free(file_text);
+            return 1;
+        }
         c.tmpl = tmpl;
     }
 
@@ -476,7 +491,7 @@ int cmd_chat(int argc, char **argv) {
     char *probe = NULL;
     struct kvllm_chat_message hi = { .role = "user", .content = "hi" };
     if (!c.tmpl && kvllm_chat_render(c.model, NULL, &hi, 1, true, &probe) == KVLLM_ENOTFOUND) {
-        cli_error("chat: %s has no chat template (tokenizer.chat_template); give one with --chat-template FILE",
+        cli_error("chat: %s has no chat template (tokenizer.chat_template); give one with --chat-template NAME or --chat-template-file FILE",
                   o.model);
         goto done;
     }

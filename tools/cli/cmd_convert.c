@@ -39,6 +39,7 @@ static int copy_vocab(struct gguf *g, const char *path) {
 int cmd_convert(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *tok = NULL, *to = "gguf";
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(argv[i], "-o")) { if (!(out = cli_arg(argc, argv, &i))) return 2; }
         else if (!strcmp(argv[i], "--to")) { if (!(to = cli_arg(argc, argv, &i))) return 2; }
@@ -46,6 +47,7 @@ int cmd_convert(int argc, char **argv) {
         else if (argv[i][0] != '-' && !in) in = argv[i];
         else { cli_error("convert: unknown option '%s'", argv[i]); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!in || !out) { cli_error("convert: IN and -o OUT are required (see kvllm convert --help)"); return 2; }
     if (strcmp(to, "gguf") && strcmp(to, "hf")) { cli_error("convert: --to must be gguf or hf, not '%s'", to); return 2; }
     /* the output replaces its target only when complete (a temporary file

@@ -44,6 +44,7 @@ int cmd_eval(int argc, char **argv) {
     long prefill = -1, threads = 0, batch = 0;
     bool no_kv = false;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(a, "--no-kv-cache")) { no_kv = true; continue; }
@@ -58,6 +59,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("eval: unknown option '%s'", a); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!model || !toks || !outp) { cli_error("eval: -m, --tokens and -o are required"); return 2; }
     int32_t *ids;
     int n = parse_ids(toks, &ids);

@@ -164,6 +164,7 @@ int cmd_grammar(int argc, char **argv) {
     bool strict = false, json_object = false, print = false;
     long reps = 20;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i];
         if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
         else if (!strcmp(a, "--gbnf")) { if (!(gbnf = cli_arg(argc, argv, &i))) return 2; }
@@ -181,6 +182,7 @@ int cmd_grammar(int argc, char **argv) {
             if (!s || !cli_int("--reps", s, 1, 100000, &reps)) return 2;
         } else { cli_unknown("grammar", a, k_usage, NULL); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if ((gbnf != NULL) + (schema != NULL) + json_object != 1) {
         cli_error("give one of --gbnf, --json-schema, --json-object (see kvllm grammar --help)");
         return 2;

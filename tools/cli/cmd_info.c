@@ -90,6 +90,7 @@ int cmd_info(int argc, char **argv) {
     const char *path = NULL, *tok = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(path = cli_arg(argc, argv, &i))) return 2;
@@ -104,6 +105,7 @@ int cmd_info(int argc, char **argv) {
             return 2;
         }
     }
+    if (!cli_opt_end()) return 2;
     if (!path) { cli_error("info: a MODEL path is required (see kvllm info --help)"); return 2; }
     kvllm_log_set_level(KVLLM_LOG_WARN);
     struct kvllm_model_params mp = kvllm_model_default_params();

@@ -270,6 +270,7 @@ int cmd_quantize(int argc, char **argv) {
     long threads = 0;
     bool allow_requantize = false;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
         if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             const char *v = cli_arg(argc, argv, &i);
@@ -289,6 +290,7 @@ int cmd_quantize(int argc, char **argv) {
             return 2;
         }
     }
+    if (!cli_opt_end()) return 2;
     if (n_pos < 3) { cli_error("quantize: IN, OUT and TYPE are required (see kvllm quantize --help)"); return 2; }
     const char *in = pos[0], *out = pos[1];
     int ti = -1;

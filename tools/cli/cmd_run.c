@@ -32,16 +32,18 @@ static const char *k_usage =
     "  -t, --threads N        threads (default: all CPUs)\n"
     "  --no-kv-cache          recompute the whole prefix every step (baseline)\n"
     "  --ignore-eos           do not stop at end-of-sequence\n"
-    "  --grammar FILE         constrain the output to a GBNF grammar (llama.cpp's format; start rule root)\n"
-    "  --json-schema FILE     constrain the output to JSON valid under a JSON Schema\n"
-    "  --json-schema-strict   with --json-schema: no properties beyond those listed (OpenAI's strict)\n"
+    "  --grammar TEXT         constrain the output to a GBNF grammar (llama.cpp's format; start rule root);\n"
+    "                         --grammar-file FILE reads it from a file\n"
+    "  -j, --json-schema TEXT constrain the output to JSON valid under a JSON Schema ('{...}');\n"
+    "                         -jf, --json-schema-file FILE reads it from a file\n"
+    "  --json-schema-strict   with a JSON Schema: no properties beyond those listed (OpenAI's strict)\n"
     "  --min-tokens N         end-of-sequence and --stop-token-id held back until N tokens\n"
     "  --stop-token-id ID     stop when this token id is sampled (not printed); repeatable\n"
     "  --no-echo              do not print the prompt\n"
     "  --ids                  print the generated token ids instead of text\n"
     "  --color [on|off|auto]  prompt echo in yellow, generated text plain (alone: on; auto: on a terminal)\n"
     "  --verbose-prompt       print the prompt's token ids (and pieces) on stderr before generating\n"
-    "  -no-cnv                accepted (run is one completion; `kvllm chat` converses)\n"
+    "  -no-cnv                accepted (run is one completion; `kvllm chat` converses: -cnv is refused)\n"
     "  -q, --quiet            only errors on stderr\n"
     "  --version              print the version, commit and kernel sets\n";
 
@@ -52,8 +54,8 @@ struct run_opts {
     long n_predict, n_ctx, n_threads;
     int parse_special;      /* -1: when the prompt holds special-token text; 0 / 1: as told */
     bool no_kv, ignore_eos, no_echo, ids, quiet, seed_set, color, verbose_prompt;
-    const char *grammar_file, *schema_file;
-    bool schema_strict;
+    const char *grammar, *schema;     /* the text, or a file's path when *_is_file */
+    bool grammar_is_file, schema_is_file, schema_strict;
     long min_tokens;
     int32_t stop_ids[16];
     int n_stop_ids;
@@ -67,6 +69,7 @@ static int parse(int argc, char **argv, struct run_opts *o) {
     o->sp = kvllm_sampling_default_params();
     o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         int eo = cli_engine_opt(argc, argv, &i, &o->ep);
         if (eo < 0) return 2;
@@ -94,8 +97,13 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = true;
         else if (!strcmp(a, "--no-parse-special")) o->parse_special = 0;
         else if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation")) continue;
-        else if (!strcmp(a, "--color") || !strncmp(a, "--color=", 8) || !strcmp(a, "-co")) {
-            const char *mode = a[7] == '=' ? a + 8 : NULL;
+        else if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation") || !strcmp(a, "-i") || !strcmp(a, "--interactive")) {
+            cli_error("run: %s: run answers one prompt and exits; converse with `kvllm chat -m MODEL` (interactive "
+                      "when no -p is given)", a);
+            return 2;
+        }
+        else if (!strcmp(a, "--color") || !strcmp(a, "-co")) {
+            const char *mode = cli_opt_value();
             if (!mode && i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off") ||
                                           !strcmp(argv[i + 1], "auto")))
                 mode = argv[++i];
@@ -114,10 +122,15 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
         else if (!strcmp(a, "--no-kv-cache")) o->no_kv = true;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
-        else if (!strcmp(a, "--grammar") || !strcmp(a, "--grammar-file")) { ARG(); o->grammar_file = v; }
-        else if (!strcmp(a, "--json-schema") || !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file")) {
+        else if (!strcmp(a, "--grammar") || !strcmp(a, "--grammar-file")) {
             ARG();
-            o->schema_file = v;
+            o->grammar = v;
+            o->grammar_is_file = !strcmp(a, "--grammar-file");
+        }
+        else if (!strcmp(a, "--json-schema") || !strcmp(a, "-j") || !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file")) {
+            ARG();
+            o->schema = v;
+            o->schema_is_file = !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file");
         }
         else if (!strcmp(a, "--json-schema-strict")) o->schema_strict = true;
         else if (!strcmp(a, "--min-tokens")) { ARG(); if (!cli_int(a, v, 0, 1 << 24, &o->min_tokens)) return 2; }
@@ -137,6 +150,7 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         else { cli_unknown("run", a, k_usage, cli_engine_usage); return 2; }
 #undef ARG
     }
+    if (!cli_opt_end()) return 2;
     if (!o->model) { cli_error("run: -m MODEL is required (see kvllm run --help)"); return 2; }
     if (o->file && o->prompt) { cli_error("run: give the prompt with -p or -f, not both"); return 2; }
     if (o->file || (o->prompt && !strcmp(o->prompt, "-"))) {
@@ -147,8 +161,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         o->prompt = o->prompt_buf;
     }
     if (o->system && !o->prompt) { cli_error("run: -sys needs a prompt (-p or -f) to answer"); return 2; }
-    if (o->grammar_file && o->schema_file) { cli_error("run: give --grammar or --json-schema, not both"); return 2; }
-    if (o->schema_strict && !o->schema_file) { cli_error("run: --json-schema-strict needs --json-schema"); return 2; }
+    if (o->grammar && o->schema) { cli_error("run: give --grammar or --json-schema, not both"); return 2; }
+    if (o->schema_strict && !o->schema) { cli_error("run: --json-schema-strict needs --json-schema"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
     return 0;
 }
@@ -221,19 +235,21 @@ static int tokenize_prompt(struct kvllm_model *m, const struct run_opts *o, int3
 static int run(struct run_opts *op);
 
 /* The grammar of --grammar / --json-schema (NULL without either); < 0 with
- * the error printed (the file and the compiler's line:col or schema path). */
+ * the error printed (the option or file, and the compiler's line:col or
+ * schema path). */
 static int load_grammar(const struct run_opts *o, struct kvllm_grammar **g) {
     *g = NULL;
-    const char *path = o->grammar_file ? o->grammar_file : o->schema_file;
-    if (!path) return 0;
-    size_t len;
-    char *text = cli_read_file(path, &len);
+    const char *arg = o->grammar ? o->grammar : o->schema;
+    if (!arg) return 0;
+    const char *opt = o->grammar ? "--grammar" : "--json-schema";
+    char *text = cli_text_arg(opt, arg, o->grammar ? o->grammar_is_file : o->schema_is_file);
     if (!text) return KVLLM_EIO;
+    const bool inline_text = strcmp(text, arg) == 0;
     char err[512] = "";
-    int rc = o->grammar_file ? kvllm_grammar_from_gbnf(text, g, err, sizeof err)
-                             : kvllm_grammar_from_json_schema(text, o->schema_strict, g, err, sizeof err);
+    int rc = o->grammar ? kvllm_grammar_from_gbnf(text, g, err, sizeof err)
+                        : kvllm_grammar_from_json_schema(text, o->schema_strict, g, err, sizeof err);
     free(text);
-    if (rc) cli_error("%s: %s", path, *err ? err : kvllm_strerror(rc));
+    if (rc) cli_error("%s: %s", inline_text ? opt : arg, *err ? err : kvllm_strerror(rc));
     return rc;
 }
 

@@ -38,11 +38,15 @@ static const char *k_usage =
     "  --body-timeout S       seconds to send the request body (default 30)\n"
     "  --idle-timeout S       seconds a connection may stay silent (default 30)\n"
     "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds running requests get to finish (default 10)\n"
-    "  --chat-template FILE   Jinja chat template (default: the model's own)\n"
+    "  --chat-template NAME   chat template (default: the model's own): a llama.cpp built-in name kvllm has\n"
+    "                         (chatml, llama3, gemma, phi3, zephyr) or Jinja text\n"
+    "  --chat-template-file FILE  the Jinja chat template in a file\n"
     "  --special-in-content   control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\n"
     "                         control tokens, as Transformers does (default: it is read as text)\n"
     "  --tool-call-format F   how tool calls are read from answers: auto (default: from the chat template's\n"
-    "                         text), hermes, llama3, mistral, or none (tool calling off)\n"
+    "                         text), hermes, llama3, mistral, or none (tool calling off); also vLLM's\n"
+    "                         --tool-call-parser hermes|llama3_json|mistral\n"
+    "  --enable-auto-tool-choice  accepted (vLLM): tool calling is on whenever the format is known\n"
     "  --allowed-origins LIST CORS: origins (comma-separated, or '*') whose pages may call the server from a\n"
     "                         browser: OPTIONS preflight answered, Access-Control-Allow-* headers (default: none)\n"
     "  --log-format text|json one line per finished request and a periodic engine line, as text (default) or JSON\n"
@@ -116,7 +120,8 @@ static void drain(struct server *srv, const sigset_t *sigs, double grace) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *tokenizer = NULL, *alias = NULL, *template_path = NULL;
+    const char *model = NULL, *tokenizer = NULL, *alias = NULL, *template_arg = NULL;
+    bool template_is_file = false;
     struct server_params sp = { .host = "127.0.0.1", .port = 8080 };
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     long threads = 0, n_ctx = 0, l;
@@ -125,6 +130,7 @@ int cmd_serve(int argc, char **argv) {
     bool verbose = false;
     sp.log_interval = 10;
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
         if (cli_is_help(a)) {
             fputs(k_usage, stdout);
@@ -139,7 +145,9 @@ int cmd_serve(int argc, char **argv) {
         if (eo < 0) return 2;
         if (eo > 0) continue;
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
-        if (!strcmp(a, "--jinja") || !strcmp(a, "--no-webui") || !strcmp(a, "--enable-prefix-caching")) continue;
+        if (!strcmp(a, "--jinja") || !strcmp(a, "--no-webui") || !strcmp(a, "--enable-prefix-caching") ||
+            !strcmp(a, "--enable-auto-tool-choice"))
+            continue;
         if (!strcmp(a, "--no-enable-prefix-caching")) { ep.prefix_caching = false; continue; }
         if (!strcmp(a, "--special-in-content")) { sp.special_in_content = true; continue; }
         if (!strcmp(a, "--metrics-public")) { sp.metrics_public = true; continue; }
@@ -150,6 +158,16 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) alias = v;
         else if (!strcmp(a, "--allowed-origins")) sp.allowed_origins = v;
         else if (!strcmp(a, "--tool-call-format")) sp.tool_call_format = v;
+        else if (!strcmp(a, "--tool-call-parser")) {
+            /* vLLM's parser names for the formats kvllm reads */
+            if (!strcmp(v, "hermes") || !strcmp(v, "mistral")) sp.tool_call_format = v;
+            else if (!strcmp(v, "llama3_json")) sp.tool_call_format = "llama3";
+            else {
+                cli_error("--tool-call-parser %s: kvllm reads hermes, llama3_json and mistral calls "
+                          "(or --tool-call-format none)", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--log-format")) {
             if (strcmp(v, "text") && strcmp(v, "json")) { cli_error("--log-format: '%s' is not text or json", v); return 2; }
             sp.log_json = !strcmp(v, "json");
@@ -174,19 +192,24 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--body-timeout")) { if (!cli_float(a, v, 0.1, 3600, &sp.body_timeout)) return 2; }
         else if (!strcmp(a, "--idle-timeout")) { if (!cli_float(a, v, 1, 3600, &sp.idle_timeout)) return 2; }
         else if (!strcmp(a, "--shutdown-timeout")) { if (!cli_float(a, v, 0, 3600, &grace)) return 2; }
-        else if (!strcmp(a, "--chat-template")) template_path = v;
+        else if (!strcmp(a, "--chat-template") || !strcmp(a, "--chat-template-file")) {
+            template_arg = v;
+            template_is_file = !strcmp(a, "--chat-template-file");
+        }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) {
             if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2;
         }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_unknown("serve", a, k_usage, cli_engine_usage); return 2; }
     }
+    if (!cli_opt_end()) return 2;
     if (!model) { cli_error("serve: -m MODEL is required (see kvllm serve --help)"); return 2; }
     if (verbose) kvllm_log_set_level(KVLLM_LOG_DEBUG);
     char id[256];
     model_id(model, alias, id, sizeof id);
-    char *tmpl = template_path ? cli_read_file(template_path, NULL) : NULL;
-    if (template_path && !tmpl) return 1;
+    char *tmpl = template_arg ? cli_chat_template(template_is_file ? "--chat-template-file" : "--chat-template",
+                                                  template_arg, template_is_file) : NULL;
+    if (template_arg && !tmpl) return 1;
     sp.model_id = id;
     sp.max_seqs = ep.max_seqs;
     sp.version = cli_version_string();
@@ -220,9 +243,9 @@ int cmd_serve(int argc, char **argv) {
         ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
         rc = cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL : kvllm_engine_new(m, &ep, &e);
     }
-    if (!rc && !template_path && !kvllm_model_chat_template(m, NULL, NULL))
+    if (!rc && !template_arg && !kvllm_model_chat_template(m, NULL, NULL))
         server_log(srv, KVLLM_LOG_WARN, "%s has no chat template (a base model?): /v1/chat/completions will answer 400; "
-                   "give one with --chat-template FILE, or use /v1/completions", id);
+                   "give one with --chat-template NAME or --chat-template-file FILE, or use /v1/completions", id);
     if (!rc) rc = server_ready(srv, m, e, ep.n_ctx);
     if (!rc) {
         server_log(srv, KVLLM_LOG_INFO, "ready: %s on http://%s:%d (context %d, max %d sequences)", id, sp.host,

@@ -38,6 +38,7 @@ struct opts {
 /* 0 ok, 1 help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, struct opts *o) {
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i];
         const char **dst = NULL;
         if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
@@ -52,6 +53,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
         else { cli_error("template: unknown argument '%s' (see kvllm template --help)", a); return 2; }
         if (!(*dst = cli_arg(argc, argv, &i))) return 2;
     }
+    if (!cli_opt_end()) return 2;
     if (!o->model && !o->template_path) { cli_error("template: give -m MODEL or --template FILE"); return 2; }
     if (!o->messages) { cli_error("template: --messages FILE is required"); return 2; }
     if (o->model && (o->bos || o->eos)) {

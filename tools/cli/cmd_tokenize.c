@@ -79,6 +79,7 @@ static bool parse_special_arg(char *a, struct opts *o) {
 static int parse_args(int argc, char **argv, struct opts *o) {
     bool only_text = false; /* after "--" */
     for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i];
         if (!only_text && a[0] == '-' && a[1] != 0) {
             if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
@@ -106,6 +107,7 @@ static int parse_args(int argc, char **argv, struct opts *o) {
             return 2;
         }
     }
+    if (!cli_opt_end()) return 2;
     bool files = o->vocab || o->merges;
     if (files && (o->model || o->tokenizer)) {
         cli_error("tokenize: give either -m MODEL/--tokenizer PATH or --vocab/--merges, not both");

@@ -287,7 +287,7 @@ struct backend_ctx {
  * vpdpbusd where the CPU has AVX-VNNI or AVX-512 VNNI), bit-identical
  * across kernel sets, on weights repacked at placement into 16-row
  * interleaved blocks (src/backend/cpu/qmm.h); other weight types, and the
- * logits' matrix (TENSOR_F_LOGITS), keep f32 arithmetic.  KVLLM_ACT=int
+ * matrices marked TENSOR_F_F32_ACT (the logits'; Gemma's FFN down projection), keep f32 arithmetic.  KVLLM_ACT=int
  * takes the older 13-bit codes for Q8_0 / Q4_0 / Q4_1.  The choice is
  * per backend, never per batch, so results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);

@@ -107,9 +107,9 @@ static const struct arch_desc k_archs[] = {
     { .name = "smollm3", .nope_period = 4 },
     { .name = "phi3", .pos = POS_ROPE_NEOX, .no_window = true },
     { .name = "gemma2", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .post_norms = true, .embd_scale = true,
-      .swa_period = 2, .scalar_embd_layers = 46 },
+      .f32_down = true, .swa_period = 2, .scalar_embd_layers = 46 },
     { .name = "gemma3", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .qk_norm = true, .post_norms = true,
-      .embd_scale = true, .swa_period = 6, .swa_rope_base = 10000, .scalar_embd_layers = 62 },
+      .embd_scale = true, .f32_down = true, .swa_period = 6, .swa_rope_base = 10000, .scalar_embd_layers = 62 },
     { .name = "gpt2", .norm = NORM_LAYER, .pos = POS_LEARNED, .ffn = FFN_GELU },
 };
 
@@ -555,7 +555,8 @@ static int place_weights(struct model *m) {
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
         for (int e = 0; l->exp_gate && e < 3 * m->hp.n_expert; e++) ts[n++] = &l->exp_gate[e];   /* gate, up, down */
     }
-    (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_LOGITS;   /* a hint (tensor.h) */
+    (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_F32_ACT;   /* hints (tensor.h) */
+    for (int il = 0; m->desc->f32_down && il < m->hp.n_layer; il++) m->layers[il].ffn_down.flags |= TENSOR_F_F32_ACT;
     int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
     free(ts);
     if (!rc && m->tied_output) m->output = m->tok_embd;

@@ -19,12 +19,13 @@ struct tensor {
     uint32_t flags;     /* TENSOR_F_* hints from the model to the backend */
 };
 
-/* The matrix whose product is the logits (the output head, or the token
- * embedding when the head is tied to it).  The CPU backend's 8-bit path
- * leaves it to f32 activations: its activation rounding decided near-ties
- * of the top token (SmolLM2: 95.9 % top-1 agreement with the exact path
- * with it, 97.5 % without; docs/PERF.md). */
-#define TENSOR_F_LOGITS 1u
+/* A matrix whose input keeps f32 activations on the CPU backend's 8-bit
+ * path: the logits' (the output head, or the token embedding when the head
+ * is tied to it), whose activation rounding decided near-ties of the top
+ * token (SmolLM2: 95.9 % top-1 agreement with the exact path with it,
+ * 97.5 % without; docs/PERF.md), and the FFN's down projection of the
+ * families that ask (struct arch_desc.f32_down). */
+#define TENSOR_F_F32_ACT 1u
 
 enum tensor_layout {
     TENSOR_ROWS = 0,

@@ -1,5 +1,6 @@
-/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 2/Gemma 3/Phi-3
- * folders read as an in-memory GGUF (see hf.h); writing one is hf_write.c.
+/* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 2/Gemma 3/Phi-3/
+ * SmolLM3 folders read as an in-memory GGUF (see hf.h); writing one is
+ * hf_write.c.
  *
  * config.json -> <arch>.* keys, as llama.cpp's converter writes them; the shards are mapped back to back
  * into one reservation (each at a page boundary) so that the gguf's single
@@ -139,7 +140,8 @@ struct hf_hparams {
     json_object *rs_long, *rs_short;   /* LongRoPE's factor arrays, in the config (not owned) */
 };
 
-const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3", "phi3", "gemma2" };
+const char *const hf_gguf_arch[HF_ARCH_COUNT_] = { "llama", "qwen2", "gpt2", "qwen3", "gemma3", "phi3", "gemma2",
+                                                    "smollm3" };
 
 /* rope_scaling (object or null): none, linear, llama3, or Phi-3's longrope; anything else is refused. */
 static int read_rope_scaling(const char *path, json_object *cfg, struct hf_hparams *hp) {
@@ -309,13 +311,41 @@ static int read_config_phi3(const char *path, json_object *cfg, struct hf_hparam
     return 0;
 }
 
+/* SmolLM3's layers without RoPE: GGUF's smollm3 has every fourth one so
+ * (no key for it, as in llama.cpp), which no_rope_layers (1: rotated) and
+ * no_rope_layer_interval must say. */
+static int read_config_smollm3(const char *path, json_object *cfg, const struct hf_hparams *hp) {
+    int64_t interval;
+    int rc;
+    if ((rc = cfg_int(path, cfg, "no_rope_layer_interval", false, 1, 4096, 4, &interval))) return rc;
+    json_object *nr = cfg_get(cfg, "no_rope_layers");
+    if (nr && (!json_object_is_type(nr, json_type_array) || (int64_t)json_object_array_length(nr) != hp->n_layer)) {
+        LOG_ERR("%s: \"no_rope_layers\" must be an array of num_hidden_layers (%lld) integers", path,
+                (long long)hp->n_layer);
+        return KVLLM_EFORMAT;
+    }
+    for (int64_t il = 0; il < hp->n_layer && (nr || interval != 4); il++) {
+        json_object *e = nr ? json_object_array_get_idx(nr, (size_t)il) : NULL;
+        const int64_t got = e && json_object_is_type(e, json_type_int) ? json_object_get_int64(e) : -1;
+        if (!nr || got != ((il + 1) % 4 != 0)) {
+            LOG_ERR("%s: %s%lld%s: SmolLM3 in GGUF has every fourth layer without RoPE and the others with it", path,
+                    nr ? "no_rope_layers[" : "no_rope_layer_interval ", nr ? (long long)il : (long long)interval,
+                    nr ? "] differs" : "");
+            return KVLLM_EUNSUPPORTED;
+        }
+    }
+    return 0;
+}
+
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
     static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel",
-                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM" };
-    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3", "gemma2" };
+                                   "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
+                                   "SmolLM3ForCausalLM" };
+    static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3", "gemma2",
+                                   "smollm3" };
     static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3,
-                                        HF_GEMMA2 };
+                                        HF_GEMMA2, HF_SMOLLM3 };
     const size_t n_archs = sizeof archs / sizeof *archs;
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
@@ -345,7 +375,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
     if (!known) {
         LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
                 "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                "Phi3ForCausalLM)", path, name);
+                "Phi3ForCausalLM, SmolLM3ForCausalLM)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
     hp->attn_softcap = hp->final_softcap = 0.0;
@@ -395,8 +425,8 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         return KVLLM_EUNSUPPORTED;
     }
     if ((rc = read_rope_scaling(path, cfg, hp))) return rc;
-    if (hp->arch == HF_QWEN2 || hp->arch == HF_QWEN3) {
-        /* Qwen carries sliding_window even when it is off; on, it applies to some layers only */
+    if (hp->arch == HF_QWEN2 || hp->arch == HF_QWEN3 || hp->arch == HF_SMOLLM3) {
+        /* Qwen (and SmolLM3) carry sliding_window even when it is off; on, it applies to some layers only */
         bool swa;
         if ((rc = cfg_bool(path, cfg, "use_sliding_window", false, &swa))) return rc;
         if (swa) {
@@ -406,6 +436,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         hp->n_swa = 0;
     }
     if (hp->arch == HF_PHI3 && (rc = read_config_phi3(path, cfg, hp))) return rc;
+    if (hp->arch == HF_SMOLLM3 && (rc = read_config_smollm3(path, cfg, hp))) return rc;
     if (hp->n_swa > hp->n_ctx) {
         LOG_ERR("%s: sliding_window %lld is longer than max_position_embeddings %lld", path, (long long)hp->n_swa,
                 (long long)hp->n_ctx);
@@ -626,8 +657,10 @@ static int map_name_gpt2(const char *hf, int64_t n_layer, char *out, size_t cap,
 static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size_t cap, int *perm) {
     if (hp->arch == HF_GPT2) return map_name_gpt2(hf, hp->n_layer, out, cap, perm);
     const int64_t n_layer = hp->n_layer;
-    /* GGUF Qwen2, Qwen3 and Gemma keep HF's halves layout (llama.cpp runs them with NEOX rope): no permutation */
-    const int pq = hp->arch != HF_LLAMA ? PERM_NONE : PERM_Q, pk = hp->arch != HF_LLAMA ? PERM_NONE : PERM_K;
+    /* GGUF Qwen2, Qwen3, Gemma and Phi-3 keep HF's halves layout (llama.cpp runs them with NEOX rope): no
+     * permutation; SmolLM3 is converted as Llama is */
+    const bool pairs = hp->arch == HF_LLAMA || hp->arch == HF_SMOLLM3;
+    const int pq = pairs ? PERM_Q : PERM_NONE, pk = pairs ? PERM_K : PERM_NONE;
     const bool qk_norm = hp->arch == HF_QWEN3 || hp->arch == HF_GEMMA3;
     static const struct { const char *hf, *gguf; int perm; } layer[] = {
         { "self_attn.q_proj.weight", "attn_q.weight", PERM_Q },

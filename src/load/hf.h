@@ -1,6 +1,6 @@
 /* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, Qwen3,
- * Gemma 2, Gemma 3 text, Phi-3) read as an in-memory GGUF, and written from
- * one.
+ * Gemma 2, Gemma 3 text, Phi-3, SmolLM3) read as an in-memory GGUF, and
+ * written from one.
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and
  * the weights in model.safetensors, or in shards listed by
@@ -10,9 +10,10 @@
  * llama.* keys, so the model code sees what it sees for a GGUF file.
  *
  * RoPE layout: HF Llama rotates the two halves of each head (rotate_half),
- * GGUF llama rotates adjacent pairs.  As llama.cpp's converter does, the
- * rows of Q and K are permuted on load (reshape (n_head, 2, head_dim/2,
- * n_embd), swap axes 1 and 2); those copies live in the gguf's arena.
+ * GGUF llama (and smollm3) rotates adjacent pairs.  As llama.cpp's
+ * converter does, the rows of Q and K are permuted on load (reshape
+ * (n_head, 2, head_dim/2, n_embd), swap axes 1 and 2); those copies live in
+ * the gguf's arena.
  * (GGUF's qwen2, qwen3, gemma2, gemma3 and phi3 rotate halves too: no
  * permutation; Phi-3's fused qkv_proj and gate_up_proj stay fused, as
  * llama.cpp keeps them, and its LongRoPE factors become rope_factors_long
@@ -38,13 +39,12 @@ bool hf_is_folder(const char *path);
  * KVLLM_ENOMEM and sets *out to NULL. */
 int hf_open(const char *dir, struct gguf **out);
 
-/* Write a GGUF (llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3 or phi3
- * architecture; F32/F16/BF16 tensors) as a HF folder: config.json,
- * generation_config.json, model.safetensors (llama Q/K rows permuted back
- * to the halves layout, GPT-2 matrices back to Conv1D, Gemma's norms less
- * the 1 GGUF adds; Phi-3's LongRoPE factors go to config.json), and, when
- * g carries a vocabulary,
- * tokenizer.json + tokenizer_config.json (hf_tokenizer_write).  Creates dir
+/* Write a GGUF (llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3, phi3
+ * or smollm3 architecture; F32/F16/BF16 tensors) as a HF folder:
+ * config.json, generation_config.json, model.safetensors (llama and smollm3
+ * Q/K rows permuted back to the halves layout, GPT-2 matrices back to
+ * Conv1D, Gemma's norms less the 1 GGUF adds; Phi-3's LongRoPE factors go
+ * to config.json), and, when g carries a vocabulary, tokenizer.json + tokenizer_config.json (hf_tokenizer_write).  Creates dir
  * if needed.  Every file is written to a temporary file beside it and
  * renamed into place once all are complete: on error (logged with the path)
  * the files already there are left as they were (tokenizer.json aside, if

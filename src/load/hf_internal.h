@@ -23,7 +23,7 @@ char *hf_path_join(const char *dir, const char *name);
 
 /* ---- model folders (hf.c reads, hf_write.c writes) ---- */
 
-enum hf_arch { HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3, HF_GEMMA2, HF_ARCH_COUNT_ };
+enum hf_arch { HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3, HF_GEMMA2, HF_SMOLLM3, HF_ARCH_COUNT_ };
 
 /* The GGUF architecture name of each hf_arch. */
 extern const char *const hf_gguf_arch[HF_ARCH_COUNT_];

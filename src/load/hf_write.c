@@ -89,7 +89,8 @@ static bool hf_name_of(enum hf_arch arch, const char *gg, char *out, size_t cap,
         if (!strcmp(gg + k, layer[i].gguf)) {
             if (arch != HF_QWEN2 && i >= 9) return false; /* biases: Qwen2 only */
             snprintf(out, cap, "model.layers.%u.%s", il, layer[i].hf);
-            *perm = arch == HF_LLAMA ? layer[i].perm : PERM_NONE; /* the other GGUFs keep the halves layout */
+            /* the others keep the halves layout in GGUF */
+            *perm = arch == HF_LLAMA || arch == HF_SMOLLM3 ? layer[i].perm : PERM_NONE;
             return true;
         }
     return false;
@@ -156,15 +157,16 @@ static int read_w_longrope(const struct gguf *g, struct w_hparams *w) {
 
 static int read_w_hparams(const struct gguf *g, struct w_hparams *w) {
     struct gguf_str arch;
-    static const char *const names[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3" };
+    static const char *const names[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3",
+                                         "smollm3" };
     static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA2, HF_GEMMA3,
-                                        HF_PHI3 };
+                                        HF_PHI3, HF_SMOLLM3 };
     int ai = -1;
     if (gguf_get_str(g, "general.architecture", &arch) == 0)
         for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) if (gguf_str_eq(arch, names[i])) ai = i;
     if (ai < 0) {
-        LOG_ERR("%s: only llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3 and phi3 models can be written as a "
-                "Hugging Face folder", g->path);
+        LOG_ERR("%s: only llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3, phi3 and smollm3 models can be "
+                "written as a Hugging Face folder", g->path);
         return KVLLM_EUNSUPPORTED;
     }
     *w = (struct w_hparams){ .arch = ids[ai], .mistral = ai == 1, .CTX = 2048, .bos = 1, .eos = 2,
@@ -243,16 +245,17 @@ static json_object *jfloat(float f) {
     return json_object_new_double_s((double)f, buf);
 }
 
-/* config.json of a Qwen3, Gemma 2, Gemma 3 text or Phi-3 model, as Transformers
+/* config.json of a Qwen3, Gemma 2, Gemma 3 text, Phi-3 or SmolLM3 model, as Transformers
  * writes it (through json-c: Phi-3's factor lists are as long as the
  * rotated dims). */
 static int write_config_family(struct out_file *o, const char *path, const struct w_hparams *w, int64_t n_vocab,
                                bool tied, const char *dt) {
     static const char *const arch_name[HF_ARCH_COUNT_] = {
         [HF_QWEN3] = "Qwen3ForCausalLM", [HF_GEMMA2] = "Gemma2ForCausalLM", [HF_GEMMA3] = "Gemma3ForCausalLM",
-        [HF_PHI3] = "Phi3ForCausalLM" };
+        [HF_PHI3] = "Phi3ForCausalLM", [HF_SMOLLM3] = "SmolLM3ForCausalLM" };
     static const char *const type_name[HF_ARCH_COUNT_] = {
-        [HF_QWEN3] = "qwen3", [HF_GEMMA2] = "gemma2", [HF_GEMMA3] = "gemma3_text", [HF_PHI3] = "phi3" };
+        [HF_QWEN3] = "qwen3", [HF_GEMMA2] = "gemma2", [HF_GEMMA3] = "gemma3_text", [HF_PHI3] = "phi3",
+        [HF_SMOLLM3] = "smollm3" };
     const bool gemma = w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3;
     json_object *c = json_object_new_object(), *arr = json_object_new_array(), *rs = NULL;
     if (!c || !arr) { json_object_put(c); json_object_put(arr); return KVLLM_ENOMEM; }
@@ -302,9 +305,15 @@ static int write_config_family(struct out_file *o, const char *path, const struc
         ADD("hidden_act", json_object_new_string("silu"));
         ADD("sliding_window", w->swa ? json_object_new_int64(w->swa) : NULL);
     }
-    if (w->arch == HF_QWEN3) {
+    if (w->arch == HF_QWEN3 || w->arch == HF_SMOLLM3) {
         ADD("use_sliding_window", json_object_new_boolean(0));
         ADD("max_window_layers", json_object_new_int64(w->L));
+    }
+    if (w->arch == HF_SMOLLM3) {   /* every fourth layer without RoPE, as GGUF's smollm3 runs it */
+        json_object *nr = json_object_new_array();
+        for (uint32_t il = 0; il < w->L; il++) json_object_array_add(nr, json_object_new_int((il + 1) % 4 != 0));
+        ADD("no_rope_layers", nr);
+        ADD("no_rope_layer_interval", json_object_new_int(4));
     }
     if (w->arch == HF_PHI3) {
         ADD("original_max_position_embeddings", json_object_new_int64(w->ctx_orig));
@@ -324,7 +333,8 @@ static int write_config_family(struct out_file *o, const char *path, const struc
 }
 
 static int write_config(struct out_file *o, const char *path, const struct w_hparams *w, int64_t n_vocab, bool tied, const char *dt) {
-    if (w->arch == HF_QWEN3 || w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3 || w->arch == HF_PHI3)
+    if (w->arch == HF_QWEN3 || w->arch == HF_GEMMA2 || w->arch == HF_GEMMA3 || w->arch == HF_PHI3 ||
+        w->arch == HF_SMOLLM3)
         return write_config_family(o, path, w, n_vocab, tied, dt);
     char eps_s[32], theta_s[32], rope_s[96], text[4096];
     fmt_float(eps_s, sizeof eps_s, w->eps);

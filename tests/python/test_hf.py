@@ -14,11 +14,12 @@ architecture (llama, mistral with its sliding window, qwen2, gpt2) goes GGUF -> 
 logits, its vocabulary included; corrupt folders are refused with one clear error line naming
 the file (release binary and, when built, the ASan one).
 
-Qwen3, Gemma 2, Gemma 3 text and Phi-3 folders (written here from gen_model's GGUF as Transformers lays them
-out: Gemma's norms without the +1 GGUF stores, Phi-3's LongRoPE factors and partial rotary in config.json)
-give the GGUF's logits bit for bit over a text crossing every sliding window, and the reference's, and `kvllm
-convert --to hf` writes the same folders; configs kvllm cannot run as written (another sliding pattern or
-local rope base, bidirectional attention, yarn) are refused.
+Qwen3, Gemma 2, Gemma 3 text, Phi-3 and SmolLM3 folders (written here from gen_model's GGUF as Transformers
+lays them out: Gemma's norms without the +1 GGUF stores, Phi-3's LongRoPE factors and partial rotary in
+config.json, SmolLM3's Q/K in halves order) give the GGUF's logits bit for bit over a text crossing every
+sliding window, and the reference's, and `kvllm convert --to hf` writes the same folders; configs kvllm
+cannot run as written (another sliding or no-rope pattern, local rope base, bidirectional attention, yarn)
+are refused.
 """
 from __future__ import annotations
 
@@ -588,7 +589,8 @@ GEMMA_NAMES = dict(QK_NORM_NAMES, post_attention_norm="post_attention_layernorm"
                    ffn_norm="pre_feedforward_layernorm", post_ffw_norm="post_feedforward_layernorm")
 PHI3_NAMES = dict(LAYER_NAMES, attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
 FAMILY_HF = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
-             "gemma2": ("Gemma2ForCausalLM", "gemma2"), "phi3": ("Phi3ForCausalLM", "phi3")}
+             "gemma2": ("Gemma2ForCausalLM", "gemma2"), "phi3": ("Phi3ForCausalLM", "phi3"),
+             "smollm3": ("SmolLM3ForCausalLM", "smollm3")}
 FAMILY_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(40)]   # every window crossed; ids < 320
 
 
@@ -624,8 +626,9 @@ def family_norms(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 def family_entries(gguf_path: Path, cfg: ModelConfig, shift: float | None = None) -> list[STEntry]:
-    """The GGUF's tensors under HF names: matrices as they are (GGUF qwen3 / gemma3 / phi3 keep HF's halves
-    rope layout), norms minus the shift in the model dtype; LongRoPE factors go to config.json instead."""
+    """The GGUF's tensors under HF names: matrices as they are (GGUF qwen3 / gemma / phi3 keep HF's halves
+    rope layout; smollm3's Q/K rows are put back from pairs, as for Llama), norms minus the shift in the model
+    dtype; LongRoPE factors go to config.json instead."""
     shift = norm_shift(cfg) if shift is None else shift
     out = []
     for t in gguf.GGUFReader(gguf_path).tensors:
@@ -639,7 +642,10 @@ def family_entries(gguf_path: Path, cfg: ModelConfig, shift: float | None = None
                   "bf16": ("BF16", (w.view(np.uint32) >> 16).astype(np.uint16))}[cfg.dtype]
             dtype, raw = st[0], st[1].tobytes()
         else:
-            dtype, raw = ST_DTYPE[int(t.tensor_type)], np.ascontiguousarray(t.data).tobytes()
+            rows = np.ascontiguousarray(t.data).view(np.uint8).reshape(shape[0], -1)
+            if cfg.arch == "smollm3" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+                rows = pairs_to_halves(rows, cfg.n_head if "attn_q" in t.name else cfg.n_head_kv)
+            dtype, raw = ST_DTYPE[int(t.tensor_type)], np.ascontiguousarray(rows).tobytes()
         out.append(STEntry(family_hf_name(t.name, cfg.arch), dtype, shape, raw))
     return sorted(out, key=lambda e: e.name)
 
@@ -657,6 +663,9 @@ def family_config(cfg: ModelConfig, layer_types: bool = False) -> dict:
             c["partial_rotary_factor"] = cfg.rot / cfg.head_dim
         c["rope_scaling"] = {"type": "longrope", "long_factor": longrope_factors(cfg, "long").tolist(),
                              "short_factor": longrope_factors(cfg, "short").tolist()} if cfg.longrope else None
+    elif cfg.arch == "smollm3":    # every fourth layer without rope
+        c.update(use_sliding_window=False, sliding_window=None, no_rope_layer_interval=4,
+                 no_rope_layers=[int((il + 1) % 4 != 0) for il in range(cfg.n_layer)])
     elif cfg.arch == "qwen3":
         c.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
     elif cfg.arch == "gemma2":     # every other layer slides; both soft-caps
@@ -711,6 +720,11 @@ FAMILY_CASES = {
     "phi3_bf16_tied_longrope_short_sharded": (ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=2, n_head=4,
                                                           n_head_kv=4, n_ff=96, n_ctx=256, longrope=True,
                                                           dtype="bf16", tied=True), 2, False),
+    # layers 3 and 7 unroped; Q/K rows from pairs back to halves, as for Llama
+    "smollm3_f32_tied_8l": (ModelConfig(arch="smollm3", n_vocab=320, n_embd=64, n_layer=8, n_head=4, n_head_kv=2,
+                                        n_ff=96, n_ctx=256, rope_theta=5e6, tied=True), 1, False),
+    "smollm3_bf16_4l_sharded": (ModelConfig(arch="smollm3", n_vocab=320, n_embd=64, n_layer=4, n_head=4,
+                                            n_head_kv=1, n_ff=96, n_ctx=256, dtype="bf16"), 2, False),
     "phi3_f16_rot8": (ModelConfig(arch="phi3", n_vocab=320, n_embd=64, n_layer=3, n_head=2, n_head_kv=1, n_ff=96,
                                   n_rot=8, n_ctx=256, dtype="f16"), 1, False),
 }
@@ -747,13 +761,14 @@ def test_family_folder_matches_gguf_and_reference(kvllm, family_models, tmp_path
     assert res.returncode == 0, res.describe()
     r, a = gguf.GGUFReader(back), cfg.arch
     assert r.get_field("general.architecture").contents() == a
-    if a == "phi3":
+    if a in ("phi3", "smollm3"):
         assert r.get_field(f"{a}.rope.dimension_count").contents() == cfg.rot
-        assert r.get_field(f"{a}.rope.scaling.original_context_length").contents() == (cfg.n_ctx_orig or cfg.n_ctx)
-        assert ("rope_factors_long.weight" in {t.name for t in r.tensors}) == cfg.longrope
     else:
         assert r.get_field(f"{a}.attention.key_length").contents() == cfg.head_dim
         assert r.get_field(f"{a}.rope.dimension_count") is None
+    if a == "phi3":
+        assert r.get_field(f"{a}.rope.scaling.original_context_length").contents() == (cfg.n_ctx_orig or cfg.n_ctx)
+        assert ("rope_factors_long.weight" in {t.name for t in r.tensors}) == cfg.longrope
     assert np.array_equal(eval_logits(kvllm, back, FAMILY_TOKENS, tmp_path / "b.bin"), lg)
 
 
@@ -860,6 +875,9 @@ FAMILY_BAD = {
     "gemma2_layer_types_sixth": _family_bad("gemma2_f32_w5", layer_types=["sliding_attention"] * 3),
     "gemma2_pattern_6": _family_bad("gemma2_f32_w5", sliding_window_pattern=6),
     "gemma2_query_scalar": _family_bad("gemma2_f32_w5", query_pre_attn_scalar=256),
+    "smollm3_all_roped": _family_bad("smollm3_f32_tied_8l", no_rope_layers=[1] * 8),
+    "smollm3_interval_3": _family_bad("smollm3_f32_tied_8l", no_rope_layers=None, no_rope_layer_interval=3),
+    "smollm3_wrong_rope_layout": _family_bad("smollm3_f32_tied_8l", no_rope_layers=[1, 1, 1, 0] * 3),
     "phi3_long_factor_short": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
         "type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 6}),
     "phi3_short_factor_zero": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
@@ -881,7 +899,8 @@ FAMILY_BAD_NAMES = {
     "qwen3_no_k_norm": "blk.1.attn_k_norm.weight", "phi3_long_factor_short": "rope_scaling.long_factor",
     "phi3_short_factor_zero": "rope_scaling.short_factor", "phi3_no_short_factor": "rope_scaling.short_factor",
     "phi3_rotary_odd": "partial_rotary_factor", "gemma2_layer_types_sixth": "layer_types[1]",
-    "gemma2_pattern_6": "sliding_window_pattern", "gemma2_query_scalar": "query_pre_attn_scalar", "phi3_yarn": "rope_scaling",
+    "gemma2_pattern_6": "sliding_window_pattern", "smollm3_all_roped": "no_rope_layers[3]",
+    "smollm3_interval_3": "no_rope_layer_interval", "smollm3_wrong_rope_layout": "no_rope_layers", "gemma2_query_scalar": "query_pre_attn_scalar", "phi3_yarn": "rope_scaling",
     "phi3_unfused_qkv": "blk.2.attn_q.weight",
 }
 

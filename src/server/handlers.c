@@ -248,6 +248,7 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
     struct oai_error err = { 0 };
     int failed = gone ? 0 : job_failure(w->j, &w->resp, &err);
     char *out = gone || failed ? NULL : oai_resp_json(&w->resp);
+    const bool drained = job_drained(w->j);
     log_job(s, &w->resp, w->j, gone ? 499 : failed ? err.status : out ? 200 : 500);
     pending_free(w);
     if (out && strlen(out) >= SERVER_RELEASE_BYTES) server_release_memory();   /* the choices it was built from */
@@ -263,6 +264,8 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
     if (failed) return reply_error(s, c, &err);   /* logged above, with the job's counts */
     if (!out) return http_error(c, 500, NULL, NULL, "out of memory");
     metrics_request(&s->metrics, OUTCOME_SUCCESS);
+    /* what the client pipelined behind this request was dropped (job_drain): nothing more can be read */
+    if (drained) return http_send_hdr(c, 200, "application/json", out, "Connection", "close");
     return http_send(c, 200, "application/json", out);
 }
 

@@ -318,12 +318,17 @@ static void promote_one(struct server *s) {
  * fill every slot, and each under --max-connections-per-client, so that a
  * real client (and /health) was answered 503.  A slot is for a request: a
  * socket over the global limit that completes its headers takes the slot of
- * the oldest counted socket that has sent none (or idles between requests),
- * which is shut down (under peers_mu).  Only a server whose slots all hold
- * requests answers 503. */
+ * the oldest counted socket that has sent none for EVICT_AFTER_S (or idled
+ * that long between requests), which is shut down (under peers_mu); a socket
+ * just accepted may only not have been read yet.  Only a server whose slots
+ * all hold requests (or fresh sockets) answers 503. */
+#define EVICT_AFTER_S 1.0
+
 static bool evict_incomplete(struct server *s) {
+    const double now = time_now();
     for (struct peer *q = s->peers_tail; q; q = q->prev) {
         if (q->over || (q->phase != PH_HEADERS && q->phase != PH_IDLE) || q->fd < 0) continue;
+        if (now - q->t_phase < EVICT_AFTER_S) continue;
         shutdown(q->fd, SHUT_RDWR);   /* MHD reads end-of-file and closes it; the socket stays MHD's */
         q->phase = PH_CLOSING;
         q->over = true;               /* uncounted now: its close counts it off the over-limit sockets */
@@ -427,12 +432,12 @@ static double peer_deadline(const struct server *s, const struct peer *p) {
     }
 }
 
-/* What one watcher round found: jobs[i] (a reference each) and whether its
- * peer closed (gone[i]) or only half-closed (probe it). */
+/* What one watcher round found for jobs[i] (a reference each). */
+enum watch_act { WATCH_GONE, WATCH_PROBE, WATCH_DRAIN };
 struct watch_buf {
     struct pollfd *fds;
     struct job **jobs;
-    bool *gone;
+    enum watch_act *act;   /* closed; only half-closed (probe it); bytes pipelined (job_drain) */
     size_t cap;
 };
 
@@ -442,8 +447,8 @@ static bool watch_grow(struct watch_buf *w) {
     if (f) w->fds = f;
     struct job **jb = f ? realloc(w->jobs, cap * sizeof *jb) : NULL;
     if (jb) w->jobs = jb;
-    bool *g = jb ? realloc(w->gone, cap * sizeof *g) : NULL;
-    if (g) w->gone = g;
+    enum watch_act *g = jb ? realloc(w->act, cap * sizeof *g) : NULL;
+    if (g) w->act = g;
     if (!g) return false;
     w->cap = cap;
     return true;
@@ -464,18 +469,19 @@ static size_t watch_round(struct server *s, struct watch_buf *w) {
         }
         if (!p->job || p->fd < 0) continue;
         if (n == w->cap && !watch_grow(w)) break;   /* out of memory: the rest waits a round */
-        w->fds[n] = (struct pollfd){ .fd = p->fd, .events = POLLRDHUP };
+        w->fds[n] = (struct pollfd){ .fd = p->fd, .events = POLLRDHUP | POLLIN };
         w->jobs[n++] = p->job;
     }
     if (!n || poll(w->fds, (nfds_t)n, 0) <= 0) return 0;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         short r = w->fds[i].revents;
-        if (!(r & (POLLHUP | POLLERR | POLLRDHUP))) continue;
+        if (!(r & (POLLHUP | POLLERR | POLLRDHUP | POLLIN))) continue;
         /* a closed peer answers our next bytes with a reset (POLLHUP |
          * POLLERR); a half-closed one only sent FIN (POLLRDHUP), as does a
-         * client that closed before anything was written to it: probe it */
-        w->gone[m] = (r & (POLLHUP | POLLERR)) != 0;
+         * client that closed before anything was written to it: probe it;
+         * bytes alone are pipelined requests, which may hide a close */
+        w->act[m] = r & (POLLHUP | POLLERR) ? WATCH_GONE : r & POLLRDHUP ? WATCH_PROBE : WATCH_DRAIN;
         job_ref(w->jobs[i]);
         w->jobs[m++] = w->jobs[i];
     }
@@ -492,14 +498,15 @@ static void *watch_main(void *arg) {
         pthread_mutex_unlock(&s->peers_mu);
         /* outside peers_mu: telling a job takes its lock and MHD's */
         for (size_t i = 0; i < m; i++) {
-            if (w.gone[i]) job_client_gone(w.jobs[i]);
-            else job_probe(w.jobs[i]);
+            if (w.act[i] == WATCH_GONE) job_client_gone(w.jobs[i]);
+            else if (w.act[i] == WATCH_PROBE) job_probe(w.jobs[i]);
+            else job_drain(w.jobs[i]);
             job_unref(w.jobs[i]);
         }
     }
     free(w.fds);
     free(w.jobs);
-    free(w.gone);
+    free(w.act);
     return NULL;
 }
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 struct job *job_new(struct server *s, int n_prompts, int n, int n_vocab, int logprobs, double t_arrival, bool stream) {
@@ -159,6 +160,39 @@ void job_probe(struct job *j) {
     /* a whole response being written right now needs no probe; an
      * unprobed job is looked at again on the watcher's next round */
     pthread_mutex_unlock(&j->mu);
+}
+
+/* Bytes a client may pipeline behind a request that waits, unread; past
+ * them the watcher reads and drops them, JOB_DRAIN_ROUND at most a round.
+ * Unread, they fill the receive window, and a close behind them never
+ * arrives (the peer's FIN waits behind its unsent bytes): a client that
+ * pipelined 280 KB and closed kept its generation running. */
+#define JOB_PIPELINE_BYTES (64 * 1024)
+#define JOB_DRAIN_ROUND (1 << 20)
+
+void job_drain(struct job *j) {
+    char buf[16384];
+    bool gone = false;
+    pthread_mutex_lock(&j->mu);
+    int pending = 0;
+    /* suspended: MHD does not read the socket, and the engine thread resumes it only under mu */
+    if (j->suspended && j->fd >= 0 && (j->drained || (!ioctl(j->fd, FIONREAD, &pending) && pending >= JOB_PIPELINE_BYTES))) {
+        for (size_t got = 0; got < JOB_DRAIN_ROUND;) {
+            ssize_t n = recv(j->fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n <= 0) { gone = n == 0; break; }
+            got += (size_t)n;
+            j->drained = true;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (gone) job_client_gone(j);
+}
+
+bool job_drained(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool d = j->drained;
+    pthread_mutex_unlock(&j->mu);
+    return d;
 }
 
 void job_release(struct job *j) {

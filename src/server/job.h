@@ -79,6 +79,7 @@ struct job {
     bool http11;                     /* a 1xx interim response may be sent */
     bool probed;                     /* the client half-closed and was probed */
     bool ping;                       /* a stream should write an SSE comment (the probe) */
+    bool drained;                    /* pipelined bytes were read and dropped: close after this answer */
     atomic_bool gone;                /* the client closed its connection */
     atomic_bool shutdown;            /* cancelled because the server is stopping */
     struct peer *peer;               /* the watched connection; under srv->peers_mu */
@@ -112,6 +113,12 @@ void job_client_gone(struct job *j);
  * (a 100 Continue, or an SSE comment for a stream); a client that closed
  * answers with a reset, which the watcher sees.  Idempotent. */
 void job_probe(struct job *j);
+/* The client pipelined bytes behind a request that waits: see job.c.
+ * Idempotent; from the watcher. */
+void job_drain(struct job *j);
+/* The connection must close after this answer (job_drain dropped what the
+ * client pipelined). */
+bool job_drained(struct job *j);
 /* The server is stopping: cancel, answered as a shutdown. */
 void job_shutdown(struct job *j);
 

@@ -232,8 +232,8 @@ def test_slowloris_many_addresses(kvllm, stories):
     """Trickling sockets from many addresses, each address under --max-connections-per-client, fill every slot
     (10 x 25 = 250 against --max-connections 200; the attack seen was 49 x 100 against 4,096): a real client
     from another address was answered 503 for 134 of 136 requests, /health included.  Now a socket that sends
-    its headers takes the slot of the oldest one that has sent none (shut down): every /health and completion of
-    the other client is answered 200 within a second."""
+    its headers takes the slot of the oldest one that has sent none for a second (shut down): every /health and
+    completion of the other client is answered 200 within a second."""
     if raise_fd_limit(N_ADDRESSES * N_PER_ADDRESS + 200) < N_ADDRESSES * N_PER_ADDRESS + 100:
         pytest.skip("this machine's hard RLIMIT_NOFILE is too low")
     s = Server(kvllm, *stories_args(stories), "--max-connections", "200", "--max-connections-per-client", "30",
@@ -245,6 +245,7 @@ def test_slowloris_many_addresses(kvllm, stories):
                 k = connect_from(s.port, f"127.0.1.{a + 1}", timeout=5)
                 k.sendall(b"GET /health HTTP/1.1\r\nHo")
                 socks.append(k)
+        time.sleep(1.2)   # a socket that has sent nothing for a second gives its slot up (a fresh one is kept)
         m = wait_metric(s, lambda m: m['kvllm_http_connections{state="counted"}'] >= 199, 10)
         statuses, worst = trickle_and_serve(s, socks[::10], 2.0)
         counted = m['kvllm_http_connections{state="counted"}']
@@ -422,6 +423,50 @@ def test_pipelined_then_closed_is_aborted(gqa_srv):
     assert dt < 1.0
     assert wait_metric(s, lambda m: m['kvllm_requests_total{outcome="aborted"}'] - before == 12, 2)[
         'kvllm_requests_total{outcome="aborted"}'] - before == 12
+
+
+def pipeline(k: socket.socket, n_bytes: int) -> int:
+    """Pipeline about n_bytes of requests behind the one sent on k, without blocking; the bytes sent."""
+    junk = request_bytes("GET", "/health") * (n_bytes // len(request_bytes("GET", "/health")) + 1)
+    k.setblocking(False)
+    sent = 0
+    try:
+        while sent < n_bytes:
+            sent += k.send(junk[sent:sent + 65536])
+    except BlockingIOError:
+        pass
+    k.setblocking(True)
+    return sent
+
+
+def test_much_pipelined_then_closed_is_aborted(gqa_srv):
+    """A running request's client pipelines ~400 KB and closes: unread, those bytes filled the receive window,
+    the close behind them never arrived, and the generation ran on (seen: 8 s and more).  Past 64 KB the
+    watcher reads and drops them: the close is seen and the request aborted within a second, its blocks
+    back; another client is served meanwhile.  A client that pipelines as much and stays gets its answer,
+    whole, with Connection: close (what it pipelined was dropped)."""
+    s = gqa_srv
+    before = s.metrics()['kvllm_requests_total{outcome="aborted"}']
+    with Probe(s) as probe:
+        k = send_request(s.port, {"prompt": "pipelined much", **LONG})
+        wait_metric(s, lambda m: m["kvllm_requests_running"] == 1, 10)
+        sent = pipeline(k, 400_000)
+        k.close()
+        t0 = time.monotonic()
+        m = wait_metric(s, lambda m: m['kvllm_kv_blocks{state="held"}'] == 0 and m["kvllm_requests_running"] == 0, 5)
+        dt = time.monotonic() - t0
+        print(f"pipelined {sent} bytes then closed: aborted, blocks back {dt:.3f} s after the close")
+        assert m['kvllm_kv_blocks{state="held"}'] == 0 and m["kvllm_requests_running"] == 0, m
+        assert dt < 1.0, dt
+        assert wait_metric(s, lambda m: m['kvllm_requests_total{outcome="aborted"}'] > before, 2)[
+            'kvllm_requests_total{outcome="aborted"}'] == before + 1
+        k = send_request(s.port, {"prompt": "pipelined, staying", "max_tokens": 200, "ignore_eos": True})
+        pipeline(k, 200_000)
+        st, h, body = read_response(k, timeout=60)
+        k.close()
+        assert st == 200 and h.get("connection", "").lower() == "close", (st, h)
+        assert json.loads(body)["usage"]["completion_tokens"] == 200
+    probe.check("much pipelined")
 
 
 def test_half_close_gets_the_answer(gqa_srv):

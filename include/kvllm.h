@@ -102,6 +102,8 @@ struct kvllm_model_desc {
     uint64_t weight_bytes;     /* in the file */
     uint64_t placed_bytes;     /* where the backend keeps them (mapped or copied) */
     const char *weight_type;   /* dtype holding most weight bytes ("F32", "Q8_0", ...) */
+    int n_layer_swa, n_swa;    /* layers whose K/V an engine keeps for their sliding window of n_swa positions
+                                  only (a model with both sliding and global layers); 0, 0 otherwise */
 };
 /* Pointer valid for the model's lifetime. */
 const struct kvllm_model_desc *kvllm_model_describe(const struct kvllm_model *model);
@@ -317,6 +319,9 @@ struct kvllm_engine_params {
     int max_queue;          /* requests waiting (1024); more: kvllm_engine_add fails with KVLLM_EBUSY */
     bool prefix_caching;    /* reuse cached full blocks of identical prefixes (true) */
     bool no_kv_cache;       /* baseline: drop every sequence's K/V after each step, recompute the prefix */
+    bool kv_full;           /* sliding-window layers keep whole contexts too (one pool, as for a model without
+                               windows): a full cache, for comparisons; else a model with both sliding and
+                               global layers keeps only the window of its sliding ones */
     /* speculative decoding (off by default); never with no_kv_cache, sessions or n > 1 forks' first token */
     enum kvllm_spec spec;   /* KVLLM_SPEC_NONE (default), _NGRAM or _DRAFT */
     int spec_tokens;        /* drafts per sequence and step (k); <= 0 with spec on: 5 */
@@ -430,6 +435,11 @@ struct kvllm_engine_stats {
        spec_accept_hist[i]: verifications that accepted i drafts (the last bin counts i >= 16) */
     uint64_t spec_drafted, spec_accepted, spec_verifies;
     uint64_t spec_accept_hist[17];
+    /* a model with both sliding-window and global layers keeps the sliding layers' K/V in a pool of
+       their own, window positions per sequence (blocks_* above are then the global layers' pool);
+       win_blocks_total is 0 for other models */
+    int window, win_blocks_total, win_blocks_held, win_blocks_cached;
+    uint64_t kv_bytes, kv_bytes_held;          /* KV storage of every layer, and what live sequences hold */
 };
 /* Engine-thread state: call it from the thread that steps the engine (or
  * between steps); other threads must take their own snapshot there. */

@@ -56,6 +56,7 @@ int kvllm_model_load(const char *path, const struct kvllm_model_params *params, 
         .n_params = km->m->n_params, .weight_bytes = km->m->weight_bytes, .placed_bytes = km->m->placed_bytes,
         .weight_type = dtype_name(km->m->main_type),
     };
+    engine_kv_groups(km->m, &km->desc.n_layer_swa, &km->desc.n_swa);
     *out = km;
     return 0;
 }

@@ -61,44 +61,90 @@ static int64_t max_weight_cols(const struct model_hparams *hp) {
     return q > ef ? q : ef;
 }
 
-static int plan_pool(struct kvllm_engine *e, enum kv_type kt) {
-    const struct model_hparams *hp = &e->km->m->hp;
-    const uint64_t bpt = paged_kv_bytes_per_token(kt, hp->n_layer, hp->n_head_kv, hp->head_dim);
-    struct backend *be = e->km->m->be;
+void engine_kv_groups(const struct model *m, int *n_win, int *window) {
+    *n_win = *window = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const int w = m->layers[il].window;
+        if (w <= 0) continue;
+        (*n_win)++;
+        if (w > *window) *window = w;
+    }
+    if (*n_win == m->hp.n_layer) *n_win = *window = 0;   /* one kind of layer: one pool, as ever */
+}
+
+/* The KV pools: the global layers' (every layer's, for a model of one
+ * kind) holds whole contexts, sized by --kv-mem, --kv-tokens or max_seqs
+ * full contexts; a hybrid model's sliding layers get a pool of their own,
+ * sized for every sequence's window and a step's tokens (never more blocks
+ * than the global pool has: a sequence never holds more sliding blocks
+ * than global ones), and --kv-mem covers both. */
+static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback) {
+    const struct model *m = e->km->m;
+    const struct model_hparams *hp = &m->hp;
+    int n_win = 0;
+    if (!e->p.kv_full) engine_kv_groups(m, &n_win, &e->window);
+    const int n_glob = hp->n_layer - n_win, bs = e->p.block_size;
+    const uint64_t bpt = paged_kv_bytes_per_token(kt, n_glob, hp->n_head_kv, hp->head_dim);
+    const uint64_t win_bpt = n_win ? paged_kv_bytes_per_token(kt, n_win, hp->n_head_kv, hp->head_dim) : 0;
+    const uint64_t win_per_seq = n_win ? (uint64_t)sched_win_blocks_per_seq(e->window, rollback, 0, bs) + 1 : 0;
+    uint64_t win_blocks = (uint64_t)e->p.max_seqs * win_per_seq + (n_win ? (uint64_t)(e->p.max_batch_tokens + bs - 1) / bs : 0);
+    const uint64_t win_bytes = win_blocks * (uint64_t)bs * win_bpt;
+    struct backend *be = m->be;
     const uint64_t avail = be->ops->mem_available ? be->ops->mem_available(be) : mem_available_bytes();
     uint64_t tokens;
-    if (e->p.kv_mem) tokens = e->p.kv_mem / bpt;
+    if (e->p.kv_mem) tokens = e->p.kv_mem > win_bytes + bpt * (uint64_t)bs ? (e->p.kv_mem - win_bytes) / bpt
+                                                                        : e->p.kv_mem / (bpt + win_bpt);
     else if (e->p.kv_tokens > 0) tokens = (uint64_t)e->p.kv_tokens;
     else {
         tokens = (uint64_t)e->p.max_seqs * (uint64_t)e->n_ctx;
-        if (avail && tokens * bpt > avail / 2) tokens = avail / 2 / bpt;
+        if (avail && tokens * bpt + win_bytes > avail / 2) tokens = avail / 2 > win_bytes ? (avail / 2 - win_bytes) / bpt : 0;
     }
     /* a byte budget rounds down; a token count rounds up to whole blocks */
-    uint64_t n_blocks = e->p.kv_mem ? tokens / (uint64_t)e->p.block_size
-                                    : (tokens + (uint64_t)e->p.block_size - 1) / (uint64_t)e->p.block_size;
-    uint64_t bytes = n_blocks * (uint64_t)e->p.block_size * bpt;
+    uint64_t n_blocks = e->p.kv_mem ? tokens / (uint64_t)bs : (tokens + (uint64_t)bs - 1) / (uint64_t)bs;
     if (n_blocks < 1 || n_blocks > (1u << 30)) {
         LOG_ERR("a KV pool of %llu tokens (%llu blocks of %d) is not usable", (unsigned long long)tokens,
-                (unsigned long long)n_blocks, e->p.block_size);
+                (unsigned long long)n_blocks, bs);
         return KVLLM_ERANGE;
     }
+    if (win_blocks > n_blocks) win_blocks = n_blocks;
+    const uint64_t glob_bytes = n_blocks * (uint64_t)bs * bpt, bytes = glob_bytes + win_blocks * (uint64_t)bs * win_bpt;
     if (avail && bytes > avail) {
         LOG_ERR("the KV pool needs %.1f MiB (%llu tokens x %llu bytes, %s) but the machine has %.1f MiB available; "
                 "lower --kv-mem / --kv-tokens / -c", (double)bytes / 1048576.0, (unsigned long long)tokens,
-                (unsigned long long)bpt, kv_type_name(kt), (double)avail / 1048576.0);
+                (unsigned long long)(bpt + win_bpt), kv_type_name(kt), (double)avail / 1048576.0);
         return KVLLM_ERANGE;
     }
-    int rc = paged_kv_init(&e->kv, be, kt, hp->n_layer, (int)n_blocks, e->p.block_size, hp->n_head_kv, hp->head_dim);
-    if (!rc) rc = block_pool_init(&e->pool, (int)n_blocks, e->p.block_size);
+    int rc = paged_kv_init(&e->kv, be, kt, n_glob, (int)n_blocks, bs, hp->n_head_kv, hp->head_dim);
+    if (!rc) rc = block_pool_init(&e->pool, (int)n_blocks, bs);
+    if (!rc && n_win) rc = paged_kv_init(&e->kv_win, be, kt, n_win, (int)win_blocks, bs, hp->n_head_kv, hp->head_dim);
+    if (!rc && n_win) rc = block_pool_init(&e->win_pool, (int)win_blocks, bs);
+    if (!rc && !(e->kv_layers = xmalloc((size_t)hp->n_layer * sizeof *e->kv_layers))) rc = KVLLM_ENOMEM;
     if (rc) return rc;
+    for (int il = 0, ig = 0, iw = 0; il < hp->n_layer; il++)
+        e->kv_layers[il] = n_win && m->layers[il].window > 0 ? e->kv_win.layers[iw++] : e->kv.layers[ig++];
     uint64_t act = forward_buf_bytes(hp, e->p.max_batch_tokens, e->n_logits_max);
     LOG_INFO("memory plan (%s): weights %.1f MiB (%s), activations %.1f MiB, KV pool %.1f MiB: %llu blocks x %d "
              "tokens = %llu tokens of %s (%llu bytes each), %.1f sequences of full context (%d)",
              be->ops->name, (double)e->km->m->placed_bytes / 1048576.0,
              strncmp(be->ops->name, "strict", 6) == 0 ? "copied" : "mapped", (double)act / 1048576.0,
-             (double)bytes / 1048576.0, (unsigned long long)n_blocks, e->p.block_size,
-             (unsigned long long)(n_blocks * e->p.block_size), kv_type_name(kt), (unsigned long long)bpt,
-             (double)(n_blocks * e->p.block_size) / e->n_ctx, e->n_ctx);
+             (double)bytes / 1048576.0, (unsigned long long)n_blocks, bs,
+             (unsigned long long)(n_blocks * bs), kv_type_name(kt), (unsigned long long)bpt,
+             (double)(n_blocks * bs) / e->n_ctx, e->n_ctx);
+    if (n_win) {
+        /* a sequence at full context: the global layers hold n_ctx positions, the sliding ones their window */
+        const uint64_t ctx_blocks = (uint64_t)(e->n_ctx + bs - 1) / (uint64_t)bs;
+        const uint64_t decode_win = (uint64_t)sched_win_blocks_per_seq(e->window, rollback, 1, bs);
+        const uint64_t seq_win = ctx_blocks < decode_win ? ctx_blocks : decode_win;
+        const uint64_t per_seq = ctx_blocks * bs * bpt + seq_win * bs * win_bpt;
+        const uint64_t full_seq = ctx_blocks * bs * (bpt + win_bpt);
+        LOG_INFO("memory plan: %d of %d layers slide over %d positions and keep only their window: global layers "
+                 "%.1f MiB (%llu bytes per token), sliding layers %.1f MiB (%llu blocks, %llu bytes per token); "
+                 "KV per sequence at full context (%d): %.1f MiB, %.1fx less than a full cache (%.1f MiB)",
+                 n_win, hp->n_layer, e->window, (double)glob_bytes / 1048576.0, (unsigned long long)bpt,
+                 (double)(bytes - glob_bytes) / 1048576.0, (unsigned long long)win_blocks,
+                 (unsigned long long)win_bpt, e->n_ctx, (double)per_seq / 1048576.0,
+                 (double)full_seq / (double)per_seq, (double)full_seq / 1048576.0);
+    }
     return 0;
 }
 
@@ -109,8 +155,8 @@ static int inputs_init(struct kvllm_engine *e) {
     const size_t nb = (size_t)e->p.max_batch_tokens;
     in->max_blocks = (e->n_ctx + e->p.block_size - 1) / e->p.block_size;
     const size_t n_table = (size_t)e->p.max_seqs * (size_t)in->max_blocks;
-    const size_t nl = (size_t)e->n_logits_max;
-    int rc = be->ops->buf_alloc(be, (5 * nb + n_table + nl) * sizeof(int32_t), &in->buf);
+    const size_t nl = (size_t)e->n_logits_max, n_win = e->win_pool.n_blocks ? 1 : 0;
+    int rc = be->ops->buf_alloc(be, ((5 + n_win) * nb + (1 + n_win) * n_table + nl) * sizeof(int32_t), &in->buf);
     if (rc) return rc;
     in->d_tok = in->buf.data;   /* backend addresses: passed to ops, never dereferenced */
     in->d_pos = in->d_tok + nb;
@@ -119,13 +165,18 @@ static int inputs_init(struct kvllm_engine *e) {
     in->d_rows = in->d_seq + nb;
     in->d_table = in->d_rows + nb;
     in->d_ids = in->d_table + n_table;
-    if (!(in->h = xmalloc((5 * nb + nl) * sizeof *in->h))) return KVLLM_ENOMEM;
+    if (n_win) {
+        in->d_win_slot = in->d_ids + nl;
+        in->d_win_table = in->d_win_slot + nb;
+    }
+    if (!(in->h = xmalloc(((5 + n_win) * nb + nl) * sizeof *in->h))) return KVLLM_ENOMEM;
     in->h_tok = in->h;
     in->h_pos = in->h_tok + nb;
     in->h_slot = in->h_pos + nb;
     in->h_seq = in->h_slot + nb;
     in->h_rows = in->h_seq + nb;
     in->h_ids = in->h_rows + nb;
+    in->h_win_slot = n_win ? in->h_ids + nl : NULL;
     return 0;
 }
 
@@ -149,7 +200,7 @@ static void find_end_tokens(struct kvllm_engine *e) {
     }
 }
 
-int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
+int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max, int rollback,
                struct kvllm_engine **out) {
     *out = NULL;
     struct kvllm_engine_params p = params ? *params : kvllm_engine_default_params();
@@ -197,8 +248,9 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
     rc = spec_init(e);   /* before sizing: speculation wants 1 + k logits rows per sequence */
     if (rc) { kvllm_engine_free(e); return rc; }
     const size_t V = (size_t)hp->n_vocab, nl = (size_t)e->n_logits_max;
-    rc = plan_pool(e, (enum kv_type)kt);
+    rc = plan_pool(e, (enum kv_type)kt, rollback);
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
+    if (!rc && e->win_pool.n_blocks) sched_set_window(&e->sched, &e->win_pool, e->window, rollback);
     if (!rc) rc = sched_batch_init(&e->sb, p.max_seqs);
     if (!rc) rc = backend_ctx_new(km->m->be, &cp, &e->ctx);
     if (!rc) rc = forward_buf_init(&e->fb, km->m->be, hp, p.max_batch_tokens, e->n_logits_max);
@@ -220,7 +272,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
 }
 
 int kvllm_engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, struct kvllm_engine **out) {
-    return engine_new(km, params, 0, out);
+    return engine_new(km, params, 0, 0, out);
 }
 
 void kvllm_engine_free(struct kvllm_engine *e) {
@@ -242,6 +294,9 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     sched_deinit(&e->sched);
     block_pool_deinit(&e->pool);
     paged_kv_deinit(&e->kv);
+    block_pool_deinit(&e->win_pool);
+    paged_kv_deinit(&e->kv_win);
+    free(e->kv_layers);
     constrain_engine_free(e);
     pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
@@ -557,6 +612,9 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     int rc = 0;
     if (b->n_copies) rc = BE_OP(c, copy_blocks, e->kv.layers, e->kv.n_layer, (const int32_t(*)[2])b->copies,
                                 b->n_copies);
+    if (!rc && b->n_win_copies)
+        rc = BE_OP(c, copy_blocks, e->kv_win.layers, e->kv_win.n_layer, (const int32_t(*)[2])b->win_copies,
+                   b->n_win_copies);
     int k = 0, nl = 0;
     for (int i = 0, row0 = 0; i < b->n_seqs; row0 += b->n_new[i], i++)
         nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, true);
@@ -571,9 +629,17 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
             in->h_pos[k] = t;
             in->h_slot[k] = q->blocks[t / bs] * bs + t % bs;
             in->h_seq[k] = i;
+            if (in->h_win_slot) {
+                KV_ASSERT(q->win_blocks[t / bs] >= 0);
+                in->h_win_slot[k] = q->win_blocks[t / bs] * bs + t % bs;
+            }
         }
         if (!rc) rc = ops->upload(c, in->d_table + (size_t)i * in->max_blocks, q->blocks,
                                   (size_t)q->n_blocks * sizeof *q->blocks);
+        /* entries before win_lo are -1: no window reads them */
+        if (!rc && in->d_win_table)
+            rc = ops->upload(c, in->d_win_table + (size_t)i * in->max_blocks, q->win_blocks,
+                             (size_t)q->n_blocks * sizeof *q->win_blocks);
     }
     const size_t nk = (size_t)k * sizeof(int32_t);
     if (!rc) rc = ops->upload(c, in->d_tok, in->h_tok, nk);
@@ -581,10 +647,12 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     if (!rc) rc = ops->upload(c, in->d_slot, in->h_slot, nk);
     if (!rc) rc = ops->upload(c, in->d_seq, in->h_seq, nk);
     if (!rc) rc = ops->upload(c, in->d_rows, in->h_rows, (size_t)nl * sizeof(int32_t));
+    if (!rc && in->h_win_slot) rc = ops->upload(c, in->d_win_slot, in->h_win_slot, nk);
     struct batch bt = { .n_tokens = k, .tokens = in->d_tok, .pos = in->d_pos, .slots = in->d_slot,
                         .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
+                        .win_slots = in->d_win_slot, .win_block_table = in->d_win_table,
                         .n_logits = nl, .logit_rows = in->d_rows };
-    if (!rc) rc = model_forward(e->km->m, c, e->kv.layers, &e->fb, &bt);
+    if (!rc) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
     /* the sampling stage: greedy rows are picked in the backend and only
      * their token ids leave it; the other rows go to the host sampler */
     if (!rc && ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
@@ -687,4 +755,19 @@ void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *s
     st->preemptions = e->sched.n_preemptions;
     st->prompt_tokens = e->sched.n_prompt_tokens;
     st->cached_tokens = e->sched.n_cached_tokens;
+    const uint64_t blk = paged_kv_bytes_per_token(e->kv.type, e->kv.n_layer, e->kv.n_head_kv, e->kv.head_dim) *
+                         (uint64_t)e->kv.block_size;
+    st->kv_bytes = paged_kv_bytes(e->kv.type, e->kv.n_layer, e->kv.n_blocks, e->kv.block_size, e->kv.n_head_kv,
+                                  e->kv.head_dim);
+    st->kv_bytes_held = (uint64_t)st->blocks_held * blk;
+    if (e->win_pool.n_blocks) {
+        const struct paged_kv *w = &e->kv_win;
+        st->window = e->window;
+        st->win_blocks_total = e->win_pool.n_blocks;
+        st->win_blocks_held = block_pool_n_held(&e->win_pool);
+        st->win_blocks_cached = block_pool_n_cached(&e->win_pool);
+        st->kv_bytes += paged_kv_bytes(w->type, w->n_layer, w->n_blocks, w->block_size, w->n_head_kv, w->head_dim);
+        st->kv_bytes_held += (uint64_t)st->win_blocks_held * (uint64_t)w->block_size *
+                             paged_kv_bytes_per_token(w->type, w->n_layer, w->n_head_kv, w->head_dim);
+    }
 }

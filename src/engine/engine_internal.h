@@ -83,9 +83,11 @@ struct step_inputs {
     int32_t *d_tok, *d_pos, *d_slot, *d_seq, *d_rows;   /* (max_batch_tokens) */
     int32_t *d_table;                                    /* (max_seqs, max_blocks) */
     int32_t *d_ids;                                      /* (n_logits_max) tokens the backend picked */
-    int32_t *h;                                          /* host slab: the five arrays above, then h_ids */
+    int32_t *d_win_slot, *d_win_table;                   /* the sliding-window pool's (NULL without one) */
+    int32_t *h;                                          /* host slab: the five arrays above, h_ids, h_win_slot */
     int32_t *h_tok, *h_pos, *h_slot, *h_seq, *h_rows;
     int32_t *h_ids;                                      /* (n_logits_max) */
+    int32_t *h_win_slot;                                 /* (max_batch_tokens) */
     int max_blocks;
 };
 
@@ -93,8 +95,14 @@ struct kvllm_engine {
     struct kvllm_model *km;
     struct kvllm_engine_params p;
     int n_ctx;
-    struct block_pool pool;
+    struct block_pool pool;                    /* every layer's blocks; with win_pool, the global layers' */
     struct paged_kv kv;
+    /* a model with both sliding-window and global layers: the sliding layers' blocks and storage
+       (engine_kv_groups; win_pool.n_blocks == 0 without) */
+    struct block_pool win_pool;
+    struct paged_kv kv_win;
+    int window;
+    struct kv_layer_view *kv_layers;           /* (n_layer) each layer's view, in its group's storage */
     struct sched sched;
     struct sched_batch sb;
     struct backend_ctx *ctx;                   /* this engine's execution context (stream) */
@@ -129,9 +137,15 @@ struct kvllm_engine {
 };
 
 /* engine.c */
-/* kvllm_engine_new with room for n_logits_max rows of logits per step (sessions want more than max_seqs). */
-int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
+/* kvllm_engine_new with room for n_logits_max rows of logits per step (sessions want more than max_seqs);
+ * rollback: positions a sequence may be rewound behind what it committed without a recompute from its
+ * start (a draft engine's shadows: the drafts and one; see sched_set_window). */
+int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max, int rollback,
                struct kvllm_engine **out);
+/* How an engine keeps m's K/V: a model with both sliding-window and global layers keeps its *n_win
+ * sliding layers' K/V for their window (*window positions, the longest) in a pool of their own; 0, 0
+ * when every layer is of one kind (one pool, whole contexts). */
+void engine_kv_groups(const struct model *m, int *n_win, int *window);
 int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, struct request **out);
 void engine_request_free(struct request *r);
 /* One step (drain the inbox, schedule, run, sample, reap); the tokens computed. */

@@ -15,6 +15,11 @@
  * its chunks to fit; batch invariance makes the chunking invisible). */
 #define SESSION_LOGIT_ROWS 128
 
+/* Positions a session may be truncated back (chat re-renders its last turn,
+ * whose tokens may differ from those generated) without recomputing from
+ * the start when a model's sliding-window layers keep only their window. */
+#define SESSION_ROLLBACK 256
+
 struct kvllm_session {
     struct kvllm_engine *e;
     struct request *r;      /* one sequence, never sampled */
@@ -54,7 +59,7 @@ int kvllm_session_new(struct kvllm_model *km, const struct kvllm_session_params 
     if (!s) return KVLLM_ENOMEM;
     s->no_kv_cache = p && p->no_kv_cache;
     int rows = ep.max_batch_tokens < SESSION_LOGIT_ROWS ? ep.max_batch_tokens : SESSION_LOGIT_ROWS;
-    int rc = engine_new(km, &ep, rows, &s->e);
+    int rc = engine_new(km, &ep, rows, SESSION_ROLLBACK, &s->e);
     if (!rc && !(s->r = xcalloc(1, sizeof *s->r))) rc = KVLLM_ENOMEM;
     if (!rc && (!(s->shift_src = xmalloc((size_t)n_ctx * sizeof *s->shift_src)) ||
                 !(s->shift_dst = xmalloc((size_t)n_ctx * sizeof *s->shift_dst))))
@@ -91,18 +96,13 @@ struct kvllm_engine *session_engine(struct kvllm_session *s) { return s->e; }
 
 int kvllm_session_n_past(const struct kvllm_session *s) { return s->r->seqs[0]->n_tokens; }
 
-/* Keep the blocks of the first keep_blocks positions' blocks only. */
-static void release_tail(struct kvllm_session *s, int keep_blocks) {
-    struct seq *q = s->r->seqs[0];
-    while (q->n_blocks > keep_blocks) block_pool_release(&s->e->pool, q->blocks[--q->n_blocks]);
-}
-
+/* The blocks past position pos are released (with a sliding-window pool,
+ * all of them when pos is before the window still held: the next
+ * evaluation recomputes from the start). */
 void kvllm_session_truncate(struct kvllm_session *s, int pos) {
     struct seq *q = s->r->seqs[0];
     if (pos < 0 || pos >= q->n_tokens) return;
-    q->n_tokens = pos;
-    if (q->n_computed > pos) q->n_computed = pos;
-    release_tail(s, sched_blocks_for(&s->e->sched, pos));
+    sched_truncate(&s->e->sched, q, pos);
 }
 
 /* Context shift, in the manner of llama.cpp's: position p >= p1 moves to
@@ -125,7 +125,9 @@ int kvllm_session_discard(struct kvllm_session *s, int p0, int p1) {
         return 0;
     }
     struct rope_params rp;
-    if (s->no_kv_cache || model_rope_params(e->km->m, &rp) || !e->ctx->ops->kv_shift) return KVLLM_EUNSUPPORTED;
+    /* sliding layers hold their window only: the positions to move may be gone (the caller recomputes) */
+    if (s->no_kv_cache || e->win_pool.n_blocks || model_rope_params(e->km->m, &rp) || !e->ctx->ops->kv_shift)
+        return KVLLM_EUNSUPPORTED;
     KV_ASSERT(q->n_computed == n);   /* a session is idle between evaluations */
     const int delta = p1 - p0, bs = e->kv.block_size, n_move = n - p1;
     for (int i = 0; i < n_move; i++) {
@@ -146,7 +148,7 @@ int kvllm_session_discard(struct kvllm_session *s, int p0, int p1) {
     const int full = p0 / bs;   /* blocks before p0 are untouched: their hashes stand */
     if (q->n_hashed > full) q->n_hashed = full;
     if (q->n_published > full) q->n_published = full;
-    release_tail(s, sched_blocks_for(&e->sched, q->n_tokens));
+    sched_rewind(&e->sched, q, q->n_tokens);
     return 0;
 }
 
@@ -168,8 +170,7 @@ int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n, bo
     memcpy(q->tokens + q->n_tokens, tokens, (size_t)n * sizeof *tokens);
     q->n_tokens += n;
     if (s->no_kv_cache) { /* nothing survives between calls: recompute the whole prefix */
-        q->n_computed = 0;
-        release_tail(s, 0);
+        sched_rewind(&e->sched, q, 0);
     }
     if (!s->queued) {   /* queued once; it then stays running, idle between evaluations */
         int rc = sched_add(&e->sched, q);

@@ -108,7 +108,8 @@ int spec_start(struct kvllm_engine *e) {
     dp.kv_mem = 0;
     dp.kv_tokens = e->pool.n_blocks * e->pool.block_size;
     dp.max_queue = 2 * dp.max_seqs;   /* shadows of running and of preempted sequences */
-    int rc = engine_new(e->p.draft_model, &dp, 0, &e->draft);
+    /* a shadow goes back over the drafts it proposed and one more position (shadow_sync) */
+    int rc = engine_new(e->p.draft_model, &dp, 0, e->p.spec_tokens + 1, &e->draft);
     if (rc) {
         LOG_ERR("the draft model's engine could not be made (%s)", kvllm_strerror(rc));
         return rc;
@@ -227,7 +228,7 @@ static bool shadow_sync(struct kvllm_engine *de, struct request *sh, const struc
     memcpy(ds->tokens + L, q->tokens + L, (size_t)(q->n_tokens - L) * sizeof *q->tokens);
     ds->n_tokens = q->n_tokens;
     /* all of it computed already (its last token was a draft of ours): compute that again for its logits */
-    if (ds->n_computed == ds->n_tokens) ds->n_computed--;
+    if (ds->n_computed == ds->n_tokens) sched_rewind(&de->sched, ds, ds->n_computed - 1);
     if (!sh->shadow_of) {
         if (sched_add(&de->sched, ds) != 0) return false;   /* the draft queue is full: try next step */
         sh->shadow_of = de;

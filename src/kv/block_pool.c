@@ -206,12 +206,21 @@ int32_t block_pool_lookup(struct block_pool *p, uint64_t hash) {
     return p->ht_val[slot];
 }
 
+/* The pool parents are blocks of. */
+static const struct block_pool *parents(const struct block_pool *p) { return p->link ? p->link : p; }
+
+void block_pool_link(struct block_pool *p, const struct block_pool *link) {
+    KV_ASSERT(link != p && link->block_size == p->block_size && p->n_cached == 0 && block_pool_n_held(p) == 0);
+    p->link = link;
+}
+
 int32_t block_pool_match(struct block_pool *p, uint64_t hash, int32_t parent, const int32_t *tokens) {
-    KV_ASSERT(parent >= -1 && parent < p->n_blocks && tokens);
+    const struct block_pool *pp = parents(p);
+    KV_ASSERT(parent >= -1 && parent < pp->n_blocks && tokens);
     int32_t id = block_pool_lookup(p, hash);
     if (id < 0) return -1;
     const size_t bs = (size_t)p->block_size;
-    if (p->parent[id] != parent || (parent >= 0 && p->parent_gen[id] != p->gen[parent]) ||
+    if (p->parent[id] != parent || (parent >= 0 && p->parent_gen[id] != pp->gen[parent]) ||
         memcmp(p->tokens + (size_t)id * bs, tokens, bs * sizeof *tokens) != 0) {
         p->n_hits--; /* the hash matched; the block does not */
         p->n_collisions++;
@@ -222,8 +231,9 @@ int32_t block_pool_match(struct block_pool *p, uint64_t hash, int32_t parent, co
 
 void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens) {
     KV_ASSERT(id >= 0 && id < p->n_blocks);
+    const struct block_pool *pp = parents(p);
     KV_ASSERT(p->ref[id] > 0 && hash != 0 && tokens);
-    KV_ASSERT(parent >= -1 && parent < p->n_blocks && parent != id);
+    KV_ASSERT(parent >= -1 && parent < pp->n_blocks && (parent != id || p->link));
     if (p->hash[id] == hash) return;  /* already published under it */
     KV_ASSERT(p->hash[id] == 0);      /* a block has one prefix */
     if (ht_find(p, hash) >= 0) return; /* another block holds it: keep that one */
@@ -231,7 +241,7 @@ void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t
     p->hash[id] = hash;
     memcpy(p->tokens + (size_t)id * (size_t)p->block_size, tokens, (size_t)p->block_size * sizeof *tokens);
     p->parent[id] = parent;
-    p->parent_gen[id] = parent >= 0 ? p->gen[parent] : 0;
+    p->parent_gen[id] = parent >= 0 ? pp->gen[parent] : 0;
 }
 
 /* ---- hashing ---- */
@@ -289,7 +299,7 @@ bool block_pool_check(const struct block_pool *p) {
             BP_FAIL("held block %d (ref %d) is linked", id, p->ref[id]);
         if (p->hash[id] == 0) continue;
         n_published++;
-        if (p->parent[id] < -1 || p->parent[id] >= n || p->parent[id] == id)
+        if (p->parent[id] < -1 || p->parent[id] >= parents(p)->n_blocks || (p->parent[id] == id && !p->link))
             BP_FAIL("published block %d has parent %d", id, p->parent[id]);
         int64_t slot = ht_find(p, p->hash[id]);
         if (slot < 0 || p->ht_val[slot] != id)

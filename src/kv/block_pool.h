@@ -22,6 +22,15 @@
  * (getrandom), so a collision cannot be computed offline.  Tests replace
  * the hash (block_pool_set_hash_fn) to force collisions.
  *
+ * A pool may be linked to another one (block_pool_link): the sliding-window
+ * layers of a hybrid model keep their blocks in a pool of their own, and a
+ * block published there names as its parent the block of the linked pool
+ * (the global layers') that holds the same positions of the same prefix in
+ * the publisher's table, with that block's generation.  A hit in the
+ * sliding pool is then verified by the global pool's chain: the parent is
+ * the global block the asker matched for the same index, unchanged since,
+ * so both hold the K/V of the same prefix.
+ *
  * "Ask, then do": block_pool_can_alloc says whether n allocations will
  * succeed, so a scheduler can decide before mutating anything.  Not
  * thread-safe: one engine thread owns the pool. */
@@ -50,6 +59,7 @@ struct block_pool {
     uint64_t (*hash_fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n); /* NULL: block_hash_keyed */
     uint64_t n_lookups, n_hits; /* prefix-cache statistics, in blocks */
     uint64_t n_collisions;      /* lookups whose hash matched a block of other tokens or another prefix */
+    const struct block_pool *link; /* the pool parents are blocks of (NULL: this one) */
 };
 
 /* All blocks free, ids 0..n_blocks-1 in the free list in order.  All arrays
@@ -79,7 +89,8 @@ void block_pool_release(struct block_pool *p, int32_t id);
 /* A prefix-cache hit: the block published under hash whose block_size
  * tokens equal tokens and whose parent is parent (-1: a first block; else
  * the block matched or held for the previous block of the same prefix,
- * unchanged since).  Returns its id (held or cached), or -1: no block
+ * unchanged since; in a linked pool, the linked pool's block for the same
+ * index).  Returns its id (held or cached), or -1: no block
  * under hash (always for hash 0), or one that differs (a collision:
  * counted in n_collisions).  Counts a lookup and, on success, a hit.
  * Changes nothing else: the caller retains the block it wants to keep. */
@@ -95,7 +106,7 @@ int32_t block_pool_lookup(struct block_pool *p, uint64_t hash);
  * before it in the publisher's table).  If another block already holds that
  * hash, nothing changes (the first one stays the cached copy);
  * republishing a block under its own hash is a no-op.  Publishing a free
- * block, hash 0, a parent out of range or equal to id, or a second,
+ * block, hash 0, a parent out of range or (unlinked) equal to id, or a second,
  * different hash for one block is a programming error (KV_ASSERT). */
 void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens);
 
@@ -112,6 +123,11 @@ uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n);
  * default), e.g. one that maps every block to the same value to force
  * collisions.  Process-wide; not thread-safe against block_pool_init. */
 void block_pool_set_hash_fn(uint64_t (*fn)(uint64_t key, uint64_t parent, const int32_t *tokens, int n));
+
+/* From now on the parents of p's published blocks are blocks of link (a
+ * different pool that outlives p), their generations link's: see the
+ * model of the world above.  Call before publishing anything. */
+void block_pool_link(struct block_pool *p, const struct block_pool *link);
 
 /* Counts for reports: held (ref > 0), cached (free, published), empty (free, unpublished). */
 static inline int block_pool_n_held(const struct block_pool *p) { return p->n_blocks - p->n_free; }

@@ -127,10 +127,12 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
         OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &l->rope);
     }
     /* store this batch's K/V first: a prefill chunk attends to itself */
-    OP(kv_store, &kv[il], bt->slots, b->k, b->v, n);
+    const bool own_pool = l->window > 0 && bt->win_slots;
+    OP(kv_store, &kv[il], own_pool ? bt->win_slots : bt->slots, b->k, b->v, n);
     struct paged_attn_args a = {
-        .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-        .q = b->q, .pos = bt->pos, .seq = bt->seq, .block_table = bt->block_table, .max_blocks = bt->max_blocks,
+        .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .q = b->q,
+        .pos = bt->pos, .seq = bt->seq, .block_table = own_pool ? bt->win_block_table : bt->block_table,
+        .max_blocks = bt->max_blocks,
         .kv = kv[il], .scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = l->window, .out = b->att,
     };
     OP(paged_attention, &a);

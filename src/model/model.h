@@ -157,6 +157,8 @@ struct batch {
     const int32_t *seq;            /* (n_tokens) its sequence's row in block_table */
     const int32_t *block_table;    /* (n_seqs, max_blocks) dense block tables */
     int max_blocks;
+    const int32_t *win_slots;      /* (n_tokens) NULL, or the sliding-window layers' slots and tables when */
+    const int32_t *win_block_table;/* (n_seqs, max_blocks) their K/V live in a pool of their own */
     int n_logits;
     const int32_t *logit_rows;     /* (n_logits) ascending rows whose logits are wanted */
 };

@@ -1,6 +1,8 @@
 /* scheduler.c — see scheduler.h for the policy.  Invariants: a WAITING
  * sequence holds no blocks; a RUNNING one holds exactly the blocks covering
- * its n_computed positions (plus those allocated for the current step). */
+ * its n_computed positions (plus those allocated for the current step) —
+ * in the sliding pool only from win_lo on, which never passes the first
+ * block the window of its committed position reads (sched_check). */
 #include "sched/scheduler.h"
 #include "core/core.h"
 
@@ -31,7 +33,8 @@ int sched_batch_init(struct sched_batch *b, int max_seqs) {
     b->seqs = xcalloc((size_t)max_seqs, sizeof *b->seqs);
     b->n_new = xcalloc((size_t)max_seqs, sizeof *b->n_new);
     b->copies = xcalloc((size_t)max_seqs, sizeof *b->copies);
-    if (!b->seqs || !b->n_new || !b->copies) { sched_batch_deinit(b); return KVLLM_ENOMEM; }
+    b->win_copies = xcalloc((size_t)max_seqs, sizeof *b->win_copies);
+    if (!b->seqs || !b->n_new || !b->copies || !b->win_copies) { sched_batch_deinit(b); return KVLLM_ENOMEM; }
     return 0;
 }
 
@@ -40,11 +43,33 @@ void sched_batch_deinit(struct sched_batch *b) {
     free(b->seqs);
     free(b->n_new);
     free(b->copies);
+    free(b->win_copies);
     memset(b, 0, sizeof *b);
 }
 
 int sched_blocks_for(const struct sched *s, int n_tokens) {
     return (n_tokens + s->pool->block_size - 1) / s->pool->block_size;
+}
+
+void sched_set_window(struct sched *s, struct block_pool *win_pool, int window, int rollback) {
+    KV_ASSERT(window > 0 && rollback >= 0 && s->n_running == 0 && s->n_waiting == 0);
+    block_pool_link(win_pool, s->pool);
+    s->win_pool = win_pool;
+    s->window = window;
+    s->rollback = rollback;
+}
+
+/* A token at position p reads p - window + 1 .. p, which (with a rollback)
+ * start no earlier than committed - rollback - window + 1; the blocks of the
+ * step's n_new tokens follow, and a range straddles one block more. */
+int sched_win_blocks_per_seq(int window, int rollback, int n_new, int block_size) {
+    return (window - 1 + rollback + n_new + block_size - 1) / block_size + 1;
+}
+
+/* First logical block the window of a token at position pos reads. */
+static int win_first(const struct sched *s, int pos) {
+    const int p = pos - s->window + 1;
+    return p > 0 ? p / s->pool->block_size : 0;
 }
 
 /* ---- the waiting ring ---- */
@@ -74,6 +99,15 @@ int sched_check_fits(const struct sched *s, int max_len, int n_parallel) {
                 s->pool->n_blocks * s->pool->block_size);
         return KVLLM_ERANGE;
     }
+    if (s->win_pool) {
+        int w = sched_win_blocks_per_seq(s->window, s->rollback, s->cfg.max_batch_tokens, s->pool->block_size);
+        if (w < need) need = w;
+        if (need > s->win_pool->n_blocks) {
+            LOG_ERR("request of up to %d tokens needs %d sliding-window KV blocks but that pool only has %d: "
+                    "it can never fit", max_len, need, s->win_pool->n_blocks);
+            return KVLLM_ERANGE;
+        }
+    }
     if (n_parallel > s->cfg.max_seqs) {
         LOG_ERR("request asks for %d parallel sequences but --max-seqs is %d", n_parallel, s->cfg.max_seqs);
         return KVLLM_ERANGE;
@@ -93,40 +127,75 @@ int sched_add(struct sched *s, struct seq *q) {
 
 /* ---- blocks ---- */
 
+/* Release q's blocks from logical block keep on, in both tables (tail
+ * first: it is evicted first). */
+static void release_tail(struct sched *s, struct seq *q, int keep) {
+    for (int i = q->n_blocks - 1; i >= keep; i--) {
+        block_pool_release(s->pool, q->blocks[i]);
+        if (s->win_pool && i >= q->win_lo) block_pool_release(s->win_pool, q->win_blocks[i]);
+    }
+    if (q->n_blocks > keep) q->n_blocks = keep;
+    if (q->win_lo > q->n_blocks) q->win_lo = q->n_blocks;
+}
+
 static void release_blocks(struct sched *s, struct seq *q) {
-    for (int i = q->n_blocks - 1; i >= 0; i--) block_pool_release(s->pool, q->blocks[i]); /* tail evicted first */
-    q->n_blocks = 0;
+    release_tail(s, q, 0);
+    q->win_lo = 0;
     q->n_computed = 0;
     q->n_published = 0;
 }
 
-/* Does the block that position n_computed falls in need a private copy? */
-static bool needs_cow(const struct sched *s, const struct seq *q) {
-    int bi = q->n_computed / s->pool->block_size;
-    return q->n_computed % s->pool->block_size && bi < q->n_blocks && s->pool->ref[q->blocks[bi]] > 1;
-}
-
-/* New blocks needed so that q covers positions [0, upto), copy included. */
-static int blocks_needed(const struct sched *s, const struct seq *q, int upto) {
-    int need = sched_blocks_for(s, upto) - q->n_blocks;
-    return (need > 0 ? need : 0) + (needs_cow(s, q) ? 1 : 0);
-}
-
-/* Allocate what blocks_needed counted (the caller checked it fits). */
-static void grow(struct sched *s, struct seq *q, int upto, struct sched_batch *b) {
-    if (needs_cow(s, q)) {
-        int bi = q->n_computed / s->pool->block_size;
-        int32_t fresh = block_pool_alloc(s->pool);
-        KV_ASSERT(fresh >= 0);
-        b->copies[b->n_copies][0] = fresh;
-        b->copies[b->n_copies][1] = q->blocks[bi];
-        b->n_copies++;
-        block_pool_release(s->pool, q->blocks[bi]);
-        q->blocks[bi] = fresh;
+/* Release the sliding blocks no future window reads: those wholly before
+ * the window of q's committed position, less the rollback allowed. */
+static void slide(struct sched *s, struct seq *q) {
+    if (!s->win_pool || q->status != SEQ_RUNNING) return;
+    const int verified = q->n_tokens - q->n_spec;
+    const int lo = win_first(s, (q->n_computed < verified ? q->n_computed : verified) - s->rollback);
+    for (; q->win_lo < lo && q->win_lo < q->n_blocks; q->win_lo++) {  /* oldest first: evicted first */
+        block_pool_release(s->win_pool, q->win_blocks[q->win_lo]);
+        q->win_blocks[q->win_lo] = -1;
     }
+}
+
+/* Does block bi of table (in pool p) need a private copy before position
+ * n_computed is written into it? */
+static bool needs_cow(const struct block_pool *p, const int32_t *table, const struct seq *q) {
+    int bi = q->n_computed / p->block_size;
+    return q->n_computed % p->block_size && bi < q->n_blocks && p->ref[table[bi]] > 1;
+}
+
+/* Can q be grown to cover positions [0, upto), copies included, in both pools? */
+static bool fits(const struct sched *s, const struct seq *q, int upto) {
+    int grow_by = sched_blocks_for(s, upto) - q->n_blocks;
+    if (grow_by < 0) grow_by = 0;
+    if (grow_by + needs_cow(s->pool, q->blocks, q) > s->pool->n_free) return false;
+    return !s->win_pool || grow_by + needs_cow(s->win_pool, q->win_blocks, q) <= s->win_pool->n_free;
+}
+
+/* Copy-on-write of the shared block position n_computed falls in. */
+static void cow(struct block_pool *p, int32_t *table, const struct seq *q, int32_t (*copies)[2], int *n_copies) {
+    if (!needs_cow(p, table, q)) return;
+    int bi = q->n_computed / p->block_size;
+    int32_t fresh = block_pool_alloc(p);
+    KV_ASSERT(fresh >= 0);
+    copies[*n_copies][0] = fresh;
+    copies[*n_copies][1] = table[bi];
+    (*n_copies)++;
+    block_pool_release(p, table[bi]);
+    table[bi] = fresh;
+}
+
+/* Allocate what fits checked. */
+static void grow(struct sched *s, struct seq *q, int upto, struct sched_batch *b) {
+    cow(s->pool, q->blocks, q, b->copies, &b->n_copies);
+    if (s->win_pool) cow(s->win_pool, q->win_blocks, q, b->win_copies, &b->n_win_copies);
     while (q->n_blocks < sched_blocks_for(s, upto)) {
         int32_t id = block_pool_alloc(s->pool);
         KV_ASSERT(id >= 0 && q->n_blocks < q->max_blocks);
+        if (s->win_pool) {
+            q->win_blocks[q->n_blocks] = block_pool_alloc(s->win_pool);
+            KV_ASSERT(q->win_blocks[q->n_blocks] >= 0);
+        }
         q->blocks[q->n_blocks++] = id;
     }
 }
@@ -165,6 +234,27 @@ static void hash_blocks(const struct sched *s, struct seq *q, int n_full) {
     }
 }
 
+/* The longest prefix of q's first h matched blocks whose sliding window
+ * (the blocks the token after it reads) win_pool still holds, each block
+ * verified against the global block matched for its index; the hits are
+ * noted in q->win_blocks.  A window block found missing cuts the prefix
+ * back to end before it: no shorter window skips it. */
+static int win_hit(struct sched *s, struct seq *q, int h) {
+    const int bs = s->pool->block_size;
+    while (h > 0) {
+        const int lo = win_first(s, h * bs);
+        int k = h - 1;
+        for (; k >= lo; k--) {
+            int32_t id = block_pool_match(s->win_pool, q->hashes[k], q->blocks[k], q->tokens + (size_t)k * bs);
+            if (id < 0) break;
+            q->win_blocks[k] = id;
+        }
+        if (k < lo) return h;
+        h = k;
+    }
+    return 0;
+}
+
 /* Admit the head of the waiting queue if it fits; false changes nothing. */
 static bool admit(struct sched *s, struct sched_batch *b, int budget) {
     struct seq *q = *ring_at(s, 0);
@@ -173,7 +263,7 @@ static bool admit(struct sched *s, struct sched_batch *b, int budget) {
     /* cached prefix: full blocks only, and never the last token (it gives the logits) */
     /* hits are noted in q->blocks (unused while waiting), retained only on success;
      * a hit is verified: its tokens, and its parent being the previous hit */
-    int n_hit = 0, n_hit_free = 0;
+    int n_hit = 0, n_hit_free = 0, n_win_free = 0;
     if (s->cfg.prefix_caching) {
         int n_full = (q->n_tokens - 1) / bs;
         hash_blocks(s, q, n_full);
@@ -182,16 +272,22 @@ static bool admit(struct sched *s, struct sched_batch *b, int budget) {
                                           q->tokens + (size_t)n_hit * bs);
             if (id < 0) break;
             q->blocks[n_hit] = id;
-            n_hit_free += s->pool->ref[id] == 0;
         }
+        if (s->win_pool) n_hit = win_hit(s, q, n_hit);
+        for (int i = 0; i < n_hit; i++) n_hit_free += s->pool->ref[q->blocks[i]] == 0;
     }
-    int start = n_hit * bs;
+    int start = n_hit * bs, win_lo = s->win_pool ? win_first(s, start) : 0;
+    for (int i = win_lo; s->win_pool && i < n_hit; i++) n_win_free += s->win_pool->ref[q->win_blocks[i]] == 0;
     int c = q->n_tokens - start < budget ? q->n_tokens - start : budget;
     int need = sched_blocks_for(s, start + c) - n_hit;
     if (need > s->pool->n_free - n_hit_free) return false;
+    if (s->win_pool && need > s->win_pool->n_free - n_win_free) return false;
 
     pop_front(s);
     for (int i = 0; i < n_hit; i++) block_pool_retain(s->pool, q->blocks[i]);
+    for (int i = 0; i < win_lo; i++) q->win_blocks[i] = -1;
+    for (int i = win_lo; s->win_pool && i < n_hit; i++) block_pool_retain(s->win_pool, q->win_blocks[i]);
+    q->win_lo = win_lo;
     q->n_blocks = q->n_published = n_hit;
     q->n_computed = start;
     grow(s, q, start + c, b);
@@ -206,7 +302,7 @@ static bool admit(struct sched *s, struct sched_batch *b, int budget) {
 }
 
 void sched_schedule(struct sched *s, struct sched_batch *b) {
-    b->n_seqs = b->n_tokens = b->n_copies = 0;
+    b->n_seqs = b->n_tokens = b->n_copies = b->n_win_copies = 0;
     int budget = s->cfg.max_batch_tokens;
     bool preempted = false;
     for (int i = 0; i < s->n_running && budget > 0; i++) {
@@ -216,12 +312,12 @@ void sched_schedule(struct sched *s, struct sched_batch *b) {
         /* drafts give way first: to the budget, then to the free blocks (never preempt for them) */
         int drop = c > budget ? c - budget : 0;
         if (drop > q->n_spec) drop = q->n_spec;
-        while (drop < q->n_spec && blocks_needed(s, q, q->n_computed + c - drop) > s->pool->n_free) drop++;
+        while (drop < q->n_spec && !fits(s, q, q->n_computed + c - drop)) drop++;
         q->n_spec -= drop;
         q->n_tokens -= drop;
         c -= drop;
         if (c > budget) c = budget;
-        while (blocks_needed(s, q, q->n_computed + c) > s->pool->n_free) {
+        while (!fits(s, q, q->n_computed + c)) {
             struct seq *victim = s->running[s->n_running - 1];
             preempt_last(s);
             preempted = true;
@@ -237,6 +333,15 @@ void sched_schedule(struct sched *s, struct sched_batch *b) {
         budget -= b->n_new[b->n_seqs - 1];
 }
 
+/* Publish q's sliding block k (full and verified) under the hash of the
+ * global block k, its parent in the linked pool; only when that global
+ * block is the cached copy of its prefix, the one a later asker matches. */
+static void publish_win(struct sched *s, struct seq *q, int k) {
+    const int32_t id = k >= q->win_lo ? q->win_blocks[k] : -1, twin = q->blocks[k];
+    if (id < 0 || s->win_pool->hash[id] != 0 || s->pool->hash[twin] != q->hashes[k]) return;
+    block_pool_publish(s->win_pool, id, q->hashes[k], twin, q->tokens + (size_t)k * s->pool->block_size);
+}
+
 /* Publish q's full blocks whose tokens are computed and verified (no draft). */
 static void publish_full(struct sched *s, struct seq *q) {
     const int bs = s->pool->block_size;
@@ -246,11 +351,12 @@ static void publish_full(struct sched *s, struct seq *q) {
     for (; q->n_published < n_full; q->n_published++) {
         const int k = q->n_published;
         int32_t id = q->blocks[k], parent = k ? q->blocks[k - 1] : -1;
-        if (s->pool->hash[id] != 0) continue; /* a hit, or shared: published already */
-        /* a parent that is not the cached copy of its prefix (another block won that
-         * hash) could never be matched as the parent: its children stay unpublished */
-        if (parent >= 0 && s->pool->hash[parent] != q->hashes[k - 1]) continue;
-        block_pool_publish(s->pool, id, q->hashes[k], parent, q->tokens + (size_t)k * bs);
+        /* skipped when a hit, or shared: published already; and when the parent is not the cached
+         * copy of its prefix (another block won that hash): it could never be matched as the
+         * parent, so its children stay unpublished */
+        if (s->pool->hash[id] == 0 && (parent < 0 || s->pool->hash[parent] == q->hashes[k - 1]))
+            block_pool_publish(s->pool, id, q->hashes[k], parent, q->tokens + (size_t)k * bs);
+        if (s->win_pool) publish_win(s, q, k);
     }
 }
 
@@ -260,7 +366,8 @@ void sched_commit(struct sched *s, const struct sched_batch *b) {
         if (q->status != SEQ_RUNNING) continue;
         q->n_computed += b->n_new[i];
         if (s->cfg.no_kv_cache && q->n_computed == q->n_tokens) { release_blocks(s, q); continue; }
-        if (s->cfg.prefix_caching) publish_full(s, q);
+        if (s->cfg.prefix_caching) publish_full(s, q);   /* first: a slid-out block stays cached */
+        slide(s, q);
     }
 }
 
@@ -269,14 +376,13 @@ void sched_spec_resolve(struct sched *s, struct seq *q, int n_valid) {
     if (q->status != SEQ_RUNNING) return;
     KV_ASSERT(n_valid >= 0 && n_valid <= q->n_computed && n_valid <= q->n_tokens);
     const int bs = s->pool->block_size;
-    const int keep = sched_blocks_for(s, n_valid);
-    /* blocks past keep hold only rejected positions: allocated this step, never published */
-    for (int i = q->n_blocks - 1; i >= keep; i--) block_pool_release(s->pool, q->blocks[i]);
-    if (q->n_blocks > keep) q->n_blocks = keep;
-    q->n_computed = n_valid;
+    /* blocks past those covering n_valid hold only rejected positions: allocated this step, never
+     * published; the sliding window of n_valid is held (slide kept what drafts could roll back) */
+    sched_rewind(s, q, n_valid);
     /* hashes and publications never covered a draft (publish_full), so none is undone here */
     KV_ASSERT(q->n_hashed <= n_valid / bs);
     if (s->cfg.prefix_caching) publish_full(s, q);
+    slide(s, q);
 }
 
 void sched_fork(struct sched *s, struct seq *parent, struct seq *child) {
@@ -284,8 +390,11 @@ void sched_fork(struct sched *s, struct seq *parent, struct seq *child) {
     for (int i = 0; i < parent->n_blocks; i++) {
         block_pool_retain(s->pool, parent->blocks[i]);
         child->blocks[i] = parent->blocks[i];
+        child->win_blocks[i] = i >= parent->win_lo ? parent->win_blocks[i] : -1;
+        if (s->win_pool && i >= parent->win_lo) block_pool_retain(s->win_pool, parent->win_blocks[i]);
     }
     child->n_blocks = parent->n_blocks;
+    child->win_lo = parent->win_lo;
     child->n_computed = parent->n_computed;
     memcpy(child->hashes, parent->hashes, (size_t)parent->n_hashed * sizeof *child->hashes);
     child->n_hashed = parent->n_hashed;
@@ -315,9 +424,70 @@ void sched_truncate(struct sched *s, struct seq *q, int n_tokens) {
     KV_ASSERT(!s->cfg.prefix_caching && n_tokens >= 0 && n_tokens <= q->n_tokens);
     q->n_tokens = n_tokens;
     q->n_spec = 0;
-    if (q->n_computed > n_tokens) q->n_computed = n_tokens;
+    sched_rewind(s, q, n_tokens);
+}
+
+void sched_rewind(struct sched *s, struct seq *q, int n) {
+    KV_ASSERT(n >= 0);
+    if (q->n_computed > n) q->n_computed = n;
     if (q->status != SEQ_RUNNING) return;
-    const int keep = sched_blocks_for(s, q->n_computed);
-    for (int i = q->n_blocks - 1; i >= keep; i--) block_pool_release(s->pool, q->blocks[i]);
-    if (q->n_blocks > keep) q->n_blocks = keep;
+    if (s->win_pool && win_first(s, q->n_computed) < q->win_lo) {
+        release_blocks(s, q);   /* the window was released: recompute from the start */
+        return;
+    }
+    release_tail(s, q, sched_blocks_for(s, q->n_computed));
+}
+
+/* ---- invariants ---- */
+
+static bool check_seq(const struct sched *s, const struct seq *q, int32_t *refs, int32_t *win_refs) {
+#define SC_FAIL(...) do { LOG_ERR("sched_check: " __VA_ARGS__); return false; } while (0)
+    if (q->status == SEQ_WAITING && (q->n_blocks || q->win_lo))
+        SC_FAIL("waiting sequence %llu holds %d blocks", (unsigned long long)q->id, q->n_blocks);
+    if (q->n_blocks < 0 || q->n_blocks > q->max_blocks || q->n_blocks < sched_blocks_for(s, q->n_computed))
+        SC_FAIL("sequence %llu: %d blocks for %d computed positions", (unsigned long long)q->id, q->n_blocks,
+                q->n_computed);
+    for (int i = 0; i < q->n_blocks; i++) {
+        if (q->blocks[i] < 0 || q->blocks[i] >= s->pool->n_blocks)
+            SC_FAIL("sequence %llu: block %d is %d", (unsigned long long)q->id, i, q->blocks[i]);
+        refs[q->blocks[i]]++;
+    }
+    if (!s->win_pool) return true;
+    /* the window of the next position to compute is held (slide keeps rollback positions more) */
+    const int verified = q->n_tokens - q->n_spec;
+    const int next = q->n_computed < verified ? q->n_computed : verified;
+    if (q->win_lo < 0 || q->win_lo > q->n_blocks || (q->n_computed > 0 && q->win_lo > win_first(s, next)))
+        SC_FAIL("sequence %llu: sliding blocks from %d of %d, its window from %d", (unsigned long long)q->id,
+                q->win_lo, q->n_blocks, win_first(s, next));
+    for (int i = 0; i < q->n_blocks; i++) {
+        const int32_t id = q->win_blocks[i];
+        if (i < q->win_lo ? id != -1 : id < 0 || id >= s->win_pool->n_blocks)
+            SC_FAIL("sequence %llu: sliding block %d is %d (held from %d)", (unsigned long long)q->id, i, id,
+                    q->win_lo);
+        if (id >= 0) win_refs[id]++;
+    }
+    return true;
+}
+
+static bool check_refs(const struct block_pool *p, const int32_t *refs, const char *name) {
+    for (int id = 0; id < p->n_blocks; id++)
+        if (p->ref[id] != refs[id]) SC_FAIL("%s block %d: ref %d, named by %d tables", name, id, p->ref[id], refs[id]);
+    return block_pool_check(p);
+#undef SC_FAIL
+}
+
+bool sched_check(const struct sched *s) {
+    const int nw = s->win_pool ? s->win_pool->n_blocks : 0;
+    int32_t *refs = xcalloc((size_t)(s->pool->n_blocks + nw), sizeof *refs);
+    if (!refs) return false;
+    bool ok = true;
+    for (int i = 0; ok && i < s->n_running; i++)
+        ok = s->running[i]->status == SEQ_RUNNING && check_seq(s, s->running[i], refs, refs + s->pool->n_blocks);
+    for (int i = 0; ok && i < s->n_waiting; i++)
+        ok = check_seq(s, s->waiting[(s->wait_head + i) % (s->cfg.max_waiting + s->cfg.max_seqs)], refs,
+                       refs + s->pool->n_blocks);
+    ok = ok && check_refs(s->pool, refs, "pool") && (!s->win_pool || check_refs(s->win_pool, refs + s->pool->n_blocks,
+                                                                                    "sliding pool"));
+    free(refs);
+    return ok;
 }

@@ -17,7 +17,22 @@
  * computed, to give logits) whose tokens and parents match its own, block
  * by block (block_pool_match): a hash collision is a miss, never a hit.  A block shared with another sequence is copied
  * before it is written (copy-on-write): the copies to make are part of the
- * step's output.  Single-threaded: the engine thread owns it. */
+ * step's output.  Single-threaded: the engine thread owns it.
+ *
+ * Sliding windows.  A model whose layers attend either the whole context
+ * or only the last `window` positions keeps the sliding layers' K/V in a
+ * pool of their own (sched_set_window), and each sequence a second table,
+ * seq.win_blocks, indexed by logical block like the first and grown with
+ * it.  Once committed, a block wholly before every window a future token
+ * could read (positions < n_committed - rollback - window + 1, where
+ * n_committed is what is computed and verified) is released there while
+ * the global layers keep theirs, so a sequence holds about window /
+ * block_size sliding blocks whatever its length.  A prefix-cache hit of P
+ * tokens needs the global chain up to P and the sliding blocks covering the
+ * window before P; when those were evicted the hit is cut back to the
+ * longest prefix both pools can serve.  Copy-on-write, preemption, forks
+ * and rollbacks treat both tables alike; a rollback past the sliding blocks
+ * still held (sched_rewind) recomputes the sequence from its start. */
 #ifndef KVLLM_SCHEDULER_H
 #define KVLLM_SCHEDULER_H
 
@@ -33,7 +48,10 @@ struct sched_config {
 };
 
 struct sched {
-    struct block_pool *pool;
+    struct block_pool *pool;     /* every layer's blocks; with win_pool, the global layers' */
+    struct block_pool *win_pool; /* the sliding-window layers' blocks (NULL: one pool) */
+    int window;                  /* with win_pool: the positions a token attends (> 0) */
+    int rollback;                /* with win_pool: positions a caller may rewind behind what it committed */
     struct sched_config cfg;
     struct seq **running;  /* (max_seqs) in admission order */
     int n_running, n_running_reserved;
@@ -52,10 +70,22 @@ struct sched_batch {
     int *n_new;            /* (max_seqs) */
     int n_copies;
     int32_t (*copies)[2];  /* (max_seqs) */
+    int n_win_copies;
+    int32_t (*win_copies)[2]; /* (max_seqs) the same in win_pool */
 };
 
 int sched_init(struct sched *s, struct block_pool *pool, const struct sched_config *cfg);
 void sched_deinit(struct sched *s);
+/* Give the sliding-window layers win_pool (block_size as the main pool's,
+ * linked to it here: block_pool_link), for a window of window positions;
+ * rollback: how far behind its committed tokens a caller may rewind a
+ * sequence cheaply (sched_truncate of a draft model's shadow), 0 for the
+ * target's own speculation (its drafts are never committed).  Before any
+ * sequence is added. */
+void sched_set_window(struct sched *s, struct block_pool *win_pool, int window, int rollback);
+/* Sliding blocks one sequence may hold at once, at most: its window, the
+ * rollback, a step of up to n_new tokens and the blocks they straddle. */
+int sched_win_blocks_per_seq(int window, int rollback, int n_new, int block_size);
 int sched_batch_init(struct sched_batch *b, int max_seqs);
 void sched_batch_deinit(struct sched_batch *b);
 
@@ -99,11 +129,25 @@ void sched_commit(struct sched *s, const struct sched_batch *b);
 void sched_spec_resolve(struct sched *s, struct seq *q, int n_valid);
 
 /* Forget q's tokens from position n_tokens on (a draft model's shadow of a
- * sequence brought back to the tokens its sequence kept): n_computed is
- * capped at n_tokens, drafts dropped, and a running sequence releases the
- * blocks past those covering n_computed.  Only for a scheduler without prefix caching (a
- * published block must never be written again). */
+ * sequence brought back to the tokens its sequence kept, a session's
+ * truncation): n_tokens set, drafts dropped, then sched_rewind(q, n_tokens).
+ * Only for a scheduler without prefix caching (a published block must never
+ * be written again). */
 void sched_truncate(struct sched *s, struct seq *q, int n_tokens);
+
+/* Forget q's K/V from position n on: n_computed becomes min(n_computed, n)
+ * and a running sequence releases the blocks past those covering it.  When
+ * the sliding pool no longer holds the window position n_computed reads
+ * (it went further back than rollback allows), every block is released and
+ * n_computed becomes 0: the sequence is recomputed from its start.  Only
+ * for a scheduler without prefix caching, or blocks never published. */
+void sched_rewind(struct sched *s, struct seq *q, int n);
+
+/* Check every running and waiting sequence against the pools: tables
+ * within bounds, sliding entries released exactly before win_lo, and each
+ * block's reference count equal to the table entries naming it (nothing
+ * else may hold blocks); false + logged reason if broken.  For tests. */
+bool sched_check(const struct sched *s);
 
 /* A running sequence that shares the parent's blocks (n > 1 samples): the
  * child must have the same first n_computed tokens; it takes one of the

@@ -10,9 +10,10 @@ struct seq *seq_new(uint64_t id, const int32_t *prompt, int n_prompt, int max_le
     if (!s) return NULL;
     s->max_blocks = (max_len + block_size - 1) / block_size;
     s->tokens = xmalloc((size_t)max_len * sizeof *s->tokens);
-    s->blocks = xmalloc((size_t)s->max_blocks * sizeof *s->blocks);
+    s->blocks = xmalloc(2 * (size_t)s->max_blocks * sizeof *s->blocks);   /* then win_blocks */
     s->hashes = xmalloc((size_t)s->max_blocks * sizeof *s->hashes);
     if (!s->tokens || !s->blocks || !s->hashes) { seq_free(s); return NULL; }
+    s->win_blocks = s->blocks + s->max_blocks;
     if (n_prompt) memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     s->id = id;
     s->n_tokens = s->n_prompt = n_prompt;

@@ -24,6 +24,10 @@ struct seq {
                               on preemption, and resolved by sched_spec_resolve after the step */
     int32_t *blocks;       /* (max_blocks) block table, append-only while running */
     int n_blocks, max_blocks;
+    int32_t *win_blocks;   /* (max_blocks) the sliding-window layers' table when they have a pool of their
+                              own (sched.win_pool): indexed like blocks, n_blocks long; the entries before
+                              win_lo are -1 (released once every window had passed them, or never held) */
+    int win_lo;
     uint64_t *hashes;      /* (max_blocks) hash chain of the leading full blocks */
     int n_hashed;          /* hashes[0 .. n_hashed) are valid */
     int n_published;       /* leading blocks already offered to the prefix cache */

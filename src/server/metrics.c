@@ -100,6 +100,21 @@ char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int
               "# TYPE kvllm_preemptions_total counter\nkvllm_preemptions_total %llu\n",
               st->n_running, st->n_waiting, st->blocks_held, st->blocks_cached, st->blocks_free, hit,
               (unsigned long long)st->preemptions);
+    /* KV bytes, and the sliding-window layers' own pool when the model has one */
+    sb_printf(&b,
+              "# HELP kvllm_kv_bytes KV storage of every layer: allocated, and held by live sequences.\n"
+              "# TYPE kvllm_kv_bytes gauge\nkvllm_kv_bytes{state=\"allocated\"} %llu\n"
+              "kvllm_kv_bytes{state=\"held\"} %llu\n",
+              (unsigned long long)st->kv_bytes, (unsigned long long)st->kv_bytes_held);
+    if (st->win_blocks_total)
+        sb_printf(&b,
+                  "# HELP kvllm_kv_window_blocks Sliding-window layers' KV blocks (their window only; kvllm_kv_blocks "
+                  "counts the global layers'): held, cached, free.\n"
+                  "# TYPE kvllm_kv_window_blocks gauge\n"
+                  "kvllm_kv_window_blocks{state=\"held\"} %d\nkvllm_kv_window_blocks{state=\"cached\"} %d\n"
+                  "kvllm_kv_window_blocks{state=\"free\"} %d\n",
+                  st->win_blocks_held, st->win_blocks_cached,
+                  st->win_blocks_total - st->win_blocks_held - st->win_blocks_cached);
     /* speculative decoding (vLLM names its counters spec_decode_num_draft_tokens / _accepted_tokens) */
     double acc = st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
     sb_printf(&b,

@@ -166,9 +166,12 @@ def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[
     assert m, res.describe()
     # no leaks: every block is free (or cached, which counts as free) once all requests are done
     assert int(m[4]) == 0, f"{name}: {m[4]} blocks held after the run\n{res.describe()}"
+    w = re.search(r"sliding-window blocks held (\d+) of (\d+)", res.err)   # the windowed layers' own pool
+    assert not w or int(w[1]) == 0, f"{name}: {w[1]} sliding-window blocks held after the run\n{res.describe()}"
     sp = re.search(r"speculation \(([a-z ]+)\): (\d+) of (\d+) drafts accepted", res.err)
     stats = dict(preemptions=int(m[1]), prompt=int(m[2]), cached=int(m[3]), held=int(m[4]),
-                 spec=dict(accepted=int(sp[2]), drafted=int(sp[3])) if sp else None)
+                 spec=dict(accepted=int(sp[2]), drafted=int(sp[3])) if sp else None,
+                 blocks=int(re.search(r"free \d+ of (\d+)", res.err)[1]), win_blocks=int(w[2]) if w else 0)
     return ids, lg, stats
 
 

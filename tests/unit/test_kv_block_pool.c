@@ -480,6 +480,31 @@ static void test_keyed_hash(void) {
     block_pool_deinit(&q);
 }
 
+/* A linked pool (a model's sliding-window layers): its published blocks name
+ * a block of the other pool as parent, and a hit needs that block unchanged. */
+static void test_linked_pool(void) {
+    struct block_pool g, w;
+    CHECK(block_pool_init(&g, 4, BS) == 0 && block_pool_init(&w, 4, BS) == 0);
+    block_pool_link(&w, &g);
+    const int32_t t[BS] = { 1, 2, 3, 4 };
+    const uint64_t h = block_pool_hash(&g, 0, t);
+    int32_t gid = block_pool_alloc(&g), wid = block_pool_alloc(&w);
+    CHECK(gid == 0 && wid == 0);
+    block_pool_publish(&g, gid, h, -1, t);
+    block_pool_publish(&w, wid, h, gid, t);   /* parent 0 of the other pool: its own id is allowed */
+    CHECK(w.parent[0] == 0 && block_pool_check(&w));
+    block_pool_release(&w, wid);
+    CHECK(block_pool_match(&w, h, gid, t) == 0);   /* the twin the asker matched: a hit */
+    CHECK(block_pool_match(&w, h, 1, t) == -1);    /* another global block: a miss */
+    /* the global block evicted and refilled: the sliding block no longer vouched for */
+    block_pool_release(&g, gid);
+    for (int i = 0; i < 4; i++) CHECK(block_pool_alloc(&g) >= 0);
+    CHECK(g.gen[0] == 2 && block_pool_match(&w, h, 0, t) == -1 && w.n_collisions == 2);
+    CHECK(block_pool_check(&g) && block_pool_check(&w));
+    block_pool_deinit(&w);
+    block_pool_deinit(&g);
+}
+
 int main(void) {
     test_fresh_pool();
     test_reuse_order();
@@ -491,6 +516,7 @@ int main(void) {
     test_check_catches();
     test_collisions();
     test_keyed_hash();
+    test_linked_pool();
     stress(64, 100000, 1);
     stress(7, 100000, 2);   /* ht_cap 16: long probe runs, many evictions */
     stress(33, 20000, 3);   /* ht_cap 128 */

@@ -8,6 +8,7 @@
 #include "kv_util.h"
 #include "kvllm.h"
 #include "sched/scheduler.h"
+#include "sched_util.h"
 
 #include <string.h>
 
@@ -29,24 +30,11 @@ static void setup(int n_blocks, int max_seqs, int max_batch, bool prefix) {
 }
 
 static struct seq *mk(uint64_t id, int n_prompt, int max_len, int first_token) {
-    int32_t t[64];
-    for (int i = 0; i < n_prompt; i++) t[i] = first_token + i;
-    return seq_new(id, t, n_prompt, max_len, BS);
+    return tu_seq(id, n_prompt, max_len, first_token, BS);
 }
 
-/* One engine step without a model: schedule, commit, and give every
- * sequence that reached its known tokens one more ("sampled") token. */
 static void step(void) {
-    sched_schedule(&sch, &bat);
-    sched_commit(&sch, &bat);
-    for (int i = 0; i < bat.n_seqs; i++) {
-        struct seq *q = bat.seqs[i];
-        if (q->status == SEQ_RUNNING && q->n_computed == q->n_tokens && q->n_tokens < q->max_len)
-        {
-            q->tokens[q->n_tokens] = 1000 + q->n_tokens;
-            q->n_tokens++;
-        }
-    }
+    tu_step(&sch, &bat);
     CHECK(block_pool_check(&pool));
 }
 
@@ -231,18 +219,6 @@ static void test_random_workload(void) {
 
 static uint64_t kv_fp[64 * BS]; /* (n_blocks * BS) fingerprint of the prefix each slot was computed with */
 
-static uint64_t prefix_fp(const int32_t *t, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ull;
-    return (h ^ (uint64_t)n) * 0x100000001b3ull;
-}
-
-/* Ignores the parent: equal blocks anywhere in any prompt collide. */
-static uint64_t collide_tokens_only(uint64_t key, uint64_t parent, const int32_t *tokens, int n) {
-    (void)key; (void)parent;
-    return prefix_fp(tokens, n) | 1;
-}
-
 /* One step with the fake KV store; returns the positions found holding another prefix's K/V. */
 static int step_kv(void) {
     int bad = 0;
@@ -252,9 +228,9 @@ static int step_kv(void) {
     for (int i = 0; i < bat.n_seqs; i++) {
         struct seq *q = bat.seqs[i];
         for (int t = 0; t < q->n_computed; t++) /* what attention would read */
-            bad += kv_fp[q->blocks[t / BS] * BS + t % BS] != prefix_fp(q->tokens, t + 1);
+            bad += kv_fp[q->blocks[t / BS] * BS + t % BS] != tu_prefix_fp(q->tokens, t + 1);
         for (int t = q->n_computed; t < q->n_computed + bat.n_new[i]; t++)
-            kv_fp[q->blocks[t / BS] * BS + t % BS] = prefix_fp(q->tokens, t + 1);
+            kv_fp[q->blocks[t / BS] * BS + t % BS] = tu_prefix_fp(q->tokens, t + 1);
     }
     sched_commit(&sch, &bat);
     for (int i = 0; i < bat.n_seqs; i++) {
@@ -320,7 +296,7 @@ static void test_prefix_poisoning(void) {
     CHECK(poison_workload(tu_collide_all, &cached) == 0);
     CHECK(pool.n_collisions > 0);
     /* the hash of a block's tokens alone: same tokens under another prefix collide */
-    CHECK(poison_workload(collide_tokens_only, &cached) == 0);
+    CHECK(poison_workload(tu_collide_tokens_only, &cached) == 0);
     CHECK(pool.n_collisions > 0 && cached > 0);
 
     /* the issue's attack, at scheduler level: a forged block under the victim's

@@ -120,6 +120,7 @@ const char *const cli_engine_usage =
     "  --max-seqs N           sequences running at once (default 32)\n"
     "  --max-batch-tokens N   tokens computed per step (default 512)\n"
     "  --no-prefix-cache      do not reuse cached blocks of identical prompt prefixes\n"
+    "  --kv-full              sliding-window layers keep whole contexts too (a full cache, for comparisons)\n"
     "speculative decoding (output identical token for token; only the speed changes):\n"
     "  --spec-ngram           prompt lookup: drafts copied from the sequence's own context\n"
     "  --draft-model FILE     a draft model of the same vocabulary (also -md, --model-draft)\n"
@@ -152,6 +153,7 @@ int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p)
     const char *a = argv[*i], *v;
     long l;
     if (!strcmp(a, "--no-prefix-cache")) { p->prefix_caching = false; return 1; }
+    if (!strcmp(a, "--kv-full")) { p->kv_full = true; return 1; }
     if (!strcmp(a, "--spec-ngram") || !strcmp(a, "--prompt-lookup")) { p->spec = KVLLM_SPEC_NGRAM; return 1; }
     if (!strcmp(a, "--draft-model") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
         if (!(v = cli_arg(argc, argv, i))) return -1;

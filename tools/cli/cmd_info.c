@@ -86,6 +86,23 @@ static void print_tensor_types(const char *path) {
     gguf_free(g);
 }
 
+/* K/V bytes of one layer and one position: 2 (K and V) x n_head_kv x head_dim
+ * elements; the 8-bit types add an f32 scale per head, and K/V. */
+static double kv_head_bytes(const struct kvllm_model_desc *d, double elem, double scale) {
+    return 2.0 * d->n_head_kv * (d->head_dim * elem + scale);
+}
+
+/* K/V bytes of one sequence at the trained context: the global layers hold
+ * every position, the sliding ones (unless full) the blocks their window
+ * spans in decode at the default block size (the engine's plan). */
+static double kv_seq_bytes(const struct kvllm_model_desc *d, double elem, double scale, bool full) {
+    const int bs = kvllm_engine_default_params().block_size, n_ctx = d->n_ctx_train;
+    int win = (d->n_swa + bs - 1) / bs * bs + bs;
+    if (full || win > n_ctx) win = n_ctx;
+    return kv_head_bytes(d, elem, scale) *
+           ((double)(d->n_layer - d->n_layer_swa) * n_ctx + (double)d->n_layer_swa * win);
+}
+
 int cmd_info(int argc, char **argv) {
     const char *path = NULL, *tok = NULL;
     bool json = false;
@@ -132,7 +149,7 @@ int cmd_info(int argc, char **argv) {
     bool tmpl = kvllm_model_chat_template(m, &tmpl_len, &tmpl_builtin) != NULL;
     const double bpw = d->n_params ? 8.0 * (double)d->weight_bytes / (double)d->n_params : 0;
     const char *ft = has_ftype ? ftype_name(ftype) : d->weight_type;
-    static const struct { const char *name; double bytes; int scale; } kv[] = {
+    static const struct { const char *name; double bytes; double scale; } kv[] = {
         { "f32", 4, 0 }, { "f16", 2, 0 }, { "bf16", 2, 0 }, { "int8", 1, 4 }, { "fp8", 1, 4 },
     };
     if (json) {
@@ -154,10 +171,19 @@ int cmd_info(int argc, char **argv) {
         printf("  \"bos\": %d,\n  \"eos\": %d,\n  \"add_bos\": %s,\n  \"add_eos\": %s,\n  \"chat_template\": %s,\n"
                "  \"chat_template_builtin\": %s,\n", d->token_bos, d->token_eos, d->add_bos ? "true" : "false",
                add_eos ? "true" : "false", tmpl ? "true" : "false", tmpl_builtin ? "true" : "false");
+        /* per token: what each more position of context costs (the global layers' K/V when the
+         * sliding ones keep only their window); per sequence: a whole context, windows included */
+        printf("  \"n_layer_swa\": %d,\n  \"n_swa\": %d,\n", d->n_layer_swa, d->n_swa);
         printf("  \"kv_bytes_per_token\": {");
         for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
-            printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name,
-                   2.0 * d->n_layer * d->n_head_kv * (d->head_dim * kv[i].bytes + kv[i].scale));
+            printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name, kv_head_bytes(d, kv[i].bytes, kv[i].scale) *
+                                                               (d->n_layer - d->n_layer_swa));
+        printf("},\n  \"kv_bytes_per_sequence\": {");
+        for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
+            printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name, kv_seq_bytes(d, kv[i].bytes, kv[i].scale, false));
+        printf("},\n  \"kv_bytes_per_sequence_full_cache\": {");
+        for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
+            printf("%s\"%s\": %.0f", i ? ", " : "", kv[i].name, kv_seq_bytes(d, kv[i].bytes, kv[i].scale, true));
         printf("}\n}\n");
         kvllm_model_free(m);
         return 0;
@@ -199,16 +225,19 @@ int cmd_info(int argc, char **argv) {
     printf("weight bytes      %llu (%s)\n", (unsigned long long)d->weight_bytes, wb);
     printf("placed bytes      %llu (%s, as the %s backend keeps them)\n", (unsigned long long)d->placed_bytes, pb,
            kvllm_model_backend(m));
-    /* 2 (K and V) x n_layer x n_head_kv x head_dim elements per token; the
-     * 8-bit types add an f32 scale per token, head, and K/V. */
-    printf("KV cache          per token        at full context (%d)\n", d->n_ctx_train);
+    if (d->n_layer_swa)
+        printf("sliding window    %d of %d layers attend the last %d positions: their K/V are kept for the "
+               "window only\n", d->n_layer_swa, d->n_layer, d->n_swa);
+    printf("KV cache          per token        at full context (%d)%s\n", d->n_ctx_train,
+           d->n_layer_swa ? "   a full cache (--kv-full)" : "");
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
-        double heads = 2.0 * d->n_layer * d->n_head_kv;
-        double per_tok = heads * (d->head_dim * kv[i].bytes + kv[i].scale);
-        char a[32], b[32];
+        double per_tok = kv_head_bytes(d, kv[i].bytes, kv[i].scale) * (d->n_layer - d->n_layer_swa);
+        char a[32], b[32], c[32];
         human(a, sizeof a, per_tok);
-        human(b, sizeof b, per_tok * d->n_ctx_train);
-        printf("  %-5s           %-16s %s\n", kv[i].name, a, b);
+        human(b, sizeof b, kv_seq_bytes(d, kv[i].bytes, kv[i].scale, false));
+        human(c, sizeof c, kv_seq_bytes(d, kv[i].bytes, kv[i].scale, true));
+        if (d->n_layer_swa) printf("  %-5s           %-16s %-22s %s\n", kv[i].name, a, b, c);
+        else printf("  %-5s           %-16s %s\n", kv[i].name, a, b);
     }
     kvllm_model_free(m);
     return 0;

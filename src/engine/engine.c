@@ -726,8 +726,10 @@ int engine_step(struct kvllm_engine *e) {
     for (int i = 0; i < e->sb.n_seqs; i++) {
         struct seq *q = e->sb.seqs[i];
         struct seq_ctx *c = q->owner;
-        if (c->index == 0 && c->n_generated == 0 && q->n_preemptions == 0 && c->req->n_cached == 0)
-            c->req->n_cached = q->n_computed;
+        if (c->index == 0 && c->n_generated == 0 && q->n_preemptions == 0 && !c->req->cached_noted) {
+            c->req->n_cached = q->n_computed;   /* not a later chunk's start: what the cache served */
+            c->req->cached_noted = true;
+        }
     }
     if (n) run_batch(e);
     reap(e);

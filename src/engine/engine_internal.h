@@ -61,7 +61,8 @@ struct request {
     size_t max_stop;        /* longest stop string */
     struct seq **seqs;      /* (n): seqs[0] runs the prompt, the others fork from it */
     struct seq_ctx *ctx;    /* (n) */
-    int n_cached;
+    int n_cached;           /* prompt tokens the prefix cache served, noted at the first step that computed it */
+    bool cached_noted;
     struct session_eval *eval;  /* a session's sequence: logits are copied out, never sampled */
     bool own_eval;              /* eval is freed with the request (a draft shadow's) */
     struct request *next;   /* inbox or live list */

@@ -85,6 +85,15 @@ int main(void) {
     CHECK(alone.n_cached == 0);
     kvllm_engine_free(e);
 
+    /* its prompt in chunks of 16: the cache served nothing (not the second chunk's start) */
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    ep.max_batch_tokens = 16;
+    ep.kv_tokens = 1024;
+    CHECK(kvllm_engine_new(m, &ep, &e) == 0);
+    struct out chunked = generate(e, victim, nv);
+    CHECK_MSG(chunked.n_cached == 0 && n_diff(&chunked, &alone) == 0, "chunked: %d cached", chunked.n_cached);
+    kvllm_engine_free(e);
+
     /* every block hashes to 42: the attacker's first block is published first */
     e = engine(m, true);
     struct out atk = generate(e, attacker, na);

@@ -288,6 +288,10 @@ static int read_config_phi3(const char *path, json_object *cfg, struct hf_hparam
         return KVLLM_EFORMAT;
     }
     if (hp->rope_scaling != 3) return 0;
+    if (hp->n_rot < 2) {
+        LOG_ERR("%s: rope_scaling longrope with partial_rotary_factor %g: no dimensions rotate", path, part);
+        return KVLLM_EFORMAT;
+    }
     json_object *f[2] = { hp->rs_long, hp->rs_short };
     for (int i = 0; i < 2; i++) {
         bool ok = f[i] && json_object_is_type(f[i], json_type_array) &&

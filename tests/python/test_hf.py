@@ -885,6 +885,8 @@ FAMILY_BAD = {
     "phi3_no_short_factor": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={
         "type": "longrope", "long_factor": [1.0] * 6}),
     "phi3_rotary_odd": _family_bad("phi3_f32_longrope_long_rot12", partial_rotary_factor=0.8125),
+    "phi3_longrope_unrotated": _family_bad("phi3_f32_longrope_long_rot12", partial_rotary_factor=0.0, rope_scaling={
+        "type": "longrope", "long_factor": [], "short_factor": []}),
     "phi3_yarn": _family_bad("phi3_f32_longrope_long_rot12", rope_scaling={"type": "yarn", "factor": 4.0}),
     "phi3_unfused_qkv": _family_bad("phi3_f16_rot8", drop="model.layers.2.self_attn.qkv_proj.weight"),
 }
@@ -898,7 +900,7 @@ FAMILY_BAD_NAMES = {
     "qwen3_head_dim_odd": "head_dim", "qwen3_head_dim_vs_tensors": "blk.0.attn_q.weight",
     "qwen3_no_k_norm": "blk.1.attn_k_norm.weight", "phi3_long_factor_short": "rope_scaling.long_factor",
     "phi3_short_factor_zero": "rope_scaling.short_factor", "phi3_no_short_factor": "rope_scaling.short_factor",
-    "phi3_rotary_odd": "partial_rotary_factor", "gemma2_layer_types_sixth": "layer_types[1]",
+    "phi3_rotary_odd": "partial_rotary_factor", "phi3_longrope_unrotated": "partial_rotary_factor", "gemma2_layer_types_sixth": "layer_types[1]",
     "gemma2_pattern_6": "sliding_window_pattern", "smollm3_all_roped": "no_rope_layers[3]",
     "smollm3_interval_3": "no_rope_layer_interval", "smollm3_wrong_rope_layout": "no_rope_layers", "gemma2_query_scalar": "query_pre_attn_scalar", "phi3_yarn": "rope_scaling",
     "phi3_unfused_qkv": "blk.2.attn_q.weight",

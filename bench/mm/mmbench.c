@@ -36,19 +36,20 @@ static struct backend_ctx *mk(const char *kind, const char *act, int64_t K, int 
 int main(int argc, char **argv) {
     const int64_t K = argc > 1 ? atol(argv[1]) : 2048, M = argc > 2 ? atol(argv[2]) : 2048;
     const int reps = argc > 3 ? atoi(argv[3]) : 5;
-    /* argv[4]: the types, comma-separated (default Q4_0,Q8_0,Q4_1; also Q4_K, Q5_K, Q6_K) */
-    uint32_t types[8] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1 };
+    /* argv[4]: the types, comma-separated (default Q4_0,Q8_0,Q4_1; any block type kvllm computes with) */
+    uint32_t types[16] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1 };
     size_t n_types = 3;
     if (argc > 4) {
-        static const uint32_t known[] = { DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_Q4_1, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
         n_types = 0;
-        char buf[128];
+        char buf[256];
         snprintf(buf, sizeof buf, "%s", argv[4]);
-        for (char *tok = strtok(buf, ","); tok && n_types < 8; tok = strtok(NULL, ","))
-            for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-                if (!strcmp(tok, dtype_name(known[i]))) types[n_types++] = known[i];
+        for (char *tok = strtok(buf, ","); tok && n_types < 16; tok = strtok(NULL, ","))
+            for (uint32_t t = 0; t < DTYPE_COUNT_; t++)
+                if (dtype_supported(t) && dtype_block_elems(t) > 1 && !strcmp(tok, dtype_name(t))) types[n_types++] = t;
     }
     static const int ns[] = { 1, 4, 16, 128 };
+    struct cpu_features f;
+    cpu_features_get(&f);
     struct rng rg;
     rng_seed(&rg, 1);
     float *x = malloc((size_t)128 * K * sizeof *x), *y = malloc((size_t)128 * M * sizeof *y);
@@ -74,6 +75,8 @@ int main(int argc, char **argv) {
                 { "q8 amx", "amx", "q8", qmm_group_amx } };   /* where the CPU has AMX-INT8: else not created, skipped */
             double base = 0;
             for (size_t ip = 0; ip < sizeof paths / sizeof *paths; ip++) {
+                if (paths[ip].rows == qmm_group_avxvnni && !(f.avxvnni && cpu_q8_avxvnni_built())) continue;
+                if (paths[ip].act[0] == 'i' && !cpu_matmul_int_supports(types[it], K)) continue;
                 struct backend_ctx *c = mk(paths[ip].kind, paths[ip].act, K, n);
                 if (!c) continue;
                 struct tensor pw = w, *pp = &pw;   /* placed: repacked for the q8 kernels */

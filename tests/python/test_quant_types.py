@@ -9,19 +9,26 @@ serves as the independent oracle.  kvllm's decoder is reached through `kvllm qua
     (all zero, one large element, constant), decode as gguf-py decodes them;
   * blocks kvllm makes from the same data are byte-identical to gguf-py's where both implement ggml's
     reference quantizer (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0);
-  * blocks of random bytes with finite scales (every bit pattern of the codes) decode as gguf-py's do.
+  * blocks of random bytes with finite scales (every bit pattern of the codes) decode as gguf-py's do;
+  * for the types gguf-py cannot decode (MXFP4) or encode (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4), llama.cpp's C
+    library itself, through goldens made by bench/quant-goldens.py (tests/golden/quant/ggml-blocks.npz:
+    ggml_quantize_chunk's bytes for fixed rows, ggml's to_float of random blocks): kvllm writes and
+    decodes the same bits.
 The Gemma file comes from the gemma3 fixture (gemma3.py: KVLLM_GEMMA3, or fetched from PyPI).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import struct
+
 import gguf
 import numpy as np
 import pytest
 
 from gemma3 import gemma3  # noqa: F401  (the fixture)
-from kvtest import run_cli
+from gguf_build import GGUF
+from kvtest import REPO, run_cli
 
 T = gguf.GGMLQuantizationType
 
@@ -119,3 +126,79 @@ def test_random_blocks_decode_like_gguf(kvllm, tmp_path, qtype):
         d = (rng.standard_normal((rows, cols // blk)) * 0.01).astype(np.float16)
         data[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // blk, 2)
     assert_decodes_like_gguf(kvllm, tmp_path, {"w.weight": (data.reshape(rows, -1), qtype)})
+
+
+# ---- against llama.cpp's C library (goldens) -------------------------------------
+
+GOLDEN = REPO / "tests" / "golden" / "quant" / "ggml-blocks.npz"
+GGML_TYPES = {"Q2_K": 10, "Q3_K": 11, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39}
+
+
+def write_any(path: Path, data: np.ndarray, type_id: int, cols: int) -> None:
+    """One tensor "w.weight" of any ggml type id (gguf_build writes ids gguf-py does not know)."""
+    g = GGUF()
+    g.set_str("general.architecture", "llama")
+    g.tis = [{"name": "w.weight", "ne": [cols, data.shape[0]], "type": type_id, "offset": 0}]
+    g.data = np.ascontiguousarray(data).tobytes()
+    path.write_bytes(g.render())
+
+
+def read_only_tensor(path: Path) -> tuple[int, bytes]:
+    """(type id, bytes) of the single tensor of a GGUF v3 file whose metadata are strings and scalars."""
+    b = path.read_bytes()
+    assert b[:4] == b"GGUF"
+    n_t, n_kv = struct.unpack_from("<QQ", b, 8)
+    assert n_t == 1
+    o, align = 24, 32
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    for _ in range(n_kv):
+        (kl,) = struct.unpack_from("<Q", b, o)
+        key = b[o + 8:o + 8 + kl].decode()
+        o += 8 + kl
+        (vt,) = struct.unpack_from("<I", b, o)
+        o += 4
+        if vt == 8:
+            (sl,) = struct.unpack_from("<Q", b, o)
+            o += 8 + sl
+        else:
+            if key == "general.alignment":
+                (align,) = struct.unpack_from("<I", b, o)
+            o += sizes[vt]
+    (nl,) = struct.unpack_from("<Q", b, o)
+    o += 8 + nl
+    (nd,) = struct.unpack_from("<I", b, o)
+    o += 4 + 8 * nd
+    ttype, off = struct.unpack_from("<IQ", b, o)
+    o += 12
+    start = (o + align - 1) // align * align + off
+    return ttype, b[start:]
+
+
+@pytest.fixture(scope="module")
+def ggml_golden():
+    return np.load(GOLDEN)
+
+
+@pytest.mark.parametrize("name", list(GGML_TYPES))
+def test_quantizer_bytes_like_ggml(kvllm, tmp_path, ggml_golden, name):
+    x = ggml_golden["x"]
+    src = tmp_path / "f32.gguf"
+    write_raw(src, {"w.weight": (x, T.F32)})
+    out = tmp_path / "q.gguf"
+    run_cli(kvllm, "quantize", src, out, name).check_ok()
+    ttype, data = read_only_tensor(out)
+    want = ggml_golden[f"{name}/q"]
+    assert ttype == GGML_TYPES[name]
+    ours = np.frombuffer(data[:want.size], np.uint8).reshape(want.shape)
+    bad = np.flatnonzero((ours != want).any(axis=1))
+    assert bad.size == 0, f"{name}: rows {bad.tolist()} differ from ggml_quantize_chunk's"
+
+
+@pytest.mark.parametrize("name", list(GGML_TYPES))
+def test_random_blocks_decode_like_ggml(kvllm, tmp_path, ggml_golden, name):
+    rnd, want = ggml_golden[f"{name}/rnd"], ggml_golden[f"{name}/rnd_f32"]
+    src = tmp_path / "blocks.gguf"
+    write_any(src, rnd, GGML_TYPES[name], want.shape[1])
+    got = kvllm_convert(kvllm, src, tmp_path / "f32.gguf", "F32")["w.weight"].reshape(want.shape)
+    diff = want.view(np.uint32) != got.view(np.uint32)
+    assert not diff.any(), f"{name}: {int(diff.sum())} values differ from ggml's to_float"

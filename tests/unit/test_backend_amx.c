@@ -189,8 +189,9 @@ struct kset { const char *name; qmm_group_fn *fn; };
  * (every n to 40 for the smaller K; 1, 2, 15, 16, 17, 33, 40 for the
  * largest; 64, 65, 80 for all). */
 static void test_kernel(struct backend_ctx *ctx[2], struct kset ks) {
-    static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
-                                      DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+    static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_IQ4_NL,
+                                      DTYPE_MXFP4, DTYPE_Q2_K, DTYPE_Q3_K, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K,
+                                      DTYPE_IQ4_XS };
     static const int64_t Ks[] = { 256, 768, MAX_K };
     static const int64_t Ms[] = { 5, 16, 37 };
     static const int few_n[] = { 1, 2, 15, 16, 17, 33, 40, 64, 65, 80 };

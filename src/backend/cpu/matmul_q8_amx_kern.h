@@ -28,7 +28,8 @@
  * rows' f32 accumulators in acc (4 KiB on the stack), so the weights'
  * unpacking is shared by 4 token tiles and acc stays in L1.  Fewer than
  * QMM_AMX_MIN_N tokens (decode) go to the AVX-512 VNNI kernel instead —
- * same bits, and a tile product would be mostly empty. */
+ * same bits, and a tile product would be mostly empty — and so do IQ4_NL,
+ * MXFP4, IQ4_XS, Q2_K and Q3_K for now. */
 #include "backend/cpu/avx2_util.h"
 #include "backend/cpu/qmm.h"
 #include "core/core.h"
@@ -291,7 +292,9 @@ static void amx_q5_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int 
 static void amx_q6_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { amx_group(DTYPE_Q6_K, j, g, r0, nr); }
 
 void QMM_AMX_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
-    if (j->n < QMM_AMX_MIN_N) {
+    /* the table types and the 16-element K-quants Q2_K / Q3_K: not on tiles yet */
+    if (j->n < QMM_AMX_MIN_N || qmm_is_nl(j->type) || j->type == DTYPE_IQ4_XS || j->type == DTYPE_Q2_K ||
+        j->type == DTYPE_Q3_K) {
         qmm_group_avx512(j, g, r0, nr);
         return;
     }

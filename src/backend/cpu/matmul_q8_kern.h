@@ -21,6 +21,10 @@
  *   Q5_x  as Q4_x with the fifth bit or'ed in from the group's spread qh
  *         (qmm.h); ISA 1 sums only four runs in int16 (<= 4 * 2 * 31 * 127
  *         = 31496); Q5_0's - 16 as Q4_0's - 8;
+ *   IQ4_NL, MXFP4  the nibbles looked up (vpshufb) in the type's table of
+ *         16 int8 values, then as Q8_0 (|value| <= 127), runs ordered as
+ *         Q4_x's; MXFP4's e8m0 scales widened to f32 exactly (IQ4_XS in
+ *         tile_k likewise, per sub-block of 32);
  *   Q8_0  ISA 1: vpmaddubsw(|w|, sign(x, w)) (<= 2 * 128 * 127 per int16),
  *         vpmaddwd per run; ISA 2, 3: vpdpbusd(w ^ 0x80, x) from - 128 xs. */
 #include "backend/cpu/avx2_util.h"
@@ -86,7 +90,19 @@ ALWAYS_INLINE vi sll16_2(vi a) { return _mm512_slli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16_2(vi a) { return _mm512_srli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16(vi a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
 ALWAYS_INLINE vi sll16(vi a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+/* bytes of idx (each < 16) looked up in the 16 bytes at tbl */
+ALWAYS_INLINE vi lut16(const int8_t *tbl, vi idx) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)tbl)), idx);
+}
+/* the LANES e8m0 bytes at p as e8m0_half_to_f32 gives them: 2^(e - 128), subnormal for e < 2 */
+ALWAYS_INLINE vf lde8(const uint8_t *p) {
+    const vi e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    const vi sub = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_add_epi32(e, _mm512_set1_epi32(21)));
+    const vi nrm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1)), sub, nrm));
+}
 ALWAYS_INLINE vi sll32_16(vi a) { return _mm512_slli_epi32(a, 16); }
+ALWAYS_INLINE vi srl32_4(vi a) { return _mm512_srli_epi32(a, 4); }
 /* LANES bytes at p, zero- or sign-extended to the int32 lanes */
 ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 ALWAYS_INLINE vi ldi8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
@@ -131,7 +147,17 @@ ALWAYS_INLINE vi sll16_2(vi a) { return _mm256_slli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16_2(vi a) { return _mm256_srli_epi16(a, 2); }
 ALWAYS_INLINE vi srl16(vi a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
 ALWAYS_INLINE vi sll16(vi a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+ALWAYS_INLINE vi lut16(const int8_t *tbl, vi idx) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)tbl)), idx);
+}
+ALWAYS_INLINE vf lde8(const uint8_t *p) {
+    const vi e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    const vi sub = _mm256_sllv_epi32(_mm256_set1_epi32(1), _mm256_add_epi32(e, _mm256_set1_epi32(21)));
+    const vi nrm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(sub, nrm, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
+}
 ALWAYS_INLINE vi sll32_16(vi a) { return _mm256_slli_epi32(a, 16); }
+ALWAYS_INLINE vi srl32_4(vi a) { return _mm256_srli_epi32(a, 4); }
 ALWAYS_INLINE vi ldu8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
 ALWAYS_INLINE vi ldi8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
 ALWAYS_INLINE vf fnma_(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
@@ -142,7 +168,9 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                         int nr, int t0) {
     const int64_t nb = j->K / QMM_BLK;
     const size_t gb = QMM_IL * qmm_blk_bytes(type), sb = qmm_gcode_off(type);
-    const bool has_m = qmm_has_m(type), q5 = qmm_is_q5(type);
+    const bool has_m = qmm_has_m(type), q5 = qmm_is_q5(type), nl = qmm_is_nl(type);
+    /* signed weight bytes: Q8_0's codes and the table values */
+    const bool sgn = type == DTYPE_Q8_0 || nl;
     const int8_t *xq[TT];
     const float *xd[TT];
     const int32_t *xs[TT];
@@ -157,7 +185,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gp = g + (size_t)b * gb;
         if (pf) prefetch_ahead(gp, gb);
-        const vf dv = ldh(gp + 2 * LANES * h);
+        const vf dv = qmm_e8m0(type) ? lde8(gp + LANES * h) : ldh(gp + 2 * LANES * h);
         vf mv = fzero();
         if (has_m) mv = ldh(gp + 32 + 2 * LANES * h);
         const uint8_t *cp = gp + sb + (size_t)(4 * LANES * h);
@@ -181,16 +209,24 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                     w[r] = or_(w[r], and_(sll16(qh, 4 - r), set1_i8(0x10)));
                     w[4 + r] = or_(w[4 + r], and_(srl16(qh, r), set1_i8(0x10)));
                 }
+                if (nl) {
+                    w[r] = lut16(qmm_nl_values(type), w[r]);
+                    w[4 + r] = lut16(qmm_nl_values(type), w[4 + r]);
+#if QMM_ISA != 1
+                    w[r] = xor_(w[r], set1_i8((char)0x80));
+                    w[4 + r] = xor_(w[4 + r], set1_i8((char)0x80));
+#endif
+                }
             }
         }
         for (int t = 0; t < T; t++) {
             const int8_t *x = xq[t] + 32 * b;
             vi p;
 #if QMM_ISA == 1
-            if (type == DTYPE_Q8_0) {
+            if (sgn) {
                 p = izero();
                 for (int r = 0; r < 8; r++) {
-                    const vi xb = bc32(ld32(x + 4 * r));
+                    const vi xb = bc32(ld32(x + (type == DTYPE_Q8_0 || r < 4 ? 4 * r : 16 + 4 * (r - 4))));
                     p = _mm256_add_epi32(p, _mm256_madd_epi16(
                             _mm256_maddubs_epi16(_mm256_abs_epi8(w[r]), _mm256_sign_epi8(xb, w[r])),
                             _mm256_set1_epi16(1)));
@@ -210,7 +246,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                 if (qmm_zero(type)) p = _mm256_sub_epi32(p, bc32(qmm_zero(type) * xs[t][b]));
             }
 #else
-            p = type == DTYPE_Q8_0 ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
+            p = sgn ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
             for (int r = 0; r < 8; r++) {
                 const int off = type == DTYPE_Q8_0 || r < 4 ? 4 * r : 16 + 4 * (r - 4);
                 p = dot(p, w[r], bc32(ld32(x + off)));
@@ -226,6 +262,26 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
         store(j->y + (size_t)(t0 + t) * j->ys + (size_t)r0 + (size_t)(LANES * h), acc[t], n_here);
 }
 
+/* The last step of a super-block with mins (Q2_K, Q4_K, Q5_K): M = Σ_k
+ * mm[k] · (xs[2k], xs[2k+1]) by vpmaddwd, mm[k] holding the int16 pair
+ * (m[2k], m[2k+1]) per lane and xs the token's code sums from xs[off]
+ * (per 16 or per 32), then acc = fma(I, d · dx, acc), acc = fma(-M, dmin ·
+ * dx, acc) as qmm_k.c defines. */
+ALWAYS_INLINE void mins_step(const int T, const vi *mm, int np, const int16_t *const *xs, int64_t off, const vi *isum,
+                             vf dv, vf mv, const float *const *xd, int64_t b, vf *acc) {
+    for (int t = 0; t < T; t++) {
+        vi msum = izero();
+        for (int k = 0; k < np; k++) {
+            int32_t pair;
+            memcpy(&pair, xs[t] + off + 2 * k, 4);
+            msum = add32(msum, madd16(mm[k], bc32(pair)));
+        }
+        const vf dx = set1f(xd[t][b]);
+        acc[t] = fma_(cvt(isum[t]), mul(dv, dx), acc[t]);
+        acc[t] = fnma_(cvt(msum), mul(mv, dx), acc[t]);
+    }
+}
+
 /* The K-quants (qmm_k.c): lanes [h * LANES, h * LANES + LANES) of group g,
  * T tokens from t0.  Per super-block and token, the sub-blocks' integer dot
  * products P (vpdpbusd, or its exact AVX2 equivalent) are scaled by the
@@ -238,7 +294,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
 ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, const uint8_t *g, int h, int64_t r0,
                           int nr, int t0) {
     const int64_t nb = j->K / QMM_QK;
-    const size_t gb = type == DTYPE_Q4_K ? 2368 : type == DTYPE_Q5_K ? 2880 : 3360;
+    const size_t gb = qmm_gblock_bytes_k(type);
     const int8_t *xq[TT];
     const float *xd[TT];
     const int16_t *xs16[TT], *xs32[TT];
@@ -290,6 +346,77 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
             for (int t = 0; t < T; t++) acc[t] = fma_(cvt(isum[t]), mul(dv, set1f(xd[t][b])), acc[t]);
             continue;
         }
+        if (type == DTYPE_IQ4_XS) {
+            const uint8_t *scp = gp + 32 + LANES * h, *qsp = gp + 160 + 4 * LANES * h;
+            for (int s = 0; s < 8; s++) {        /* sub-blocks of 32: runs 4s .. 4s + 3 */
+                vi w[8];
+                for (int k = 0; k < 4; k++) {
+                    const vi v = ldw(qsp + 64 * (4 * s + k));
+                    w[k] = lut16(kvalues_iq4nl, and_(v, m0f));
+                    w[4 + k] = lut16(kvalues_iq4nl, and_(srl4(v), m0f));
+                }
+#if QMM_ISA != 1
+                for (int r = 0; r < 8; r++) w[r] = xor_(w[r], set1_i8((char)0x80));
+#endif
+                const vi sc = ldi8(scp + 16 * s);
+                for (int t = 0; t < T; t++) {
+                    const int8_t *x = xq[t] + QMM_QK * b + 32 * s;
+#if QMM_ISA == 1
+                    vi p = izero();
+                    for (int r = 0; r < 8; r++) {
+                        const vi xb = bc32(ld32(x + (r < 4 ? 4 * r : 16 + 4 * (r - 4))));
+                        p = add32(p, madd16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[r]), _mm256_sign_epi8(xb, w[r])),
+                                            _mm256_set1_epi16(1)));
+                    }
+#else
+                    vi p = bc32(-128 * xs32[t][8 * b + s]);
+                    for (int r = 0; r < 8; r++) p = dot(p, w[r], bc32(ld32(x + (r < 4 ? 4 * r : 16 + 4 * (r - 4)))));
+#endif
+                    isum[t] = add32(isum[t], mullo32(p, sc));
+                }
+            }
+            for (int t = 0; t < T; t++) acc[t] = fma_(cvt(isum[t]), mul(dv, set1f(xd[t][b])), acc[t]);
+            continue;
+        }
+        if (type == DTYPE_Q2_K || type == DTYPE_Q3_K) {
+            const bool q3 = type == DTYPE_Q3_K;
+            const uint8_t *scp = gp + (q3 ? 32 : 64) + LANES * h, *hmp = gp + 288 + 4 * LANES * h;
+            const uint8_t *qsp = gp + (q3 ? 800 : 320) + 4 * LANES * h;
+            const vi m03 = set1_i8(3), m04 = set1_i8(4);
+            for (int hh = 0; hh < 2; hh++)       /* halves of 128 */
+                for (int gg = 0; gg < 2; gg++) { /* bytes 16 gg .. of the half's 32: runs 8 hh + 4 gg + k */
+                    vi v[4], hm[4];
+                    for (int k = 0; k < 4; k++) {
+                        v[k] = ldw(qsp + 64 * (8 * hh + 4 * gg + k));
+                        hm[k] = q3 ? ldw(hmp + 64 * (4 * gg + k)) : izero();
+                    }
+                    for (int s = 0; s < 4; s++) {    /* bits 2s: sub-block 8 hh + 2 s + gg */
+                        const int S = 8 * hh + 2 * s + gg, hb = 4 * hh + s;   /* Q3_K: its hmask bit */
+                        vi w[4];
+                        for (int k = 0; k < 4; k++) {
+                            w[k] = and_(srl16(v[k], 2 * s), m03);
+                            if (q3) w[k] = or_(w[k], and_(hb >= 2 ? srl16(hm[k], hb - 2) : sll16(hm[k], 2 - hb), m04));
+                        }
+                        const vi sc = q3 ? ldi8(scp + 16 * S) : and_(ldu8(scp + 16 * S), bc32(15));
+                        for (int t = 0; t < T; t++) {
+                            const int8_t *x = xq[t] + QMM_QK * b + 128 * hh + 32 * s + 16 * gg;
+                            vi p = q3 ? bc32(-4 * xs16[t][16 * b + S]) : izero();
+                            for (int k = 0; k < 4; k++) p = dot(p, w[k], bc32(ld32(x + 4 * k)));
+                            isum[t] = add32(isum[t], mullo32(p, sc));
+                        }
+                    }
+                }
+            if (q3) {
+                for (int t = 0; t < T; t++) acc[t] = fma_(cvt(isum[t]), mul(dv, set1f(xd[t][b])), acc[t]);
+                continue;
+            }
+            /* Q2_K's mins (the high nibbles) against the 16-sums */
+            vi mm[8];
+            for (int k = 0; k < 8; k++)
+                mm[k] = or_(srl32_4(ldu8(scp + 16 * (2 * k))), sll32_16(srl32_4(ldu8(scp + 16 * (2 * k + 1)))));
+            mins_step(T, mm, 8, xs16, 16 * b, isum, dv, ldh(gp + 32 + 2 * LANES * h), xd, b, acc);
+            continue;
+        }
         /* Q4_K, Q5_K */
         const vf mv = ldh(gp + 32 + 2 * LANES * h);
         const uint8_t *scp = gp + 64 + LANES * h, *mp = gp + 192 + LANES * h, *qhp = gp + 320 + 4 * LANES * h;
@@ -321,21 +448,9 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
             const vi slo = ldu8(scp + 16 * (2 * c)), shi = ldu8(scp + 16 * (2 * c + 1));
             for (int t = 0; t < T; t++) isum[t] = add32(isum[t], add32(mullo32(plo[t], slo), mullo32(phi[t], shi)));
         }
-        vi msum[TT];
-        for (int t = 0; t < T; t++) msum[t] = izero();
-        for (int k = 0; k < 4; k++) {            /* int16 pairs (m[2k], m[2k+1]) per lane */
-            const vi mm = or_(ldu8(mp + 16 * (2 * k)), sll32_16(ldu8(mp + 16 * (2 * k + 1))));
-            for (int t = 0; t < T; t++) {
-                int32_t pair;
-                memcpy(&pair, xs32[t] + 8 * b + 2 * k, 4);
-                msum[t] = add32(msum[t], madd16(mm, bc32(pair)));
-            }
-        }
-        for (int t = 0; t < T; t++) {
-            const vf dx = set1f(xd[t][b]);
-            acc[t] = fma_(cvt(isum[t]), mul(dv, dx), acc[t]);
-            acc[t] = fnma_(cvt(msum[t]), mul(mv, dx), acc[t]);
-        }
+        vi mm[4];
+        for (int k = 0; k < 4; k++) mm[k] = or_(ldu8(mp + 16 * (2 * k)), sll32_16(ldu8(mp + 16 * (2 * k + 1))));
+        mins_step(T, mm, 4, xs32, 8 * b, isum, dv, mv, xd, b, acc);
     }
     const int n_here = nr - LANES * h;
     for (int t = 0; t < T; t++)
@@ -373,10 +488,15 @@ static void group_q4_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, in
 static void group_q4_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q4_1, j, g, r0, nr); }
 static void group_q5_0(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q5_0, j, g, r0, nr); }
 static void group_q5_1(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_Q5_1, j, g, r0, nr); }
+static void group_iq4_nl(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_IQ4_NL, j, g, r0, nr); }
+static void group_mxfp4(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group(DTYPE_MXFP4, j, g, r0, nr); }
 
 static void group_q4_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q4_K, j, g, r0, nr); }
 static void group_q5_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q5_K, j, g, r0, nr); }
 static void group_q6_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q6_K, j, g, r0, nr); }
+static void group_q2_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q2_K, j, g, r0, nr); }
+static void group_q3_k(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_Q3_K, j, g, r0, nr); }
+static void group_iq4_xs(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) { group_k(DTYPE_IQ4_XS, j, g, r0, nr); }
 
 void QMM_GROUP_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
     switch (j->type) {
@@ -385,8 +505,13 @@ void QMM_GROUP_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr)
     case DTYPE_Q4_1: group_q4_1(j, g, r0, nr); break;
     case DTYPE_Q5_0: group_q5_0(j, g, r0, nr); break;
     case DTYPE_Q5_1: group_q5_1(j, g, r0, nr); break;
+    case DTYPE_IQ4_NL: group_iq4_nl(j, g, r0, nr); break;
+    case DTYPE_MXFP4: group_mxfp4(j, g, r0, nr); break;
     case DTYPE_Q4_K: group_q4_k(j, g, r0, nr); break;
     case DTYPE_Q5_K: group_q5_k(j, g, r0, nr); break;
+    case DTYPE_Q2_K: group_q2_k(j, g, r0, nr); break;
+    case DTYPE_Q3_K: group_q3_k(j, g, r0, nr); break;
+    case DTYPE_IQ4_XS: group_iq4_xs(j, g, r0, nr); break;
     default: group_q6_k(j, g, r0, nr); break;
     }
 }

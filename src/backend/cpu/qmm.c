@@ -14,8 +14,8 @@
 
 bool qmm_supports(uint32_t type, int64_t K) {
     if (qmm_is_k(type)) return K > 0 && K % QMM_QK == 0;
-    return (type == DTYPE_Q8_0 || type == DTYPE_Q4_0 || type == DTYPE_Q4_1 || qmm_is_q5(type)) && K > 0 &&
-           K % QMM_BLK == 0;
+    return (type == DTYPE_Q8_0 || type == DTYPE_Q4_0 || type == DTYPE_Q4_1 || qmm_is_q5(type) || qmm_is_nl(type)) &&
+           K > 0 && K % QMM_BLK == 0;
 }
 
 /* The K-quant row (K + K / 64 + K / 8 + K / 16 bytes) fits in this too. */
@@ -89,6 +89,7 @@ static int wcode(uint32_t type, const uint8_t *blk, int i) {
     if (type == DTYPE_Q8_0) return ((const struct block_q8_0 *)(const void *)blk)->qs[i];
     const uint8_t *qs = blk + qmm_blk_bytes(type) - 16;   /* the nibbles end every block */
     int q = i < 16 ? qs[i] & 0xf : qs[i - 16] >> 4;
+    if (qmm_is_nl(type)) return qmm_nl_values(type)[q];
     if (qmm_is_q5(type)) q |= (blk[(qmm_has_m(type) ? 4 : 2) + i / 8] >> (i % 8) & 1) << 4;
     return q - qmm_zero(type);
 }
@@ -100,10 +101,10 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const uint8_t *blk = w + (size_t)b * bb;
         uint16_t dh, mh;
-        memcpy(&dh, blk, 2);                    /* d leads every block */
+        memcpy(&dh, blk, 2);                    /* d leads every block (MXFP4: e) */
         int32_t p = 0;
         for (int i = 0; i < QMM_BLK; i++) p += wcode(type, blk, i) * xq[b * QMM_BLK + i];
-        acc = fmaf((float)p, f16_to_f32(dh) * xd[b], acc);
+        acc = fmaf((float)p, (qmm_e8m0(type) ? e8m0_half_to_f32(blk[0]) : f16_to_f32(dh)) * xd[b], acc);
         if (qmm_has_m(type)) {
             memcpy(&mh, blk + 2, 2);
             acc = fmaf((float)xs[b], f16_to_f32(mh) * xd[b], acc);
@@ -117,12 +118,7 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
 /* Bytes of one block of a 16-row group: the scales, then the codes (the
  * K-quants' super-blocks: qmm_k.c). */
 size_t qmm_gblock_bytes(uint32_t type) {
-    switch (type) {
-    case DTYPE_Q4_K: return 2368;
-    case DTYPE_Q5_K: return 2880;
-    case DTYPE_Q6_K: return 3360;
-    default: return QMM_IL * wblock_bytes(type);
-    }
+    return qmm_is_k(type) ? qmm_gblock_bytes_k(type) : QMM_IL * wblock_bytes(type);
 }
 static size_t gblock_bytes(uint32_t type) { return qmm_gblock_bytes(type); }
 
@@ -149,7 +145,7 @@ static void pack_group(uint32_t type, const uint8_t *w, size_t rb, int64_t K, in
         uint8_t *g = dst + (size_t)b * gb;
         for (int i = 0; i < nr; i++) {
             const uint8_t *blk = w + (size_t)i * rb + (size_t)b * bb;
-            memcpy(g + 2 * i, blk, 2);
+            memcpy(g + (qmm_gscale_bytes(type) / 16) * i, blk, qmm_gscale_bytes(type) / 16);
             if (qmm_has_m(type)) memcpy(g + 32 + 2 * i, blk + 2, 2);
             if (qmm_is_q5(type)) {
                 uint32_t qh;
@@ -183,7 +179,7 @@ void qmm_unpack_row(const struct tensor *t, int64_t r, uint8_t *dst) {
     for (int64_t b = 0; b < t->ne0 / QMM_BLK; b++) {
         const uint8_t *g = grp + (size_t)b * gb;
         uint8_t *blk = dst + (size_t)b * bb;
-        memcpy(blk, g + 2 * i, 2);
+        memcpy(blk, g + (qmm_gscale_bytes(type) / 16) * i, qmm_gscale_bytes(type) / 16);
         if (qmm_has_m(type)) memcpy(blk + 2, g + 32 + 2 * i, 2);
         if (qmm_is_q5(type)) {
             uint32_t qh;

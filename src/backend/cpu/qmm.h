@@ -1,5 +1,6 @@
 /* qmm.h — the 8-bit integer matmul (KVLLM_ACT=q8): y (n, M) = x (n, K) · Wᵀ
- * for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights, the activations quantized per row.
+ * for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 weights (K-quants and
+ * IQ4_XS: qmm_k.c), the activations quantized per row.
  *
  * Model of the arithmetic.  Each token row x is quantized in blocks of 32
  * (qmm_quantize_row): dx = amax / 127, code = round-half-even(x * (127 /
@@ -9,9 +10,11 @@
  *
  * Per (weight row, token), one f32 accumulator acc = 0; in block order,
  * P = Σ_{32} w · x exactly in int32 (w: Q8_0's signed code, Q4_0's nibble
- * - 8, Q5_0's 5-bit code - 16, Q4_1's and Q5_1's code) and acc =
- * fma((float)P, f16(dw) * dx, acc); Q4_1 and Q5_1 then add their offset as
- * acc = fma((float)xs, f16(m) * dx, acc).  y = acc.
+ * - 8, Q5_0's 5-bit code - 16, Q4_1's and Q5_1's code, IQ4_NL's and
+ * MXFP4's table value of the code) and acc = fma((float)P, dw * dx, acc)
+ * with dw the block's f16 d (MXFP4: its power of two e8m0_half(e)); Q4_1
+ * and Q5_1 then add their offset as acc = fma((float)xs, f16(m) * dx, acc).
+ * y = acc.
  *
  * That sequence is the definition: qmm_ref_dot computes it in plain C, and
  * every kernel set (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-VNNI and
@@ -23,9 +26,9 @@
  * Weight layout.  The kernels keep one output row per vector lane: they
  * read weights 16 rows at a time, interleaved (TENSOR_Q8X16): per group of
  * 16 rows (the last padded with zero rows) and block b, the 16 f16 scales
- * d (Q4_1, Q5_1: then the 16 f16 m; Q5_x: then the 16 rows' fifth bits,
+ * d (MXFP4: 16 e8m0 bytes; Q4_1, Q5_1: then the 16 f16 m; Q5_x: then the 16 rows' fifth bits,
  * 4 bytes each, spread by qmm_q5_spread), then the codes in 4-byte runs,
- * run j of rows 0..15 at j * 64 — Q4_x, Q5_x: run j (0..3) is bytes 4j ..
+ * run j of rows 0..15 at j * 64 — Q4_x, Q5_x, IQ4_NL, MXFP4: run j (0..3) is bytes 4j ..
  * 4j+3 of the block's qs (low nibbles: codes 4j.., high: codes 16 + 4j..);
  * Q8_0: run j (0..7) is codes 4j .. 4j+3.  A group of 16 rows takes
  * exactly 16 rows' bytes.  place_weights repacks to it (when the activations are q8); a
@@ -43,24 +46,43 @@
 #define QMM_IL 16           /* rows interleaved */
 #define QMM_QK 256          /* K-quant super-block (qmm_k.c) */
 
-/* K-quants (Q4_K, Q5_K, Q6_K) on the integer path: see qmm_k.c for their
- * activation rows (Q8_K-style, one scale per 256), arithmetic and layout. */
+/* K-quants (Q2_K .. Q6_K) and IQ4_XS on the integer path: see qmm_k.c for
+ * their activation rows (Q8_K-style, one scale per 256), arithmetic and
+ * layout. */
 static inline bool qmm_is_k(uint32_t type) {
-    return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K;
+    return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K || type == DTYPE_Q2_K ||
+           type == DTYPE_Q3_K || type == DTYPE_IQ4_XS;
+}
+/* Bytes of one super-block of a 16-row group (qmm_k.c's layouts). */
+static inline size_t qmm_gblock_bytes_k(uint32_t type) {
+    switch (type) {
+    case DTYPE_Q2_K: return 1344;
+    case DTYPE_Q3_K: return 1824;
+    case DTYPE_Q4_K: return 2368;
+    case DTYPE_Q5_K: return 2880;
+    case DTYPE_IQ4_XS: return 2208;
+    default: return 3360;   /* Q6_K */
+    }
 }
 
 /* The 32-element block types' layout, as constants once type is (the
  * kernels inline them): whether a block has an offset m (f16 after d) or a
- * fifth code bit (qh, 4 bytes after d and m); its bytes; the code offset
- * its w subtracts; in a 16-row group's block (above), where the spread
- * fifth bits and where the code runs begin. */
+ * fifth code bit (qh, 4 bytes after d and m); whether its nibbles index a
+ * table of values (IQ4_NL, MXFP4: qmm_nl_values) and its scale is MXFP4's
+ * one e8m0 byte rather than an f16; its bytes; the code offset its w
+ * subtracts; in a 16-row group's block (above), the bytes of the 16 scales,
+ * where the spread fifth bits and where the code runs begin. */
 static inline bool qmm_has_m(uint32_t t) { return t == DTYPE_Q4_1 || t == DTYPE_Q5_1; }
 static inline bool qmm_is_q5(uint32_t t) { return t == DTYPE_Q5_0 || t == DTYPE_Q5_1; }
+static inline bool qmm_is_nl(uint32_t t) { return t == DTYPE_IQ4_NL || t == DTYPE_MXFP4; }
+static inline bool qmm_e8m0(uint32_t t) { return t == DTYPE_MXFP4; }
 static inline size_t qmm_blk_bytes(uint32_t t) {
-    return t == DTYPE_Q8_0 ? 34 : 18 + 2 * (size_t)qmm_has_m(t) + 4 * (size_t)qmm_is_q5(t);
+    return t == DTYPE_Q8_0 ? 34 : t == DTYPE_MXFP4 ? 17 : 18 + 2 * (size_t)qmm_has_m(t) + 4 * (size_t)qmm_is_q5(t);
 }
+static inline const int8_t *qmm_nl_values(uint32_t t) { return t == DTYPE_MXFP4 ? kvalues_mxfp4 : kvalues_iq4nl; }
 static inline int qmm_zero(uint32_t t) { return t == DTYPE_Q4_0 ? 8 : t == DTYPE_Q5_0 ? 16 : 0; }
-static inline size_t qmm_gqh_off(uint32_t t) { return 32 + 32 * (size_t)qmm_has_m(t); }
+static inline size_t qmm_gscale_bytes(uint32_t t) { return qmm_e8m0(t) ? 16 : 32; }
+static inline size_t qmm_gqh_off(uint32_t t) { return qmm_gscale_bytes(t) + 32 * (size_t)qmm_has_m(t); }
 static inline size_t qmm_gcode_off(uint32_t t) { return qmm_gqh_off(t) + 64 * (size_t)qmm_is_q5(t); }
 
 /* A Q5 block's qh (bit e: fifth bit of code e) rearranged so that each

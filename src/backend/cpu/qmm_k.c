@@ -1,4 +1,4 @@
-/* qmm_k.c — the K-quants (Q4_K, Q5_K, Q6_K) on the 8-bit integer path
+/* qmm_k.c — the K-quants (Q2_K .. Q6_K) and IQ4_XS on the 8-bit integer path
  * (qmm.h): their activation rows, the reference arithmetic and the 16-row
  * interleaved layout.
  *
@@ -20,6 +20,13 @@
  *   Q6_K (16 sub-blocks of 16, int8 sc[s]):
  *     I = Σ_s sc[s] · (Σ_16 q·x - 32 · xs16[s])             (exact int32)
  *     acc = fma((float)I, f16(d) · dx, acc)
+ *   Q2_K (16 sub-blocks of 16, 4-bit sc[s] and m[s], codes 0..3):
+ *     I = Σ_s sc[s] · Σ_16 q·x,   M = Σ_s m[s] · xs16[s], then as Q4_K
+ *   Q3_K (16 sub-blocks of 16, 6-bit sc[s], codes 0..7 meaning q - 4):
+ *     I = Σ_s (sc[s] - 32) · (Σ_16 q·x - 4 · xs16[s]), then as Q6_K
+ *   IQ4_XS (8 sub-blocks of 32, 6-bit sc[s], q the table value
+ *     kvalues_iq4nl[code], -127 .. 113):
+ *     I = Σ_s (sc[s] - 32) · Σ_32 q·x, then as Q6_K
  * y = acc.  I and M are integers, exact whatever order a kernel sums them
  * in (|I| <= 8 · 63 · 32 · 31 · 127 < 2^26 for Q5_K, 16 · 128 · 16 · 32 ·
  * 127 < 2^28 for Q6_K; |M| < 2^21), so each kernel set's result equals
@@ -42,7 +49,18 @@
  *     = 8c + k as Q4_K's (element 64c + 4k + j low, 64c + 32 + 4k + j
  *     high).  3,360 bytes, exactly 16 rows' (the file's order is
  *     regrouped so that one nibble run and one high-bit run give whole
- *     codes of four consecutive elements). */
+ *     codes of four consecutive elements).
+ *   Q2_K: [0, 32) d; [32, 64) dmin; [64, 320) the file's scale|min byte
+ *     of sub-block s at 64 + 16 s; [320, 1344) qs, run r (r < 16) at 320 +
+ *     64 r: bytes 4r .. 4r+3, whose bits 2s hold elements 128 (r / 8) + 32 s
+ *     + 4 (r % 8) + j.  1,344 bytes, exactly 16 rows'.
+ *   Q3_K: [0, 32) d; [32, 288) sc[s] - 32 (int8) at 32 + 16 s; [288, 800)
+ *     hmask, run u (u < 8) at 288 + 64 u; [800, 1824) qs as Q2_K's.  1,824
+ *     bytes for 1,760 (+3.6 %).
+ *   IQ4_XS: [0, 32) d; [32, 160) sc[s] - 32 (int8) at 32 + 16 s; [160,
+ *     2208) qs, run r (r < 32) at 160 + 64 r: bytes 4r .. 4r+3, low nibbles
+ *     elements 32 (r / 4) + 4 (r % 4) + j, high ones 16 further.  2,208
+ *     bytes for 2,176 (+1.5 %). */
 #include "backend/cpu/qmm.h"
 #include "core/core.h"
 
@@ -156,8 +174,81 @@ static void kblock_encode(uint32_t type, const struct kblock *k, uint8_t *blk) {
     }
 }
 
+/* Q2_K, Q3_K, IQ4_XS: one super-block's codes (Q2_K 0..3, Q3_K 0..7) or
+ * table values (IQ4_XS), scales (Q2_K 16 of 0..15, Q3_K 16 of 0..63,
+ * IQ4_XS 8 of 0..63) and mins (Q2_K), and the f16 d, dmin, as dtype.h
+ * lays them out. */
+struct kblock2 { int q[QMM_QK]; int sc[16]; int m[16]; uint16_t d, dmin; };
+
+static void kblock2_decode(uint32_t type, const uint8_t *blk, struct kblock2 *k) {
+    memset(k, 0, sizeof *k);
+    if (type == DTYPE_IQ4_XS) {
+        const struct block_iq4_xs *b = (const struct block_iq4_xs *)(const void *)blk;
+        for (int j = 0; j < 8; j++) {
+            k->sc[j] = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | ((b->scales_h >> (2 * j)) & 3) << 4;
+            for (int i = 0; i < 16; i++) {
+                k->q[32 * j + i] = kvalues_iq4nl[b->qs[16 * j + i] & 0xf];
+                k->q[32 * j + 16 + i] = kvalues_iq4nl[b->qs[16 * j + i] >> 4];
+            }
+        }
+        k->d = b->d;
+        return;
+    }
+    const uint8_t *qs = type == DTYPE_Q2_K ? ((const struct block_q2_K *)(const void *)blk)->qs
+                                           : ((const struct block_q3_K *)(const void *)blk)->qs;
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++) k->q[128 * h + 32 * s + l] = (qs[32 * h + l] >> (2 * s)) & 3;
+    if (type == DTYPE_Q2_K) {
+        const struct block_q2_K *b = (const struct block_q2_K *)(const void *)blk;
+        for (int s = 0; s < 16; s++) {
+            k->sc[s] = b->scales[s] & 0xf;
+            k->m[s] = b->scales[s] >> 4;
+        }
+        k->d = b->d;
+        k->dmin = b->dmin;
+        return;
+    }
+    const struct block_q3_K *b = (const struct block_q3_K *)(const void *)blk;
+    for (int e = 0; e < QMM_QK; e++) k->q[e] |= ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
+    for (int s = 0; s < 16; s++) k->sc[s] = q3_K_scale(b->scales, s);
+    k->d = b->d;
+}
+
+/* The arithmetic of qmm_ref_dot_k for Q2_K, Q3_K and IQ4_XS. */
+static float ref_dot_k2(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
+                        const int16_t *xs32, int64_t K) {
+    const size_t bb = dtype_block_bytes(type);
+    float acc = 0;
+    struct kblock2 k;
+    for (int64_t b = 0; b < K / QMM_QK; b++) {
+        kblock2_decode(type, w + (size_t)b * bb, &k);
+        const int8_t *x = xq + b * QMM_QK;
+        const int n = type == DTYPE_IQ4_XS ? 32 : 16;   /* elements per sub-block */
+        int32_t I = 0, M = 0;
+        for (int s = 0; s < QMM_QK / n; s++) {
+            int32_t p = 0;
+            for (int i = 0; i < n; i++) p += k.q[n * s + i] * x[n * s + i];
+            if (type == DTYPE_Q2_K) {
+                I += k.sc[s] * p;
+                M += k.m[s] * xs16[b * 16 + s];
+            } else if (type == DTYPE_Q3_K) {
+                I += (k.sc[s] - 32) * (p - 4 * xs16[b * 16 + s]);
+            } else {
+                I += (k.sc[s] - 32) * p;
+            }
+        }
+        (void)xs32;
+        acc = fmaf((float)I, f16_to_f32(k.d) * xd[b], acc);
+        if (type == DTYPE_Q2_K) acc = fmaf((float)M, -(f16_to_f32(k.dmin) * xd[b]), acc);
+    }
+    return acc;
+}
+
 float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
                     const int16_t *xs32, int64_t K) {
+    if (type == DTYPE_Q2_K || type == DTYPE_Q3_K || type == DTYPE_IQ4_XS)
+        return ref_dot_k2(type, w, xq, xd, xs16, xs32, K);
     const size_t bb = dtype_block_bytes(type);
     float acc = 0;
     struct kblock k;
@@ -190,9 +281,65 @@ float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const flo
 
 /* ---- the interleaved layout ---- */
 
+/* Q2_K, Q3_K, IQ4_XS: one row's super-block blk to (pack) or from
+ * (unpack) row i of group block g.  Runs of 4 bytes are the file's bytes
+ * (qs; Q3_K's hmask); the scales are what the kernels read: Q2_K the file's
+ * scale|min byte, Q3_K and IQ4_XS sc - 32 as int8. */
+static void move_k2(uint32_t type, uint8_t *g, int i, uint8_t *blk, bool pack) {
+#define MOVE(goff, boff, n) (pack ? memcpy(g + (goff), blk + (boff), (n)) : memcpy(blk + (boff), g + (goff), (n)))
+    if (type == DTYPE_IQ4_XS) {
+        MOVE(2 * i, 0, 2);
+        uint16_t sh = 0;
+        if (pack) memcpy(&sh, blk + 2, 2);
+        else memset(blk + 2, 0, 6);
+        for (int j = 0; j < 8; j++) {
+            if (pack) {
+                const int sc = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xf) | ((sh >> (2 * j)) & 3) << 4;
+                g[32 + 16 * j + i] = (uint8_t)(int8_t)(sc - 32);
+            } else {
+                const int sc = (int8_t)g[32 + 16 * j + i] + 32;
+                blk[4 + j / 2] |= (uint8_t)((sc & 0xf) << (4 * (j % 2)));
+                sh |= (uint16_t)((sc >> 4) << (2 * j));
+            }
+        }
+        if (!pack) memcpy(blk + 2, &sh, 2);
+        for (int r = 0; r < 32; r++) MOVE(160 + 64 * r + 4 * i, 8 + 4 * r, 4);
+        return;
+    }
+    if (type == DTYPE_Q2_K) {
+        MOVE(2 * i, 80, 2);
+        MOVE(32 + 2 * i, 82, 2);
+        for (int s = 0; s < 16; s++) MOVE(64 + 16 * s + i, s, 1);
+        for (int r = 0; r < 16; r++) MOVE(320 + 64 * r + 4 * i, 16 + 4 * r, 4);
+        return;
+    }
+    MOVE(2 * i, 108, 2);   /* Q3_K */
+    if (!pack) memset(blk + 96, 0, 12);
+    for (int s = 0; s < 16; s++) {
+        if (pack) {
+            g[32 + 16 * s + i] = (uint8_t)(int8_t)(q3_K_scale(blk + 96, s) - 32);
+        } else {
+            const int l = (int8_t)g[32 + 16 * s + i] + 32;
+            blk[96 + (s < 8 ? s : s - 8)] |= (uint8_t)((l & 0xf) << (s < 8 ? 0 : 4));
+            blk[96 + 8 + s % 4] |= (uint8_t)((l >> 4) << (2 * (s / 4)));
+        }
+    }
+    for (int u = 0; u < 8; u++) MOVE(288 + 64 * u + 4 * i, 4 * u, 4);
+    for (int r = 0; r < 16; r++) MOVE(800 + 64 * r + 4 * i, 32 + 4 * r, 4);
+#undef MOVE
+}
+
+static bool is_k2(uint32_t type) { return type == DTYPE_Q2_K || type == DTYPE_Q3_K || type == DTYPE_IQ4_XS; }
+
 void qmm_pack_group_k(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int nr, uint8_t *dst) {
     const size_t gb = qmm_gblock_bytes(type), bb = dtype_block_bytes(type);
     memset(dst, 0, (size_t)(K / QMM_QK) * gb);
+    if (is_k2(type)) {
+        for (int64_t b = 0; b < K / QMM_QK; b++)
+            for (int i = 0; i < nr; i++)
+                move_k2(type, dst + (size_t)b * gb, i, (uint8_t *)(uintptr_t)(w + (size_t)i * rb + (size_t)b * bb), true);
+        return;
+    }
     struct kblock k;
     for (int64_t b = 0; b < K / QMM_QK; b++) {
         uint8_t *g = dst + (size_t)b * gb;
@@ -235,6 +382,11 @@ void qmm_pack_group_k(uint32_t type, const uint8_t *w, size_t rb, int64_t K, int
 
 void qmm_unpack_row_k(uint32_t type, const uint8_t *grp, int i, int64_t K, uint8_t *dst) {
     const size_t gb = qmm_gblock_bytes(type), bb = dtype_block_bytes(type);
+    if (is_k2(type)) {
+        for (int64_t b = 0; b < K / QMM_QK; b++)
+            move_k2(type, (uint8_t *)(uintptr_t)(grp + (size_t)b * gb), i, dst + (size_t)b * bb, false);
+        return;
+    }
     struct kblock k;
     memset(&k, 0, sizeof k);
     for (int64_t b = 0; b < K / QMM_QK; b++) {

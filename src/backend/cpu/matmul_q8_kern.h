@@ -358,7 +358,7 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
 #if QMM_ISA != 1
                 for (int r = 0; r < 8; r++) w[r] = xor_(w[r], set1_i8((char)0x80));
 #endif
-                const vi sc = ldi8(scp + 16 * s);
+                const vf dsc = mul(dv, cvt(ldi8(scp + 16 * s)));   /* d (sc - 32): exact */
                 for (int t = 0; t < T; t++) {
                     const int8_t *x = xq[t] + QMM_QK * b + 32 * s;
 #if QMM_ISA == 1
@@ -369,13 +369,14 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
                                             _mm256_set1_epi16(1)));
                     }
 #else
-                    vi p = bc32(-128 * xs32[t][8 * b + s]);
+                    /* 32-block activation rows (qmm.h): dx and the int32 code sums per 32 */
+                    const int32_t *xs = (const int32_t *)(const void *)(xd[t] + j->K / 32);
+                    vi p = bc32(-128 * xs[8 * b + s]);
                     for (int r = 0; r < 8; r++) p = dot(p, w[r], bc32(ld32(x + (r < 4 ? 4 * r : 16 + 4 * (r - 4)))));
 #endif
-                    isum[t] = add32(isum[t], mullo32(p, sc));
+                    acc[t] = fma_(cvt(p), mul(dsc, set1f(xd[t][8 * b + s])), acc[t]);
                 }
             }
-            for (int t = 0; t < T; t++) acc[t] = fma_(cvt(isum[t]), mul(dv, set1f(xd[t][b])), acc[t]);
             continue;
         }
         if (type == DTYPE_Q2_K || type == DTYPE_Q3_K) {

@@ -59,7 +59,7 @@ struct act_row { int8_t *q; float *d; int32_t *xs; int16_t *xs16, *xs32; };
 
 static struct act_row act_row_at(uint32_t type, uint8_t *row, int64_t K) {
     struct act_row a = { .q = (int8_t *)row, .d = (float *)(void *)(row + K) };
-    if (qmm_is_k(type)) {
+    if (qmm_act_k(type)) {
         a.xs16 = (int16_t *)(void *)(a.d + K / QMM_QK);
         a.xs32 = a.xs16 + K / 16;
     } else {
@@ -70,12 +70,13 @@ static struct act_row act_row_at(uint32_t type, uint8_t *row, int64_t K) {
 
 void qmm_quantize_act(uint32_t type, const float *x, int64_t K, uint8_t *row) {
     const struct act_row a = act_row_at(type, row, K);
-    if (qmm_is_k(type)) qmm_quantize_row_k(x, K, a.q, a.d, a.xs16, a.xs32);
+    if (qmm_act_k(type)) qmm_quantize_row_k(x, K, a.q, a.d, a.xs16, a.xs32);
     else qmm_quantize_row(x, K, a.q, a.d, a.xs);
 }
 
 float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K) {
     const struct act_row a = act_row_at(type, (uint8_t *)(uintptr_t)row, K);
+    if (type == DTYPE_IQ4_XS) return qmm_ref_dot_iq4_xs(w, a.q, a.d, K);
     if (qmm_is_k(type)) return qmm_ref_dot_k(type, w, a.q, a.d, a.xs16, a.xs32, K);
     return qmm_ref_dot(type, w, a.q, a.d, a.xs, K);
 }

@@ -53,6 +53,11 @@ static inline bool qmm_is_k(uint32_t type) {
     return type == DTYPE_Q4_K || type == DTYPE_Q5_K || type == DTYPE_Q6_K || type == DTYPE_Q2_K ||
            type == DTYPE_Q3_K || type == DTYPE_IQ4_XS;
 }
+/* Whether type's activation rows are the K-quants' (qmm_k.c: one scale per
+ * 256) rather than the 32-block ones: IQ4_XS, a super-block type, takes
+ * activations per 32 (its sub-block), which keeps the activations' rounding
+ * as fine as IQ4_NL's. */
+static inline bool qmm_act_k(uint32_t type) { return qmm_is_k(type) && type != DTYPE_IQ4_XS; }
 /* Bytes of one super-block of a 16-row group (qmm_k.c's layouts). */
 static inline size_t qmm_gblock_bytes_k(uint32_t type) {
     switch (type) {
@@ -123,10 +128,11 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
 
 /* The K-quant counterparts (qmm_k.c; K a multiple of 256): activations
  * quantized per 256 with the code sums per 16 and per 32, and the reference
- * dot product defined there. */
+ * dot product defined there; IQ4_XS's, on 32-block activation rows. */
 void qmm_quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t *xs16, int16_t *xs32);
 float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
                     const int16_t *xs32, int64_t K);
+float qmm_ref_dot_iq4_xs(const uint8_t *w, const int8_t *xq, const float *xd, int64_t K);
 
 /* Any type the path takes, on one activation row as the driver lays it out
  * (qmm_act_row_bytes(K) bytes; the K-quant form for K-quant weights). */

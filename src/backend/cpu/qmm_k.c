@@ -25,8 +25,10 @@
  *   Q3_K (16 sub-blocks of 16, 6-bit sc[s], codes 0..7 meaning q - 4):
  *     I = Σ_s (sc[s] - 32) · (Σ_16 q·x - 4 · xs16[s]), then as Q6_K
  *   IQ4_XS (8 sub-blocks of 32, 6-bit sc[s], q the table value
- *     kvalues_iq4nl[code], -127 .. 113):
- *     I = Σ_s (sc[s] - 32) · Σ_32 q·x, then as Q6_K
+ *     kvalues_iq4nl[code], -127 .. 113) takes the 32-block activation rows
+ *     (qmm.h: dx and xs per 32) and, per sub-block s in order,
+ *     acc = fma((float)Σ_32 q·x, (f16(d) · (sc[s] - 32)) · dx[s], acc)
+ *     (d · (sc - 32) is exact: 11 by 6 bits)
  * y = acc.  I and M are integers, exact whatever order a kernel sums them
  * in (|I| <= 8 · 63 · 32 · 31 · 127 < 2^26 for Q5_K, 16 · 128 · 16 · 32 ·
  * 127 < 2^28 for Q6_K; |M| < 2^21), so each kernel set's result equals
@@ -215,7 +217,22 @@ static void kblock2_decode(uint32_t type, const uint8_t *blk, struct kblock2 *k)
     k->d = b->d;
 }
 
-/* The arithmetic of qmm_ref_dot_k for Q2_K, Q3_K and IQ4_XS. */
+float qmm_ref_dot_iq4_xs(const uint8_t *w, const int8_t *xq, const float *xd, int64_t K) {
+    float acc = 0;
+    struct kblock2 k;
+    for (int64_t b = 0; b < K / QMM_QK; b++) {
+        kblock2_decode(DTYPE_IQ4_XS, w + (size_t)b * sizeof(struct block_iq4_xs), &k);
+        const float d = f16_to_f32(k.d);
+        for (int s = 0; s < 8; s++) {
+            int32_t p = 0;
+            for (int i = 0; i < 32; i++) p += k.q[32 * s + i] * xq[QMM_QK * b + 32 * s + i];
+            acc = fmaf((float)p, (d * (float)(k.sc[s] - 32)) * xd[8 * b + s], acc);
+        }
+    }
+    return acc;
+}
+
+/* The arithmetic of qmm_ref_dot_k for Q2_K and Q3_K. */
 static float ref_dot_k2(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
                         const int16_t *xs32, int64_t K) {
     const size_t bb = dtype_block_bytes(type);
@@ -224,18 +241,15 @@ static float ref_dot_k2(uint32_t type, const uint8_t *w, const int8_t *xq, const
     for (int64_t b = 0; b < K / QMM_QK; b++) {
         kblock2_decode(type, w + (size_t)b * bb, &k);
         const int8_t *x = xq + b * QMM_QK;
-        const int n = type == DTYPE_IQ4_XS ? 32 : 16;   /* elements per sub-block */
         int32_t I = 0, M = 0;
-        for (int s = 0; s < QMM_QK / n; s++) {
+        for (int s = 0; s < 16; s++) {
             int32_t p = 0;
-            for (int i = 0; i < n; i++) p += k.q[n * s + i] * x[n * s + i];
+            for (int i = 0; i < 16; i++) p += k.q[16 * s + i] * x[16 * s + i];
             if (type == DTYPE_Q2_K) {
                 I += k.sc[s] * p;
                 M += k.m[s] * xs16[b * 16 + s];
-            } else if (type == DTYPE_Q3_K) {
-                I += (k.sc[s] - 32) * (p - 4 * xs16[b * 16 + s]);
             } else {
-                I += (k.sc[s] - 32) * p;
+                I += (k.sc[s] - 32) * (p - 4 * xs16[b * 16 + s]);
             }
         }
         (void)xs32;
@@ -247,8 +261,7 @@ static float ref_dot_k2(uint32_t type, const uint8_t *w, const int8_t *xq, const
 
 float qmm_ref_dot_k(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int16_t *xs16,
                     const int16_t *xs32, int64_t K) {
-    if (type == DTYPE_Q2_K || type == DTYPE_Q3_K || type == DTYPE_IQ4_XS)
-        return ref_dot_k2(type, w, xq, xd, xs16, xs32, K);
+    if (type == DTYPE_Q2_K || type == DTYPE_Q3_K) return ref_dot_k2(type, w, xq, xd, xs16, xs32, K);
     const size_t bb = dtype_block_bytes(type);
     float acc = 0;
     struct kblock k;

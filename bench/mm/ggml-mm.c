@@ -1,4 +1,4 @@
-/* ggml-mm.c — llama.cpp's CPU matmul (ggml_mul_mat through ggml_graph_compute_with_ctx, 1 thread) timed
+/* ggml-mm.c — llama.cpp's CPU matmul (ggml_mul_mat through ggml_graph_compute, 1 thread) timed
  * as mmbench.c times kvllm's: per (type, n), GFLOP/s by process CPU time, best of REPS.  Weights are
  * quantized by ggml itself from uniform [-1, 1) rows; activations f32 (ggml quantizes them to its
  * vec_dot type, as in a model).  Build: bench/mm/ggml-run.sh (needs llama-cpp-python's libggml and
@@ -50,12 +50,16 @@ int main(int argc, char **argv) {
             struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
             struct ggml_cgraph *gf = ggml_new_graph(ctx);
             ggml_build_forward_expand(gf, y);
+            /* one plan and work buffer (ggml_graph_compute_with_ctx would take a new one from ctx per call) */
+            struct ggml_cplan cp = ggml_graph_plan(gf, 1, NULL);
+            void *work = malloc(cp.work_size ? cp.work_size : 1);
+            cp.work_data = work;
             double best = 1e30;
             for (int r = 0; r < reps; r++) {
                 const double t0 = cpu_now();
                 int iters = 0;
                 do {
-                    ggml_graph_compute_with_ctx(ctx, gf, 1);
+                    ggml_graph_compute(gf, &cp);
                     iters++;
                 } while (cpu_now() - t0 < 0.2);
                 const double dt = (cpu_now() - t0) / iters;
@@ -63,6 +67,7 @@ int main(int argc, char **argv) {
             }
             printf("| %s | %d | %.1f |\n", ggml_type_name((enum ggml_type)t), n, 2.0 * (double)K * M * n / best / 1e9);
             fflush(stdout);
+            free(work);
             ggml_free(ctx);
         }
     }

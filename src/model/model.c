@@ -119,12 +119,12 @@ static const struct arch_desc *find_arch(struct gguf_str name) {
     return NULL;
 }
 
-/* The names of k_archs, for the unknown-architecture message. */
-static const char *arch_names(void) {
-    static char buf[256];
-    if (!buf[0])
-        for (size_t i = 0, o = 0; i < sizeof k_archs / sizeof k_archs[0] && o < sizeof buf; i++)
-            o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", i ? ", " : "", k_archs[i].name);
+/* The names of k_archs into buf, for the unknown-architecture message
+ * (built per call: a static cache would race between threads loading models). */
+static const char *arch_names(char *buf, size_t cap) {
+    buf[0] = 0;
+    for (size_t i = 0, o = 0; i < sizeof k_archs / sizeof k_archs[0] && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%s", i ? ", " : "", k_archs[i].name);
     return buf;
 }
 
@@ -242,8 +242,9 @@ static int load_hparams(struct loader *L) {
     if (rc) return rc;
     m->desc = find_arch(arch);
     if (!m->desc) {
+        char names[256];
         LOG_ERR("%s: unknown architecture '%.*s' (supported: %s)", L->path, (int)(arch.len > 64 ? 64 : arch.len),
-                arch.ptr, arch_names());
+                arch.ptr, arch_names(names, sizeof names));
         return KVLLM_EUNSUPPORTED;
     }
     snprintf(m->arch, sizeof m->arch, "%s", m->desc->name);

@@ -123,13 +123,14 @@ test: bootstrap asan tsan build
 	@$(MAKE) --no-print-directory cuda-ci
 
 # Where nvcc is: build the CUDA backend (-DKVLLM_CUDA=ON), link kvllm with it, and run the unit
-# tests that need no GPU (test_cuda_plan; test_backend_ops, which says "SKIP cuda: ..." without a
+# tests that need no GPU (test_cuda_plan; test_cuda_errors, the error path on a faked runtime;
+# test_backend_ops, which says "SKIP cuda: ..." without a
 # device).  No GPU work here: that is scripts/gpu-check.sh (docs/GPU.md).  About 1.5 minutes on 2 cores (measured 1m23s from scratch).
 cuda-ci:
 	@if [ -z "$(NVCC)" ]; then echo "cuda-ci: no nvcc here: the CUDA backend is not built"; exit 0; fi; \
 	cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DKVLLM_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
-	cmake --build $(CUDA_BUILD) -j $(JOBS) --target kvllm test_cuda_plan test_backend_ops && \
-	cd $(CUDA_BUILD) && ctest --output-on-failure -R '^unit_test_(cuda_plan|backend_ops)$$'
+	cmake --build $(CUDA_BUILD) -j $(JOBS) --target kvllm test_cuda_plan test_backend_ops test_cuda_errors gpu_timing && \
+	cd $(CUDA_BUILD) && ctest --output-on-failure -R '^unit_test_(cuda_plan|backend_ops|cuda_errors)$$'
 
 demo: bootstrap build
 	@bash scripts/demo.sh $(BUILD)/kvllm $(SHARED) $(abspath models)

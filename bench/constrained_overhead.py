@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end cost of constrained decoding: the median decode step of a JSON-Schema-constrained stream
-against an unconstrained one, on one `kvllm serve`, in one run (issue 16: <= 10 %, goal <= 2 %).
+against an unconstrained one, on one `kvllm serve`, in one run (the bound: <= 10 %, the goal <= 2 %).
 
 The two kinds of request alternate (constrained, unconstrained, constrained, ...) so that machine noise
 falls on both; each is one stream at a time (no batching), max_tokens long.  A step is the gap between two

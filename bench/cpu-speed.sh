@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's speed figures in one run (docs/PERF.md): read bandwidth, then kvllm against llama.cpp
+# The CPU speed figures of docs/PERF.md in one run: read bandwidth, then kvllm against llama.cpp
 # (bench/vs-llamacpp, alternating rep by rep) on the TinyLlama-1.1B shape in F16 / Q8_0 / Q4_0 / Q4_K_M
 # and on SmolLM2-135M Q4_1:
 #   main   pp512 + tg128, 2 threads, every file

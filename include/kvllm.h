@@ -36,7 +36,8 @@ extern "C" {
     X(KVLLM_ERANGE,      -7,  "does not fit")                               \
     X(KVLLM_ECPU,        -8,  "CPU lacks a required feature")                \
     X(KVLLM_EBUSY,       -9,  "queue full")                                 \
-    X(KVLLM_EBACKEND,   -10,  "backend failure (a kernel or device error)")
+    X(KVLLM_EBACKEND,   -10,  "backend failure (a kernel or device error)") \
+    X(KVLLM_ECOMM,      -11,  "a tensor-parallel rank failed or did not answer")
 
 enum kvllm_err {
 #define KVLLM_X_(name, code, msg) name = code,
@@ -64,6 +65,31 @@ typedef void (*kvllm_log_fn)(enum kvllm_log_level level, const char *msg, void *
 void kvllm_log_set(kvllm_log_fn fn, void *user);
 void kvllm_log_set_level(enum kvllm_log_level max_level);
 
+/* ---- tensor parallelism (docs/TP.md) -------------------------------- */
+
+/* Join the MPI job this process was started in (mpirun -np N): *rank and
+ * *size say where it stands; a process not started by mpirun (or a build
+ * without MPI) is rank 0 of 1.  timeout_s (<= 0: 60) bounds every wait for
+ * another rank during a step: a rank that died or hangs fails the step
+ * with KVLLM_ECOMM instead of hanging the job.  Call it once, before any
+ * model is loaded; returns 0 or KVLLM_ECOMM (logged). */
+int kvllm_tp_init(double timeout_s, int *rank, int *size);
+/* Whether this build can join an MPI job at all. */
+bool kvllm_tp_mpi_built(void);
+/* Ranks > 0: run the other side of rank 0's engines (their steps' forward
+ * passes on this rank's share of model, loaded with tensor_parallel) until
+ * rank 0 ends the job.  0 when it ended cleanly, else the error. */
+struct kvllm_model;
+int kvllm_tp_worker(struct kvllm_model *model);
+/* Mark the job failed from any thread (why is logged): every engine fails
+ * as kvllm_engine_failed says. */
+void kvllm_tp_fail(const char *why);
+/* End this process's part of the job, after its engines and models are
+ * freed: code 0 ends it cleanly (rank 0 first tells the other ranks to
+ * leave kvllm_tp_worker); a non-zero code, or a failed job, ends every rank
+ * at once with that exit status (MPI_Abort), which may not return. */
+void kvllm_tp_end(int code);
+
 /* ---- model --------------------------------------------------------- */
 
 struct kvllm_model;
@@ -71,6 +97,8 @@ struct kvllm_model;
 struct kvllm_model_params {
     const char *tokenizer_path; /* llama2.c tokenizer.bin or GGUF vocab; NULL: the model's own */
     int n_threads;              /* <= 0: all online CPUs */
+    bool tensor_parallel;       /* hold this rank's share of the model in the job kvllm_tp_init joined
+                                   (a job of one rank: the whole model, as without) */
 };
 
 /* Defaults: no tokenizer override, all threads. */
@@ -179,6 +207,11 @@ struct kvllm_chat_opts {
      * tokens read as such): the start of the assistant's answer, e.g.
      * "<tool_call>\n" to make the model write a call.  NULL: none. */
     const char *prefill;
+    /* err (err_cap bytes; may be NULL): receives the one-line message of a
+     * failure (a template error with its line and column, ...), "" on
+     * success, for a caller that shows it to someone else. */
+    char *err;
+    size_t err_cap;
 };
 
 /* Render a conversation with a chat template, as Hugging Face Transformers
@@ -283,6 +316,20 @@ int kvllm_grammar_from_gbnf(const char *text, struct kvllm_grammar **out, char *
  * schema that is not valid JSON or not a schema. */
 int kvllm_grammar_from_json_schema(const char *schema_json, bool strict, struct kvllm_grammar **out,
                                    char *err, size_t err_cap);
+/* A regular expression (UTF-8) that the whole text must match, as vLLM's
+ * guided_regex: literals, classes ([a-z], [^...], \d \w \s and their
+ * negations, as PCRE2 reads them without Unicode properties), "." (any
+ * character but newline), groups ((...), (?:...), named), alternation, the
+ * quantifiers ? * + {m} {m,} {m,n} (lazy ones too: the same strings match in
+ * full), escapes \n \t \r \f \v \xHH \x{H...} \uHHHH; '^' may open it and
+ * '$' close it.  KVLLM_EUNSUPPORTED names what a grammar cannot follow
+ * (backreferences, lookaround, \b, inner anchors, possessive quantifiers,
+ * flags) with its offset; KVLLM_EINVAL a malformed pattern. */
+int kvllm_grammar_from_regex(const char *pattern, struct kvllm_grammar **out, char *err, size_t err_cap);
+/* Exactly one of n strings (UTF-8), as vLLM's guided_choice.  KVLLM_EINVAL
+ * when n < 1. */
+int kvllm_grammar_from_choices(const char *const *choices, int n, struct kvllm_grammar **out, char *err,
+                               size_t err_cap);
 /* Any JSON object (response_format json_object). */
 int kvllm_grammar_json_object(struct kvllm_grammar **out);
 struct kvllm_grammar *kvllm_grammar_ref(struct kvllm_grammar *g);
@@ -390,6 +437,14 @@ struct kvllm_request {
      * [0, n_vocab), finite biases; see kvllm_sampler_set_logit_bias). */
     const struct kvllm_logit_bias *logit_bias;
     int n_logit_bias;
+    /* A stop string that finishes a sample stays at the end of its text
+     * (vLLM's include_stop_str_in_output); default: cut before it. */
+    bool include_stop_str;
+    /* Control tokens sampled mid-text give their text ("<|im_start|>",
+     * "<tool_call>" when it is one) instead of nothing (vLLM's
+     * skip_special_tokens false).  The end token that finishes a sample is
+     * never part of the text. */
+    bool special_text;
 };
 
 /* Plan and allocate the KV pool (logs the memory plan through the log
@@ -406,6 +461,11 @@ void kvllm_engine_free(struct kvllm_engine *e);
  * without a vocabulary...).  The first constrained request of an engine
  * builds its vocabulary index here (tens of milliseconds), never in a step. */
 int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *r, uint64_t *id);
+/* kvllm_engine_add that also hands back why it failed: err (err_cap bytes;
+ * may be NULL) receives the one-line message the library logged (the field,
+ * index or numbers involved), "" on success.  For a caller that shows the
+ * reason to someone else (a server's client). */
+int kvllm_engine_add_ex(struct kvllm_engine *e, const struct kvllm_request *r, uint64_t *id, char *err, size_t err_cap);
 /* Abort a request (its sequences get a FINISH_ABORT event at the next step
  * and their blocks are released in it); thread-safe; unknown ids ignored.
  * KVLLM_ENOMEM (logged) when the abort could not be recorded. */
@@ -419,6 +479,11 @@ int kvllm_engine_abort(struct kvllm_engine *e, uint64_t id);
 int kvllm_engine_step(struct kvllm_engine *e);
 /* No request running, waiting or in the inbox (engine thread, as get_stats). */
 bool kvllm_engine_idle(struct kvllm_engine *e);
+/* Whether the engine can compute no more: a rank of its tensor-parallel job
+ * died or stopped answering (every request then ends with
+ * KVLLM_FINISH_ERROR, kvllm_engine_add refuses with KVLLM_ECOMM, and the
+ * process should end the job: kvllm_tp_end with a non-zero code). */
+bool kvllm_engine_failed(const struct kvllm_engine *e);
 
 struct kvllm_engine_stats {
     int n_running, n_waiting;
@@ -444,6 +509,26 @@ struct kvllm_engine_stats {
 /* Engine-thread state: call it from the thread that steps the engine (or
  * between steps); other threads must take their own snapshot there. */
 void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st);
+
+/* ---- what the prefix cache holds, for routers --------------------------- */
+
+/* A block of the prefix cache stored (published: a later prompt with the
+ * same prefix may reuse it) or removed (evicted).  Only full blocks of the
+ * global layers' pool are told (a sliding-window pool is not). */
+enum kvllm_kv_event_kind { KVLLM_KV_BLOCK_STORED, KVLLM_KV_BLOCK_REMOVED };
+struct kvllm_kv_event {
+    enum kvllm_kv_event_kind kind;
+    int32_t block;          /* its id in the pool, in [0, stats.blocks_total) */
+    int32_t parent;         /* STORED: the block before it in its prefix, -1 for a first block (a parent
+                               was itself told STORED before, and not REMOVED since); REMOVED: -1 */
+    const int32_t *tokens;  /* STORED: its stats.block_size token ids, valid during the call; else NULL */
+};
+typedef void (*kvllm_kv_event_fn)(const struct kvllm_kv_event *ev, void *user);
+/* From now on fn(ev, user) is called on the engine thread, inside
+ * kvllm_engine_step, for every block the prefix cache gains or loses (NULL:
+ * off).  Call it before stepping starts or from the stepping thread; fn must
+ * be quick and must not call the engine. */
+void kvllm_engine_set_kv_events(struct kvllm_engine *e, kvllm_kv_event_fn fn, void *user);
 
 /* ---- a manually driven sequence (tests, benchmarks, chat) --------------- */
 

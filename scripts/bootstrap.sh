@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # clang: the -Werror build and the libFuzzer targets; libclang-rt-14-dev holds the sanitizer and
-# libFuzzer runtimes (only a Recommends of clang-14, which images often skip)
-PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev libpcre2-dev pkg-config
-      clang libclang-rt-14-dev)
+# libFuzzer runtimes (only a Recommends of clang-14, which images often skip); Open MPI: tensor
+# parallelism under mpirun (docs/TP.md)
+PKGS=(build-essential cmake python3 python3-venv python3-pip libmicrohttpd-dev libjson-c-dev libpcre2-dev libcurl4-openssl-dev pkg-config
+      libzmq3-dev libmsgpack-dev
+      clang libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,8 +4,12 @@
  * layer's own K/V (22 layers at L = 2048 are 46 MB in f16, past L2 as in a
  * real decode).  Reports the best of R rounds of process CPU time per token
  * (all 22 layers) for the AVX2 and AVX-512 steps, alternating, which the
- * other load on a shared machine disturbs less than wall time.
- *   attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS]]]]]] */
+ * other load on a shared machine disturbs less than wall time (the best
+ * wall time per token is printed beside it: a step that leaves a thread
+ * idle shows there).  Other shapes: NH query heads, NKV kv heads, HD head
+ * size, WINDOW > 0 a sliding window (Gemma 3 270M: 4 1 256, its sliding
+ * layers 512).
+ *   attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS [NH NKV HD [WINDOW]]]]]]]]] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
@@ -15,9 +19,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double cpu_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(id, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -25,9 +29,12 @@ int main(int argc, char **argv) {
     const int L = argc > 1 ? atoi(argv[1]) : 2048, nth = argc > 2 ? atoi(argv[2]) : 1;
     const int reps = argc > 3 ? atoi(argv[3]) : 5, rounds = argc > 5 ? atoi(argv[5]) : 6;
     const enum kv_type type = argc > 4 ? (enum kv_type)atoi(argv[4]) : KV_F16;
-    const int NL = argc > 6 ? atoi(argv[6]) : 22, nkv = 4, nh = 32, hd = 64, bs = 16, nb = (L + bs - 1) / bs;
-    if (L < 1 || nth < 1 || reps < 1 || rounds < 1 || NL < 1 || (int)type < 0 || type >= KV_TYPE_COUNT_) {
-        fprintf(stderr, "usage: attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS]]]]]]\n");
+    const int NL = argc > 6 ? atoi(argv[6]) : 22, nh = argc > 9 ? atoi(argv[7]) : 32,
+              nkv = argc > 9 ? atoi(argv[8]) : 4, hd = argc > 9 ? atoi(argv[9]) : 64,
+              window = argc > 10 ? atoi(argv[10]) : 0, bs = 16, nb = (L + bs - 1) / bs;
+    if (L < 1 || nth < 1 || reps < 1 || rounds < 1 || NL < 1 || (int)type < 0 || type >= KV_TYPE_COUNT_ ||
+        nkv < 1 || nh % nkv != 0 || hd < 1 || hd > CPU_PAGED_ATTN_MAX_HEAD_DIM || window < 0) {
+        fprintf(stderr, "usage: attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS [NH NKV HD [WINDOW]]]]]]]]]\n");
         return 2;
     }
     struct cpu_features f;
@@ -73,22 +80,26 @@ int main(int argc, char **argv) {
     }
     int (*const fn[2])(struct backend_ctx *, const struct paged_attn_args *) = { cpu_paged_attention_avx2,
                                                                                 cpu_paged_attention_avx512 };
-    double best[2] = { 1e30, 1e30 };
+    double best[2] = { 1e30, 1e30 }, wall[2] = { 1e30, 1e30 };
     for (int r = 0; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
-            const double t0 = cpu_s();
+            const double t0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), w0 = clock_s(CLOCK_MONOTONIC);
             for (int i = 0; i < reps; i++)
                 for (int l = 0; l < 22; l++) {
                     const struct paged_attn_args a = { .n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = hd,
                                                        .q = q, .pos = &pos, .seq = &seq, .block_table = table,
-                                                       .max_blocks = nb, .kv = v[l % NL], .scale = 0.125f, .out = out };
+                                                       .max_blocks = nb, .kv = v[l % NL], .scale = 0.125f,
+                                                       .window = window, .out = out };
                     if (fn[k](c, &a)) return 1;
                 }
-            const double t = (cpu_s() - t0) / reps * 1e3;
+            const double t = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - t0) / reps * 1e3;
+            const double w = (clock_s(CLOCK_MONOTONIC) - w0) / reps * 1e3;
             best[k] = t < best[k] ? t : best[k];
+            wall[k] = w < wall[k] ? w : wall[k];
         }
-    printf("L %d, %d thread(s), kv type %d, %d distinct layers: CPU ms per token (22 layers), best of %d: "
-           "avx2 %.3f, avx512 %.3f (%.2fx)\n", L, nth, (int)type, NL, rounds, best[0], best[1], best[0] / best[1]);
+    printf("L %d, %d thread(s), kv type %d, %d distinct layers, heads %d/%d x %d, window %d: ms per token "
+           "(22 layers), best of %d, CPU (wall): avx2 %.3f (%.3f), avx512 %.3f (%.3f) (%.2fx)\n", L, nth, (int)type,
+           NL, nh, nkv, hd, window, rounds, best[0], wall[0], best[1], wall[1], best[0] / best[1]);
     backend_ctx_free(c);
     backend_free(be);
     return 0;

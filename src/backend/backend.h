@@ -85,7 +85,8 @@ static inline size_t kv_block_bytes(const struct kv_layer_view *kv) {
 
 /* Positions at which long contexts are split for parallel attention
  * (flash-decoding); split points need not fall on block boundaries and
- * depend only on the context length, never on the batch. */
+ * depend only on the context length (and a sliding window, whose positions
+ * are split more finely), never on the batch. */
 #define PAGED_ATTN_SPLIT 1024
 
 /* Causal attention of n tokens from any number of sequences over paged K/V.
@@ -102,16 +103,27 @@ struct paged_attn_args {
     float scale;                  /* usually 1 / sqrt(head_dim) */
     float softcap;                /* > 0: a score s (scaled) becomes softcap * tanh(s / softcap) (Gemma 2) */
     int window;                   /* > 0: token t attends only positions > pos[t] - window (sliding window) */
+    const float *sinks;           /* (n_head) or NULL: head h's learned logit sinks[h] joins its softmax's
+                                     denominator, weighing no value (gpt-oss's attention sinks); not scaled
+                                     nor soft-capped */
     float *out;                   /* (n_tokens, n_head * head_dim) */
 };
 
 /* The experts of a mixture-of-experts FFN (backend_ops.moe): for each token
  * t and each of its n_used experts e = ids[t, j] (in ascending e),
- *   out[t] += weights[t, j] * down_e(act(gate_e · x[t]) * (up_e · x[t]))
+ *   g = gate_e · x[t] (+ gate_b[e]),  u = up_e · x[t] (+ up_b[e])
+ *   out[t] += weights[t, j] * (down_e · glu(g, u) (+ down_b[e]))
  * with out zeroed first.  A backend groups the tokens by expert, so each
  * expert's weights are read once per call, and a token's result depends
  * on its own row alone (batch invariance). */
-enum glu_kind { GLU_SILU, GLU_GELU };   /* act: silu (SwiGLU) or gelu, tanh form (GeGLU) */
+enum glu_kind {
+    GLU_SILU,         /* silu(g) * u (SwiGLU) */
+    GLU_GELU,         /* gelu(g) * u, tanh form (GeGLU) */
+    GLU_SWIGLU_OAI,   /* g' sigmoid(GLU_OAI_ALPHA g') (u' + 1), g' = min(g, GLU_OAI_LIMIT), u' = u clamped to
+                         +-GLU_OAI_LIMIT (gpt-oss; ggml's swiglu_oai) */
+};
+#define GLU_OAI_ALPHA 1.702f
+#define GLU_OAI_LIMIT 7.0f
 
 struct moe_args {
     int n_tokens, n_used, n_expert, n_embd, n_ff;   /* n_ff: one expert's hidden width */
@@ -119,6 +131,8 @@ struct moe_args {
     const int32_t *ids;           /* (n_tokens, n_used) experts, each in [0, n_expert) */
     const float *weights;         /* (n_tokens, n_used) */
     const struct tensor *gate, *up, *down;   /* (n_expert) each: gate, up (n_ff, n_embd); down (n_embd, n_ff) */
+    const struct tensor *gate_b, *up_b, *down_b;   /* NULL, or f32 (n_expert, n_ff | n_ff | n_embd): row e is
+                                                      expert e's bias (gpt-oss) */
     enum glu_kind act;
     float *xs, *ys;               /* scratch (n_tokens, n_embd) each: a group's gathered rows and results */
     float *g, *u;                 /* scratch (n_tokens, n_ff) each */
@@ -134,10 +148,31 @@ struct rope_params {
                                            freq_factors[i] (Llama 3) */
     bool neox;                    /* false: adjacent pairs (x[2i], x[2i+1]) (GGUF llama);
                                      true: halves (x[i], x[i + n_rot/2]) (GGUF qwen2, "NEOX") */
-    float attn_factor;            /* cos and sin are multiplied by this (LongRoPE's magnitude scaling); 0 is
-                                     read as 1.  kv_shift takes only settings where it is 1 (a shift would
-                                     scale a cached row twice) */
+    float attn_factor;            /* cos and sin are multiplied by this (LongRoPE's and YaRN's magnitude
+                                     scaling); 0 is read as 1.  kv_shift takes only settings where it is 1
+                                     (a shift would scale a cached row twice) */
+    bool yarn;                    /* YaRN: pair i's angle is scaled by freq_scale * (1 - mix) + mix instead of
+                                     freq_scale, mix = 1 - clamp((i - yarn_lo) / max(yarn_hi - yarn_lo,
+                                     0.001), 0, 1): fast pairs keep their frequency, slow ones are
+                                     interpolated (ggml's rope_yarn with ext_factor 1) */
+    float yarn_lo, yarn_hi;       /* the ramp's ends, in pairs */
 };
+
+/* The factor pair i's angle pos * theta^(-2i / n_rot) is multiplied by, before
+ * frequency factors: linear scaling, mixed by YaRN's ramp (struct rope_params). */
+#ifdef __CUDACC__
+#define ROPE_HD_ __host__ __device__   /* the CUDA kernels compute it the same way */
+#else
+#define ROPE_HD_
+#endif
+static inline ROPE_HD_ double rope_pair_scale(const struct rope_params *p, int i) {
+    const double fs = p->freq_scale != 0 ? (double)p->freq_scale : 1.0;
+    if (!p->yarn) return fs;
+    const double span = p->yarn_hi - p->yarn_lo > 0.001f ? (double)(p->yarn_hi - p->yarn_lo) : 0.001;
+    double y = ((double)i - (double)p->yarn_lo) / span;
+    y = y < 0 ? 0 : y > 1 ? 1 : y;
+    return fs * y + (1 - y);   /* mix = 1 - y */
+}
 
 /* The largest step a context must run without allocating. */
 struct backend_ctx_params {
@@ -274,22 +309,27 @@ struct backend_ctx {
     int fail_code;
 };
 
-/* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers;
- * otherwise "scalar", "avx2" or "avx512" (AVX-512 F/BW/VL + VNNI; its
- * other ops are avx2's).  strict: the same kernels behind the wall
- * described above (tests).  Fails with KVLLM_ECPU (logged) for a kind this
- * build or CPU lacks.
+/* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers
+ * (avx512, then avx2, then scalar); otherwise "scalar", "avx2", "avx512"
+ * (AVX-512 F/BW/VL + VNNI; its other ops are avx2's) or "amx" (the avx512
+ * set with the integer matmul on AMX-INT8 tiles; opt-in).  strict: the same
+ * kernels behind the wall described above (tests).  Fails with KVLLM_ECPU
+ * (logged) for a kind this build or CPU lacks.
  *
- * Activations (SIMD sets): f32 arithmetic on dequantized weights by
- * default (KVLLM_ACT=f32).  KVLLM_ACT=q8 quantizes activations per row to
- * 8-bit codes (blocks of 32 for Q8_0 / Q4_0 / Q4_1, of 256 for Q4_K / Q5_K
- * / Q6_K) and multiplies with integer dot products (vpmaddubsw on AVX2,
- * vpdpbusd where the CPU has AVX-VNNI or AVX-512 VNNI), bit-identical
- * across kernel sets, on weights repacked at placement into 16-row
- * interleaved blocks (src/backend/cpu/qmm.h); other weight types, and the
- * matrices marked TENSOR_F_F32_ACT (the logits'; Gemma's FFN down projection), keep f32 arithmetic.  KVLLM_ACT=int
- * takes the older 13-bit codes for Q8_0 / Q4_0 / Q4_1.  The choice is
- * per backend, never per batch, so results stay batch-invariant. */
+ * Activations (SIMD sets; the scalar set, the oracle, is always f32): by
+ * default (KVLLM_ACT=q8) activations are quantized per row to 8-bit codes
+ * (blocks of 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4, of
+ * 256 for the K-quants and IQ4_XS) and multiplied with integer dot
+ * products (vpmaddubsw on AVX2, vpdpbusd where the CPU has AVX-VNNI or
+ * AVX-512 VNNI), bit-identical across kernel sets, on weights repacked at
+ * placement into 16-row interleaved blocks (src/backend/cpu/qmm.h); F32 /
+ * F16 / BF16 weights, the matrices the model marks TENSOR_F_F32_ACT (the
+ * logits'), and those it marks TENSOR_F_FINE_ACT (the FFN down projection
+ * of families whose arch_desc asks) where their rows would be scaled per
+ * 256, keep f32 arithmetic.  KVLLM_ACT=f32 keeps every weight in f32 arithmetic
+ * on dequantized weights; KVLLM_ACT=int takes the older 13-bit codes for
+ * Q8_0 / Q4_0 / Q4_1.  The choice is per backend, never per batch, so
+ * results stay batch-invariant. */
 int backend_cpu_new(const char *kind, bool strict, struct backend **out);
 /* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU with kernel set
  * kind; "strict": the strict CPU backend; "cuda": the CUDA backend where

@@ -1,7 +1,9 @@
 /* backend_list.h — the backends backend.c chooses among: each one's
- * constructor, destructor and availability probe.  Only backend.c (which
- * implements backend_new_from_env and backend_free) and the tests that
- * create a particular backend include this. */
+ * constructor, destructor and availability probe.  Included by backend.c
+ * (backend_new_from_env, backend_free), by the backends that define these
+ * (cpu/cpu.c, cuda/cuda.c), by engine/api.c (whether this build has CUDA,
+ * for kvllm_build_info) and by tests that create a particular backend;
+ * nothing else needs it. */
 #ifndef KVLLM_BACKEND_LIST_H
 #define KVLLM_BACKEND_LIST_H
 

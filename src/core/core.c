@@ -36,13 +36,29 @@ static enum kvllm_log_level g_log_level = KVLLM_LOG_INFO;
 void kvllm_log_set(kvllm_log_fn fn, void *user) { g_log_fn = fn; g_log_user = user; }
 void kvllm_log_set_level(enum kvllm_log_level lvl) { g_log_level = lvl; }
 
+static _Thread_local struct log_capture *t_capture;
+
+void log_capture_begin(struct log_capture *c, char *buf, size_t cap) {
+    *c = (struct log_capture){ .buf = buf, .cap = buf ? cap : 0, .prev = t_capture };
+    if (c->cap) buf[0] = 0;
+    t_capture = c;
+}
+
+void log_capture_end(struct log_capture *c) { t_capture = c->prev; }
+
 void log_msg(enum kvllm_log_level level, const char *fmt, ...) {
-    if (level > g_log_level) return;
+    struct log_capture *c = level == KVLLM_LOG_ERROR ? t_capture : NULL;
+    if (level > g_log_level && !c) return;
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (c && !c->got && c->cap) {
+        snprintf(c->buf, c->cap, "%s", buf);
+        c->got = true;
+    }
+    if (level > g_log_level) return;
     if (g_log_fn) { g_log_fn(level, buf, g_log_user); return; }
     static const char *tag[] = { "error: ", "warning: ", "", "debug: " };
     fprintf(stderr, "kvllm: %s%s\n", tag[level], buf);

@@ -26,6 +26,22 @@ void log_msg(enum kvllm_log_level level, const char *fmt, ...)
 #define LOG_INFO(...) log_msg(KVLLM_LOG_INFO, __VA_ARGS__)
 #define LOG_DBG(...)  log_msg(KVLLM_LOG_DEBUG, __VA_ARGS__)
 
+/* The message of one public call's failure, for its caller (the `err`
+ * buffers of kvllm_engine_add_ex, kvllm_chat_opts): between
+ * log_capture_begin and log_capture_end on this thread, the first error
+ * logged is also copied into buf (cap bytes, NUL-terminated).  Errors are
+ * logged once where they are found, deep in the library; this carries that
+ * message back up with the status the call returns, as an exception would.
+ * Scopes nest (the innermost captures); buf NULL or cap 0: nothing kept. */
+struct log_capture {
+    char *buf;
+    size_t cap;
+    bool got;
+    struct log_capture *prev;
+};
+void log_capture_begin(struct log_capture *c, char *buf, size_t cap);
+void log_capture_end(struct log_capture *c);
+
 /* A read-only file mapping.  file_map_open logs and returns KVLLM_EIO on
  * failure, leaving *m zeroed.  An empty file maps to data == NULL, size 0. */
 struct file_map {

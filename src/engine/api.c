@@ -14,6 +14,31 @@
 #include <string.h>
 
 
+/* The job kvllm_tp_init joined: MPI's world is one per process, and so is this. */
+static struct comm *g_comm;
+
+int kvllm_tp_init(double timeout_s, int *rank, int *size) {
+    *rank = 0;
+    *size = 1;
+    if (g_comm) { *rank = g_comm->rank; *size = g_comm->size; return 0; }
+    int rc = comm_mpi_new(timeout_s, &g_comm);
+    if (rc) return rc;
+    if (g_comm) { *rank = g_comm->rank; *size = g_comm->size; }
+    return 0;
+}
+
+bool kvllm_tp_mpi_built(void) { return comm_mpi_built(); }
+
+void kvllm_tp_fail(const char *why) { comm_fail(g_comm, why); }
+
+void kvllm_tp_end(int code) {
+    if (!g_comm) return;
+    if (code || comm_failed(g_comm)) comm_abort(g_comm, code ? code : 1);
+    if (g_comm->rank == 0) tp_exit(g_comm);
+    comm_free(g_comm);
+    g_comm = NULL;
+}
+
 struct kvllm_model_params kvllm_model_default_params(void) {
     return (struct kvllm_model_params){ .tokenizer_path = NULL, .n_threads = 0 };
 }
@@ -38,7 +63,7 @@ int kvllm_model_load(const char *path, const struct kvllm_model_params *params, 
     struct kvllm_model *km = xcalloc(1, sizeof *km);
     if (!km) return KVLLM_ENOMEM;
     snprintf(km->path, sizeof km->path, "%s", path);
-    int rc = model_load(path, getenv("KVLLM_CPU"), p.n_threads, &km->m);
+    int rc = model_load_tp(path, getenv("KVLLM_CPU"), p.n_threads, p.tensor_parallel ? g_comm : NULL, &km->m);
     if (!rc) rc = load_tokenizer(km, p.tokenizer_path);
     if (!rc && km->tok && tokenizer_n_vocab(km->tok) > km->m->hp.n_vocab) {
         LOG_ERR("%s: the vocabulary has %d tokens but the model only %d embedding rows",

@@ -120,9 +120,8 @@ static int render(const struct gguf_str *tmpl, const struct chat_template_params
     return 0;
 }
 
-int kvllm_chat_render_ex(const struct kvllm_model *km, const char *template_text,
-                         const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
-                         char **out) {
+static int chat_render(const struct kvllm_model *km, const char *template_text, const struct kvllm_chat_message *msgs,
+                       int n_msgs, const struct kvllm_chat_opts *opts, char **out) {
     *out = NULL;
     const struct kvllm_chat_opts none = { 0 }, *o = opts ? opts : &none;
     struct gguf_str tmpl;
@@ -132,10 +131,13 @@ int kvllm_chat_render_ex(const struct kvllm_model *km, const char *template_text
     return rc ? rc : render(&tmpl, &p, o->prefill, out, &len, NULL, NULL);
 }
 
+static int chat_tokenize(const struct kvllm_model *km, const char *template_text, const struct kvllm_chat_message *msgs,
+                         int n_msgs, const struct kvllm_chat_opts *opts, int32_t **ids_out, int *n_out);
+
 int kvllm_chat_render(const struct kvllm_model *km, const char *template_text,
                       const struct kvllm_chat_message *msgs, int n_msgs, bool add_generation_prompt, char **out) {
     struct kvllm_chat_opts o = { .add_generation_prompt = add_generation_prompt };
-    return kvllm_chat_render_ex(km, template_text, msgs, n_msgs, &o, out);
+    return chat_render(km, template_text, msgs, n_msgs, &o, out);
 }
 
 int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
@@ -143,12 +145,11 @@ int kvllm_chat_tokenize(const struct kvllm_model *km, const char *template_text,
                         bool special_in_content, int32_t **ids_out, int *n_out) {
     struct kvllm_chat_opts o = { .add_generation_prompt = add_generation_prompt,
                                  .special_in_content = special_in_content };
-    return kvllm_chat_tokenize_ex(km, template_text, msgs, n_msgs, &o, ids_out, n_out);
+    return chat_tokenize(km, template_text, msgs, n_msgs, &o, ids_out, n_out);
 }
 
-int kvllm_chat_tokenize_ex(const struct kvllm_model *km, const char *template_text,
-                           const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
-                           int32_t **ids_out, int *n_out) {
+static int chat_tokenize(const struct kvllm_model *km, const char *template_text, const struct kvllm_chat_message *msgs,
+                         int n_msgs, const struct kvllm_chat_opts *opts, int32_t **ids_out, int *n_out) {
     *ids_out = NULL;
     *n_out = 0;
     const struct kvllm_chat_opts none = { 0 }, *o = opts ? opts : &none;
@@ -188,4 +189,25 @@ int kvllm_chat_tokenize_ex(const struct kvllm_model *km, const char *template_te
     *ids_out = ids;
     *n_out = n + add;
     return 0;
+}
+
+/* The public entry points: a failure's message goes back in opts->err too. */
+int kvllm_chat_render_ex(const struct kvllm_model *km, const char *template_text,
+                         const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                         char **out) {
+    struct log_capture cap;
+    log_capture_begin(&cap, opts ? opts->err : NULL, opts ? opts->err_cap : 0);
+    int rc = chat_render(km, template_text, msgs, n_msgs, opts, out);
+    log_capture_end(&cap);
+    return rc;
+}
+
+int kvllm_chat_tokenize_ex(const struct kvllm_model *km, const char *template_text,
+                           const struct kvllm_chat_message *msgs, int n_msgs, const struct kvllm_chat_opts *opts,
+                           int32_t **ids_out, int *n_out) {
+    struct log_capture cap;
+    log_capture_begin(&cap, opts ? opts->err : NULL, opts ? opts->err_cap : 0);
+    int rc = chat_tokenize(km, template_text, msgs, n_msgs, opts, ids_out, n_out);
+    log_capture_end(&cap);
+    return rc;
 }

@@ -78,7 +78,7 @@ void engine_kv_groups(const struct model *m, int *n_win, int *window) {
  * sized for every sequence's window and a step's tokens (never more blocks
  * than the global pool has: a sequence never holds more sliding blocks
  * than global ones), and --kv-mem covers both. */
-static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback) {
+static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback, int forced_blocks) {
     const struct model *m = e->km->m;
     const struct model_hparams *hp = &m->hp;
     int n_win = 0;
@@ -92,7 +92,8 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback) {
     struct backend *be = m->be;
     const uint64_t avail = be->ops->mem_available ? be->ops->mem_available(be) : mem_available_bytes();
     uint64_t tokens;
-    if (e->p.kv_mem) tokens = e->p.kv_mem > win_bytes + bpt * (uint64_t)bs ? (e->p.kv_mem - win_bytes) / bpt
+    if (forced_blocks > 0) tokens = (uint64_t)forced_blocks * (uint64_t)bs;   /* rank 0's plan, taken as it is */
+    else if (e->p.kv_mem) tokens = e->p.kv_mem > win_bytes + bpt * (uint64_t)bs ? (e->p.kv_mem - win_bytes) / bpt
                                                                         : e->p.kv_mem / (bpt + win_bpt);
     else if (e->p.kv_tokens > 0) tokens = (uint64_t)e->p.kv_tokens;
     else {
@@ -100,7 +101,7 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback) {
         if (avail && tokens * bpt + win_bytes > avail / 2) tokens = avail / 2 > win_bytes ? (avail / 2 - win_bytes) / bpt : 0;
     }
     /* a byte budget rounds down; a token count rounds up to whole blocks */
-    uint64_t n_blocks = e->p.kv_mem ? tokens / (uint64_t)bs : (tokens + (uint64_t)bs - 1) / (uint64_t)bs;
+    uint64_t n_blocks = e->p.kv_mem && forced_blocks <= 0 ? tokens / (uint64_t)bs : (tokens + (uint64_t)bs - 1) / (uint64_t)bs;
     if (n_blocks < 1 || n_blocks > (1u << 30)) {
         LOG_ERR("a KV pool of %llu tokens (%llu blocks of %d) is not usable", (unsigned long long)tokens,
                 (unsigned long long)n_blocks, bs);
@@ -123,9 +124,13 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback) {
     for (int il = 0, ig = 0, iw = 0; il < hp->n_layer; il++)
         e->kv_layers[il] = n_win && m->layers[il].window > 0 ? e->kv_win.layers[iw++] : e->kv.layers[ig++];
     uint64_t act = forward_buf_bytes(hp, e->p.max_batch_tokens, e->n_logits_max);
-    LOG_INFO("memory plan (%s): weights %.1f MiB (%s), activations %.1f MiB, KV pool %.1f MiB: %llu blocks x %d "
+    char tp[80] = "";
+    if (m->tp_size > 1)
+        snprintf(tp, sizeof tp, ", tensor-parallel rank %d of %d (its %d of the KV heads)", m->tp_rank, m->tp_size,
+                 hp->n_head_kv);
+    LOG_INFO("memory plan (%s%s): weights %.1f MiB (%s), activations %.1f MiB, KV pool %.1f MiB: %llu blocks x %d "
              "tokens = %llu tokens of %s (%llu bytes each), %.1f sequences of full context (%d)",
-             be->ops->name, (double)e->km->m->placed_bytes / 1048576.0,
+             be->ops->name, tp, (double)e->km->m->placed_bytes / 1048576.0,
              strncmp(be->ops->name, "strict", 6) == 0 ? "copied" : "mapped", (double)act / 1048576.0,
              (double)bytes / 1048576.0, (unsigned long long)n_blocks, bs,
              (unsigned long long)(n_blocks * bs), kv_type_name(kt), (unsigned long long)bpt,
@@ -177,6 +182,11 @@ static int inputs_init(struct kvllm_engine *e) {
     in->h_rows = in->h_seq + nb;
     in->h_ids = in->h_rows + nb;
     in->h_win_slot = n_win ? in->h_ids + nl : NULL;
+    /* the step message (engine_run_step): 6 counts, 5 (6) arrays of a token each, the logits rows, the
+     * block copies of both pools, and per sequence its block count and table row(s) */
+    e->cap_msg = 6 + (5 + n_win) * nb + nl + 4 * (size_t)e->p.max_seqs +
+                 (size_t)e->p.max_seqs * (1 + (1 + n_win) * (size_t)in->max_blocks);
+    if (!(e->step_msg = xmalloc(e->cap_msg * sizeof *e->step_msg))) return KVLLM_ENOMEM;
     return 0;
 }
 
@@ -185,7 +195,7 @@ static int inputs_init(struct kvllm_engine *e) {
  * them, and min_tokens holds them back. */
 static void find_end_tokens(struct kvllm_engine *e) {
     static const char *const names[] = { "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|eom_id|>",
-                                         "<|endoftext|>" };
+                                         "<|endoftext|>", "<|return|>", "<|call|>" };   /* the last two: gpt-oss */
     const struct tokenizer *t = e->km->tok;
     if (!t) return;
     const int max_end = (int)(sizeof e->end_ids / sizeof *e->end_ids);
@@ -202,6 +212,11 @@ static void find_end_tokens(struct kvllm_engine *e) {
 
 int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max, int rollback,
                struct kvllm_engine **out) {
+    return engine_new_planned(km, params, n_logits_max, rollback, 0, out);
+}
+
+int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
+                       int rollback, int n_blocks, struct kvllm_engine **out) {
     *out = NULL;
     struct kvllm_engine_params p = params ? *params : kvllm_engine_default_params();
     struct kvllm_engine_params d = kvllm_engine_default_params();
@@ -230,6 +245,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
     e->p = p;
     e->n_ctx = n_ctx;
     e->n_logits_max = n_logits_max > p.max_seqs ? n_logits_max : p.max_seqs;
+    e->rollback = rollback;
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
     e->mask_words = (hp->n_vocab + 31) / 32;
@@ -248,7 +264,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
     rc = spec_init(e);   /* before sizing: speculation wants 1 + k logits rows per sequence */
     if (rc) { kvllm_engine_free(e); return rc; }
     const size_t V = (size_t)hp->n_vocab, nl = (size_t)e->n_logits_max;
-    rc = plan_pool(e, (enum kv_type)kt, rollback);
+    rc = plan_pool(e, (enum kv_type)kt, rollback, n_blocks);
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
     if (!rc && e->win_pool.n_blocks) sched_set_window(&e->sched, &e->win_pool, e->window, rollback);
     if (!rc) rc = sched_batch_init(&e->sb, p.max_seqs);
@@ -265,7 +281,10 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
         e->aborts = xmalloc((size_t)e->cap_aborts * sizeof *e->aborts);
         if (!e->logit_seqs || !e->logit_dst || !e->logits || !e->text || !e->aborts) rc = KVLLM_ENOMEM;
     }
+    if (!rc) rc = comm_reserve(km->m->comm, (size_t)p.max_batch_tokens * (size_t)hp->n_embd > nl * V
+                                                 ? (size_t)p.max_batch_tokens * (size_t)hp->n_embd : nl * V);
     if (!rc) rc = spec_start(e);
+    if (!rc && km->m->comm && km->m->comm->rank == 0) rc = tp_engine_announce(e);
     if (rc) { kvllm_engine_free(e); return rc; }
     *out = e;
     return 0;
@@ -280,6 +299,8 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     for (struct request *r = e->live, *n; r; r = n) { n = r->next; engine_request_free(r); }
     for (struct request *r = e->inbox, *n; r; r = n) { n = r->next; engine_request_free(r); }
     spec_deinit(e);   /* after the requests: their draft shadows leave the draft engine first */
+    tp_engine_retire(e);
+    free(e->step_msg);
     struct backend *be = e->km->m->be;
     free(e->aborts);
     free(e->logit_seqs);
@@ -409,6 +430,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->max_tokens = max_len - q->n_prompt;
     r->ignore_eos = q->ignore_eos;
     r->want_logits = q->want_logits;
+    r->include_stop = q->include_stop_str;
     r->grammar = constrain_ref(q->grammar);
     r->backend_greedy = greedy_on_backend(q);
     r->greedy = !(q->sampling.temperature > 0.0f);
@@ -435,6 +457,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
         if (!rc && !(r->seqs[i] = seq_new(0, q->prompt, q->n_prompt, max_len, e->p.block_size))) rc = KVLLM_ENOMEM;
         if (!rc && !q->no_text && km->tok) {
             detok_init(&c->detok, km->tok);
+            c->detok.special = q->special_text;
             c->has_detok = true;
             /* the withheld text: a stop string's prefix plus a few pieces; sized
              * now so that a step does not allocate (it grows only for giants) */
@@ -474,7 +497,17 @@ static int tokenize_prompt(struct kvllm_engine *e, const struct kvllm_request *q
     return 0;
 }
 
+int kvllm_engine_add_ex(struct kvllm_engine *e, const struct kvllm_request *q, uint64_t *id, char *err, size_t err_cap) {
+    struct log_capture cap;
+    log_capture_begin(&cap, err, err_cap);
+    int rc = kvllm_engine_add(e, q, id);
+    log_capture_end(&cap);
+    if (rc == KVLLM_EBUSY && err && err_cap && !err[0]) snprintf(err, err_cap, "%s", kvllm_strerror(rc));
+    return rc;
+}
+
 int kvllm_engine_add(struct kvllm_engine *e, const struct kvllm_request *q0, uint64_t *id) {
+    if (kvllm_engine_failed(e)) return KVLLM_ECOMM;   /* its job lost a rank: nothing can be computed */
     struct request *r;
     struct kvllm_request q1;
     int32_t *ids;
@@ -600,21 +633,91 @@ static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int r
     return nl;
 }
 
-/* Upload the step's inputs and issue its ops; the downloads of the picked
- * tokens (rows 0 .. n_greedy) and of the other logits rows (n_greedy ..
- * n_logits) are issued too.  Returns the first error. */
+/* The step's inputs as one message of int32 words, which rank 0 of a
+ * tensor-parallel job broadcasts (tp.c) and every rank runs
+ * (engine_run_step):
+ *   k, n_logits, n_seqs, n_copies, n_win_copies, has_win;
+ *   tok[k] pos[k] slot[k] seq[k] (win_slot[k]) rows[n_logits]
+ *   copies[2 n_copies] win_copies[2 n_win_copies];
+ *   per sequence: n_blocks, blocks[n_blocks] (win_blocks[n_blocks]).
+ * Returns its words. */
+static int pack_step(struct kvllm_engine *e, int k, int nl) {
+    const struct sched_batch *b = &e->sb;
+    const struct step_inputs *in = &e->in;
+    const int has_win = in->h_win_slot != NULL;
+    int32_t *w = e->step_msg;
+    *w++ = k, *w++ = nl, *w++ = b->n_seqs, *w++ = b->n_copies, *w++ = b->n_win_copies, *w++ = has_win;
+#define PUT(src, n) do { if ((n) > 0) memcpy(w, (src), (size_t)(n) * sizeof *w); w += (n); } while (0)
+    PUT(in->h_tok, k); PUT(in->h_pos, k); PUT(in->h_slot, k); PUT(in->h_seq, k);
+    if (has_win) PUT(in->h_win_slot, k);
+    PUT(in->h_rows, nl);
+    PUT(b->copies, 2 * b->n_copies);
+    PUT(b->win_copies, 2 * b->n_win_copies);
+    for (int i = 0; i < b->n_seqs; i++) {
+        const struct seq *q = b->seqs[i];
+        *w++ = q->n_blocks;
+        PUT(q->blocks, q->n_blocks);
+        /* entries before the window are -1: no window reads them */
+        if (has_win) PUT(q->win_blocks, q->n_blocks);
+    }
+#undef PUT
+    KV_ASSERT((size_t)(w - e->step_msg) <= e->cap_msg);
+    return (int)(w - e->step_msg);
+}
+
+int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
+    struct step_inputs *in = &e->in;
+    struct backend_ctx *c = e->ctx;
+    const struct backend_ops *ops = c->ops;
+    const int32_t *w = msg;
+    const int k = w[0], nl = w[1], ns = w[2], nc = w[3], nwc = w[4], has_win = w[5];
+    KV_ASSERT(k >= 1 && k <= e->p.max_batch_tokens && nl >= 0 && nl <= e->n_logits_max && ns <= e->p.max_seqs &&
+              nc <= e->p.max_seqs && nwc <= e->p.max_seqs && has_win == (in->d_win_table != NULL));
+    w += 6;
+    const int32_t *tok = w, *pos = tok + k, *slot = pos + k, *seq = slot + k;
+    const int32_t *win_slot = has_win ? seq + k : NULL, *rows = seq + k + (has_win ? k : 0);
+    const int32_t *copies = rows + nl, *win_copies = copies + 2 * nc;
+    w = win_copies + 2 * nwc;
+    int rc = 0;
+    if (nc) rc = BE_OP(c, copy_blocks, e->kv.layers, e->kv.n_layer, (const int32_t(*)[2])copies, nc);
+    if (!rc && nwc) rc = BE_OP(c, copy_blocks, e->kv_win.layers, e->kv_win.n_layer, (const int32_t(*)[2])win_copies, nwc);
+    for (int i = 0; i < ns; i++) {
+        const int nb = *w++;
+        KV_ASSERT(nb >= 0 && nb <= in->max_blocks);
+        if (!rc) rc = ops->upload(c, in->d_table + (size_t)i * in->max_blocks, w, (size_t)nb * sizeof *w);
+        w += nb;
+        if (!has_win) continue;
+        if (!rc) rc = ops->upload(c, in->d_win_table + (size_t)i * in->max_blocks, w, (size_t)nb * sizeof *w);
+        w += nb;
+    }
+    KV_ASSERT(w - msg == n_words);
+    const size_t nk = (size_t)k * sizeof(int32_t);
+    if (!rc) rc = ops->upload(c, in->d_tok, tok, nk);
+    if (!rc) rc = ops->upload(c, in->d_pos, pos, nk);
+    if (!rc) rc = ops->upload(c, in->d_slot, slot, nk);
+    if (!rc) rc = ops->upload(c, in->d_seq, seq, nk);
+    if (!rc) rc = ops->upload(c, in->d_rows, rows, (size_t)nl * sizeof(int32_t));
+    if (!rc && has_win) rc = ops->upload(c, in->d_win_slot, win_slot, nk);
+    struct batch bt = { .n_tokens = k, .tokens = in->d_tok, .pos = in->d_pos, .slots = in->d_slot,
+                        .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
+                        .win_slots = in->d_win_slot, .win_block_table = in->d_win_table,
+                        .n_logits = nl, .logit_rows = in->d_rows };
+    if (!rc) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
+    /* a rank that leaves the step early leaves the others waiting in a collective: the job is over */
+    if (rc && e->km->m->comm) comm_fail(e->km->m->comm, "a step's ops failed");
+    return rc;
+}
+
+/* Build the step's inputs, send them to the other ranks (tensor
+ * parallelism) and issue its ops; the downloads of the picked tokens
+ * (rows 0 .. n_greedy) and of the other logits rows (n_greedy .. n_logits)
+ * are issued too.  Returns the first error. */
 static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     const struct sched_batch *b = &e->sb;
     struct step_inputs *in = &e->in;
     struct backend_ctx *c = e->ctx;
     const struct backend_ops *ops = c->ops;
     const int bs = e->p.block_size, V = e->km->m->hp.n_vocab;
-    int rc = 0;
-    if (b->n_copies) rc = BE_OP(c, copy_blocks, e->kv.layers, e->kv.n_layer, (const int32_t(*)[2])b->copies,
-                                b->n_copies);
-    if (!rc && b->n_win_copies)
-        rc = BE_OP(c, copy_blocks, e->kv_win.layers, e->kv_win.n_layer, (const int32_t(*)[2])b->win_copies,
-                   b->n_win_copies);
     int k = 0, nl = 0;
     for (int i = 0, row0 = 0; i < b->n_seqs; row0 += b->n_new[i], i++)
         nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, true);
@@ -634,25 +737,10 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
                 in->h_win_slot[k] = q->win_blocks[t / bs] * bs + t % bs;
             }
         }
-        if (!rc) rc = ops->upload(c, in->d_table + (size_t)i * in->max_blocks, q->blocks,
-                                  (size_t)q->n_blocks * sizeof *q->blocks);
-        /* entries before win_lo are -1: no window reads them */
-        if (!rc && in->d_win_table)
-            rc = ops->upload(c, in->d_win_table + (size_t)i * in->max_blocks, q->win_blocks,
-                             (size_t)q->n_blocks * sizeof *q->win_blocks);
     }
-    const size_t nk = (size_t)k * sizeof(int32_t);
-    if (!rc) rc = ops->upload(c, in->d_tok, in->h_tok, nk);
-    if (!rc) rc = ops->upload(c, in->d_pos, in->h_pos, nk);
-    if (!rc) rc = ops->upload(c, in->d_slot, in->h_slot, nk);
-    if (!rc) rc = ops->upload(c, in->d_seq, in->h_seq, nk);
-    if (!rc) rc = ops->upload(c, in->d_rows, in->h_rows, (size_t)nl * sizeof(int32_t));
-    if (!rc && in->h_win_slot) rc = ops->upload(c, in->d_win_slot, in->h_win_slot, nk);
-    struct batch bt = { .n_tokens = k, .tokens = in->d_tok, .pos = in->d_pos, .slots = in->d_slot,
-                        .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
-                        .win_slots = in->d_win_slot, .win_block_table = in->d_win_table,
-                        .n_logits = nl, .logit_rows = in->d_rows };
-    if (!rc) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
+    const int n_words = pack_step(e, k, nl);
+    int rc = tp_step_send(e, e->step_msg, n_words);
+    if (!rc) rc = engine_run_step(e, e->step_msg, n_words);
     /* the sampling stage: greedy rows are picked in the backend and only
      * their token ids leave it; the other rows go to the host sampler */
     if (!rc && ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
@@ -717,8 +805,20 @@ static void run_batch(struct kvllm_engine *e) {
     }
 }
 
+/* A tensor-parallel job that lost a rank computes nothing more: every request ends with an error. */
+static void fail_all(struct kvllm_engine *e) {
+    for (struct request *r = e->live; r; r = r->next)
+        for (int k = 0; k < r->n; k++)
+            if (!r->ctx[k].done) output_finish_seq(e, r->seqs[k], -1, "", 0, KVLLM_FINISH_ERROR);
+}
+
 int engine_step(struct kvllm_engine *e) {
     drain_inbox(e);
+    if (comm_failed(e->km->m->comm)) {
+        fail_all(e);
+        reap(e);
+        return KVLLM_ECOMM;
+    }
     if (e->p.spec != KVLLM_SPEC_NONE) spec_propose(e);
     sched_schedule(&e->sched, &e->sb);
     int n = e->sb.n_tokens;
@@ -738,11 +838,29 @@ int engine_step(struct kvllm_engine *e) {
 
 int kvllm_engine_step(struct kvllm_engine *e) { return engine_step(e); }
 
+bool kvllm_engine_failed(const struct kvllm_engine *e) { return comm_failed(e->km->m->comm); }
+
 bool kvllm_engine_idle(struct kvllm_engine *e) {
     pthread_mutex_lock(&e->mu);
     bool pending = e->inbox != NULL || e->n_aborts > 0;
     pthread_mutex_unlock(&e->mu);
     return !pending && e->live == NULL;
+}
+
+/* The pool's listener, told in the public terms. */
+static void engine_kv_event(const struct block_pool_event *ev, void *user) {
+    struct kvllm_engine *e = user;
+    const struct kvllm_kv_event out = {
+        .kind = ev->kind == BLOCK_POOL_STORED ? KVLLM_KV_BLOCK_STORED : KVLLM_KV_BLOCK_REMOVED,
+        .block = ev->id, .parent = ev->parent, .tokens = ev->tokens,
+    };
+    e->kv_event_fn(&out, e->kv_event_user);
+}
+
+void kvllm_engine_set_kv_events(struct kvllm_engine *e, kvllm_kv_event_fn fn, void *user) {
+    e->kv_event_fn = fn;
+    e->kv_event_user = user;
+    block_pool_set_listener(&e->pool, fn ? engine_kv_event : NULL, fn ? e : NULL);
 }
 
 void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st) {

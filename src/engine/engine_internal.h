@@ -54,6 +54,7 @@ struct request {
     void *user;
     int n, n_done, max_tokens;
     bool ignore_eos, aborted, forked, queued, want_logits;
+    bool include_stop;            /* a matched stop string stays in the text (vLLM's include_stop_str_in_output) */
     bool failed;            /* a sequence ended with KVLLM_FINISH_ERROR */
     bool backend_greedy;    /* its tokens are picked by the backend's argmax (engine.c: greedy_on_backend) */
     char **stop;
@@ -123,6 +124,8 @@ struct kvllm_engine {
     pthread_mutex_t gv_mu;                     /* builds gv once, at the first constrained add (any thread) */
     struct gvocab *gv;                         /* the vocabulary index for grammars (NULL until then) */
     struct gpool *gpool;                       /* matchers for running constrained samples (constrain.c) */
+    kvllm_kv_event_fn kv_event_fn;             /* kvllm_engine_set_kv_events (NULL: off) */
+    void *kv_event_user;
 
     pthread_mutex_t mu;                        /* guards the fields below, up to `live` */
     struct request *inbox, **inbox_tail;
@@ -135,6 +138,10 @@ struct kvllm_engine {
     struct kvllm_engine *draft;                /* KVLLM_SPEC_DRAFT: the draft model's private engine (spec.c) */
     struct seq **spec_part;                    /* (max_seqs) sequences drafting in this step */
     int *spec_room;                            /* (max_seqs) drafts each may take */
+    int rollback;                              /* engine_new's */
+    int32_t *step_msg;                         /* (cap_msg) the step's inputs as one message (engine_run_step) */
+    size_t cap_msg;
+    int tp_id;                                 /* rank 0 of a tensor-parallel job: the id its mirrors know (tp.c) */
 };
 
 /* engine.c */
@@ -143,6 +150,13 @@ struct kvllm_engine {
  * start (a draft engine's shadows: the drafts and one; see sched_set_window). */
 int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max, int rollback,
                struct kvllm_engine **out);
+/* engine_new with a KV pool of exactly n_blocks (> 0) blocks, whatever the memory: a tensor-parallel
+ * rank's mirror of rank 0's engine (tp.c); 0: planned from the parameters and the memory. */
+int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
+                       int rollback, int n_blocks, struct kvllm_engine **out);
+/* Run a step message (issue_batch builds it on rank 0; other ranks receive it): block copies, the
+ * inputs uploaded, the forward issued.  The first error; results after backend_sync. */
+int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words);
 /* How an engine keeps m's K/V: a model with both sliding-window and global layers keeps its *n_win
  * sliding layers' K/V for their window (*window positions, the longest) in a pool of their own; 0, 0
  * when every layer is of one kind (one pool, whole contexts). */
@@ -154,6 +168,12 @@ int engine_step(struct kvllm_engine *e);
 /* Test hook: the fail_after-th op from now fails with code (an injected
  * device or kernel error). */
 void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code);
+
+/* tp.c: tensor parallelism, rank 0's side (nothing is sent for a model of one rank) */
+int tp_engine_announce(struct kvllm_engine *e);   /* after creation: the ranks > 0 make its mirror */
+void tp_engine_retire(struct kvllm_engine *e);    /* at free */
+int tp_step_send(struct kvllm_engine *e, const int32_t *msg, int n_words);
+void tp_exit(struct comm *cm);                    /* the ranks > 0 leave kvllm_tp_worker */
 
 /* spec.c: speculative decoding (see kvllm.h, enum kvllm_spec) */
 /* At creation: the parameters checked and defaulted; for a draft model its private engine. */

@@ -152,7 +152,10 @@ static void accept_token(struct kvllm_engine *e, struct seq *q, int32_t tok, boo
         if (!*r->stop[i] || !c->n_held) continue;
         c->held[c->n_held] = 0;
         char *hit = strstr(c->held, r->stop[i]);
-        if (hit) { output_finish_seq(e, q, tok, c->held, (size_t)(hit - c->held), KVLLM_FINISH_STOP); return; }
+        if (!hit) continue;
+        size_t upto = (size_t)(hit - c->held) + (r->include_stop ? strlen(r->stop[i]) : 0);
+        output_finish_seq(e, q, tok, c->held, upto, KVLLM_FINISH_STOP);
+        return;
     }
     size_t keep = fin ? 0 : stop_prefix_tail(r, c->held, c->n_held);
     size_t out = c->n_held - keep;

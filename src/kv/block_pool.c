@@ -170,6 +170,7 @@ int32_t block_pool_alloc(struct block_pool *p) {
         ht_remove_slot(p, (uint32_t)slot);
         p->hash[id] = 0;
         p->n_cached--;
+        if (p->listener) p->listener(&(struct block_pool_event){ BLOCK_POOL_REMOVED, id, -1, NULL }, p->listener_user);
     }
     p->gen[id]++; /* new contents: children published under the old ones no longer match */
     p->parent[id] = -1;
@@ -242,6 +243,14 @@ void block_pool_publish(struct block_pool *p, int32_t id, uint64_t hash, int32_t
     memcpy(p->tokens + (size_t)id * (size_t)p->block_size, tokens, (size_t)p->block_size * sizeof *tokens);
     p->parent[id] = parent;
     p->parent_gen[id] = parent >= 0 ? pp->gen[parent] : 0;
+    if (p->listener)
+        p->listener(&(struct block_pool_event){ BLOCK_POOL_STORED, id, parent, p->tokens + (size_t)id * (size_t)p->block_size },
+                    p->listener_user);
+}
+
+void block_pool_set_listener(struct block_pool *p, block_pool_listener_fn fn, void *user) {
+    p->listener = fn;
+    p->listener_user = user;
 }
 
 /* ---- hashing ---- */

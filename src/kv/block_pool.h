@@ -10,8 +10,8 @@
  * "cached": a later request with the same prefix can take it back
  * (block_pool_retain) until allocation evicts it.
  *
- * A hash is never trusted alone (issue 15: an unkeyed 64-bit chain can be
- * run backwards and a colliding block forged).  A published block keeps its
+ * A hash is never trusted alone (an unkeyed 64-bit chain can be run
+ * backwards and a colliding block forged).  A published block keeps its
  * tokens and the block it followed (its parent, with the parent's
  * allocation generation), and block_pool_match returns it only when all
  * three agree with the asking sequence: the tokens compared id by id, the
@@ -33,12 +33,31 @@
  *
  * "Ask, then do": block_pool_can_alloc says whether n allocations will
  * succeed, so a scheduler can decide before mutating anything.  Not
- * thread-safe: one engine thread owns the pool. */
+ * thread-safe: one engine thread owns the pool.
+ *
+ * A listener (block_pool_set_listener) hears what the prefix cache gains
+ * and loses — a block published, a cached block evicted — so that the
+ * layer above can tell routers what this pool holds (vLLM's KV events)
+ * without the pool knowing who listens or how it is sent. */
 #ifndef KVLLM_BLOCK_POOL_H
 #define KVLLM_BLOCK_POOL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* What the prefix cache just gained or lost (block_pool_set_listener). */
+enum block_pool_event_kind {
+    BLOCK_POOL_STORED,   /* a block was published: a later prefix may reuse it */
+    BLOCK_POOL_REMOVED,  /* a published block was evicted (its contents are about to be replaced) */
+};
+struct block_pool_event {
+    enum block_pool_event_kind kind;
+    int32_t id;             /* the block */
+    int32_t parent;         /* STORED: the block before it in the publisher's table (a block of the linked
+                               pool when linked), -1 for a first block; REMOVED: -1 */
+    const int32_t *tokens;  /* STORED: its block_size token ids (valid during the call); REMOVED: NULL */
+};
+typedef void (*block_pool_listener_fn)(const struct block_pool_event *ev, void *user);
 
 struct block_pool {
     int n_blocks, block_size;
@@ -60,6 +79,8 @@ struct block_pool {
     uint64_t n_lookups, n_hits; /* prefix-cache statistics, in blocks */
     uint64_t n_collisions;      /* lookups whose hash matched a block of other tokens or another prefix */
     const struct block_pool *link; /* the pool parents are blocks of (NULL: this one) */
+    block_pool_listener_fn listener; /* NULL: nobody listens */
+    void *listener_user;
 };
 
 /* All blocks free, ids 0..n_blocks-1 in the free list in order.  All arrays
@@ -128,6 +149,12 @@ void block_pool_set_hash_fn(uint64_t (*fn)(uint64_t key, uint64_t parent, const 
  * different pool that outlives p), their generations link's: see the
  * model of the world above.  Call before publishing anything. */
 void block_pool_link(struct block_pool *p, const struct block_pool *link);
+
+/* From now on fn(ev, user) is called, on the thread that owns the pool,
+ * inside block_pool_publish for every block that enters the map (not for
+ * the no-op cases) and inside block_pool_alloc for every published block it
+ * evicts.  fn must not call back into the pool.  NULL: off. */
+void block_pool_set_listener(struct block_pool *p, block_pool_listener_fn fn, void *user);
 
 /* Counts for reports: held (ref > 0), cached (free, published), empty (free, unpublished). */
 static inline int block_pool_n_held(const struct block_pool *p) { return p->n_blocks - p->n_free; }

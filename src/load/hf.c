@@ -1,5 +1,5 @@
 /* hf.c — Hugging Face Llama/Mistral/Qwen2/GPT-2/Qwen3/Gemma 2/Gemma 3/Phi-3/
- * SmolLM3 folders read as an in-memory GGUF (see hf.h); writing one is
+ * SmolLM3/Mixtral/Qwen3-MoE folders read as an in-memory GGUF (see hf.h); writing one is
  * hf_write.c.
  *
  * config.json -> <arch>.* keys, as llama.cpp's converter writes them; the shards are mapped back to back
@@ -133,6 +133,9 @@ struct hf_hparams {
     double eps, theta;
     double attn_softcap, final_softcap; /* Gemma 3: 0 when null */
     bool tied;
+    /* mixture of experts (Mixtral, Qwen3-MoE; 0: a dense FFN): experts per layer, per token, and one
+     * expert's width (Qwen3-MoE's moe_intermediate_size, Mixtral's intermediate_size) */
+    int64_t n_expert, n_expert_used, n_ff_exp;
     /* rope_scaling: 0 none, 1 linear (factor), 2 llama3 (factor, low/high_freq_factor, original context),
      * 3 LongRoPE (Phi-3: per-pair factors, attention factor) */
     int rope_scaling;
@@ -341,15 +344,62 @@ static int read_config_smollm3(const char *path, json_object *cfg, const struct 
     return 0;
 }
 
+/* The experts of Mixtral (num_local_experts) and Qwen3-MoE (num_experts,
+ * moe_intermediate_size): every layer's FFN is n_expert experts of which
+ * each token uses the num_experts_per_tok best, their router weights
+ * renormalized to sum 1 (GGUF's llama and qwen3moe, as llama.cpp runs them),
+ * so a Qwen3-MoE config that does not renormalize (norm_topk_prob false, the
+ * Transformers default) or keeps dense layers (decoder_sparse_step,
+ * mlp_only_layers) is refused rather than run differently. */
+static int read_config_moe(const char *path, json_object *cfg, bool qwen, struct hf_hparams *hp) {
+    int64_t step;
+    bool norm;
+    int rc;
+    if ((rc = cfg_int(path, cfg, qwen ? "num_experts" : "num_local_experts", true, 1, 4096, 0, &hp->n_expert)) ||
+        (rc = cfg_int(path, cfg, "num_experts_per_tok", true, 1, 4096, 0, &hp->n_expert_used)))
+        return rc;
+    if (hp->n_expert_used > hp->n_expert) {
+        LOG_ERR("%s: num_experts_per_tok %lld is more than the %lld experts (%s)", path, (long long)hp->n_expert_used,
+                (long long)hp->n_expert, qwen ? "num_experts" : "num_local_experts");
+        return KVLLM_EFORMAT;
+    }
+    hp->n_ff_exp = hp->n_ff;
+    if (!qwen) return 0;
+    if ((rc = cfg_int(path, cfg, "moe_intermediate_size", true, 1, 1 << 22, 0, &hp->n_ff_exp)) ||
+        (rc = cfg_int(path, cfg, "decoder_sparse_step", false, 1, 4096, 1, &step)) ||
+        (rc = cfg_bool(path, cfg, "norm_topk_prob", false, &norm)))
+        return rc;
+    json_object *dense = cfg_get(cfg, "mlp_only_layers");
+    if (dense && (!json_object_is_type(dense, json_type_array) || json_object_array_length(dense))) {
+        LOG_ERR("%s: mlp_only_layers %.60s: layers without experts are not supported (GGUF's qwen3moe has experts "
+                "in every layer)", path, json_object_to_json_string(dense));
+        return KVLLM_EUNSUPPORTED;
+    }
+    if (step != 1) {
+        LOG_ERR("%s: decoder_sparse_step %lld: layers without experts are not supported (GGUF's qwen3moe has "
+                "experts in every layer)", path, (long long)step);
+        return KVLLM_EUNSUPPORTED;
+    }
+    if (!norm) {
+        LOG_ERR("%s: norm_topk_prob %s: kvllm, as llama.cpp's qwen3moe, renormalizes the chosen experts' weights; "
+                "unnormalized routing is not supported", path, cfg_get(cfg, "norm_topk_prob") ? "false"
+                : "absent (Transformers' default is false)");
+        return KVLLM_EUNSUPPORTED;
+    }
+    return 0;
+}
+
 /* Check the architecture and read the hyper-parameters. */
 static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp) {
     static const char *archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel",
                                    "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
-                                   "SmolLM3ForCausalLM" };
+                                   "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM" };
     static const char *types[] = { "llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma3_text", "phi3", "gemma2",
-                                   "smollm3" };
+                                   "smollm3", "mixtral", "qwen3_moe" };
     static const enum hf_arch ids[] = { HF_LLAMA, HF_LLAMA, HF_QWEN2, HF_GPT2, HF_QWEN3, HF_GEMMA3, HF_PHI3,
-                                        HF_GEMMA2, HF_SMOLLM3 };
+                                        HF_GEMMA2, HF_SMOLLM3, HF_LLAMA, HF_QWEN3 };
+    static const bool experts[] = { [9] = true, [10] = true };   /* Mixtral, Qwen3-MoE */
+    size_t which = 0;
     const size_t n_archs = sizeof archs / sizeof *archs;
     json_object *a = cfg_get(cfg, "architectures"), *t = cfg_get(cfg, "model_type");
     const char *name = NULL;
@@ -363,7 +413,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         }
         name = json_object_get_string(a0);
         for (size_t i = 0; i < n_archs; i++)
-            if (!strcmp(name, archs[i])) { known = true; hp->arch = ids[i]; }
+            if (!strcmp(name, archs[i])) { known = true; hp->arch = ids[i]; which = i; }
     } else if (t) {
         if (!json_object_is_type(t, json_type_string)) {
             LOG_ERR("%s: \"model_type\" must be a string", path);
@@ -371,7 +421,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         }
         name = json_object_get_string(t);
         for (size_t i = 0; i < n_archs; i++)
-            if (!strcmp(name, types[i])) { known = true; hp->arch = ids[i]; }
+            if (!strcmp(name, types[i])) { known = true; hp->arch = ids[i]; which = i; }
     } else {
         LOG_ERR("%s: neither \"architectures\" nor \"model_type\" is given", path);
         return KVLLM_EFORMAT;
@@ -379,7 +429,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
     if (!known) {
         LOG_ERR("%s: unknown architecture '%.64s' (supported: LlamaForCausalLM, MistralForCausalLM, "
                 "Qwen2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                "Phi3ForCausalLM, SmolLM3ForCausalLM)", path, name);
+                "Phi3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)", path, name);
         return KVLLM_EUNSUPPORTED;
     }
     hp->attn_softcap = hp->final_softcap = 0.0;
@@ -440,6 +490,7 @@ static int read_config(const char *path, json_object *cfg, struct hf_hparams *hp
         hp->n_swa = 0;
     }
     if (hp->arch == HF_PHI3 && (rc = read_config_phi3(path, cfg, hp))) return rc;
+    if (experts[which] && (rc = read_config_moe(path, cfg, hp->arch == HF_QWEN3, hp))) return rc;
     if (hp->arch == HF_SMOLLM3 && (rc = read_config_smollm3(path, cfg, hp))) return rc;
     if (hp->n_swa > hp->n_ctx) {
         LOG_ERR("%s: sliding_window %lld is longer than max_position_embeddings %lld", path, (long long)hp->n_swa,
@@ -463,7 +514,7 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     while (n > 1 && name[n - 1] == '/') name[--n] = 0;
     const char *base = strrchr(name, '/');
     base = base && base[1] ? base + 1 : name;
-    const char *a = hf_gguf_arch[hp->arch];
+    const char *a = hp->n_expert && hp->arch == HF_QWEN3 ? "qwen3moe" : hf_gguf_arch[hp->arch];
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
     int rc = gguf_set_str(g, "general.architecture", a);
@@ -493,6 +544,10 @@ static int set_keys(struct gguf *g, const char *dir, const struct hf_hparams *hp
     }
     if (!rc) rc = gguf_set_u32(g, KEY("vocab_size"), (uint32_t)hp->n_vocab);
     if (!rc && hp->n_swa) rc = gguf_set_u32(g, KEY("attention.sliding_window"), (uint32_t)hp->n_swa);
+    if (!rc && hp->n_expert) rc = gguf_set_u32(g, KEY("expert_count"), (uint32_t)hp->n_expert);
+    if (!rc && hp->n_expert) rc = gguf_set_u32(g, KEY("expert_used_count"), (uint32_t)hp->n_expert_used);
+    if (!rc && hp->n_expert && hp->arch == HF_QWEN3)
+        rc = gguf_set_u32(g, KEY("expert_feed_forward_length"), (uint32_t)hp->n_ff_exp);
     if (!rc && hp->attn_softcap > 0) rc = gguf_set_f32(g, KEY("attn_logit_softcapping"), (float)hp->attn_softcap);
     if (!rc && hp->final_softcap > 0) rc = gguf_set_f32(g, KEY("final_logit_softcapping"), (float)hp->final_softcap);
 #undef KEY
@@ -657,6 +712,62 @@ static int map_name_gpt2(const char *hf, int64_t n_layer, char *out, size_t cap,
     return -1;
 }
 
+/* The experts' HF names (Mixtral's, Qwen3-MoE's: model.layers.N.<block>.gate
+ * is the router, model.layers.N.<block>.experts.E.<proj> expert E) and the
+ * GGUF kinds they become, one 2-D tensor per expert: blk.N.ffn_<kind>.E
+ * (model.c takes them as views, so they stay in the mapping, no copy). */
+static const char *const moe_block[2] = { "block_sparse_moe", "mlp" };
+static const char *const moe_proj[2][3] = { { "w1", "w3", "w2" }, { "gate_proj", "up_proj", "down_proj" } };
+static const char *const moe_kind[3] = { "gate", "up", "down" };
+
+/* An expert tensor's or the router's GGUF name (p: the HF name after "model.layers.il."); 1 mapped, -1 not one. */
+static int map_name_moe(const char *p, const struct hf_hparams *hp, int64_t il, char *out, size_t cap) {
+    const int q = hp->arch == HF_QWEN3;
+    const size_t nb = strlen(moe_block[q]);
+    if (strncmp(p, moe_block[q], nb) || p[nb] != '.') return -1;
+    p += nb + 1;
+    if (!strcmp(p, "gate.weight")) { snprintf(out, cap, "blk.%lld.ffn_gate_inp.weight", (long long)il); return 1; }
+    if (strncmp(p, "experts.", 8)) return -1;
+    p += 8;
+    int64_t e = 0;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9' && e <= hp->n_expert) e = e * 10 + (*p++ - '0');
+    if (*p++ != '.' || e >= hp->n_expert) return -1;
+    for (int k = 0; k < 3; k++) {
+        const size_t n = strlen(moe_proj[q][k]);
+        if (!strncmp(p, moe_proj[q][k], n) && !strcmp(p + n, ".weight")) {
+            snprintf(out, cap, "blk.%lld.ffn_%s.%lld.weight", (long long)il, moe_kind[k], (long long)e);
+            return 1;
+        }
+    }
+    return -1;
+}
+
+/* Every layer of a mixture of experts has its router and all its experts; the first one missing is named. */
+static int check_experts(const struct gguf *g, const char *where, const struct hf_hparams *hp) {
+    const int q = hp->arch == HF_QWEN3;
+    char name[96];
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.weight", (long long)il);
+        if (!gguf_find_tensor(g, name)) {
+            LOG_ERR("%s: no tensor 'model.layers.%lld.%s.gate.weight' (the router of a mixture of experts)", where,
+                    (long long)il, moe_block[q]);
+            return KVLLM_EFORMAT;
+        }
+        for (int64_t e = 0; e < hp->n_expert; e++)
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "blk.%lld.ffn_%s.%lld.weight", (long long)il, moe_kind[k], (long long)e);
+                if (!gguf_find_tensor(g, name)) {
+                    LOG_ERR("%s: no tensor 'model.layers.%lld.%s.experts.%lld.%s.weight' (config.json: %lld experts)",
+                            where, (long long)il, moe_block[q], (long long)e, moe_proj[q][k],
+                            (long long)hp->n_expert);
+                    return KVLLM_EFORMAT;
+                }
+            }
+    }
+    return 0;
+}
+
 /* HF name -> GGUF name; returns 1 mapped, 0 to ignore, -1 unknown. */
 static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size_t cap, int *perm) {
     if (hp->arch == HF_GPT2) return map_name_gpt2(hf, hp->n_layer, out, cap, perm);
@@ -701,6 +812,7 @@ static int map_name(const char *hf, const struct hf_hparams *hp, char *out, size
     while (*p >= '0' && *p <= '9' && il <= n_layer) il = il * 10 + (*p++ - '0');
     if (*p++ != '.' || il >= n_layer) return -1;
     if (!strcmp(p, "self_attn.rotary_emb.inv_freq")) return 0; /* recomputed */
+    if (hp->n_expert && map_name_moe(p, hp, il, out, cap) == 1) return 1;
     for (size_t i = 0; (hp->arch == HF_GEMMA2 || hp->arch == HF_GEMMA3) && i < sizeof gemma / sizeof *gemma; i++)
         if (!strcmp(p, gemma[i][0])) {
             snprintf(out, cap, "blk.%lld.%s", (long long)il, gemma[i][1]);
@@ -808,6 +920,62 @@ static int add_tensor(struct gguf *g, const struct st_file *sf, const struct st_
     return gguf_add_tensor(g, name, type, (uint32_t)t->n_dims, ne, data);
 }
 
+/* The tensors of one kind of layer il's experts (blk.il.ffn_<kind>.E) stacked into blk.il.ffn_<kind>_exps. */
+static int stack_kind(struct gguf *g, uint32_t il, const char *kind, uint32_t n_expert) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.ffn_%s.0.weight", il, kind);
+    const struct gguf_tensor *t0 = gguf_find_tensor(g, name);
+    if (!t0) return 0;   /* stacked already, or missing: the model's loader says which */
+    const int64_t ne[3] = { t0->ne[0], t0->ne[1], n_expert };
+    const uint32_t type = t0->type;
+    const uint64_t bytes = t0->n_bytes;
+    if (t0->n_dims != 2 || bytes > SIZE_MAX / n_expert) {
+        LOG_ERR("%s: tensor '%s' is not a 2-D expert matrix", g->path, name);
+        return KVLLM_EFORMAT;
+    }
+    uint8_t *p = gguf_alloc(g, (size_t)(bytes * n_expert));
+    if (!p) return KVLLM_ENOMEM;
+    for (uint32_t e = 0; e < n_expert; e++) {
+        snprintf(name, sizeof name, "blk.%u.ffn_%s.%u.weight", il, kind, e);
+        const struct gguf_tensor *t = gguf_find_tensor(g, name);
+        if (!t || t->n_dims != 2 || t->type != type || t->ne[0] != ne[0] || t->ne[1] != ne[1]) {
+            LOG_ERR("%s: tensor '%s' %s expert 0's", g->path, name, t ? "has another shape or type than" : "is missing beside");
+            return KVLLM_EFORMAT;
+        }
+        memcpy(p + (size_t)(e * bytes), t->data, (size_t)bytes);
+    }
+    snprintf(name, sizeof name, "blk.%u.ffn_%s_exps.weight", il, kind);
+    return gguf_add_tensor(g, name, type, 3, ne, p);
+}
+
+int hf_stack_experts(struct gguf *g) {
+    struct gguf_str arch;
+    uint32_t n_layer, n_expert;
+    char key[96];
+    if (gguf_get_str(g, "general.architecture", &arch)) return 0;
+    snprintf(key, sizeof key, "%.*s.expert_count", (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    if (gguf_get_u32(g, key, &n_expert) || !n_expert) return 0;
+    snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    if (gguf_get_u32(g, key, &n_layer)) return 0;
+    int rc = 0;
+    for (uint32_t il = 0; !rc && il < n_layer; il++)
+        for (int k = 0; !rc && k < 3; k++) rc = stack_kind(g, il, moe_kind[k], n_expert);
+    if (rc) return rc;
+    uint64_t kept = 0;   /* drop the per-expert tensors: blk.N.ffn_<kind>.E.weight */
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        char name[96], kind[8];
+        unsigned il, e;
+        int end = 0;
+        snprintf(name, sizeof name, "%.*s", (int)(g->tensors[i].name.len > 95 ? 95 : g->tensors[i].name.len),
+                 g->tensors[i].name.ptr);
+        const bool expert = sscanf(name, "blk.%u.ffn_%7[a-z].%u.weight%n", &il, kind, &e, &end) == 3 &&
+                            end == (int)strlen(name);
+        if (!expert) g->tensors[kept++] = g->tensors[i];
+    }
+    g->n_tensors = kept;
+    return 0;
+}
+
 char *hf_path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = xmalloc(n);
@@ -888,6 +1056,8 @@ int hf_open(const char *dir, struct gguf **out) {
         } else if (!hp.tied && !gguf_find_tensor(g, "output.weight")) {
             LOG_ERR("%s: no tensor 'lm_head.weight' while tie_word_embeddings is false", n == 1 ? paths[0] : idx_path);
             rc = KVLLM_EFORMAT;
+        } else if (hp.n_expert && (rc = check_experts(g, n == 1 ? paths[0] : idx_path, &hp))) {
+            /* logged */
         } else if (hp.rope_scaling == 2) {
             rc = add_rope_freqs(g, &hp);
         } else if (hp.rope_scaling == 3) {

@@ -1,6 +1,7 @@
 /* hf.h — Hugging Face model folders (Llama, Mistral, Qwen2, GPT-2, Qwen3,
- * Gemma 2, Gemma 3 text, Phi-3, SmolLM3) read as an in-memory GGUF, and
- * written from one.
+ * Gemma 2, Gemma 3 text, Phi-3, SmolLM3, and the mixtures of experts
+ * Mixtral and Qwen3-MoE) read as an in-memory GGUF, and written from one
+ * (not the mixtures).
  *
  * Model of the world: a folder holds config.json (hyper-parameters) and
  * the weights in model.safetensors, or in shards listed by
@@ -18,6 +19,11 @@
  * permutation; Phi-3's fused qkv_proj and gate_up_proj stay fused, as
  * llama.cpp keeps them, and its LongRoPE factors become rope_factors_long
  * / _short.)
+ * Experts: one 2-D tensor per expert as the folder has them, named
+ * blk.N.ffn_{gate,up,down}.E.weight (llama.cpp's first Mixtral layout),
+ * left in the mapping: the model takes them as the experts' views, where a
+ * GGUF file has them stacked in 3-D ffn_*_exps (copying them into that
+ * shape would double a large model's memory at load).
  * 1-D tensors (the norms) are converted to F32, as GGUF files store them,
  * Gemma's with its RMSNorm offset added (GGUF stores 1 + w); everything
  * else keeps its dtype and stays in the mapping.
@@ -38,6 +44,16 @@ bool hf_is_folder(const char *path);
  * one), returns KVLLM_EFORMAT / KVLLM_EUNSUPPORTED / KVLLM_EIO /
  * KVLLM_ENOMEM and sets *out to NULL. */
 int hf_open(const char *dir, struct gguf **out);
+
+/* A mixture of experts read from a folder (hf_open) keeps each expert's
+ * tensors apart; for writing it as a GGUF file, stack them into the 3-D
+ * blk.N.ffn_{gate,up,down}_exps.weight (n_expert, rows, cols) that GGUF
+ * files and llama.cpp's converter have, and drop the per-expert ones.  The
+ * stacked copies live in g's arena: this needs the experts' size in memory,
+ * which is why loading a folder does not do it.  A g without expert_count,
+ * or already stacked, is left as it is.  Errors (logged): KVLLM_EFORMAT for
+ * experts of one kind that differ in shape or type, KVLLM_ENOMEM. */
+int hf_stack_experts(struct gguf *g);
 
 /* Write a GGUF (llama, mistral, qwen2, gpt2, qwen3, gemma2, gemma3, phi3
  * or smollm3 architecture; F32/F16/BF16 tensors) as a HF folder:

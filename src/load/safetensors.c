@@ -3,10 +3,10 @@
  * header bytes with a small depth limit; every number is range-checked
  * before it is used in arithmetic, and all products use checked math. */
 #include "load/safetensors.h"
+#include "core/strbuf.h"
 #include "tensor/dtype.h"
 
 #include <json-c/json.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,35 +224,15 @@ int st_parse(const char *path, const uint8_t *data, uint64_t size, struct st_fil
 
 /* ---- writing ---- */
 
-struct sbuf { char *p; size_t len, cap; bool oom; };
-
-__attribute__((format(printf, 2, 3)))
-static void sb_printf(struct sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->oom = true; return; }
-        if (b->p && (size_t)k < b->cap - b->len) { b->len += (size_t)k; return; }
-        size_t nc = (b->cap + (size_t)k + 1) * 2;
-        char *np = realloc(b->p, nc);
-        if (!np) { b->oom = true; return; }
-        b->p = np;
-        b->cap = nc;
-    }
-}
-
 int st_write_header(FILE *f, const char *path, const struct st_write_entry *e, uint64_t n) {
-    struct sbuf b = { 0 };
+    struct strbuf b = { 0 };
     uint64_t off = 0;
     sb_printf(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (uint64_t i = 0; i < n; i++) {
         const char *dn = st_dtype_name(e[i].dtype);
         if (!dn || e[i].n_dims > ST_MAX_DIMS || strpbrk(e[i].name, "\"\\")) {
             LOG_ERR("%s: tensor '%s' cannot be written to safetensors", path, e[i].name);
-            free(b.p);
+            sb_free(&b);
             return KVLLM_EINVAL;
         }
         uint64_t ne = 1;
@@ -263,8 +243,8 @@ int st_write_header(FILE *f, const char *path, const struct st_write_entry *e, u
         sb_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + bytes));
         off += bytes;
     }
-    sb_printf(&b, "}");
-    while (!b.oom && b.len % 8) sb_printf(&b, " ");
+    sb_puts(&b, "}");
+    while (!b.oom && b.len % 8) sb_puts(&b, " ");
     int rc = 0;
     if (b.oom) {
         LOG_ERR("%s: out of memory", path);
@@ -272,11 +252,11 @@ int st_write_header(FILE *f, const char *path, const struct st_write_entry *e, u
     } else {
         uint8_t lb[8];
         for (int i = 0; i < 8; i++) lb[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
-        if (fwrite(lb, 1, 8, f) != 8 || fwrite(b.p, 1, b.len, f) != b.len) {
+        if (fwrite(lb, 1, 8, f) != 8 || fwrite(b.s, 1, b.len, f) != b.len) {
             LOG_ERR("%s: write failed", path);
             rc = KVLLM_EIO;
         }
     }
-    free(b.p);
+    sb_free(&b);
     return rc;
 }

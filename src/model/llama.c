@@ -4,12 +4,12 @@
  *   x = embed(tokens) [* embd_scale]         (+ position_embd[pos]: learned positions)
  *   per layer: h = attn(norm(x)):  q, k, v = Wq·, Wk·, Wv· (+ biases); [per-head norm of q, k];
  *                                  rope(q), rope(k) with the layer's base; softmax(q·k * scale
- *                                  [soft-capped]) over the layer's window of the paged cache; Wo· (+ bo)
+ *                                  [soft-capped], [sink]) over the layer's window of the paged cache; Wo· (+ bo)
  *              x += [post_norm](h)
  *              h = ffn(norm(x)):   Wdown · (silu(Wgate·) * Wup·)  |  Wdown · (gelu(Wgate·) * Wup·)
  *                                  |  Wdown · gelu(Wup· + bup) + bdown
  *                                  |  Σ over the token's top-k experts e of w_e · FFN_e (routed by
- *                                     softmax(Wrouter·), grouped by expert)
+ *                                     softmax(Wrouter· [+ b]), grouped by expert; biases per expert)
  *              x += [post_norm](h)
  *   logits = Wout · norm(x) [soft-capped]    (only for the rows that need them)
  * norm is RMSNorm, or LayerNorm with bias; the bracketed steps are the
@@ -133,10 +133,13 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
         .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .q = b->q,
         .pos = bt->pos, .seq = bt->seq, .block_table = own_pool ? bt->win_block_table : bt->block_table,
         .max_blocks = bt->max_blocks,
-        .kv = kv[il], .scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = l->window, .out = b->att,
+        .kv = kv[il], .scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = l->window,
+        .sinks = l->attn_sinks.data, .out = b->att,
     };
     OP(paged_attention, &a);
     OP(matmul, b->xn, &l->wo, b->att, n);
+    /* this rank's heads give a partial sum of the projection: the ranks' sums added, then the bias once */
+    if ((rc = comm_all_reduce(m->comm, c, b->xn, (size_t)n * hp->n_embd))) return rc;
     return bias(c, b->xn, &l->bo, n);
 }
 
@@ -146,13 +149,19 @@ static int experts(const struct model *m, struct backend_ctx *c, const struct fo
                    float **h) {
     const struct model_hparams *hp = &m->hp;
     const struct llama_layer *l = &m->layers[il];
+    static const enum glu_kind act[] = { [FFN_SWIGLU] = GLU_SILU, [FFN_GEGLU] = GLU_GELU,
+                                         [FFN_SWIGLU_OAI] = GLU_SWIGLU_OAI };   /* the loader refuses FFN_GELU */
     OP(matmul, b->router, &l->ffn_gate_inp, b->xn, n);
+    int rc = bias(c, b->router, &l->ffn_gate_inp_b, n);
+    if (rc) return rc;
     OP(moe_route, b->moe_ids, b->moe_w, b->router, n, hp->n_expert, hp->n_expert_used, m->desc->expert_norm);
     struct moe_args a = {
         .n_tokens = n, .n_used = hp->n_expert_used, .n_expert = hp->n_expert, .n_embd = hp->n_embd,
         .n_ff = hp->n_ff_exp, .x = b->xn, .ids = b->moe_ids, .weights = b->moe_w, .gate = l->exp_gate,
-        .up = l->exp_up, .down = l->exp_down, .act = m->desc->ffn == FFN_GEGLU ? GLU_GELU : GLU_SILU,
-        .xs = b->moe_x, .ys = b->moe_y, .g = b->gate, .u = b->up, .out = b->att,   /* att: free after attention */
+        .up = l->exp_up, .down = l->exp_down, .gate_b = l->exp_gate_b.data ? &l->exp_gate_b : NULL,
+        .up_b = l->exp_up_b.data ? &l->exp_up_b : NULL, .down_b = l->exp_down_b.data ? &l->exp_down_b : NULL,
+        .act = act[m->desc->ffn], .xs = b->moe_x, .ys = b->moe_y, .g = b->gate, .u = b->up,
+        .out = b->att,   /* att: free after attention */
     };
     OP(moe, &a);
     *h = b->att;
@@ -172,9 +181,11 @@ static int ffn(const struct model *m, struct backend_ctx *c, const struct forwar
     case FFN_SWIGLU: OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(swiglu, b->gate, b->up, nf); break;
     case FFN_GEGLU:  OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(geglu, b->gate, b->up, nf); break;
     case FFN_GELU:   OP(gelu, b->up, nf); act = b->up; break;
+    case FFN_SWIGLU_OAI: return KVLLM_EUNSUPPORTED;   /* experts only: the loader refuses a dense one */
     }
     OP(matmul, b->xn, &l->ffn_down, act, n);
     *h = b->xn;
+    if ((rc = comm_all_reduce(m->comm, c, b->xn, (size_t)n * m->hp.n_embd))) return rc;   /* as attention's */
     return bias(c, b->xn, &l->ffn_down_b, n);
 }
 
@@ -215,7 +226,7 @@ int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_
     OP(gather_rows, b->q, b->x, bt->logit_rows, bt->n_logits, E);
     int rc = norm(m, c, b->xn, b->q, &m->output_norm, &m->output_norm_b, bt->n_logits);
     if (rc) return rc;
-    OP(matmul, b->logits, &m->output, b->xn, bt->n_logits);
-    if (hp->final_softcap > 0) OP(softcap, b->logits, (long)bt->n_logits * hp->n_vocab, hp->final_softcap);
-    return 0;
+    OP(matmul, b->logits, &m->output, b->xn, bt->n_logits);   /* this rank's slice of the vocabulary */
+    if (hp->final_softcap > 0) OP(softcap, b->logits, (long)bt->n_logits * m->output.ne1, hp->final_softcap);
+    return comm_gather_cols(m->comm, c, b->logits, bt->n_logits, hp->n_vocab);
 }

@@ -107,10 +107,12 @@ static const struct arch_desc k_archs[] = {
     { .name = "smollm3", .nope_period = 4 },
     { .name = "phi3", .pos = POS_ROPE_NEOX, .no_window = true },
     { .name = "gemma2", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .post_norms = true, .embd_scale = true,
-      .f32_down = true, .swa_period = 2, .scalar_embd_layers = 46 },
+      .fine_down = true, .swa_period = 2, .scalar_embd_layers = 46 },
     { .name = "gemma3", .pos = POS_ROPE_NEOX, .ffn = FFN_GEGLU, .qk_norm = true, .post_norms = true,
-      .embd_scale = true, .f32_down = true, .swa_period = 6, .swa_rope_base = 10000, .scalar_embd_layers = 62 },
+      .embd_scale = true, .fine_down = true, .swa_period = 6, .swa_rope_base = 10000, .scalar_embd_layers = 62 },
     { .name = "gpt2", .norm = NORM_LAYER, .pos = POS_LEARNED, .ffn = FFN_GELU },
+    { .name = "gpt-oss", .pos = POS_ROPE_NEOX, .ffn = FFN_SWIGLU_OAI, .qkv_bias = true, .expert_norm = true,
+      .swa_period = 2, .sinks = true, .moe_biases = true, .ffn_norm = "post_attention_norm" },
 };
 
 static const struct arch_desc *find_arch(struct gguf_str name) {
@@ -151,16 +153,42 @@ static int load_rope(struct loader *L) {
     struct gguf_str st;
     rc = gguf_get_str(m->file, akey(L, "rope.scaling.type"), &st);
     if (rc && rc != KVLLM_ENOTFOUND) return rc;
-    if (!rc && gguf_str_eq(st, "linear")) {
-        float factor;
-        if ((rc = opt_f32(L, akey(L, "rope.scaling.factor"), 1e-3f, 1e6f, 1.0f, &factor))) return rc;
-        hp->rope_freq_scale = 1.0f / factor;
-    } else if (!rc && !gguf_str_eq(st, "none")) {
-        LOG_ERR("%s: %s.rope.scaling.type '%.*s' is not supported (supported: none, linear; Llama 3 "
+    const bool linear = !rc && gguf_str_eq(st, "linear");
+    hp->rope_yarn = !rc && gguf_str_eq(st, "yarn");
+    if (!rc && !linear && !hp->rope_yarn && !gguf_str_eq(st, "none")) {
+        LOG_ERR("%s: %s.rope.scaling.type '%.*s' is not supported (supported: none, linear, yarn; Llama 3 "
                 "scaling comes as rope_freqs.weight)", L->path, m->arch, (int)(st.len > 32 ? 32 : st.len), st.ptr);
         return KVLLM_EUNSUPPORTED;
     }
+    if (!linear && !hp->rope_yarn) return 0;
+    float factor, log_mul;
+    if ((rc = opt_f32(L, akey(L, "rope.scaling.factor"), 1e-3f, 1e6f, 1.0f, &factor))) return rc;
+    hp->rope_freq_scale = 1.0f / factor;
+    if (linear) return 0;
+    /* YaRN as llama.cpp computes it: cos and sin scaled by 1 + 0.1 ln(factor) (factor > 1) */
+    if ((rc = opt_f32(L, akey(L, "rope.scaling.yarn_beta_fast"), 1e-3f, 1e6f, 32.0f, &hp->yarn_beta_fast)) ||
+        (rc = opt_f32(L, akey(L, "rope.scaling.yarn_beta_slow"), 1e-3f, 1e6f, 1.0f, &hp->yarn_beta_slow)) ||
+        (rc = opt_f32(L, akey(L, "rope.scaling.yarn_log_multiplier"), -1e6f, 1e6f, 0.0f, &log_mul)))
+        return rc;
+    if (log_mul != 0) {
+        LOG_ERR("%s: %s.rope.scaling.yarn_log_multiplier %g: YaRN with a magnitude multiplier (DeepSeek's) is not "
+                "supported", L->path, m->arch, log_mul);
+        return KVLLM_EUNSUPPORTED;
+    }
+    if (factor > 1) hp->rope_attn_factor *= 1.0f + 0.1f * logf(factor);
     return 0;
+}
+
+/* YaRN's ramp over the pairs of n_rot dims rotated with base theta: from the
+ * pair turning beta_fast times over the original context (floored) to the
+ * one turning beta_slow times (ceiled), as ggml_rope_yarn_corr_dims. */
+static void yarn_ramp(const struct model_hparams *hp, float theta, struct rope_params *r) {
+    const float n = (float)hp->n_rot, c = (float)hp->n_ctx_orig, pi2 = 2 * 3.14159265358979f;
+    const float lo = floorf(n * logf(c / (hp->yarn_beta_fast * pi2)) / (2 * logf(theta)));
+    const float hi = ceilf(n * logf(c / (hp->yarn_beta_slow * pi2)) / (2 * logf(theta)));
+    r->yarn = true;
+    r->yarn_lo = lo > 0 ? lo : 0;
+    r->yarn_hi = hi < n - 1 ? hi : n - 1;
 }
 
 /* Attention shape: heads, and a head width that may differ from n_embd / n_head (key_length). */
@@ -284,6 +312,7 @@ static void resolve_layer(const struct model *m, int il, struct llama_layer *l) 
         l->rope.freq_scale = 1.0f;
     }
     if (d->nope_period && (il + 1) % d->nope_period == 0) l->rope.n_rot = 0;   /* this layer has no positions */
+    if (hp->rope_yarn && l->rope.n_rot && l->rope.freq_scale != 1.0f) yarn_ramp(hp, l->rope.theta, &l->rope);
 }
 
 /* View of rows r0 .. r0 + nr of a 2-D tensor (a slice of a fused QKV matrix). */
@@ -391,6 +420,11 @@ static int load_ffn(struct loader *L, int il, struct llama_layer *l) {
         LOG_ERR("%s: tensor '%s' holds experts, but the file has no %s.expert_count", L->path, n[5], L->m->arch);
         return KVLLM_EFORMAT;
     }
+    if (L->m->desc->ffn == FFN_SWIGLU_OAI) {
+        LOG_ERR("%s: %s.expert_count is 0 or missing: a %s model's FFN is its experts", L->path, L->m->arch,
+                L->m->arch);
+        return KVLLM_EFORMAT;
+    }
     int rc;
     if (gated && !gguf_find_tensor(L->m->file, n[0])) {   /* gate and up fused */
         struct tensor gu;
@@ -414,12 +448,33 @@ static int load_ffn(struct loader *L, int il, struct llama_layer *l) {
     return 0;
 }
 
-/* n_expert views of a 3-D tensor (cols, rows, n_expert): expert e is the
- * 2-D matrix at e * rows rows, placed by the backend like any other. */
-static int get_expert_views(struct loader *L, const char *name, int64_t cols, int64_t rows, struct tensor *out) {
+/* Expert e of each kind ("gate", "up", "down") of layer il, as a 2-D
+ * matrix of (rows, cols): a view into the 3-D tensor blk.il.ffn_<kind>_exps
+ * (cols, rows, n_expert) at e * rows rows, or, where the file has no such
+ * tensor, its own 2-D tensor blk.il.ffn_<kind>.e (the per-expert names of
+ * llama.cpp's first Mixtral files, and what a Hugging Face folder's experts
+ * are read as: no copy, the mapping stays the weights).  Either way placed by
+ * the backend like any other tensor. */
+static int get_expert_views(struct loader *L, int il, const char *kind, int64_t cols, int64_t rows,
+                            struct tensor *out) {
     const int ne = L->m->hp.n_expert;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", il, kind);
     const struct gguf_tensor *g = gguf_find_tensor(L->m->file, name);
-    if (!g) { LOG_ERR("%s: missing tensor '%s'", L->path, name); return KVLLM_EFORMAT; }
+    if (!g) {
+        char one[64];
+        snprintf(one, sizeof one, "blk.%d.ffn_%s.0.weight", il, kind);
+        if (!gguf_find_tensor(L->m->file, one)) {
+            LOG_ERR("%s: missing tensor '%s' (nor are its experts there one by one, as '%s')", L->path, name, one);
+            return KVLLM_EFORMAT;
+        }
+        int rc = 0;
+        for (int e = 0; !rc && e < ne; e++) {
+            snprintf(one, sizeof one, "blk.%d.ffn_%s.%d.weight", il, kind, e);
+            rc = get_tensor(L, one, cols, rows, false, false, &out[e]);
+        }
+        return rc;
+    }
     if (g->n_dims != 3 || g->ne[0] != cols || g->ne[1] != rows || g->ne[2] != ne || g->ne[3] != 1) {
         LOG_ERR("%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d] (%s.expert_count)",
                 L->path, name, (long long)g->ne[0], (long long)g->ne[1], (long long)g->ne[2], (long long)g->ne[3],
@@ -454,14 +509,21 @@ static int load_experts(struct loader *L, int il, struct llama_layer *l) {
     if (!l->exp_gate) return KVLLM_ENOMEM;
     l->exp_up = l->exp_gate + hp->n_expert;
     l->exp_down = l->exp_up + hp->n_expert;
-    static const char *name[4] = { "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                   "ffn_down_exps.weight" };
-    char n[4][64];
-    for (int i = 0; i < 4; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+    static const char *name[5] = { "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                                   "ffn_up_exps.bias", "ffn_down_exps.bias" };
+    char n[5][64];
+    for (int i = 0; i < 5; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+    const bool opt_b = !L->m->desc->moe_biases;
+    const int ne = hp->n_expert;
     int rc;
-    if ((rc = get_tensor(L, n[0], E, hp->n_expert, false, false, &l->ffn_gate_inp)) ||
-        (rc = get_expert_views(L, n[1], E, F, l->exp_gate)) || (rc = get_expert_views(L, n[2], E, F, l->exp_up)) ||
-        (rc = get_expert_views(L, n[3], F, E, l->exp_down)))
+    if ((rc = get_tensor(L, n[0], E, ne, false, false, &l->ffn_gate_inp)) ||
+        (rc = get_expert_views(L, il, "gate", E, F, l->exp_gate)) ||
+        (rc = get_expert_views(L, il, "up", E, F, l->exp_up)) ||
+        (rc = get_expert_views(L, il, "down", F, E, l->exp_down)) ||
+        (rc = get_tensor(L, n[1], ne, 0, true, opt_b, &l->ffn_gate_inp_b)) ||
+        (rc = get_tensor(L, n[2], F, ne, true, opt_b, &l->exp_gate_b)) ||
+        (rc = get_tensor(L, n[3], F, ne, true, opt_b, &l->exp_up_b)) ||
+        (rc = get_tensor(L, n[4], E, ne, true, opt_b, &l->exp_down_b)))
         return rc;
     return 0;
 }
@@ -514,17 +576,21 @@ static int load_tensors(struct loader *L) {
     if (!m->layers) return KVLLM_ENOMEM;
     for (int il = 0; il < hp->n_layer; il++) {
         struct llama_layer *l = &m->layers[il];
-        enum { N_ = 6 };
+        enum { N_ = 7 };
         char n[N_][64];
         static const char *name[N_] = { "attn_norm.weight", "attn_norm.bias", "attn_output.weight", "attn_output.bias",
-                                        "ffn_norm.weight", "ffn_norm.bias" };
-        for (int i = 0; i < N_; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
+                                        "weight", "bias", "attn_sinks.weight" };
+        const char *fn = m->desc->ffn_norm ? m->desc->ffn_norm : "ffn_norm";
+        for (int i = 0; i < N_; i++)
+            if (i == 4 || i == 5) snprintf(n[i], sizeof n[i], "blk.%d.%s.%s", il, fn, name[i]);
+            else snprintf(n[i], sizeof n[i], "blk.%d.%s", il, name[i]);
         /* biases: optional for every architecture, but LayerNorm models carry their norm biases */
         if ((rc = get_tensor(L, n[0], E, 0, true, false, &l->attn_norm)) ||
             (rc = get_tensor(L, n[1], E, 0, true, !ln, &l->attn_norm_b)) ||
             (rc = load_qkv(L, il, l)) ||
             (rc = get_tensor(L, n[2], Q, E, false, false, &l->wo)) ||
-            (rc = get_tensor(L, n[3], E, 0, true, true, &l->bo)) ||
+            (rc = get_tensor(L, n[3], E, 0, true, !m->desc->moe_biases, &l->bo)) ||
+            (rc = get_tensor(L, n[6], hp->n_head, 0, true, !m->desc->sinks, &l->attn_sinks)) ||
             (rc = get_tensor(L, n[4], E, 0, true, false, &l->ffn_norm)) ||
             (rc = get_tensor(L, n[5], E, 0, true, !ln, &l->ffn_norm_b)) ||
             (rc = hp->n_expert ? load_experts(L, il, l) : load_ffn(L, il, l)) ||
@@ -538,7 +604,7 @@ static int load_tensors(struct loader *L) {
 /* Every tensor of the model, for the backend to place in one call; the
  * tied output is the embedding itself and is re-pointed afterwards. */
 static int place_weights(struct model *m) {
-    const int per_layer = 23 + 3 * m->hp.n_expert, n_max = 6 + per_layer * m->hp.n_layer;
+    const int per_layer = 28 + 3 * m->hp.n_expert, n_max = 6 + per_layer * m->hp.n_layer;
     struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
     if (!ts) return KVLLM_ENOMEM;
     int n = 0;
@@ -551,13 +617,14 @@ static int place_weights(struct model *m) {
         struct tensor *lt[] = { &l->attn_norm, &l->attn_norm_b, &l->wq, &l->wk, &l->wv, &l->bq, &l->bk, &l->bv,
                                 &l->wo, &l->bo, &l->ffn_norm, &l->ffn_norm_b, &l->ffn_gate, &l->ffn_up,
                                 &l->ffn_up_b, &l->ffn_down, &l->ffn_down_b, &l->attn_q_norm, &l->attn_k_norm,
-                                &l->attn_post_norm, &l->ffn_post_norm, &l->ffn_gate_inp };
-        _Static_assert(sizeof lt / sizeof lt[0] <= 23, "per_layer");
+                                &l->attn_post_norm, &l->ffn_post_norm, &l->ffn_gate_inp, &l->attn_sinks,
+                                &l->ffn_gate_inp_b, &l->exp_gate_b, &l->exp_up_b, &l->exp_down_b };
+        _Static_assert(sizeof lt / sizeof lt[0] <= 28, "per_layer");
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) ts[n++] = lt[i];
         for (int e = 0; l->exp_gate && e < 3 * m->hp.n_expert; e++) ts[n++] = &l->exp_gate[e];   /* gate, up, down */
     }
     (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_F32_ACT;   /* hints (tensor.h) */
-    for (int il = 0; m->desc->f32_down && il < m->hp.n_layer; il++) m->layers[il].ffn_down.flags |= TENSOR_F_F32_ACT;
+    for (int il = 0; m->desc->fine_down && il < m->hp.n_layer; il++) m->layers[il].ffn_down.flags |= TENSOR_F_FINE_ACT;
     int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
     free(ts);
     if (!rc && m->tied_output) m->output = m->tok_embd;
@@ -565,6 +632,10 @@ static int place_weights(struct model *m) {
 }
 
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out) {
+    return model_load_tp(path, cpu_kind, n_threads, NULL, out);
+}
+
+int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct comm *cm, struct model **out) {
     *out = NULL;
     struct model *m = xcalloc(1, sizeof *m);
     if (!m) return KVLLM_ENOMEM;
@@ -595,7 +666,11 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
         LOG_ERR("%s: a mixture-of-experts model, which the %s backend cannot run yet", path, m->be->ops->name);
         rc = KVLLM_EUNSUPPORTED;
     }
+    m->tp_size = 1;
+    m->comm = cm && cm->size > 1 ? cm : NULL;
+    if (!rc && m->comm) rc = model_shard(m, path, cm->rank, cm->size);
     if (!rc) rc = place_weights(m);
+    if (!rc) model_shard_release(m);
     if (rc) { model_free(m); return rc; }
     *out = m;
     return 0;
@@ -616,7 +691,8 @@ int model_rope_params(const struct model *m, struct rope_params *out) {
     if (m->desc->pos == POS_LEARNED || r->n_rot == 0) return KVLLM_EUNSUPPORTED;
     for (int il = 1; il < m->hp.n_layer; il++) {
         const struct rope_params *o = &m->layers[il].rope;
-        if (o->n_rot != r->n_rot || o->theta != r->theta || o->freq_scale != r->freq_scale) return KVLLM_EUNSUPPORTED;
+        if (o->n_rot != r->n_rot || o->theta != r->theta || o->freq_scale != r->freq_scale || o->yarn != r->yarn)
+            return KVLLM_EUNSUPPORTED;
     }
     if (r->attn_factor != 1.0f) return KVLLM_EUNSUPPORTED;   /* a shift would scale cached K twice */
     return 0;
@@ -627,6 +703,8 @@ void model_free(struct model *m) {
     backend_free(m->be);   /* the placed weights with it */
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) free(m->layers[il].exp_gate);   /* with up, down */
     free(m->layers);
+    for (int i = 0; i < m->n_shard_copies; i++) free(m->shard_copies[i]);
+    free(m->shard_copies);
     gguf_free(m->file);
     free(m);
 }

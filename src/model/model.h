@@ -21,6 +21,7 @@
 #define KVLLM_MODEL_H
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "load/gguf.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
@@ -31,7 +32,11 @@ struct model_hparams {
     float rope_theta, norm_eps;
     float rope_freq_scale;  /* positions are multiplied by this before RoPE (1; 1/factor for linear scaling) */
     float rope_attn_factor; /* cos and sin multiplied by this (LongRoPE: rope.scaling.attn_factor; 1 = none) */
-    int n_ctx_orig;         /* rope.scaling.original_context_length: LongRoPE's long factors apply past it */
+    int n_ctx_orig;         /* rope.scaling.original_context_length: LongRoPE's long factors apply past it;
+                               YaRN's ramp is measured against it */
+    bool rope_yarn;         /* rope.scaling.type yarn: struct rope_params.yarn, its ramp between the pairs
+                               that turn yarn_beta_fast and yarn_beta_slow times over n_ctx_orig */
+    float yarn_beta_fast, yarn_beta_slow;
     int n_swa;              /* the file's sliding window (attend the last n_swa positions); 0 = none.
                                Which layers use it is the family's window pattern (struct llama_layer.window) */
     float attn_scale;       /* attention scores are (q . k) * attn_scale: 1/sqrt(head_dim) but for Gemma's 27B */
@@ -47,7 +52,8 @@ struct model_hparams {
  * (and the per-layer values model.c resolves from them), never the name. */
 enum norm_kind { NORM_RMS, NORM_LAYER };              /* RMSNorm; LayerNorm with bias (GPT-2) */
 enum pos_kind { POS_ROPE, POS_ROPE_NEOX, POS_LEARNED }; /* adjacent pairs; halves; position_embd (GPT-2) */
-enum ffn_kind { FFN_SWIGLU, FFN_GEGLU, FFN_GELU };    /* silu(gate) * up; gelu(gate) * up; gelu(up) */
+enum ffn_kind { FFN_SWIGLU, FFN_GEGLU, FFN_GELU,      /* silu(gate) * up; gelu(gate) * up; gelu(up) */
+                FFN_SWIGLU_OAI };                     /* gpt-oss's clamped swiglu (GLU_SWIGLU_OAI): experts only */
 
 struct arch_desc {
     const char *name;          /* general.architecture */
@@ -64,11 +70,17 @@ struct arch_desc {
     float swa_rope_base;       /* > 0: the RoPE base of sliding layers (Gemma 3: 10000), the file's base
                                   being the global layers' */
     int nope_period;           /* > 0: layer il has no RoPE when (il + 1) % nope_period == 0 (SmolLM3: 4) */
-    bool f32_down;             /* the FFN's down projection keeps f32 activations (TENSOR_F_F32_ACT): Gemma's
-                                  GeGLU products carry outliers that 8-bit codes per 256 lose (on Gemma 3
-                                  270M Q4_K_M the next-token KLD to the f32 path falls from 5.4e-3 to 1.8e-3) */
+    bool fine_down;            /* the FFN's down projection takes activation scales no coarser than per 32
+                                  (TENSOR_F_FINE_ACT: f32 activations for K-quant weights): Gemma's GeGLU
+                                  products carry outliers that 8-bit codes per 256 lose (on Gemma 3 270M
+                                  Q4_K_M the next-token KLD to the f32 path falls from 5.4e-3 to 1.8e-3) */
     bool no_window;            /* the file's sliding_window is not used (Phi-3: llama.cpp disables it too, its
                                   converters writing windows the model was not run with) */
+    bool sinks;                /* attn_sinks required: a learned logit per head in each softmax (gpt-oss) */
+    bool moe_biases;           /* attention output, router and expert biases required (gpt-oss); they are
+                                  read when present whatever the family */
+    const char *ffn_norm;      /* the FFN input's norm tensor, NULL: "ffn_norm" (gpt-oss: "post_attention_norm",
+                                  Transformers' post_attention_layernorm) */
     int scalar_embd_layers;    /* the layer count of the family's model whose attention scale is
                                   1/sqrt(n_embd / n_head) rather than 1/sqrt(head_dim) (Gemma's 27B: GGUF has no
                                   key for query_pre_attn_scalar, so llama.cpp infers it the same way); 0: none */
@@ -91,7 +103,11 @@ struct llama_layer {
     struct tensor ffn_up_b;   /* (n_ff) f32: GPT-2 */
     struct tensor ffn_down;   /* (n_embd, n_ff) */
     struct tensor ffn_down_b; /* (n_embd) f32: GPT-2 */
+    struct tensor attn_sinks; /* (n_head) f32: gpt-oss */
     struct tensor ffn_gate_inp;   /* (n_expert, n_embd) the router, when the layer has experts */
+    struct tensor ffn_gate_inp_b; /* (n_expert) f32: the router's bias (gpt-oss) */
+    struct tensor exp_gate_b, exp_up_b, exp_down_b;   /* (n_expert, n_ff_exp | n_ff_exp | n_embd) f32: the
+                                                         experts' biases, row e expert e's (gpt-oss) */
     struct tensor *exp_gate, *exp_up, *exp_down;  /* (n_expert) each: one expert's gate, up (n_ff_exp,
                                                      n_embd) and down (n_embd, n_ff_exp), views of the file's
                                                      3-D ffn_*_exps tensors; NULL for a dense FFN */
@@ -120,6 +136,11 @@ struct model {
     uint64_t n_params, weight_bytes;
     uint64_t placed_bytes;        /* what the placed weights take where the backend keeps them */
     uint32_t main_type;           /* dtype holding most weight bytes */
+    /* tensor parallelism (shard.c): this rank's share of the heads, the FFN and the vocabulary */
+    struct comm *comm;            /* not owned: the job's communicator; NULL: one process */
+    int tp_rank, tp_size;         /* 0, 1 for one process */
+    void **shard_copies;          /* (n_shard_copies) owned: column slices copied out of the mapping */
+    int n_shard_copies;
 };
 
 /* Open a GGUF file, llama2.c checkpoint or Hugging Face folder, validate
@@ -132,7 +153,21 @@ struct model {
  * unknown KVLLM_BACKEND / KVLLM_CPU, KVLLM_ECPU for a kernel set this CPU
  * cannot run); *out is NULL on error and nothing stays open. */
 int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
+/* model_load for rank cm->rank of a tensor-parallel job of cm->size ranks
+ * (cm NULL or of one rank: the whole model): the weights are this rank's
+ * views (shard.c), and model_forward meets the other ranks through cm,
+ * which must outlive the model.  A shape that cannot be split is refused
+ * with the reason (KVLLM_EUNSUPPORTED): KV heads or the FFN width not
+ * divisible by the ranks, a slice that would cut a quantized block,
+ * experts. */
+int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct comm *cm, struct model **out);
 void model_free(struct model *m);
+
+/* shard.c: cut the loaded views down to rank's share of n (before the
+ * weights are placed); model_shard_release frees the copied slices the
+ * backend no longer reads (after). */
+int model_shard(struct model *m, const char *path, int rank, int n);
+void model_shard_release(struct model *m);
 
 /* Whether contexts of n_ctx positions can be computed: learned-position
  * models (GPT-2) have n_ctx_train positions and no more.  Returns 0, or

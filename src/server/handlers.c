@@ -34,7 +34,7 @@ static int reply_error(struct server *s, struct MHD_Connection *c, const struct 
 
 /* An error answer to a request that never ran: logged and counted. */
 static int send_error(struct server *s, struct MHD_Connection *c, const struct oai_error *e) {
-    server_log_request(s, "-", e->status, 0, 0, 0, -1, 0, NULL, 0);
+    server_log_request(s, "-", e->status, 0, 0, 0, -1, 0, NULL, 0, e->message);
     return reply_error(s, c, e);
 }
 
@@ -55,7 +55,7 @@ static int job_failure(struct job *j, const struct oai_resp *r, struct oai_error
 }
 
 /* The request line for a job that ran: counts from its response, times from the job. */
-static void log_job(struct server *s, const struct oai_resp *r, const struct job *j, unsigned status) {
+static void log_job(struct server *s, const struct oai_resp *r, const struct job *j, unsigned status, const char *why) {
     int prompt = 0, cached = 0, gen = 0;
     for (int p = 0; p < r->n_prompts; p++) { prompt += r->n_prompt[p]; cached += r->n_cached[p]; }
     for (int c = 0; c < r->n_choices; c++) gen += r->choices[c].n_generated;
@@ -63,7 +63,7 @@ static void log_job(struct server *s, const struct oai_resp *r, const struct job
     const char *finish = r->n_choices ? oai_finish_name(r->choices[0].finish) : NULL;
     if (status == 500) finish = "error";
     server_log_request(s, r->id, status, prompt, cached, gen, j->t_first > 0 ? j->t_first - j->t_arrival : -1,
-                       j->t_first > 0 ? now - j->t_first : 0, finish, now - j->t_arrival);
+                       j->t_first > 0 ? now - j->t_first : 0, finish, now - j->t_arrival, why);
 }
 
 /* ---- prompts ---- */
@@ -81,7 +81,9 @@ static int prompt_ids(struct server *s, const struct oai_prompt *p, bool special
         return p->n_ids;
     }
     int n = kvllm_tokenize(s->model, p->text, p->len, true, special, NULL, 0);
-    if (n < 0) return oai_error_set(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s", server_last_error());
+    if (n < 0)
+        return oai_error_set(e, 400, NULL, "prompt", "cannot tokenize the prompt: %s",
+                             n == KVLLM_ENOTFOUND ? "the model has no vocabulary" : kvllm_strerror(n));
     if (!(*out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out))) return oai_error_set(e, 500, NULL, NULL, "out of memory");
     int n2 = kvllm_tokenize(s->model, p->text, p->len, true, special, *out, n);
     if (n2 != n) {   /* the same text twice must give the same ids: an engine fault, not the client's */
@@ -139,6 +141,7 @@ struct stream {
     bool include_usage, ended, counted;
     enum metrics_outcome outcome;
     unsigned status;         /* once ended: what the stream told the client (200, or its error event's) */
+    char why[sizeof ((struct oai_error *)0)->message];   /* the error event's message */
     struct strbuf out;       /* SSE bytes not yet handed to MHD: out.s[off..len) */
     size_t off;
 };
@@ -173,6 +176,7 @@ static void stream_event(struct stream *st, struct job_event *e) {
     else oai_error_set(&err, 503, "aborted", NULL, "the request was aborted");
     st->outcome = err.status == 500 ? OUTCOME_SERVER_ERROR : OUTCOME_ABORTED;
     st->status = err.status;
+    snprintf(st->why, sizeof st->why, "%s", err.message);
     oai_stream_error(&err, &st->out);
     st->ended = true;
     stream_count(st, st->outcome);
@@ -218,7 +222,8 @@ static void stream_free(void *cls) {
     struct stream *st = cls;
     enum metrics_outcome oc = st->ended ? st->outcome : OUTCOME_ABORTED;
     /* a stream that ended told its client how (a shutdown's 503 event is not a client that left) */
-    log_job(st->s, &st->resp, st->j, st->ended ? st->status : 499);
+    log_job(st->s, &st->resp, st->j, st->ended ? st->status : 499,
+            st->ended && st->status != 200 ? st->why : st->ended ? NULL : "the client closed the connection");
     job_release(st->j);
     stream_count(st, oc);
     oai_resp_deinit(&st->resp);
@@ -249,7 +254,8 @@ static int whole_answer(struct server *s, struct MHD_Connection *c, struct whole
     int failed = gone ? 0 : job_failure(w->j, &w->resp, &err);
     char *out = gone || failed ? NULL : oai_resp_json(&w->resp);
     const bool drained = job_drained(w->j);
-    log_job(s, &w->resp, w->j, gone ? 499 : failed ? err.status : out ? 200 : 500);
+    log_job(s, &w->resp, w->j, gone ? 499 : failed ? err.status : out ? 200 : 500,
+            gone ? "the client closed the connection" : failed ? err.message : out ? NULL : "out of memory");
     pending_free(w);
     if (out && strlen(out) >= SERVER_RELEASE_BYTES) server_release_memory();   /* the choices it was built from */
     if (gone) {
@@ -426,14 +432,15 @@ static int submit(struct server *s, struct job *j, const struct oai_request *rq,
                                    .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop,
                                    .grammar = rq->grammar, .min_tokens = rq->min_tokens,
                                    .stop_token_ids = rq->stop_token_ids, .n_stop_token_ids = rq->n_stop_token_ids,
-                                   .logit_bias = rq->logit_bias, .n_logit_bias = rq->n_logit_bias };
-        server_clear_error();
-        int rc = job_submit(j, k, &q);
+                                   .logit_bias = rq->logit_bias, .n_logit_bias = rq->n_logit_bias,
+                                   .include_stop_str = rq->include_stop_str, .special_text = rq->special_text };
+        char why[sizeof e->message];
+        int rc = job_submit(j, k, &q, why, sizeof why);
         if (rc == KVLLM_EBUSY)
             return oai_error_set(e, 429, "queue_full", NULL, "the server's queue is full (--max-queue); try again later");
         if (rc == KVLLM_ERANGE || rc == KVLLM_EINVAL)
-            return oai_error_set(e, 400, NULL, NULL, "%s", *server_last_error() ? server_last_error() : kvllm_strerror(rc));
-        if (rc) return oai_error_set(e, 500, NULL, NULL, "cannot queue the request: %s", kvllm_strerror(rc));
+            return oai_error_set(e, 400, NULL, NULL, "%s", *why ? why : kvllm_strerror(rc));
+        if (rc) return oai_error_set(e, 500, NULL, NULL, "cannot queue the request: %s", *why ? why : kvllm_strerror(rc));
     }
     return 0;
 }
@@ -518,9 +525,9 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
                          rq->model, s->model_id);
     if (rq->chat) {
         /* rendered and tokenized: message text stays text unless --special-in-content */
-        server_clear_error();
+        char why[sizeof err->message - 64];
         struct kvllm_chat_opts co = { .add_generation_prompt = true, .special_in_content = s->special_in_content,
-                                      .tools = tp->tools, .prefill = tp->prefill };
+                                      .tools = tp->tools, .prefill = tp->prefill, .err = why, .err_cap = sizeof why };
         int cr = kvllm_chat_tokenize_ex(s->model, s->chat_template, rq->msgs, rq->n_msgs, &co, &ids[0], &n_ids[0]);
         if (cr == KVLLM_ENOTFOUND)
             return oai_error_set(err, 400, "no_chat_template", "messages",
@@ -529,7 +536,7 @@ static int prepare(struct server *s, const struct oai_request *rq, int np, int32
         if (cr == KVLLM_ENOMEM) return oai_error_set(err, 500, NULL, NULL, "out of memory");
         if (cr)
             return oai_error_set(err, 400, "chat_template", "messages", "cannot apply the chat template (%s): %s",
-                             kvllm_strerror(cr), *server_last_error() ? server_last_error() : "no detail");
+                             kvllm_strerror(cr), *why ? why : "no detail");
     }
     for (int k = 0; !rq->chat && k < np; k++)
         if ((n_ids[k] = prompt_ids(s, &rq->prompts[k], rq->llama, &ids[k], err)) < 0) return -1;
@@ -546,6 +553,8 @@ int handle_completion(struct server *s, struct MHD_Connection *c, enum api_kind 
     int state = atomic_load(&s->state);
     if (state != SRV_READY) {
         if (state == SRV_LOADING) oai_error_set(&err, 503, NULL, NULL, "the model is still loading");
+        else if (state == SRV_FAILED)
+            oai_error_set(&err, 503, "server_failed", NULL, "the server failed (a tensor-parallel rank was lost)");
         else oai_error_set(&err, 503, "server_shutdown", NULL, "the server is shutting down");
         return send_error(s, c, &err);
     }
@@ -650,7 +659,7 @@ static json_object *model_json(struct server *s) {
     return m;
 }
 
-static int send_json(struct MHD_Connection *c, unsigned status, json_object *o) {
+int send_json(struct MHD_Connection *c, unsigned status, json_object *o) {
     const char *str = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
     char *body = str ? strdup(str) : NULL;
     json_object_put(o);
@@ -675,7 +684,8 @@ int handle_health(struct server *s, struct MHD_Connection *c) {
     int st = atomic_load(&s->state);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "status", json_object_new_string(st == SRV_READY ? "ok" : st == SRV_LOADING ? "loading"
-                                                               : st == SRV_DRAINING ? "draining" : "stopping"));
+                                                               : st == SRV_DRAINING ? "draining"
+                                                               : st == SRV_FAILED ? "failed" : "stopping"));
     return send_json(c, st == SRV_READY ? 200 : 503, o);
 }
 
@@ -684,7 +694,7 @@ int handle_metrics(struct server *s, struct MHD_Connection *c) {
     bool ready = server_stats(s, &st);
     int counted, over;
     http_connections(s, &counted, &over);
-    char *body = metrics_render(&s->metrics, ready ? &st : NULL, counted, over);
+    char *body = metrics_render(&s->metrics, ready ? &st : NULL, counted, over, s->model_id);
     if (!body) return http_error(c, 500, NULL, NULL, "out of memory");
     return http_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body);
 }
@@ -776,13 +786,14 @@ int handle_tokenize(struct server *s, struct MHD_Connection *c, const char *body
             char *e = oai_error_json(&err);
             ret = e ? http_send(c, err.status, "application/json", e) : HTTP_NO;
         } else {
-            server_clear_error();
-            int rc = kvllm_chat_tokenize(s->model, s->chat_template, rq.msgs, rq.n_msgs, gen, s->special_in_content,
-                                         &ids, &n);
+            char why[400];
+            struct kvllm_chat_opts co = { .add_generation_prompt = gen, .special_in_content = s->special_in_content,
+                                          .err = why, .err_cap = sizeof why };
+            int rc = kvllm_chat_tokenize_ex(s->model, s->chat_template, rq.msgs, rq.n_msgs, &co, &ids, &n);
             oai_request_free(&rq);
             if (rc == KVLLM_ENOTFOUND) ret = http_error(c, 400, "no_chat_template", "messages", "this model has no chat template");
             else if (rc) ret = http_error(c, 400, "chat_template", "messages", "cannot apply the chat template: %s",
-                                          *server_last_error() ? server_last_error() : kvllm_strerror(rc));
+                                          *why ? why : kvllm_strerror(rc));
             else ret = -1;
         }
     } else if (!text || json_object_get_type(text) != json_type_string) {
@@ -877,10 +888,8 @@ int handle_version(struct server *s, struct MHD_Connection *c) {
 /* GET /props, as llama-server: the model, its context, slots, template and build. */
 int handle_props(struct server *s, struct MHD_Connection *c) {
     if (atomic_load(&s->state) != SRV_READY) return not_ready(s, c);
-    size_t tl = 0;
-    const char *tmpl = s->chat_template;
-    if (tmpl) tl = strlen(tmpl);
-    else tmpl = kvllm_model_meta_str(s->model, "tokenizer.chat_template", &tl);
+    size_t tl;
+    const char *tmpl = server_chat_template(s, &tl);
     const struct kvllm_model_desc *d = kvllm_model_describe(s->model);
     char build[128];
     snprintf(build, sizeof build, "kvllm %s (commit %s), kernels %s", s->version, s->commit, kvllm_model_backend(s->model));

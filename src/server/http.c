@@ -25,7 +25,7 @@
  * (evict_incomplete), so trickling sockets cannot hold every slot. */
 #include "server/server_internal.h"
 #include "server/job.h"
-#include "server/strbuf.h"
+#include "core/strbuf.h"
 #include "core/core.h"
 
 #include <microhttpd.h>
@@ -62,7 +62,7 @@
 
 enum route {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT,
-    R_LLAMA, R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_PROPS, R_EMBEDDINGS, R_OPTIONS,
+    R_LLAMA, R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_PROPS, R_EMBEDDINGS, R_OPTIONS, R_FLEET,
 };
 
 static const struct {
@@ -87,6 +87,13 @@ static const struct {
     { "/v1/embeddings", false, "POST", R_EMBEDDINGS },
     { "/embeddings", false, "POST", R_EMBEDDINGS },
     { "/embedding", false, "POST", R_EMBEDDINGS },
+    /* what routers probe (fleet.c) */
+    { "/kv_event_sources", false, "GET", R_FLEET },
+    { "/get_load", false, "GET", R_FLEET },
+    { "/get_server_info", false, "GET", R_FLEET },
+    { "/server_info", false, "GET", R_FLEET },
+    { "/get_model_info", false, "GET", R_FLEET },
+    { "/health_generate", false, "GET", R_FLEET },
 };
 
 /* What a preflight may ask for, and what it is told. */
@@ -127,6 +134,7 @@ struct conn {
     struct strbuf body;
     uint64_t n_body;        /* bytes received, kept or not */
     void *pending;          /* handlers.c's state while the connection is suspended */
+    bool own_timeout;       /* resume_first set this connection's timeout (restored at the end) */
 };
 
 /* ---- responses ---- */
@@ -580,8 +588,13 @@ static void set_error(struct conn *cn, unsigned status, const char *code, bool c
  * the key, unknown paths included, so that a client without it cannot map
  * the routes by their 404 and 405. */
 static bool public_path(const struct server *s, const char *url) {
-    return !strcmp(url, "/health") || (s->metrics_public && !strcmp(url, "/metrics"));
+    return !strcmp(url, "/health") || !strcmp(url, "/health_generate") ||
+           (s->metrics_public && !strcmp(url, "/metrics"));
 }
+
+/* MHD's inactivity timeout, in seconds (a client that reads nothing of its
+ * answer); the watcher bounds headers and bodies however slowly they trickle. */
+static unsigned daemon_timeout(const struct server *s) { return (unsigned)(s->idle_timeout + 0.5); }
 
 /* The first call: headers only.  Decide the route, or the error to answer
  * (framing errors close the connection: what follows cannot be trusted). */
@@ -646,6 +659,27 @@ static int preflight(struct server *s, struct MHD_Connection *c) {
     return ret;
 }
 
+/* A whole response that waits on the engine is suspended where MHD has
+ * read the full request.  When it is resumed, MHD first reads the socket if
+ * it was reading before the suspension, and a client that half-closed
+ * (shutdown(SHUT_WR) after its body, as `nc -N`) then gives end-of-file,
+ * on which libmicrohttpd 0.9.75 closes the connection around the answer
+ * waiting to be queued.  MHD visits every connection with a timeout of its
+ * own (its "manual" timeout list) before it reads the ready sockets, and
+ * that visit runs the access handler, which queues the answer; from then
+ * on MHD only writes.  A connection whose request waits is therefore given
+ * a timeout of its own, one second above the daemon's, restored when the
+ * request completes.  (A single connection was served only because the
+ * resumed one happened to be the tail of the default list, which MHD also
+ * visits first.) */
+static enum MHD_Result answer_or_wait(struct server *s, struct MHD_Connection *c, struct conn *cn, int ret) {
+    if (cn->pending && !cn->own_timeout) {
+        cn->own_timeout = true;
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, daemon_timeout(s) + 1);
+    }
+    return (enum MHD_Result)ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct server *s = cls;
@@ -670,7 +704,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     /* resumed by the engine thread: the request waiting on it goes on */
-    if (cn->pending) return (enum MHD_Result)handle_pending(s, c, &cn->pending);
+    if (cn->pending) return answer_or_wait(s, c, cn, handle_pending(s, c, &cn->pending));
     if (*upload_size) {
         cn->n_body += *upload_size;
         if (cn->n_body > DRAIN_LIMIT) return MHD_NO;
@@ -697,16 +731,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return (enum MHD_Result)handle_models(s, c, NULL);
     case R_MODEL: return (enum MHD_Result)handle_models(s, c, url + strlen("/v1/models/"));
     case R_COMPLETIONS:
-        return (enum MHD_Result)handle_completion(s, c, API_COMPLETION, body, cn->body.len, http11, &cn->pending);
+        return answer_or_wait(s, c, cn, handle_completion(s, c, API_COMPLETION, body, cn->body.len, http11, &cn->pending));
     case R_CHAT:
-        return (enum MHD_Result)handle_completion(s, c, API_CHAT, body, cn->body.len, http11, &cn->pending);
+        return answer_or_wait(s, c, cn, handle_completion(s, c, API_CHAT, body, cn->body.len, http11, &cn->pending));
     case R_LLAMA:
-        return (enum MHD_Result)handle_completion(s, c, API_LLAMA, body, cn->body.len, http11, &cn->pending);
+        return answer_or_wait(s, c, cn, handle_completion(s, c, API_LLAMA, body, cn->body.len, http11, &cn->pending));
     case R_TOKENIZE: return (enum MHD_Result)handle_tokenize(s, c, body, cn->body.len);
     case R_DETOKENIZE: return (enum MHD_Result)handle_detokenize(s, c, body, cn->body.len);
     case R_VERSION: return (enum MHD_Result)handle_version(s, c);
     case R_PROPS: return (enum MHD_Result)handle_props(s, c);
     case R_OPTIONS: return (enum MHD_Result)preflight(s, c);
+    case R_FLEET: return (enum MHD_Result)handle_fleet(s, c, url);
     case R_EMBEDDINGS:
         return (enum MHD_Result)http_error(c, 501, "not_implemented", NULL,
                                            "embeddings are not supported: kvllm serves text generation only (POST "
@@ -724,6 +759,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     set_phase(s, peer_of(c), PH_IDLE);
     if (!cn) return;
     if (cn->pending) pending_free(cn->pending);   /* the connection died while suspended */
+    if (cn->own_timeout) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, daemon_timeout(s));
     sb_free(&cn->body);
     if (cn->n_body >= SERVER_RELEASE_BYTES) server_release_memory();
     free(cn);
@@ -777,7 +813,7 @@ int http_start(struct server *s) {
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
                             /* inactivity (a client that reads nothing of its answer); the
                              * watcher bounds headers and bodies however slowly they trickle */
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(s->idle_timeout + 0.5),
+                            MHD_OPTION_CONNECTION_TIMEOUT, daemon_timeout(s),
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) { LOG_ERR("cannot listen on %s:%d (address in use?)", s->host, s->port); return KVLLM_EIO; }

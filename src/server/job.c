@@ -57,7 +57,7 @@ void job_unref(struct job *j) {
     if (last) job_free(j);
 }
 
-int job_submit(struct job *j, int k, struct kvllm_request *r) {
+int job_submit(struct job *j, int k, struct kvllm_request *r, char *err, size_t err_cap) {
     struct job_sub *s = &j->subs[k];
     r->on_event = job_on_event;
     r->user = s;
@@ -65,7 +65,7 @@ int job_submit(struct job *j, int k, struct kvllm_request *r) {
     /* the engine's reference is taken first: events may arrive before
      * kvllm_engine_add returns */
     job_ref(j);
-    int rc = kvllm_engine_add(j->srv->engine, r, &s->id);
+    int rc = kvllm_engine_add_ex(j->srv->engine, r, &s->id, err, err_cap);
     if (rc) { job_unref(j); return rc; }
     s->added = true;
     server_kick(j->srv);

@@ -90,8 +90,9 @@ struct job {
 struct job *job_new(struct server *s, int n_prompts, int n, int n_vocab, int logprobs, double t_arrival, bool stream);
 
 /* Queue prompt k with the engine (on_event / user are filled in here).
- * Returns 0 or kvllm_engine_add's error (nothing queued then). */
-int job_submit(struct job *j, int k, struct kvllm_request *r);
+ * Returns 0 or kvllm_engine_add's error (nothing queued then), its message
+ * in err (err_cap bytes). */
+int job_submit(struct job *j, int k, struct kvllm_request *r, char *err, size_t err_cap);
 
 /* The next queued event (the caller frees it), or NULL. */
 struct job_event *job_pop(struct job *j);

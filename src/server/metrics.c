@@ -1,6 +1,6 @@
 /* metrics.c — counters, histograms and their Prometheus text rendering. */
 #include "server/metrics.h"
-#include "server/strbuf.h"
+#include "core/strbuf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,20 +50,79 @@ void metrics_token(struct metrics *m, double ttft, double itl) {
     pthread_mutex_unlock(&m->mu);
 }
 
-static void render_hist(struct strbuf *b, const char *name, const char *help, const struct histogram *h) {
+/* labels: "" or `k="v"` pairs with a trailing comma, put before le. */
+static void render_hist(struct strbuf *b, const char *name, const char *help, const char *labels,
+                        const struct histogram *h) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < h->n; i++) {
         cum += h->counts[i];
-        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        sb_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", name, labels, h->le[i], (unsigned long long)cum);
     }
     cum += h->counts[h->n];
-    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
-              h->sum, name, (unsigned long long)h->count);
+    size_t nl = strlen(labels);
+    /* the sum and count take the same labels, without le: drop the trailing comma */
+    sb_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n%s_sum%s%.*s%s %.6f\n%s_count%s%.*s%s %llu\n", name, labels,
+              (unsigned long long)cum, name, nl ? "{" : "", (int)(nl ? nl - 1 : 0), labels, nl ? "}" : "", h->sum,
+              name, nl ? "{" : "", (int)(nl ? nl - 1 : 0), labels, nl ? "}" : "", (unsigned long long)h->count);
 }
 
-char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over) {
+/* The model name as a Prometheus label value (backslash, quote and newline escaped). */
+static void label_value(struct strbuf *b, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') { sb_put(b, "\\", 1); sb_put(b, v, 1); }
+        else if (*v == '\n') sb_puts(b, "\\n");
+        else sb_put(b, v, 1);
+    }
+}
+
+/* The same quantities under vLLM's names and its model_name label, for the dashboards and gateways
+ * (the Gateway API Inference Extension's endpoint picker) that read a vLLM server; counters are
+ * rendered as prometheus_client renders them (TYPE without _total, the sample with it).  Caller
+ * holds m->mu. */
+static void render_vllm(struct strbuf *b, const struct metrics *m, const struct kvllm_engine_stats *st,
+                        const char *model_name) {
+    struct strbuf lb = { 0 };
+    sb_puts(&lb, "model_name=\"");
+    label_value(&lb, model_name ? model_name : "");
+    sb_puts(&lb, "\",");
+    if (lb.oom) { b->oom = true; sb_free(&lb); return; }
+    const char *L = lb.s;
+    const int nl = (int)lb.len - 1; /* without the trailing comma */
+    const double usage = st->blocks_total ? (double)st->blocks_held / (double)st->blocks_total : 0.0;
+    static const struct { const char *name, *type, *help; } k[] = {
+        { "vllm:num_requests_running", "gauge", "Number of requests in model execution batches." },
+        { "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed." },
+        { "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage." },
+        { "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage (vLLM's older name of kv_cache_usage_perc)." },
+        { "vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens." },
+        { "vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens." },
+        { "vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine." },
+        { "vllm:prompt_tokens", "counter", "Number of prefill tokens processed." },
+        { "vllm:generation_tokens", "counter", "Number of generation tokens processed." },
+        { "vllm:request_success", "counter", "Count of successfully processed requests." },
+    };
+    const double v[] = { st->n_running, st->n_waiting, usage, usage, (double)st->prompt_tokens,
+                         (double)st->cached_tokens, (double)st->preemptions, (double)m->prompt_tokens,
+                         (double)m->generated_tokens, (double)m->requests[OUTCOME_SUCCESS] };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        bool counter = k[i].type[0] == 'c';
+        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s{%.*s} %.17g\n", k[i].name, k[i].help, k[i].name, k[i].type,
+                  k[i].name, counter ? "_total" : "", nl, L, v[i]);
+    }
+    sb_printf(b, "# HELP vllm:cache_config_info Information of the KV cache.\n# TYPE vllm:cache_config_info gauge\n"
+                 "vllm:cache_config_info{%sblock_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"True\"} 1\n",
+              L, st->block_size, st->blocks_total);
+    render_hist(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", L, &m->ttft);
+    render_hist(b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", L, &m->itl);
+    sb_free(&lb);
+}
+
+char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over,
+                     const char *model_name) {
     struct strbuf b = { 0 };
+    struct kvllm_engine_stats z = { 0 };
+    if (!st) st = &z; /* the engine's gauges: zero while the model is still loading */
     pthread_mutex_lock(&m->mu);
     sb_puts(&b, "# HELP kvllm_requests_total Completion requests by how they ended.\n"
                 "# TYPE kvllm_requests_total counter\n");
@@ -76,14 +135,12 @@ char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int
               "# HELP kvllm_generated_tokens_total Tokens generated.\n"
               "# TYPE kvllm_generated_tokens_total counter\nkvllm_generated_tokens_total %llu\n",
               (unsigned long long)m->prompt_tokens, (unsigned long long)m->generated_tokens);
-    render_hist(&b, "kvllm_time_to_first_token_seconds", "Time from a request's arrival to its first token.",
+    render_hist(&b, "kvllm_time_to_first_token_seconds", "Time from a request's arrival to its first token.", "",
                 &m->ttft);
-    render_hist(&b, "kvllm_inter_token_latency_seconds", "Time between successive tokens of one sample.", &m->itl);
+    render_hist(&b, "kvllm_inter_token_latency_seconds", "Time between successive tokens of one sample.", "", &m->itl);
+    render_vllm(&b, m, st, model_name);
     pthread_mutex_unlock(&m->mu);
 
-    /* the engine's gauges: zero while the model is still loading */
-    struct kvllm_engine_stats z = { 0 };
-    if (!st) st = &z;
     double hit = st->prompt_tokens ? (double)st->cached_tokens / (double)st->prompt_tokens : 0.0;
     sb_printf(&b,
               "# HELP kvllm_requests_running Sequences in the running batch.\n"

@@ -51,7 +51,11 @@ void metrics_token(struct metrics *m, double ttft, double itl);
 
 /* Render everything (plus the engine's gauges from st, NULL while loading,
  * and the open connections: within the limits, and over them) as Prometheus
- * text.  Returns a malloc'd string or NULL (out of memory). */
-char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over);
+ * text, under kvllm's names and again, where the meaning is the same, under
+ * vLLM's (vllm:num_requests_running, vllm:kv_cache_usage_perc,
+ * vllm:prefix_cache_queries_total, ...) labelled model_name as vLLM labels
+ * them.  Returns a malloc'd string or NULL (out of memory). */
+char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int conns_counted, int conns_over,
+                     const char *model_name);
 
 #endif

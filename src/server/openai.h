@@ -8,7 +8,7 @@
 
 #include "kvllm.h"
 #include "server/job.h"
-#include "server/strbuf.h"
+#include "core/strbuf.h"
 #include "server/toolcall.h"
 
 #include <stdbool.h>
@@ -20,6 +20,7 @@
 #define OAI_MAX_STOP 16         /* stop strings */
 #define OAI_MAX_STOP_IDS 64     /* stop_token_ids */
 #define OAI_MAX_BIAS 1024       /* logit_bias entries */
+#define OAI_MAX_CHOICES 1024    /* guided_choice strings (the grammar's width bound) */
 
 struct oai_prompt {             /* a completions prompt: text or token ids */
     char *text;                 /* NULL when ids are given */
@@ -47,7 +48,7 @@ struct oai_request {
     bool stream, include_usage, ignore_eos;
     int logprobs;                        /* -1: none; else alternatives per position */
     double presence_penalty, frequency_penalty;   /* OpenAI penalties, passed to the sampler */
-    /* issue 16: constrained decoding and the fields once ignored */
+    /* constrained decoding, and fields that were once accepted and ignored */
     struct kvllm_grammar *grammar;       /* own reference (NULL: none): response_format json_object /
                                             json_schema, llama-server's grammar / json_schema, or a tool
                                             choice; every sample's text is a string of it */
@@ -57,6 +58,8 @@ struct oai_request {
     struct kvllm_logit_bias *logit_bias; /* (n_logit_bias) OpenAI: {"token id": bias in [-100, 100]} */
     int n_logit_bias;
     bool echo;                           /* completions: the prompt's text goes before the completion */
+    bool include_stop_str;               /* vLLM: the stop string that ended a sample stays in its text */
+    bool special_text;                   /* vLLM's skip_special_tokens false: control tokens' text is shown */
     /* tool calling (chat): the validated `tools` array as JSON text (NULL: none, or an empty
      * list), tool_choice (default auto with tools, none without), the function a named choice
      * names, parallel_tool_calls (default true; false: at most one call is returned) */
@@ -123,8 +126,9 @@ struct oai_resp {
     const char *tool_prefill;            /* static: the answer's opening that the prompt already holds */
     bool tool_single;                    /* parallel_tool_calls false: at most one call */
     uint64_t tool_ids;                   /* call-id generator state */
-    char **tool_names;                   /* (n_tool_names) the functions offered: calls of others are text */
-    int n_tool_names;
+    struct toolcall_decl *tools;         /* (n_tools) the functions offered: calls of others, or with arguments
+                                            their parameters do not admit, are text */
+    int n_tools;
 };
 
 /* Returns 0 or KVLLM_ENOMEM. */

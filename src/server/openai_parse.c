@@ -444,8 +444,6 @@ static const struct {
     { "t_max_predict_ms", json_type_double, 0, "" },
     { "length_penalty", json_type_double, 1, "" },
     { "use_beam_search", json_type_boolean, 0, "" },
-    { "include_stop_str_in_output", json_type_boolean, 0, "" },
-    { "skip_special_tokens", json_type_boolean, 1, "" },
     { "post_sampling_probs", json_type_boolean, 0, "" },
     { "prompt_logprobs", json_type_null, 0, "" },
     { "truncate_prompt_tokens", json_type_null, 0, "" },
@@ -453,11 +451,7 @@ static const struct {
     { "allowed_token_ids", json_type_null, 0, "; use 'logit_bias'" },
     { "logits_processors", json_type_null, 0, "" },
     { "samplers", json_type_null, 0, "" },
-    { "guided_json", json_type_null, 0, "; use response_format {\"type\": \"json_schema\"} or 'json_schema'" },
-    { "guided_grammar", json_type_null, 0, "; use 'grammar' (GBNF)" },
-    { "guided_regex", json_type_null, 0, "" },
-    { "guided_choice", json_type_null, 0, "" },
-    { "structured_outputs", json_type_null, 0, "; use response_format, 'grammar' or 'json_schema'" },
+    { "guided_whitespace_pattern", json_type_null, 0, "" },
 };
 
 /* A refused field's value is neutral: a number or boolean equal to the
@@ -502,12 +496,118 @@ static int compile_schema(json_object *schema, bool strict, const char *param, c
     return 0;
 }
 
+/* A GBNF grammar (a string) for `param`. */
+static int compile_gbnf(json_object *gb, const char *param, struct kvllm_grammar **g, struct oai_error *e) {
+    if (json_object_get_type(gb) != json_type_string)
+        return fail(e, param, "'%s' must be a string (GBNF), not %s", param, type_name(gb));
+    char msg[384] = "";
+    int rc = kvllm_grammar_from_gbnf(json_object_get_string(gb), g, msg, sizeof msg);
+    if (rc == KVLLM_ENOMEM) return oom(e);
+    if (rc) return fail(e, param, "%s: %s", param, *msg ? msg : kvllm_strerror(rc));
+    return 0;
+}
+
+/* A regular expression the whole output must match (vLLM's guided_regex). */
+static int compile_regex(json_object *v, const char *param, struct kvllm_grammar **g, struct oai_error *e) {
+    if (json_object_get_type(v) != json_type_string)
+        return fail(e, param, "'%s' must be a string (a regular expression), not %s", param, type_name(v));
+    char msg[384] = "";
+    int rc = kvllm_grammar_from_regex(json_object_get_string(v), g, msg, sizeof msg);
+    if (rc == KVLLM_ENOMEM) return oom(e);
+    if (rc) return fail(e, param, "%s: %s", param, *msg ? msg : kvllm_strerror(rc));
+    return 0;
+}
+
+/* One of a list of strings (vLLM's guided_choice). */
+static int compile_choice(json_object *v, const char *param, struct kvllm_grammar **g, struct oai_error *e) {
+    size_t n = json_object_get_type(v) == json_type_array ? json_object_array_length(v) : 0;
+    if (!n || n > OAI_MAX_CHOICES)
+        return fail(e, param, "'%s' must be a list of 1 to %d strings", param, OAI_MAX_CHOICES);
+    const char **ch = malloc(n * sizeof *ch);
+    if (!ch) return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_object *c = json_object_array_get_idx(v, i);
+        if (json_object_get_type(c) != json_type_string) {
+            free(ch);
+            return fail(e, param, "%s[%zu] must be a string, not %s", param, i, type_name(c));
+        }
+        ch[i] = json_object_get_string(c);
+    }
+    char msg[384] = "";
+    int rc = kvllm_grammar_from_choices(ch, (int)n, g, msg, sizeof msg);
+    free(ch);
+    if (rc == KVLLM_ENOMEM) return oom(e);
+    if (rc) return fail(e, param, "%s: %s", param, *msg ? msg : kvllm_strerror(rc));
+    return 0;
+}
+
+/* vLLM's guided_json: a schema, or its JSON text. */
+static int compile_guided_json(json_object *v, const char *param, struct kvllm_grammar **g, struct oai_error *e) {
+    if (json_object_get_type(v) != json_type_string) return compile_schema(v, false, param, param, g, e);
+    json_object *parsed = json_tokener_parse(json_object_get_string(v));
+    if (!parsed) return fail(e, param, "'%s' is a string that is not a JSON Schema's JSON text", param);
+    int rc = compile_schema(parsed, false, param, param, g, e);
+    json_object_put(parsed);
+    return rc;
+}
+
+/* vLLM's constraints: guided_json / guided_regex / guided_choice /
+ * guided_grammar (before 0.12), or structured_outputs {json, regex, choice,
+ * grammar, json_object} (0.10 on).  *n counts the ones given; the one to
+ * compile is compiled into *g.  Backend options that would change the
+ * output are refused; those that do not (disable_fallback) pass. */
+static int parse_vllm_constraint(json_object *root, int *n, struct kvllm_grammar **g, struct oai_error *e) {
+    static const struct {
+        const char *key;
+        int (*compile)(json_object *, const char *, struct kvllm_grammar **, struct oai_error *);
+    } k_kinds[] = {
+        { "json", compile_guided_json }, { "regex", compile_regex }, { "choice", compile_choice },
+        { "grammar", compile_gbnf },
+    };
+    json_object *so = field(root, "structured_outputs");
+    if (so && json_object_get_type(so) != json_type_object)
+        return fail(e, "structured_outputs", "'structured_outputs' must be an object ({\"json\"|\"regex\"|"
+                    "\"choice\"|\"grammar\": ...}), not %s", type_name(so));
+    if (so) {
+        json_object_object_foreach(so, key, val) {
+            bool known = !strcmp(key, "json_object") || !strcmp(key, "disable_fallback");
+            for (size_t k = 0; k < sizeof k_kinds / sizeof *k_kinds; k++) known |= !strcmp(key, k_kinds[k].key);
+            if (!known && val && !neutral(val, json_type_boolean, 0))
+                return fail(e, "structured_outputs", "structured_outputs.%.40s is not supported", key);
+        }
+    }
+    json_object *jo = so ? field(so, "json_object") : NULL;
+    if (jo && json_object_get_type(jo) != json_type_boolean)
+        return fail(e, "structured_outputs", "structured_outputs.json_object must be a boolean");
+    if (jo && json_object_get_boolean(jo)) {
+        (*n)++;
+        int rc = *n == 1 ? kvllm_grammar_json_object(g) : 0;
+        if (rc) return rc == KVLLM_ENOMEM ? oom(e) : fail(e, "structured_outputs", "%s", kvllm_strerror(rc));
+    }
+    for (size_t k = 0; k < sizeof k_kinds / sizeof *k_kinds; k++) {
+        char old[32], param[48];
+        snprintf(old, sizeof old, "guided_%s", k_kinds[k].key);
+        snprintf(param, sizeof param, "structured_outputs.%s", k_kinds[k].key);
+        json_object *v = field(root, old), *w = so ? field(so, k_kinds[k].key) : NULL;
+        for (int i = 0; i < 2; i++) {
+            json_object *x = i ? w : v;
+            if (!x) continue;
+            if (++*n > 1) return 0;   /* the caller says which were given */
+            if (k_kinds[k].compile(x, i ? param : old, g, e)) return -1;
+        }
+    }
+    return 0;
+}
+
 /* Constrained output: response_format json_object / json_schema (strict
  * honoured; llama-server's json_object with a "schema" too), llama-server's
- * top-level grammar (GBNF text) and json_schema.  At most one; compiled here
- * so that a bad schema or grammar is a 400 naming where. */
+ * top-level grammar (GBNF text) and json_schema, vLLM's guided_* and
+ * structured_outputs.  At most one; compiled here so that a bad schema,
+ * grammar or pattern is a 400 naming where. */
 static int parse_constraint(json_object *root, struct oai_request *r, struct oai_error *e) {
     json_object *rf = field(root, "response_format"), *gb = field(root, "grammar"), *js = field(root, "json_schema");
+    int n_vllm = 0;
+    if (parse_vllm_constraint(root, &n_vllm, &r->grammar, e)) return -1;
     const char *rf_type = NULL;
     if (rf) {
         json_object *t = json_object_get_type(rf) == json_type_object ? field(rf, "type") : NULL;
@@ -520,9 +620,12 @@ static int parse_constraint(json_object *root, struct oai_request *r, struct oai
                         "json_schema", rf_type);
         if (!strcmp(rf_type, "text")) rf_type = NULL;
     }
-    if ((rf_type != NULL) + (gb != NULL) + (js != NULL) > 1)
-        return fail(e, rf_type ? "response_format" : "grammar", "give one of response_format (json_object or "
-                    "json_schema), 'grammar' and 'json_schema', not several");
+    if ((rf_type != NULL) + (gb != NULL) + (js != NULL) + n_vllm > 1)
+        return fail(e, rf_type ? "response_format" : gb ? "grammar" : js ? "json_schema" : "structured_outputs",
+                    "give one constraint: response_format (json_object or json_schema), 'grammar', 'json_schema', "
+                    "or one of vLLM's guided_json, guided_regex, guided_choice, guided_grammar and structured_outputs "
+                    "{json, regex, choice, grammar, json_object}; not several");
+    if (n_vllm) return 0;
     if (rf_type && !strcmp(rf_type, "json_object")) {
         json_object *schema = field(rf, "schema");   /* llama-server's extension */
         if (schema) return compile_schema(schema, false, "response_format", "response_format.schema", &r->grammar, e);
@@ -543,15 +646,7 @@ static int parse_constraint(json_object *root, struct oai_request *r, struct oai
                               &r->grammar, e);
     }
     if (js) return compile_schema(js, false, "json_schema", "json_schema", &r->grammar, e);
-    if (gb) {
-        if (json_object_get_type(gb) != json_type_string)
-            return fail(e, "grammar", "'grammar' must be a string (GBNF), not %s", type_name(gb));
-        char msg[384] = "";
-        int rc = kvllm_grammar_from_gbnf(json_object_get_string(gb), &r->grammar, msg, sizeof msg);
-        if (rc == KVLLM_ENOMEM) return oom(e);
-        if (rc) return fail(e, "grammar", "grammar: %s", *msg ? msg : kvllm_strerror(rc));
-    }
-    return 0;
+    return gb ? compile_gbnf(gb, "grammar", &r->grammar, e) : 0;
 }
 
 /* vLLM's stop_token_ids: a list of token ids (the vocabulary range is the engine's check). */
@@ -612,6 +707,14 @@ static int parse_item5(json_object *root, struct oai_request *r, struct oai_erro
         return fail(e, "best_of", "'best_of' (%lld) must equal 'n' (%d): kvllm does not generate extra samples to "
                     "return the best of them", (long long)i64, r->n);
     if (!r->chat && get_bool(root, "echo", &r->echo, e) < 0) return -1;
+    /* vLLM's detokenization fields: skip_special_tokens (default true), include_stop_str_in_output (false);
+     * spaces_between_special_tokens only spaces what skip_special_tokens false shows, and kvllm joins token
+     * text as fast tokenizers do (no spaces added): accepted as a boolean */
+    bool skip = true, spaces = true;
+    if (get_bool(root, "skip_special_tokens", &skip, e) < 0) return -1;
+    r->special_text = !skip;
+    if (get_bool(root, "include_stop_str_in_output", &r->include_stop_str, e) < 0) return -1;
+    if (get_bool(root, "spaces_between_special_tokens", &spaces, e) < 0) return -1;
     if (r->echo && r->logprobs >= 0)
         return fail(e, "echo", "'echo' with 'logprobs' is not supported (the prompt's log-probabilities are not "
                     "computed)");
@@ -805,6 +908,16 @@ char *oai_llama_body(const char *body, size_t len) {
         else if (json_object_get_type(v) != json_type_int)
             json_object_object_add(root, "max_tokens", json_object_get(v));   /* reported as max_tokens */
         json_object_object_del(root, "n_predict");
+    }
+    /* n_probs: the n best tokens' log-probabilities at each position (completion_probabilities);
+     * llama-server returns "at most n_probs", kvllm at most JOB_MAX_TOP of them */
+    if ((v = field(root, "n_probs"))) {
+        if (json_object_get_type(v) == json_type_int && json_object_get_int64(v) > 0)
+            json_object_object_add(root, "logprobs", json_object_new_int(json_object_get_int64(v) > JOB_MAX_TOP
+                                                                         ? JOB_MAX_TOP : (int)json_object_get_int64(v)));
+        else if (json_object_get_type(v) != json_type_int)
+            json_object_object_add(root, "logprobs", json_object_get(v));   /* reported as logprobs */
+        json_object_object_del(root, "n_probs");
     }
     if ((v = field(root, "repeat_penalty"))) {
         json_object_object_add(root, "repetition_penalty", json_object_get(v));

@@ -73,8 +73,7 @@ void oai_resp_deinit(struct oai_resp *r) {
         free(r->choices[i].tc);
     }
     free(r->choices);
-    for (int i = 0; i < r->n_tool_names; i++) free(r->tool_names[i]);
-    free(r->tool_names);
+    toolcall_decls_free(r->tools, r->n_tools);
     free(r->n_prompt);
     free(r->n_cached);
     for (int k = 0; r->echo && k < r->n_prompts; k++) free(r->echo[k]);
@@ -121,12 +120,12 @@ int oai_resp_set_tools(struct oai_resp *r, enum toolcall_format f, const char *p
     r->tool_single = single;
     r->tool_ids = id_seed;
     if (!r->chat || f == TOOLCALL_NONE) return 0;
-    if (toolcall_declared(tools, &r->tool_names, &r->n_tool_names)) return KVLLM_ENOMEM;
+    if (toolcall_declared(tools, &r->tools, &r->n_tools)) return KVLLM_ENOMEM;
     for (int c = 0; c < r->n_choices; c++) {
         if (!(r->choices[c].tc = malloc(sizeof *r->choices[c].tc))) return KVLLM_ENOMEM;
         toolcall_stream_init(r->choices[c].tc, f);
-        r->choices[c].tc->names = r->tool_names;
-        r->choices[c].tc->n_names = r->n_tool_names;
+        r->choices[c].tc->decls = r->tools;
+        r->choices[c].tc->n_decls = r->n_tools;
         if (r->tool_prefill) {   /* an opening is held, never shown */
             struct strbuf shown = { 0 };
             toolcall_stream_push(r->choices[c].tc, r->tool_prefill, strlen(r->tool_prefill), &shown);
@@ -143,7 +142,7 @@ static int parse_calls(struct oai_resp *r, const struct oai_choice *ch, struct t
     sb_put(&all, ch->text.s ? ch->text.s : "", ch->text.len);
     int rc = all.oom ? KVLLM_ENOMEM : toolcall_parse(r->tool_format, all.s ? all.s : "", all.len, res);
     sb_free(&all);
-    if (!rc) rc = toolcall_only_declared(res, r->tool_names, r->n_tool_names, ch->text.s ? ch->text.s : "", ch->text.len);
+    if (!rc) rc = toolcall_only_declared(res, r->tools, r->n_tools, ch->text.s ? ch->text.s : "", ch->text.len);
     return rc;
 }
 
@@ -199,7 +198,9 @@ static int tools_message(struct oai_resp *r, struct oai_choice *ch, json_object 
 
 /* ---- llama-server's /completion shape ---- */
 
-static json_object *llama_final(const struct oai_resp *r, const struct oai_choice *ch, const char *text, size_t len) {
+/* probs: the positions' completion_probabilities (a reference is taken; NULL: none). */
+static json_object *llama_final(const struct oai_resp *r, const struct oai_choice *ch, const char *text, size_t len,
+                                json_object *probs) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "index", json_object_new_int(0));
     json_object_object_add(o, "content", json_object_new_string_len(text, (int)len));
@@ -213,6 +214,7 @@ static json_object *llama_final(const struct oai_resp *r, const struct oai_choic
     json_object_object_add(o, "stop_type", json_object_new_string(ch->finish == KVLLM_FINISH_LENGTH ? "limit" : "eos"));
     json_object_object_add(o, "stopping_word", json_object_new_string(""));
     json_object_object_add(o, "truncated", json_object_new_boolean(0));
+    if (probs) json_object_object_add(o, "completion_probabilities", json_object_get(probs));
     return o;
 }
 
@@ -237,16 +239,19 @@ static void token_json(const struct oai_resp *r, int32_t id, json_object **text,
     }
 }
 
-/* Chat: one {"token", "logprob", "bytes", "top_logprobs"} entry. */
+/* Chat: one {"token", "logprob", "bytes", "top_logprobs"} entry; llama-server's
+ * completion_probabilities (r->llama) give each token's "id" too. */
 static json_object *chat_lp_entry(const struct oai_resp *r, const struct job_event *e) {
     json_object *o = json_object_new_object(), *t, *b, *top = json_object_new_array();
     token_json(r, e->token, &t, &b);
+    if (r->llama) json_object_object_add(o, "id", json_object_new_int(e->token));
     json_object_object_add(o, "token", t);
     json_object_object_add(o, "logprob", lp_number(e->logprob));
     json_object_object_add(o, "bytes", b);
     for (int i = 0; i < e->n_top && i < r->logprobs; i++) {
         json_object *a = json_object_new_object();
         token_json(r, e->top_id[i], &t, &b);
+        if (r->llama) json_object_object_add(a, "id", json_object_new_int(e->top_id[i]));
         json_object_object_add(a, "token", t);
         json_object_object_add(a, "logprob", lp_number(e->top_lp[i]));
         json_object_object_add(a, "bytes", b);
@@ -299,7 +304,7 @@ static void note_event(struct oai_resp *r, const struct job_event *e) {
 void oai_resp_add(struct oai_resp *r, const struct job_event *e) {
     struct oai_choice *ch = &r->choices[e->choice];
     if (r->logprobs >= 0 && e->token >= 0) {
-        if (r->chat) {
+        if (r->chat || r->llama) {
             if (!ch->lp) ch->lp = json_object_new_array();
             json_object_array_add(ch->lp, chat_lp_entry(r, e));
         } else {
@@ -335,7 +340,10 @@ static json_object *envelope(const struct oai_resp *r, const char *object) {
 char *oai_resp_json(struct oai_resp *r) {
     if (r->llama) {
         const struct oai_choice *ch = &r->choices[0];
-        return to_string(llama_final(r, ch, ch->text.s ? ch->text.s : "", ch->text.len));
+        json_object *probs = r->logprobs >= 0 && !ch->lp ? json_object_new_array() : NULL;
+        char *s = to_string(llama_final(r, ch, ch->text.s ? ch->text.s : "", ch->text.len, probs ? probs : ch->lp));
+        json_object_put(probs);
+        return s;
     }
     json_object *o = envelope(r, r->chat ? "chat.completion" : "text_completion"), *cs = json_object_new_array();
     for (int c = 0; c < r->n_choices; c++) {
@@ -444,18 +452,25 @@ static void stream_event_tools(struct oai_resp *r, const struct job_event *e, js
 
 void oai_stream_event(struct oai_resp *r, const struct job_event *e, struct strbuf *out) {
     struct oai_choice *ch = &r->choices[e->choice];
-    if (r->llama) {   /* {"content", "stop": false} per piece, then the whole summary with "stop": true */
-        if (e->len) {
+    if (r->llama) {   /* {"content", "stop": false} per piece (and per token with n_probs), then the whole
+                       * summary with "stop": true */
+        const bool has_lp = r->logprobs >= 0 && e->token >= 0;
+        if (e->len || has_lp) {
             json_object *o = json_object_new_object();
             json_object_object_add(o, "index", json_object_new_int(0));
             json_object_object_add(o, "content", json_object_new_string_len(e->text, (int)e->len));
             json_object_object_add(o, "stop", json_object_new_boolean(0));
             json_object_object_add(o, "id_slot", json_object_new_int(0));
             json_object_object_add(o, "tokens_predicted", json_object_new_int(e->n_generated));
+            if (has_lp) {
+                json_object *a = json_object_new_array();
+                json_object_array_add(a, chat_lp_entry(r, e));
+                json_object_object_add(o, "completion_probabilities", a);
+            }
             sse(out, o);
         }
         note_event(r, e);
-        if (e->finish != KVLLM_FINISH_NONE) sse(out, llama_final(r, ch, "", 0));
+        if (e->finish != KVLLM_FINISH_NONE) sse(out, llama_final(r, ch, "", 0, NULL));
         return;
     }
     if (!r->chat && !ch->started && r->echo && r->echo[e->choice / r->n]) {

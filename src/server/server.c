@@ -18,6 +18,7 @@
 #include <json-c/json.h>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <signal.h>
 #endif
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,13 +26,9 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
-/* ---- logging: errors are also remembered per thread for the client ---- */
-
-static _Thread_local char t_last_error[512];
-
-const char *server_last_error(void) { return t_last_error; }
-void server_clear_error(void) { t_last_error[0] = 0; }
+/* ---- logging ---- */
 
 /* "2025-01-31T12:00:00.123Z" */
 static void iso_time(char *buf, size_t cap) {
@@ -62,11 +59,6 @@ static void emit_json(enum kvllm_log_level level, json_object *o) {
 static void log_sink(enum kvllm_log_level level, const char *msg, void *user) {
     static const char *tag[] = { "error: ", "warning: ", "", "debug: " };
     const struct server *s = user;
-    if (level == KVLLM_LOG_ERROR) {   /* truncated to what a client is shown */
-        size_t n = strnlen(msg, sizeof t_last_error - 1);
-        memcpy(t_last_error, msg, n);
-        t_last_error[n] = 0;
-    }
     if (s && s->log_json) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "msg", json_object_new_string(msg));
@@ -82,15 +74,11 @@ void server_log(struct server *s, enum kvllm_log_level level, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    bool err = level == KVLLM_LOG_ERROR;
-    char keep[512];
-    if (err) snprintf(keep, sizeof keep, "%s", t_last_error);
     log_sink(level, msg, s);
-    if (err) snprintf(t_last_error, sizeof t_last_error, "%s", keep);
 }
 
 void server_log_request(struct server *s, const char *id, unsigned status, int n_prompt, int n_cached, int n_gen,
-                        double ttft, double gen_s, const char *finish, double total_s) {
+                        double ttft, double gen_s, const char *finish, double total_s, const char *why) {
     double tps = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0;
     if (s->log_json) {
         json_object *o = json_object_new_object();
@@ -104,13 +92,15 @@ void server_log_request(struct server *s, const char *id, unsigned status, int n
         json_object_object_add(o, "tokens_per_s", json_object_new_double(tps));
         json_object_object_add(o, "finish_reason", finish ? json_object_new_string(finish) : NULL);
         json_object_object_add(o, "duration_ms", json_object_new_double(total_s * 1e3));
+        if (why) json_object_object_add(o, "error", json_object_new_string(why));
         emit_json(status >= 500 ? KVLLM_LOG_WARN : KVLLM_LOG_INFO, o);
         return;
     }
     char t[32] = "-";
     if (ttft >= 0) snprintf(t, sizeof t, "%.1f ms", ttft * 1e3);
     fprintf(stderr, "kvllm: request %s: %u, prompt %d tokens (%d cached), output %d tokens, ttft %s, %.1f tok/s, "
-                    "finish %s, %.3f s\n", id, status, n_prompt, n_cached, n_gen, t, tps, finish ? finish : "-", total_s);
+                    "finish %s, %.3f s%s%s\n", id, status, n_prompt, n_cached, n_gen, t, tps, finish ? finish : "-", total_s,
+            why ? ": " : "", why ? why : "");
 }
 
 /* The engine line: what runs and waits, the KV pool, throughput since the last line. */
@@ -145,6 +135,15 @@ const char *server_cors_origin(const struct server *s, const char *origin) {
         p += k;
     }
     return NULL;
+}
+
+const char *server_chat_template(const struct server *s, size_t *len) {
+    if (s->chat_template) {
+        *len = strlen(s->chat_template);
+        return s->chat_template;
+    }
+    *len = 0;
+    return kvllm_model_chat_template(s->model, len, NULL);
 }
 
 /* ---- the engine thread ---- */
@@ -203,7 +202,15 @@ static void *engine_main(void *arg) {
         }
 
         int n = kvllm_engine_step(s->engine);
-        if (n < 0) LOG_ERR("engine step failed: %s", kvllm_strerror(n));
+        kv_events_step_done(s->kv_events); /* the step's KV events go out as one batch */
+        if (n < 0 && !kvllm_engine_failed(s->engine)) LOG_ERR("engine step failed: %s", kvllm_strerror(n));
+        if (kvllm_engine_failed(s->engine) && !atomic_exchange(&s->failed, true)) {
+            atomic_store(&s->state, SRV_FAILED);
+            /* its requests were ended with errors; /health says "failed", and the process is told to
+             * stop (the main thread waits for signals) and exits non-zero (server_failed) */
+            LOG_ERR("the engine cannot compute any more: stopping");
+            kill(getpid(), SIGTERM);
+        }
         struct kvllm_engine_stats st;
         kvllm_engine_get_stats(s->engine, &st);
         bool idle = kvllm_engine_idle(s->engine);
@@ -273,6 +280,7 @@ int server_start(const struct server_params *p, struct server **out) {
     s->created = time(NULL);
     s->idle = true;
     atomic_init(&s->state, SRV_LOADING);
+    atomic_init(&s->failed, false);
     atomic_init(&s->next_id, 1);
     atomic_init(&s->n_jobs, 0);
     atomic_init(&s->watch_stop, false);
@@ -285,6 +293,15 @@ int server_start(const struct server_params *p, struct server **out) {
         return KVLLM_ENOMEM;
     }
     kvllm_log_set(log_sink, s);
+    if (p->kv_events.endpoint) {
+        const struct kv_events_params *kp = &p->kv_events;
+        s->kv_endpoint = strdup(kp->endpoint);
+        s->kv_replay_endpoint = dup_or_null(kp->replay_endpoint);
+        s->kv_topic = strdup(kp->topic ? kp->topic : "");
+        int krc = !s->kv_endpoint || !s->kv_topic || (kp->replay_endpoint && !s->kv_replay_endpoint)
+                  ? KVLLM_ENOMEM : kv_events_new(kp, &s->kv_events);
+        if (krc) { server_free(s); return krc; }
+    }
     int rc = http_start(s);
     if (rc) { server_free(s); return rc; }
     *out = s;
@@ -303,18 +320,23 @@ int server_ready(struct server *s, struct kvllm_model *model, struct kvllm_engin
     s->pool_tokens = s->stats.blocks_total * s->stats.block_size;
     if (!s->tool_format_forced) {   /* the template's text says how its model calls tools */
         size_t len = 0;
-        const char *t = s->chat_template ? s->chat_template
-                                         : kvllm_model_meta_str(model, "tokenizer.chat_template", &len);
+        const char *t = server_chat_template(s, &len);
         char *z = t && !s->chat_template ? strndup(t, len) : NULL;
         if (t && !s->chat_template && !z) return KVLLM_ENOMEM;
         s->tool_format = toolcall_detect(z ? z : t);
         free(z);
+    }
+    if (s->kv_events) {
+        int rc = kv_events_attach(s->kv_events, engine);
+        if (rc) return rc;
     }
     if (pthread_create(&s->engine_thread, NULL, engine_main, s)) return KVLLM_ENOMEM;
     s->engine_started = true;
     atomic_store(&s->state, SRV_READY);
     return 0;
 }
+
+bool server_failed(struct server *s) { return atomic_load(&s->failed); }
 
 void server_drain(struct server *s) {
     int ready = SRV_READY;
@@ -339,6 +361,8 @@ void server_stop(struct server *s) {
         pthread_join(s->engine_thread, NULL);
         s->engine_started = false;
     }
+    kv_events_free(s->kv_events); /* after the engine's last step: what it told is sent */
+    s->kv_events = NULL;
 }
 
 void server_free(struct server *s) {
@@ -354,6 +378,9 @@ void server_free(struct server *s) {
     free(s->model_id);
     free(s->chat_template);
     free(s->allowed_origins);
+    free(s->kv_endpoint);
+    free(s->kv_replay_endpoint);
+    free(s->kv_topic);
     free(s->version);
     free(s->commit);
     free(s);

@@ -15,6 +15,7 @@
 #define KVLLM_SERVER_H
 
 #include "kvllm.h"
+#include "server/kv_events.h"
 
 #include <stddef.h>
 
@@ -41,6 +42,8 @@ struct server_params {
     /* How tool calls are read out of answers: "hermes", "llama3", "mistral", "none" (no tool
      * calling); NULL or "auto": detected from the chat template's text (toolcall_detect). */
     const char *tool_call_format;
+    /* KV-cache events for routers (kv_events.h); endpoint NULL: off */
+    struct kv_events_params kv_events;
 };
 
 struct server;
@@ -66,6 +69,10 @@ int server_running(struct server *s);
  * whole responses; up to a few seconds for those answers to go out), stop
  * HTTP, join the engine thread.  Idempotent. */
 void server_stop(struct server *s);
+/* Whether the engine failed for good (a tensor-parallel rank lost): the
+ * server then answers 503 and /health "failed", and has sent its process
+ * SIGTERM so that it stops and exits non-zero. */
+bool server_failed(struct server *s);
 /* A log line through the server's sink (text or JSON, as --log-format). */
 void server_log(struct server *s, enum kvllm_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -17,7 +17,7 @@ struct MHD_Connection;
 
 /* LOADING -> READY -> DRAINING (no new completions, /health 503) -> STOPPING
  * (what still runs is ended: error event or 503) */
-enum server_state { SRV_LOADING, SRV_READY, SRV_DRAINING, SRV_STOPPING };
+enum server_state { SRV_LOADING, SRV_READY, SRV_DRAINING, SRV_STOPPING, SRV_FAILED /* the engine computes no more */ };
 
 struct peer;
 struct job;
@@ -40,6 +40,7 @@ struct server {
     int port;
     time_t created;
     atomic_int state;
+    atomic_bool failed;             /* the engine failed for good (server_failed) */
     atomic_uint_fast64_t next_id;     /* response ids and default seeds */
 
     struct kvllm_model *model;        /* set by server_ready */
@@ -54,6 +55,8 @@ struct server {
     struct kvllm_engine_stats stats;  /* snapshot after each step (get_stats is engine-thread only) */
 
     struct metrics metrics;
+    struct kv_events *kv_events;      /* --kv-events (NULL: off); endpoints kept for /kv_event_sources */
+    char *kv_endpoint, *kv_replay_endpoint, *kv_topic;
 
     /* connections (http.c): one peer per socket, for limits, deadlines and
      * noticing a client that left while its request waits on the engine */
@@ -70,9 +73,10 @@ struct server {
 /* CORS: the Access-Control-Allow-Origin value for a request from `origin`
  * (NULL: none, the origin is not allowed or there is no CORS at all). */
 const char *server_cors_origin(const struct server *s, const char *origin);
-/* One line per finished request (--log-format): fields as given. */
+/* One line per finished request (--log-format): fields as given; why (NULL:
+ * none) is the error message the client was told. */
 void server_log_request(struct server *s, const char *id, unsigned status, int n_prompt, int n_cached, int n_gen,
-                        double ttft, double gen_s, const char *finish, double total_s);
+                        double ttft, double gen_s, const char *finish, double total_s, const char *why);
 
 /* Give the memory a large request freed back to the system.  glibc keeps
  * what a thread freed in that thread's arena (and, after a large block was
@@ -83,15 +87,16 @@ void server_log_request(struct server *s, const char *id, unsigned status, int n
 #define SERVER_RELEASE_BYTES ((size_t)64 << 10)
 void server_release_memory(void);
 
+/* The chat template conversations are rendered with: --chat-template, else
+ * the model's own or the built-in one of its family (kvllm_model_chat_template);
+ * *len bytes, not NUL-terminated; NULL when there is none. */
+const char *server_chat_template(const struct server *s, size_t *len);
+
 /* Wake the engine thread: a request was added or aborted. */
 void server_kick(struct server *s);
 /* The engine's stats as of its last step; false while loading. */
 bool server_stats(struct server *s, struct kvllm_engine_stats *st);
 
-/* The last error the library logged on this thread (cleared by reading):
- * engine and tokenizer errors carry the numbers a client should see. */
-const char *server_last_error(void);
-void server_clear_error(void);
 
 /* http.c: the MHD daemon. */
 int http_start(struct server *s);
@@ -138,6 +143,12 @@ void pending_free(void *pending);
 int handle_models(struct server *s, struct MHD_Connection *c, const char *id);
 int handle_health(struct server *s, struct MHD_Connection *c);
 int handle_metrics(struct server *s, struct MHD_Connection *c);
+/* Answer o (taken) as JSON. */
+struct json_object;
+int send_json(struct MHD_Connection *c, unsigned status, struct json_object *o);
+/* fleet.c: GET endpoints routers and gateways probe (/kv_event_sources, /get_load, /get_server_info,
+ * /server_info, /get_model_info, /health_generate), answered for url. */
+int handle_fleet(struct server *s, struct MHD_Connection *c, const char *url);
 
 /* Responses (http.c).  http_send takes ownership of body (malloc'd). */
 int http_send(struct MHD_Connection *c, unsigned status, const char *content_type, char *body);

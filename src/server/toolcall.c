@@ -1,5 +1,6 @@
 /* toolcall.c — tool calls out of generated text (see toolcall.h). */
 #include "server/toolcall.h"
+#include "server/schema_check.h"
 #include "kvllm.h"
 
 #include <json-c/json.h>
@@ -319,31 +320,52 @@ void toolcall_stream_push(struct toolcall_stream *s, const char *text, size_t le
     }
 }
 
-int toolcall_declared(const char *tools, char ***names, int *n) {
-    *names = NULL;
+int toolcall_declared(const char *tools, struct toolcall_decl **decls, int *n) {
+    *decls = NULL;
     *n = 0;
     json_object *a = tools ? json_tokener_parse(tools) : NULL;
     size_t k = a && json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
     int rc = 0;
-    if (k && !(*names = calloc(k, sizeof **names))) rc = KVLLM_ENOMEM;
+    if (k && !(*decls = calloc(k, sizeof **decls))) rc = KVLLM_ENOMEM;
     for (size_t i = 0; !rc && i < k; i++) {
-        json_object *fn = NULL, *name = NULL;
+        json_object *fn = NULL, *name = NULL, *params = NULL;
         json_object_object_get_ex(json_object_array_get_idx(a, i), "function", &fn);
         if (!json_object_object_get_ex(fn, "name", &name) || !json_object_is_type(name, json_type_string)) continue;
-        if (!((*names)[*n] = strdup(json_object_get_string(name)))) rc = KVLLM_ENOMEM;
-        else (*n)++;
+        json_object_object_get_ex(fn, "parameters", &params);
+        struct toolcall_decl *d = &(*decls)[*n];
+        if (!(d->name = strdup(json_object_get_string(name)))) { rc = KVLLM_ENOMEM; break; }
+        d->params = json_object_get(params);
+        (*n)++;
     }
     json_object_put(a);
     return rc;
 }
 
-int toolcall_only_declared(struct toolcall_result *r, char *const *names, int n_names, const char *text, size_t len) {
-    bool all = true;
-    for (int k = 0; all && k < r->n_calls; k++) {
-        bool found = false;
-        for (int i = 0; !found && i < n_names; i++) found = !strcmp(r->calls[k].name, names[i]);
-        all = found;
+void toolcall_decls_free(struct toolcall_decl *decls, int n) {
+    for (int i = 0; decls && i < n; i++) {
+        free(decls[i].name);
+        json_object_put(decls[i].params);
     }
+    free(decls);
+}
+
+/* Is call c one of decls, with arguments its parameters admit? */
+static bool call_declared(const struct toolcall *c, const struct toolcall_decl *decls, int n_decls) {
+    for (int i = 0; i < n_decls; i++) {
+        if (strcmp(c->name, decls[i].name)) continue;
+        if (!decls[i].params) return true;
+        json_object *args = json_tokener_parse(c->arguments);
+        bool ok = args && schema_check(decls[i].params, args, NULL, 0);
+        json_object_put(args);
+        return ok;
+    }
+    return false;
+}
+
+int toolcall_only_declared(struct toolcall_result *r, const struct toolcall_decl *decls, int n_decls, const char *text,
+                           size_t len) {
+    bool all = true;
+    for (int k = 0; all && k < r->n_calls; k++) all = call_declared(&r->calls[k], decls, n_decls);
     if (all) return 0;
     toolcall_result_free(r);
     if (!len) return 0;
@@ -357,7 +379,7 @@ int toolcall_stream_finish(struct toolcall_stream *s, struct strbuf *shown, stru
     memset(out, 0, sizeof *out);
     if (s->text.oom) return KVLLM_ENOMEM;
     int rc = toolcall_parse(s->f, s->text.s ? s->text.s : "", s->text.len, out);
-    if (!rc && s->names) rc = toolcall_only_declared(out, s->names, s->n_names, s->text.s ? s->text.s : "", s->text.len);
+    if (!rc && s->decls) rc = toolcall_only_declared(out, s->decls, s->n_decls, s->text.s ? s->text.s : "", s->text.len);
     if (rc) return rc;
     /* what was shown is a prefix of the content by construction: text before
      * any place a call could start, ending in a character that is not space */

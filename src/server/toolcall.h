@@ -28,9 +28,10 @@
 #ifndef KVLLM_SERVER_TOOLCALL_H
 #define KVLLM_SERVER_TOOLCALL_H
 
-#include "server/strbuf.h"
+#include "core/strbuf.h"
 
 #include <stdbool.h>
+struct json_object;
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,16 +63,24 @@ struct toolcall_result {
 int toolcall_parse(enum toolcall_format f, const char *text, size_t len, struct toolcall_result *out);
 void toolcall_result_free(struct toolcall_result *r);
 
-/* The function names of an OpenAI `tools` array (JSON text), malloc'd (each
- * and the array; *n of them, none for text that is not such an array).
- * 0 or KVLLM_ENOMEM. */
-int toolcall_declared(const char *tools, char ***names, int *n);
-/* A call of a function that was not offered is not a call: when one of r's
- * calls names none of names[0..n_names), r becomes text[0, len) as content,
- * without calls (a model that invents a function answered in text, and a
- * client must never be asked to run a tool it did not offer).  0 or
+/* A function offered in `tools`: its name and its parameters' JSON Schema. */
+struct toolcall_decl {
+    char *name;                  /* malloc'd */
+    struct json_object *params;  /* own reference; NULL: none declared (not checked) */
+};
+/* The functions of an OpenAI `tools` array (JSON text), malloc'd (*n of
+ * them, none for text that is not such an array).  0 or KVLLM_ENOMEM. */
+int toolcall_declared(const char *tools, struct toolcall_decl **decls, int *n);
+void toolcall_decls_free(struct toolcall_decl *decls, int n);
+/* A call of a function that was not offered, or whose arguments break that
+ * function's parameters schema (schema_check.h: under tool_choice auto no
+ * grammar held the model to it), is not a call: r becomes text[0, len) as
+ * content, without calls.  A model that invents a function or its
+ * arguments answered in text, and a client must never be asked to run a
+ * tool it did not offer, or with arguments it declared impossible.  0 or
  * KVLLM_ENOMEM. */
-int toolcall_only_declared(struct toolcall_result *r, char *const *names, int n_names, const char *text, size_t len);
+int toolcall_only_declared(struct toolcall_result *r, const struct toolcall_decl *decls, int n_decls, const char *text,
+                           size_t len);
 
 /* Streaming: text arrives in pieces; toolcall_stream_push appends to
  * `shown` the text that can be shown now, toolcall_stream_finish (at the
@@ -82,8 +91,8 @@ struct toolcall_stream {
     struct strbuf text;  /* everything so far */
     size_t n_shown;      /* bytes of text already shown as content */
     bool held;           /* a call may have started: hold the rest until the end */
-    char *const *names;  /* NULL, or the functions offered (n_names; not owned): see toolcall_only_declared */
-    int n_names;
+    const struct toolcall_decl *decls;  /* NULL, or the functions offered (n_decls; not owned): toolcall_only_declared */
+    int n_decls;
 };
 
 void toolcall_stream_init(struct toolcall_stream *s, enum toolcall_format f);

@@ -23,9 +23,14 @@ struct tensor {
  * path: the logits' (the output head, or the token embedding when the head
  * is tied to it), whose activation rounding decided near-ties of the top
  * token (SmolLM2: 95.9 % top-1 agreement with the exact path with it,
- * 97.5 % without; docs/PERF.md), and the FFN's down projection of the
- * families that ask (struct arch_desc.f32_down). */
+ * 97.5 % without; docs/PERF.md). */
 #define TENSOR_F_F32_ACT 1u
+/* A matrix whose input needs activation scales no coarser than per 32 on
+ * the 8-bit path: where that path would scale them per 256 (the K-quants'
+ * rows) it keeps f32 activations; the 32-block types take their integer
+ * kernels as usual.  The FFN's down projection of the families that ask
+ * (struct arch_desc.fine_down). */
+#define TENSOR_F_FINE_ACT 2u
 
 enum tensor_layout {
     TENSOR_ROWS = 0,

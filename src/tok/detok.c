@@ -37,38 +37,36 @@ static bool continues(uint8_t lead, int pos, uint8_t c) {
     return c >= lo && c <= hi;
 }
 
-/* Append n bytes to the output being built (length *len); false on OOM. */
-static bool out_add(struct detok *d, size_t *len, const char *s, size_t n) {
-    if (*len + n + 1 > d->cap) {
-        size_t cap = d->cap ? d->cap : 64;
-        while (cap < *len + n + 1) cap *= 2;
-        char *p = realloc(d->out, cap);
-        if (!p) { LOG_ERR("out of memory"); return false; }
-        d->out = p;
-        d->cap = cap;
-    }
-    memcpy(d->out + *len, s, n);
-    *len += n;
-    d->out[*len] = 0;
-    return true;
+/* Append n bytes to the output being built; false on OOM. */
+static bool out_add(struct detok *d, const char *s, size_t n) {
+    sb_put(&d->out, s, n);
+    if (!d->out.oom) return true;
+    LOG_ERR("out of memory");
+    return false;
 }
 
-static bool feed_byte(struct detok *d, size_t *len, uint8_t c) {
+/* Start a new output: empty, keeping the buffer's memory. */
+static bool out_begin(struct detok *d) {
+    sb_clear(&d->out);
+    return out_add(d, "", 0);
+}
+
+static bool feed_byte(struct detok *d, uint8_t c) {
     if (d->n_pending > 0) {
         uint8_t lead = (uint8_t)d->pending[0];
         if (continues(lead, d->n_pending, c)) {
             d->pending[d->n_pending++] = (char)c;
             if (d->n_pending < lead_len(lead)) return true;
             d->n_pending = 0;
-            return out_add(d, len, d->pending, (size_t)lead_len(lead));
+            return out_add(d, d->pending, (size_t)lead_len(lead));
         }
         /* the pending prefix can never complete: replace it, then see c afresh */
         d->n_pending = 0;
-        if (!out_add(d, len, REPLACEMENT, 3)) return false;
+        if (!out_add(d, REPLACEMENT, 3)) return false;
     }
     int need = lead_len(c);
-    if (need == 0) return out_add(d, len, REPLACEMENT, 3);
-    if (need == 1) return out_add(d, len, (const char *)&c, 1);
+    if (need == 0) return out_add(d, REPLACEMENT, 3);
+    if (need == 1) return out_add(d, (const char *)&c, 1);
     d->pending[0] = (char)c;
     d->n_pending = 1;
     return true;
@@ -81,28 +79,30 @@ void detok_init(struct detok *d, const struct tokenizer *t) {
 
 void detok_deinit(struct detok *d) {
     if (!d) return;
-    free(d->out);
+    sb_free(&d->out);
     memset(d, 0, sizeof *d);
 }
 
 /* Returns NULL only when the output buffer cannot grow (logged).  An
  * invalid id (logged) contributes nothing. */
 const char *detok_push(struct detok *d, int prev, int id) {
-    size_t len = 0;
-    if (!out_add(d, &len, "", 0)) return NULL;
+    if (!out_begin(d)) return NULL;
     size_t n;
     const char *s = tok_text(d->t, prev, id, &n);
+    if (d->special && s && tokenizer_type(d->t, id) == TOK_CONTROL) {
+        s = tokenizer_piece(d->t, id);
+        n = s ? strlen(s) : 0;
+    }
     for (size_t i = 0; s && i < n; i++)
-        if (!feed_byte(d, &len, (uint8_t)s[i])) return NULL;
-    return d->out;
+        if (!feed_byte(d, (uint8_t)s[i])) return NULL;
+    return d->out.s;
 }
 
 const char *detok_flush(struct detok *d) {
-    size_t len = 0;
-    if (!out_add(d, &len, "", 0)) return NULL;
+    if (!out_begin(d)) return NULL;
     if (d->n_pending > 0) {
         d->n_pending = 0;
-        if (!out_add(d, &len, REPLACEMENT, 3)) return NULL;
+        if (!out_add(d, REPLACEMENT, 3)) return NULL;
     }
-    return d->out;
+    return d->out.s;
 }

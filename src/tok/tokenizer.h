@@ -18,6 +18,7 @@
 #define KVLLM_TOKENIZER_H
 
 #include "load/gguf.h"
+#include "core/strbuf.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,8 +98,8 @@ struct detok {
     const struct tokenizer *t;
     char pending[8];  /* bytes of an incomplete UTF-8 sequence */
     int n_pending;
-    char *out;        /* output buffer, grown as needed */
-    size_t cap;
+    struct strbuf out;   /* the text handed out last, its memory kept for the next */
+    bool special;        /* a control token gives its text ("<|im_start|>"), not "" (set after detok_init) */
 };
 /* detok_init cannot fail (the buffer grows on first use); detok_deinit is
  * NULL-safe.  t must outlive d. */

@@ -9,7 +9,9 @@ attn_q_norm / attn_k_norm, head_dim from attention.key_length), "gemma2" and "ge
 norms), "phi3" (fused attn_qkv, ffn_up holding gate then up, partial rotary, LongRoPE
 rope_factors_short / rope_factors_long), "smollm3" (llama with every fourth layer unroped),
 mixture-of-experts "llama" (Mixtral: ffn_gate_inp plus ffn_{gate,up,down}_exps stacked over
-experts) and "qwen3moe" (qwen3 attention, experts of expert_feed_forward_length): the <arch>.*
+experts), "qwen3moe" (qwen3 attention, experts of expert_feed_forward_length) and "gpt-oss" (Q/K/V/O
+biases, attn_sinks, post_attention_norm as the FFN's norm, experts with router and expert biases, YaRN
+rope scaling, even layers sliding; experts optionally MXFP4, written from random codes): the <arch>.*
 hyper-parameter keys, the GGUF tensor names, a SentencePiece-style vocabulary in
 tokenizer.ggml.* (the tests only use ids).  As the converters do, qwen3 and
 gemma files carry no rope.dimension_count (readers default it to head_dim) and gemma2 no
@@ -81,6 +83,8 @@ class ModelConfig:
     n_ff_exp: int | None = None     # qwen3moe: <arch>.expert_feed_forward_length (None: n_ff)
     n_ctx_orig: int | None = None   # phi3: <arch>.rope.scaling.original_context_length (None: n_ctx)
     longrope: bool = False          # phi3: rope_factors_short / rope_factors_long and rope.scaling.attn_factor
+    rope_yarn: tuple[float, int] | None = None   # (factor, original context): rope.scaling.type yarn (gpt-oss)
+    mxfp4_experts: bool = False     # gpt-oss: ffn_{gate,up,down}_exps stored MXFP4 (as released), random codes
 
     @property
     def head_dim(self) -> int:
@@ -123,13 +127,19 @@ class ModelConfig:
             raise ValueError("gemma3: sliding_window is required")
         if self.arch == "gemma2" and not (self.attn_softcap > 0 and self.final_softcap > 0):
             raise ValueError("gemma2: both soft-caps must be positive")
-        if self.arch == "qwen3moe" and not self.n_expert:
-            raise ValueError("qwen3moe: n_expert must be positive")
-        if self.n_expert and (self.arch not in ("llama", "qwen3moe") or not 0 < self.n_expert_used <= self.n_expert):
-            raise ValueError(f"experts: llama or qwen3moe with 0 < n_expert_used <= n_expert, not {self.arch} "
-                             f"{self.n_expert_used}/{self.n_expert}")
-        if self.n_ff_exp is not None and self.arch != "qwen3moe":
-            raise ValueError("n_ff_exp: qwen3moe only")
+        if self.arch in ("qwen3moe", "gpt-oss") and not self.n_expert:
+            raise ValueError(f"{self.arch}: n_expert must be positive")
+        if self.n_expert and (self.arch not in ("llama", *EXP_FF) or not 0 < self.n_expert_used <= self.n_expert):
+            raise ValueError(f"experts: llama, qwen3moe or gpt-oss with 0 < n_expert_used <= n_expert, not "
+                             f"{self.arch} {self.n_expert_used}/{self.n_expert}")
+        if self.n_ff_exp is not None and self.arch not in EXP_FF:
+            raise ValueError("n_ff_exp: qwen3moe and gpt-oss only")
+        if (self.rope_yarn or self.mxfp4_experts) and self.arch != "gpt-oss":
+            raise ValueError("YaRN and MXFP4 experts: gpt-oss only")
+        if self.arch == "gpt-oss" and (self.tied or self.llama3_rope or self.n_rot is not None or self.rope_scale_linear):
+            raise ValueError("gpt-oss: an output.weight, rope over the whole head, YaRN scaling only")
+        if self.mxfp4_experts and (self.n_embd % 32 or self.ff_exp % 32):
+            raise ValueError("MXFP4 experts: n_embd and n_ff_exp multiples of 32")
         if (self.longrope or self.n_ctx_orig) and self.arch != "phi3":
             raise ValueError("LongRoPE: phi3 only")
         if self.arch == "phi3" and (self.key_length or self.llama3_rope or self.rope_scale_linear or self.n_swa):
@@ -138,10 +148,11 @@ class ModelConfig:
             raise ValueError(f"{self.arch}: head_dim is n_embd / n_head")
 
 
-ARCHS = ("llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "qwen3moe")
+ARCHS = ("llama", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "qwen3moe", "gpt-oss")
 GEMMA = ("gemma2", "gemma3")
 QK_NORM = ("qwen3", "qwen3moe", "gemma3")      # per-head attn_q_norm / attn_k_norm
-KEY_LENGTH = ("qwen3", "qwen3moe", *GEMMA)    # converters write attention.key_length, not rope.dimension_count
+KEY_LENGTH = ("qwen3", "qwen3moe", *GEMMA, "gpt-oss")   # converters write attention.key_length, not rope.dimension_count
+EXP_FF = ("qwen3moe", "gpt-oss")               # converters write expert_feed_forward_length
 
 
 SHAPES: dict[str, ModelConfig] = {
@@ -231,7 +242,7 @@ class TensorSpec:
 
 # kinds always stored as F32: norm weights, biases, rope frequency factors, and the expert router
 # (convert_hf_to_gguf.py and llama-quantize keep ffn_gate_inp in F32)
-VECTOR_KINDS = ("norm", "bias", "freqs", "router")
+VECTOR_KINDS = ("norm", "bias", "freqs", "router", "sinks")
 
 
 def llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
@@ -306,6 +317,31 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 TensorSpec(p + "ffn_down.weight", (d, cfg.n_ff), "matrix", cfg.n_ff),
             ]
             continue
+        if cfg.arch == "gpt-oss":   # in the order convert_hf_to_gguf.py writes them
+            ne, ff = cfg.n_expert, cfg.ff_exp
+            ex = "mxfp4" if cfg.mxfp4_experts else "matrix"
+            specs += [
+                TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "attn_q.weight", (q_dim, d), "matrix", d),
+                TensorSpec(p + "attn_q.bias", (q_dim,), "bias", d),
+                TensorSpec(p + "attn_k.weight", (kv_dim, d), "matrix", d),
+                TensorSpec(p + "attn_k.bias", (kv_dim,), "bias", d),
+                TensorSpec(p + "attn_v.weight", (kv_dim, d), "matrix", d),
+                TensorSpec(p + "attn_v.bias", (kv_dim,), "bias", d),
+                TensorSpec(p + "attn_output.weight", (d, q_dim), "matrix", q_dim),
+                TensorSpec(p + "attn_output.bias", (d,), "bias", q_dim),
+                TensorSpec(p + "attn_sinks.weight", (cfg.n_head,), "sinks", 0),
+                TensorSpec(p + "post_attention_norm.weight", (d,), "norm", d),
+                TensorSpec(p + "ffn_gate_inp.weight", (ne, d), "router", d),
+                TensorSpec(p + "ffn_gate_inp.bias", (ne,), "bias", d),
+                TensorSpec(p + "ffn_gate_exps.weight", (ne, ff, d), ex, d),
+                TensorSpec(p + "ffn_gate_exps.bias", (ne, ff), "bias", d),
+                TensorSpec(p + "ffn_up_exps.weight", (ne, ff, d), ex, d),
+                TensorSpec(p + "ffn_up_exps.bias", (ne, ff), "bias", d),
+                TensorSpec(p + "ffn_down_exps.weight", (ne, d, ff), ex, ff),
+                TensorSpec(p + "ffn_down_exps.bias", (ne, d), "bias", ff),
+            ]
+            continue
         specs += [
             TensorSpec(p + "attn_norm.weight", (d,), "norm", d),
             TensorSpec(p + "attn_q.weight", (q_dim, d), "matrix", d),
@@ -351,8 +387,38 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     return specs
 
 
+# MXFP4 (ggml's block_mxfp4): per 32 values one byte e (scale 2^(e - 128)) and 16 bytes of 4-bit codes,
+# value j in the low nibble of byte j, value j + 16 in its high nibble; a code is an index into these
+# (E2M1 values, doubled).
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float64)
+GGML_TYPE_MXFP4 = 39   # gguf-py of the test venv does not know the type: written as raw bytes
+
+
+def mxfp4_random(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """Random MXFP4 blocks (bytes, shape[:-1] + (shape[-1] // 32 * 17,)) whose values have about the spread
+    of N(0, 1/fan_in): codes uniform, block scales around 2^-3 / sqrt(fan_in) times a factor of 1, 2 or 1/2."""
+    nb = shape[-1] // 32
+    lead = shape[:-1] + (nb,)
+    e0 = int(np.round(np.log2(1.0 / np.sqrt(fan_in) / 5.0))) + 128   # the mean |code| is about 5
+    e = (e0 + rng.integers(-1, 2, size=lead)).astype(np.uint8)
+    qs = rng.integers(0, 256, size=lead + (16,), dtype=np.uint8)
+    return np.concatenate([e[..., None], qs], axis=-1).reshape(shape[:-1] + (nb * 17,))
+
+
+def mxfp4_to_f64(raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode MXFP4 bytes to float64 of shape (the values' numpy shape)."""
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 17)
+    scale = np.ldexp(1.0, b[:, 0].astype(np.int64) - 128)
+    lo, hi = MXFP4_VALUES[b[:, 1:] & 0x0F], MXFP4_VALUES[b[:, 1:] >> 4]
+    return (np.concatenate([lo, hi], axis=-1) * scale[:, None]).reshape(shape)
+
+
 def _random_tensor(rng: np.random.Generator, spec: TensorSpec, cfg: ModelConfig) -> np.ndarray:
-    if spec.kind == "norm":
+    if spec.kind == "mxfp4":
+        return mxfp4_random(rng, spec.shape, spec.fan_in)
+    if spec.kind == "sinks":                  # around the scores' range, so that they take from nothing to most
+        t = rng.uniform(-2.0, 3.0, size=spec.shape).astype(np.float32)
+    elif spec.kind == "norm":
         t = rng.uniform(0.9, 1.1, size=spec.shape).astype(np.float32)
     elif spec.kind == "bias":
         t = rng.uniform(-0.2, 0.2, size=spec.shape).astype(np.float32)
@@ -427,8 +493,12 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     if cfg.n_expert:
         kv(f"{arch}.expert_count", w.add_uint32, cfg.n_expert)
         kv(f"{arch}.expert_used_count", w.add_uint32, cfg.n_expert_used)
-        if arch == "qwen3moe":
+        if arch in EXP_FF:
             kv(f"{arch}.expert_feed_forward_length", w.add_uint32, cfg.ff_exp)
+    if cfg.rope_yarn:
+        kv(f"{arch}.rope.scaling.type", w.add_string, "yarn")
+        kv(f"{arch}.rope.scaling.factor", w.add_float32, cfg.rope_yarn[0])
+        kv(f"{arch}.rope.scaling.original_context_length", w.add_uint32, cfg.rope_yarn[1])
     if arch == "phi3":
         kv(f"{arch}.rope.scaling.original_context_length", w.add_uint32, cfg.n_ctx_orig or cfg.n_ctx)
         kv(f"{arch}.attention.sliding_window", w.add_uint32, 0)        # what the converter writes for Phi-4
@@ -468,7 +538,10 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
     specs = [s for s in tensor_specs(cfg) if s.name not in set(omit_tensors)]
     for s in specs:
         qt = s.qtype(cfg)
-        if qt is not None:
+        if s.kind == "mxfp4":
+            w.add_tensor_info(s.name, s.shape, np.dtype(np.float32), int(np.prod(s.shape)) // 32 * 17)
+            w.tensors[-1][s.name] = dataclasses.replace(w.tensors[-1][s.name], dtype=GGML_TYPE_MXFP4)
+        elif qt is not None:
             bshape = gguf.quants.quant_shape_to_byte_shape(s.shape, qt)
             w.add_tensor_info(s.name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=qt)
         else:
@@ -486,7 +559,7 @@ def write_model(path: str | Path, cfg: ModelConfig, seed: int = 0, *,
             assert t.shape == s.shape, (s.name, t.shape, s.shape)
         if s.name in set(omit_tensors):
             continue
-        if s.qtype(cfg) is not None:
+        if s.qtype(cfg) is not None and s.kind != "mxfp4":
             t = gguf.quants.quantize(t, s.qtype(cfg))
         w.write_tensor_data(t)
         del t

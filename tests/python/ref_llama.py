@@ -66,6 +66,18 @@ hyper-parameters read from its file:
           released model sets and llama.cpp always applies);  ffn(h) = sum_e p_e * down_e(silu(gate_e h) * up_e h)
           with ffn_{gate,up}_exps (n_expert, n_ff_exp, n_embd), ffn_down_exps (n_expert, n_embd, n_ff_exp);
           n_ff_exp = expert_feed_forward_length (qwen3moe) or feed_forward_length (llama)
+  gpt-oss (modeling_gpt_oss.py): biases on q, k, v and attn_output; rope on halves, with YaRN
+          (rope.scaling.type yarn, factor s, original_context_length C, beta_fast 32, beta_slow 1): pair i's
+          frequency f_i = theta^(-2i/n_rot) becomes f_i / s * (1 - mix_i) + f_i * mix_i with mix_i = 1 -
+          clamp((i - lo) / max(hi - lo, 0.001), 0, 1), lo = max(0, floor(d(beta_fast))), hi = min(n_rot - 1,
+          ceil(d(beta_slow))), d(b) = n_rot ln(C / (2 pi b)) / (2 ln theta) (llama.cpp truncates the ramp's
+          ends, Transformers' truncate=True), and cos, sin times 1 + 0.1 ln s;
+          attention sinks: head h's softmax runs over its scores and the learned logit attn_sinks[h], whose
+          probability is dropped (it weighs no value); even layers slide (pattern 2) over
+          attention.sliding_window; the FFN input is normed by post_attention_norm (Transformers'
+          post_attention_layernorm: there is no ffn_norm); router logits h Wgate_inp^T + b, the top-k kept
+          and softmaxed among themselves; each expert e: g = h gate_e^T + bg_e, u = h up_e^T + bu_e,
+          g' = min(g, 7), u' = clamp(u, -7, 7), y = (g' sigmoid(1.702 g') (u' + 1)) down_e^T + bd_e
 """
 from __future__ import annotations
 
@@ -97,6 +109,10 @@ class Family:
     head_dim_key: bool = False     # head_dim from <arch>.attention.key_length (else n_embd / n_head unless present)
     window_key: bool = True        # whether <arch>.attention.sliding_window is honoured
     no_rope_step: int = 0          # > 0: layers with (il + 1) % step == 0 skip rope
+    sinks: bool = False            # attn_sinks: a learned logit per head in each softmax (gpt-oss)
+    ffn_norm: str = "ffn_norm"     # the FFN input's norm (gpt-oss: post_attention_norm)
+    moe_bias: bool = False         # router and expert biases (gpt-oss)
+    o_bias: bool = False           # attn_output bias alone (gpt-oss)
 
 
 FAMILIES: dict[str, Family] = {
@@ -113,6 +129,8 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family(rope="halves", qkv_fused=True, ffn="swiglu_fused", window_key=False),
     "smollm3": Family(no_rope_step=4),
     "qwen3moe": Family(rope="halves", qk_norm=True, head_dim_key=True),
+    "gpt-oss": Family(rope="halves", qkv_bias=True, ffn="swiglu_oai", swa_pattern=2, head_dim_key=True, sinks=True,
+                      ffn_norm="post_attention_norm", moe_bias=True, o_bias=True),
 }
 ARCHS = tuple(FAMILIES)
 
@@ -144,6 +162,10 @@ class HParams:
     expert_weights_norm: bool = True   # the kept experts' probabilities renormalised to sum 1
     rope_long: bool = False       # LongRoPE: rope_factors_long (else rope_factors_short) when the file has them
     rope_attn_factor: float = 1.0 # rope's cos and sin multiplied by this
+    rope_yarn: bool = False       # YaRN: rope_scale is its factor (see the module doc)
+    n_ctx_orig: int = 0           # YaRN's original context
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     def layer_uses_rope(self, il: int) -> bool:
         return not self.n_no_rope_layer_step or (il + 1) % self.n_no_rope_layer_step != 0
@@ -197,7 +219,7 @@ def expected_tensors(hp: HParams, fam: Family) -> dict[str, tuple[int, ...]]:
         out["position_embd.weight"] = (hp.n_ctx, d)
     for il in range(hp.n_layer):
         p = f"blk.{il}."
-        norms = ["attn_norm", "ffn_norm"] + (["post_attention_norm", "post_ffw_norm"] if fam.post_norms else [])
+        norms = ["attn_norm", fam.ffn_norm] + (["post_attention_norm", "post_ffw_norm"] if fam.post_norms else [])
         for n in norms:
             out[p + n + ".weight"] = (d,)
             if fam.norm == "layer":
@@ -213,10 +235,17 @@ def expected_tensors(hp: HParams, fam: Family) -> dict[str, tuple[int, ...]]:
         if fam.qk_norm:
             out.update({p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)})
         out[p + "attn_output.weight"] = (d, qd)
+        if fam.o_bias:
+            out[p + "attn_output.bias"] = (d,)
+        if fam.sinks:
+            out[p + "attn_sinks.weight"] = (hp.n_head,)
         if hp.n_expert:
             ne, fe = hp.n_expert, hp.n_ff_exp
             out.update({p + "ffn_gate_inp.weight": (ne, d), p + "ffn_gate_exps.weight": (ne, fe, d),
                         p + "ffn_up_exps.weight": (ne, fe, d), p + "ffn_down_exps.weight": (ne, d, fe)})
+            if fam.moe_bias:
+                out.update({p + "ffn_gate_inp.bias": (ne,), p + "ffn_gate_exps.bias": (ne, fe),
+                            p + "ffn_up_exps.bias": (ne, fe), p + "ffn_down_exps.bias": (ne, d)})
         elif fam.ffn == "swiglu_fused":
             out.update({p + "ffn_up.weight": (2 * ff, d), p + "ffn_down.weight": (d, ff)})
         else:
@@ -271,7 +300,7 @@ class LlamaRef:
             raise ValueError(f"{path}: value_length differs from key_length (not supported by the reference)")
         weights = {t.name: tensor_to_f64(t) for t in r.tensors}
         scaling = key("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
+        if scaling not in ("none", "linear", "yarn"):
             raise ValueError(f"{path}: rope scaling {scaling!r} not supported by the reference")
         layer = fam.norm == "layer"
         n_ctx = int(key("context_length", 0))
@@ -290,7 +319,11 @@ class LlamaRef:
             n_ctx=n_ctx,
             arch=arch,
             n_swa=int(key("attention.sliding_window", fam.n_swa_default)) if fam.window_key else 0,
-            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling in ("linear", "yarn") else 1.0,
+            rope_yarn=scaling == "yarn",
+            n_ctx_orig=int(key("rope.scaling.original_context_length", n_ctx)),
+            yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
             swa_pattern=fam.swa_pattern,
             rope_theta_swa=fam.swa_rope_theta,
             attn_softcap=float(key("attn_logit_softcapping", 0.0)),
@@ -335,8 +368,16 @@ class LlamaRef:
                         w.get("rope_factors_long.weight" if hp.rope_long else "rope_factors_short.weight"))
         if factors is not None:
             freq = freq / factors
-        ang = (pos.astype(np.float64) / scale)[:, None] * freq[None, :]   # (n_tokens, n_rot/2)
         m = hp.rope_attn_factor
+        if hp.rope_yarn and scale != 1.0:                              # interpolation mixed in by a ramp over pairs
+            corr = lambda beta: n_rot * np.log(hp.n_ctx_orig / (2 * np.pi * beta)) / (2 * np.log(theta))
+            lo, hi = max(0.0, np.floor(corr(hp.yarn_beta_fast))), min(n_rot - 1.0, np.ceil(corr(hp.yarn_beta_slow)))
+            mix = 1.0 - np.clip((i - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+            freq = freq / scale * (1.0 - mix) + freq * mix
+            scale = 1.0
+            if hp.rope_scale > 1.0:
+                m = m * (1.0 + 0.1 * np.log(hp.rope_scale))
+        ang = (pos.astype(np.float64) / scale)[:, None] * freq[None, :]   # (n_tokens, n_rot/2)
         cos, sin = m * np.cos(ang)[:, None, :], m * np.sin(ang)[:, None, :]
         out = x.copy()
         fam = getattr(self, "fam", None) or FAMILIES[hp.arch]
@@ -377,8 +418,10 @@ class LlamaRef:
             k = self._rmsnorm(k, w[p + "attn_k_norm.weight"])
         return q, k, v
 
-    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, window: int) -> np.ndarray:
-        """Causal attention (n, n_head * head_dim); window > 0: query at p sees keys at p - window < q <= p."""
+    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, window: int,
+                   sinks: np.ndarray | None = None) -> np.ndarray:
+        """Causal attention (n, n_head * head_dim); window > 0: query at p sees keys at p - window < q <= p;
+        sinks (n_head,): one more logit in each head's softmax, with no value."""
         hp = self.hp
         n, hd = len(q), hp.head_dim
         mask = np.triu(np.full((n, n), -np.inf), k=1)                  # key j > query i is masked
@@ -387,10 +430,12 @@ class LlamaRef:
         kvh = np.arange(hp.n_head) // (hp.n_head // hp.n_head_kv)       # kv head of each query head
         s = np.einsum("ihd,jhd->hij", q, k[:, kvh, :]) / np.sqrt(hd)   # (n_head, n, n)
         s = self._softcap(s, hp.attn_softcap) + mask
+        if sinks is not None:
+            s = np.concatenate([s, np.broadcast_to(sinks[:, None, None], (hp.n_head, n, 1))], axis=-1)
         s = s - s.max(axis=-1, keepdims=True)
         pr = np.exp(s)
         pr /= pr.sum(axis=-1, keepdims=True)
-        return np.einsum("hij,jhd->ihd", pr, v[:, kvh, :]).reshape(n, hp.n_head * hd)
+        return np.einsum("hij,jhd->ihd", pr[..., :n], v[:, kvh, :]).reshape(n, hp.n_head * hd)
 
     def _ffn(self, h: np.ndarray, p: str) -> np.ndarray:
         w, fam = self.w, self.fam
@@ -410,6 +455,8 @@ class LlamaRef:
         """(router logits (n, n_expert), chosen experts (n, k) best first, their weights (n, k))."""
         hp = self.hp
         logits = h @ self.w[p + "ffn_gate_inp.weight"].T
+        if self.fam.moe_bias:
+            logits = logits + self.w[p + "ffn_gate_inp.bias"]
         prob = np.exp(logits - logits.max(axis=-1, keepdims=True))
         prob /= prob.sum(axis=-1, keepdims=True)
         top = np.argsort(-prob, axis=-1, kind="stable")[:, :hp.n_expert_used]
@@ -422,11 +469,17 @@ class LlamaRef:
         w = self.w
         _, top, wt = self.routing(h, p)
         out = np.zeros_like(h)
+        bias = (lambda name, e: w[p + name + ".bias"][e]) if self.fam.moe_bias else (lambda name, e: 0.0)
         for i in range(len(h)):
             for e, we in zip(top[i], wt[i]):
-                g = w[p + "ffn_gate_exps.weight"][e] @ h[i]
-                u = w[p + "ffn_up_exps.weight"][e] @ h[i]
-                out[i] += we * (w[p + "ffn_down_exps.weight"][e] @ (g / (1.0 + np.exp(-g)) * u))
+                g = w[p + "ffn_gate_exps.weight"][e] @ h[i] + bias("ffn_gate_exps", e)
+                u = w[p + "ffn_up_exps.weight"][e] @ h[i] + bias("ffn_up_exps", e)
+                if self.fam.ffn == "swiglu_oai":
+                    g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                    act = g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+                else:
+                    act = g / (1.0 + np.exp(-g)) * u
+                out[i] += we * (w[p + "ffn_down_exps.weight"][e] @ act + bias("ffn_down_exps", e))
         return out
 
     def forward(self, tokens: Sequence[int], start_pos: int = 0, ffn_inputs: list | None = None) -> np.ndarray:
@@ -453,13 +506,14 @@ class LlamaRef:
             if fam.rope != "none" and hp.layer_uses_rope(il):
                 theta, scale = hp.layer_rope(il)
                 q, k = self._rope(q, pos, theta, scale), self._rope(k, pos, theta, scale)
-            a = self._attention(q, k, v, pos, hp.layer_window(il)) @ w[p + "attn_output.weight"].T
-            if fam.out_bias:
+            sinks = w[p + "attn_sinks.weight"] if fam.sinks else None
+            a = self._attention(q, k, v, pos, hp.layer_window(il), sinks) @ w[p + "attn_output.weight"].T
+            if fam.out_bias or fam.o_bias:
                 a = a + w[p + "attn_output.bias"]
             if fam.post_norms:
                 a = self._norm(a, p + "post_attention_norm")
             x = x + a
-            h = self._norm(x, p + "ffn_norm")
+            h = self._norm(x, p + fam.ffn_norm)
             if ffn_inputs is not None:
                 ffn_inputs.append(h)
             f = self._ffn(h, p)

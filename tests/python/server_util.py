@@ -29,8 +29,8 @@ LISTEN_RE = re.compile(r"listening on http://[^:]+:(\d+)")
 
 class Server:
     def __init__(self, binary: str | Path, *args: str | Path, env: dict[str, str] | None = None,
-                 ready_timeout: float = 60.0):
-        self.args = [str(binary), "serve", *[str(a) for a in args], "--port", "0"]
+                 ready_timeout: float = 60.0, port: int = 0):
+        self.args = [str(binary), "serve", *[str(a) for a in args], "--port", str(port)]
         e = dict(os.environ)
         e["ASAN_OPTIONS"] = "exitcode=86:abort_on_error=0:" + e.get("ASAN_OPTIONS", "")
         e["UBSAN_OPTIONS"] = "print_stacktrace=1:exitcode=87:" + e.get("UBSAN_OPTIONS", "")

@@ -119,7 +119,7 @@ def test_template_error_is_reported(chat, tmp_path):
 
 
 def test_conversation_outgrowing_the_context(chat):
-    """The oldest turns go (issue 17) and the conversation goes on; a single message that cannot fit is
+    """The oldest turns go and the conversation goes on; a single message that cannot fit is
     still refused."""
     r = chat("--interactive", "-c", "64", "-n", "8", stdin=("\n".join(TURNS) + "\n").encode())
     assert r.returncode == 0 and "dropped the 2 oldest message" in r.err, r.describe()

@@ -1,4 +1,4 @@
-"""kvllm chat's context shift (issue 17): when the conversation outgrows -c, the oldest turns after the
+"""kvllm chat's context shift: when the conversation outgrows -c, the oldest turns after the
 system message are dropped and the turns kept stay in the KV cache, moved down (K re-rotated), so only the
 new message is computed.  The proof is in the per-turn counts on stderr, against --no-context-shift (the
 kept turns recomputed) on the same conversation: up to the first drop both runs are the same greedy

@@ -406,7 +406,7 @@ def test_whitespace_control_random(kvllm, tmp_path, seed):
 
 
 def test_render_budgets(kvllm, tmp_path):
-    """A template cannot hang a render (issue 15): |unique over 40,000 words of a message is linear (it was
+    """A template cannot hang a render: |unique over 40,000 words of a message is linear (it was
     quadratic: 6.8 s), and a loop of 10^10 iterations or output without end fails at once on the step or output
     budget, with an error naming it."""
     import time

@@ -22,6 +22,33 @@ def test_help(run, sub):
     assert sub in res.out, res.describe()
 
 
+def test_docs_options_reference_matches_tables(run):
+    """docs/CLI.md's options reference is what the option tables say (scripts/cli-docs.sh rewrites it)."""
+    from kvtest import REPO
+    doc = (REPO / "docs" / "CLI.md").read_text()
+    begin, end = "<!-- options:begin -->\n", "<!-- options:end -->"
+    assert begin in doc and end in doc
+    section = doc.split(begin, 1)[1].split(end, 1)[0]
+    want = run("help", "--markdown").check_ok().out
+    assert section == want, "docs/CLI.md's options reference is stale: run scripts/cli-docs.sh"
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "serve"])
+def test_help_lines_come_from_the_table(run, cmd):
+    """--help and the reference read one table: every spelling the reference lists for the command shows in its
+    --help, and --opt=value is --opt value."""
+    import re
+    ref = run("help", "--markdown").check_ok().out
+    part = re.split(r"^### ", ref.split(f"### `kvllm {cmd}`", 1)[1], flags=re.M)[0]
+    helptext = run(cmd, "--help").check_ok().out
+    rows = re.findall(r"^\| (`[^|]*`(?:, `[^|]*`)*) \|", part, re.M)
+    assert len(rows) > 25, rows
+    for names in rows:
+        for name in re.findall(r"`([^`]+)`", names):
+            assert re.search(rf"(^|[ ,]){re.escape(name)}([ ,]|$)", helptext, re.M), name
+    assert run(cmd, "--ctx-size=8", "--help").out == run(cmd, "--ctx-size", "8", "--help").out == helptext
+
+
 def test_unknown_subcommand(run):
     res = run("no-such-command")
     assert res.returncode in (1, 2), res.describe()

@@ -1,4 +1,4 @@
-"""What llama.cpp and vLLM users type, through the kvllm binary (issue 17): run's -f, -p -, -n -1,
+"""What llama.cpp and vLLM users type, through the kvllm binary: run's -f, -p -, -n -1,
 --parse-special (on by default for special-token text), -sys, --color, --version, GPU-only flags,
 "did you mean"; chat's Ctrl-C, context overflow, slash commands; info, tokenize, quantize and bench
 output; every command's --help.  stories260K for speed where the model does not matter, SmolLM2 where
@@ -133,6 +133,82 @@ def test_bench_llama_bench_aliases_and_formats(run, stories):
     assert len(jl) == 4 and jl[0].keys() == js[0].keys()
     cs = list(csv.DictReader(io.StringIO(run(*args, "-o", "csv").check_ok().out)))
     assert len(cs) == 4 and cs[0]["model"] == "stories260K.bin" and float(cs[0]["tokens_per_s_median"]) > 0
+
+
+LLAMA_BENCH_KEYS = {  # tools/llama-bench's JSON rows (the GPU and CPU-affinity ones left out)
+    "build_commit": str, "build_number": int, "cpu_info": str, "gpu_info": str, "backends": str,
+    "model_filename": str, "model_type": str, "model_size": int, "model_n_params": int, "n_batch": int,
+    "n_ubatch": int, "n_threads": int, "type_k": str, "type_v": str, "n_gpu_layers": int, "flash_attn": bool,
+    "use_mmap": bool, "embeddings": bool, "n_prompt": int, "n_gen": int, "n_depth": int, "test_time": str,
+    "avg_ns": (int, float), "stddev_ns": (int, float), "avg_ts": float, "stddev_ts": float,
+    "samples_ns": list, "samples_ts": list}
+
+
+def test_bench_json_has_llama_bench_keys(run, stories):
+    """A reader of llama-bench's JSON reads kvllm's: its keys, typed as llama-bench writes them, whose values agree
+    with kvllm's own (avg_ts is the mean of samples_ts; tokens/s = n / seconds of each sample)."""
+    for fmt in ("json", "jsonl"):
+        out = run("bench", "model", "-m", stories["bin"], "-p", "16", "-n", "8", "-r", "3", "-t", "1", "-d", "0,4",
+                  "-o", fmt).check_ok().out
+        rows = json.loads(out) if fmt == "json" else [json.loads(l) for l in out.splitlines()]
+        assert len(rows) == 4
+        for r in rows:
+            for k, t in LLAMA_BENCH_KEYS.items():
+                assert isinstance(r.get(k), t), (k, r)
+            assert r["model_filename"] == str(stories["bin"]) and r["model_type"].startswith("llama ")
+            assert (r["n_prompt"], r["n_gen"], r["n_depth"], r["n_threads"]) == (r["pp"], r["tg"], r["depth"], 1)
+            assert r["model_size"] == r["size_bytes"] and r["model_n_params"] == r["params"]
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["test_time"])
+            assert len(r["samples_ts"]) == len(r["samples_ns"]) == 3
+            n = r["n_prompt"] or r["n_gen"]
+            for ts, ns in zip(r["samples_ts"], r["samples_ns"]):
+                assert abs(ts - n * 1e9 / ns) <= 1e-3 * ts, r
+            assert abs(r["avg_ts"] - sum(r["samples_ts"]) / 3) <= 1e-3 * r["avg_ts"], r
+            assert min(r["samples_ts"]) <= r["tokens_per_s_median"] <= max(r["samples_ts"]), r
+
+
+def svg_series(path) -> dict[str, int]:
+    """The series of an SVG chart kvllm wrote (it must parse as XML): name -> number of marks (points or bars)."""
+    import xml.etree.ElementTree as ET
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.parse(path).getroot()
+    assert root.tag == ns + "svg"
+    return {g.get("data-name"): len(g.findall(ns + "circle")) + len(g.findall(ns + "rect"))
+            for g in root.iter(ns + "g") if g.get("class") == "series"}
+
+
+def test_bench_svg_plots(run, stories, tmp_path):
+    """--svg DIR draws the rows: decode tokens/s against --batch and against --depth, and kvllm beside the engine
+    --compare names (llama-bench's JSON); `bench plot` draws rows measured before (bench/vs-llamacpp's JSON)."""
+    lb = tmp_path / "llama-bench.json"
+    lb.write_text(json.dumps([{"model_filename": "/m/stories260K.bin", "n_prompt": 16, "n_gen": 0, "n_depth": d,
+                               "n_threads": 1, "avg_ts": 1000.0} for d in (0, 8)] +
+                             [{"model_filename": "/m/stories260K.bin", "n_prompt": 0, "n_gen": 8, "n_depth": d,
+                               "n_threads": 1, "avg_ts": 500.0 + d} for d in (0, 8)]))
+    out = tmp_path / "svg"
+    res = run("bench", "model", "-m", stories["bin"], "-p", "16", "-n", "8", "-r", "1", "-t", "1", "-d", "0,8",
+              "--batch", "1,2", "--svg", out, "--compare", lb, "--compare-label", "llama.cpp <b1>").check_ok()
+    assert sorted(p.name for p in out.iterdir()) == ["batch.svg", "compare.svg", "depth.svg"], res.err
+    assert svg_series(out / "batch.svg") == {"kvllm d=0": 2, "kvllm d=8": 2}
+    assert svg_series(out / "depth.svg") == {"kvllm": 2, "llama.cpp <b1>": 2}
+    # the tests both engines ran: pp16 and tg8 (batch 1) at both depths
+    assert svg_series(out / "compare.svg") == {"kvllm": 4, "llama.cpp <b1>": 4}
+    # bench/vs-llamacpp -o json: both engines in one file
+    vs = tmp_path / "vs.json"
+    vs.write_text(json.dumps({"meta": {}, "rows": [
+        {"model": "m.gguf", "threads": 2, "pp": 0, "tg": 64, "depth": 0, "batch": b,
+         "llamacpp_tokens_per_s_median": 10.0 * b, "kvllm_tokens_per_s_median": 12.0 * b} for b in (1, 4, 16)]}))
+    out2 = tmp_path / "svg2"
+    run("bench", "plot", "--svg", out2, vs).check_ok()
+    assert svg_series(out2 / "batch.svg") == {"kvllm": 3, "llama.cpp": 3}
+    assert svg_series(out2 / "compare.svg") == {"kvllm": 3, "llama.cpp": 3}
+    assert not (out2 / "depth.svg").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"model": "x"}]')
+    res = run("bench", "plot", "--svg", out2, bad)
+    assert res.returncode == 1 and "bad.json" in res.err and "row 1" in res.err, res.describe()
+    res = run("bench", "model", "-m", stories["bin"], "-r", "1", "--svg", out, "--compare", bad)
+    assert res.returncode == 1 and "bad.json" in res.err and not res.out, res.describe()
 
 
 def test_bench_lists_one_row_per_combination(run, stories):

@@ -1,4 +1,4 @@
-"""Constrained decoding end to end on SmolLM2 (issue 16 item 3 and the schema proof).
+"""Constrained decoding end to end on SmolLM2 (grammars, JSON Schema, response_format, tools).
 
 - The JSON Schema suite: every schema of tests/golden/json-schemas/ (at least 40: nested objects, arrays
   with bounds, enums, anyOf, $ref, optional fields, string formats) x several prompts, through

@@ -1,14 +1,15 @@
 """Malformed files of the newer families are refused at load, naming the key or tensor at fault.
 
 Each case starts from a small valid file of one family (Gemma 2 / 3, Qwen3, Qwen3-MoE, Mixtral-style
-llama, Phi-3 with LongRoPE, SmolLM3, Mistral) written by gen_model.py, read back into gguf_build's GGUF
+llama, Phi-3 with LongRoPE, SmolLM3, Mistral, gpt-oss) written by gen_model.py, read back into gguf_build's GGUF
 (keys as their encoded bytes, tensor infos, the data section) and edited there: a key set or dropped, a
 tensor dropped, given another shape over the same bytes, or replaced by new F32 data.  The cases: a window
 longer than the context; an expert count of 0 (or none) with expert tensors, top-k of 0 or above the count,
 an expert width or count the tensors do not have; head counts that do not divide, key and value lengths
 that differ or are 0; missing q/k norms, post-norms, routers and experts; 3-D expert tensors of the wrong
 shape; LongRoPE factors of the wrong length, non-positive, or one of the pair missing; rope_freqs beside
-LongRoPE factors.
+LongRoPE factors; gpt-oss without its sinks, a bias, its FFN norm or experts, or with DeepSeek's YaRN
+multiplier.
 
 For every case, `kvllm run -q` and `kvllm info`, with the release binary and (when built) the ASan one,
 exit 1 with exactly one "kvllm: error:" line naming the file and the key or tensor (check_refused), and
@@ -53,6 +54,9 @@ BASES = {
                              key_length=8, n_ff=8, n_ctx=64, n_swa=8, tied=True),
     "mistral": ModelConfig(arch="mistral", n_vocab=300, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48,
                            n_ctx=64, n_swa=8),
+    "gpt-oss": ModelConfig(arch="gpt-oss", n_vocab=300, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, key_length=16,
+                           n_ff=48, n_ff_exp=24, n_expert=4, n_expert_used=2, n_ctx=64, n_swa=8,
+                           rope_yarn=(4.0, 16)),
 }
 ARCH = {b: c.arch for b, c in BASES.items()}
 
@@ -80,6 +84,12 @@ def read_gguf(path: Path) -> GGUF:
 def _set(key_suffix: str, v: int) -> Callable[[GGUF, str], None]:
     def fn(g: GGUF, arch: str) -> None:
         g.set_u32(f"{arch}.{key_suffix}", v)
+    return fn
+
+
+def _set_f32(key_suffix: str, v: float) -> Callable[[GGUF, str], None]:
+    def fn(g: GGUF, arch: str) -> None:
+        g.set_f32(f"{arch}.{key_suffix}", v)
     return fn
 
 
@@ -142,6 +152,25 @@ CASES: dict[str, tuple[str, Callable[[GGUF, str], None], str]] = {
     "mixtral_no_expert_count": ("mixtral", _drop("expert_count"), "blk.0.ffn_gate_exps.weight"),
     "qwen3moe_expert_count_0": ("qwen3moe", _set("expert_count", 0), "blk.0.ffn_gate_exps.weight"),
     "mixtral_used_above_count": ("mixtral", _set("expert_used_count", 5), "llama.expert_used_count"),
+    # gpt-oss: its sinks and every bias are required; its FFN is experts only
+    "gptoss_expert_count_0": ("gpt-oss", _set("expert_count", 0), "blk.0.ffn_gate_exps.weight"),
+    "gptoss_dense": ("gpt-oss", _both(_drop("expert_count"), *(_drop_tensor(f"blk.{il}.ffn_{w}_exps.weight")
+                                                               for il in (0, 1) for w in ("gate", "up", "down"))),
+                     "gpt-oss.expert_count"),
+    "gptoss_used_above_count": ("gpt-oss", _set("expert_used_count", 5), "gpt-oss.expert_used_count"),
+    "gptoss_no_sinks": ("gpt-oss", _drop_tensor("blk.1.attn_sinks.weight"), "blk.1.attn_sinks.weight"),
+    "gptoss_sinks_wrong_shape": ("gpt-oss", _reshape("blk.0.attn_sinks.weight", lambda ne: [ne[0] // 2, 2]),
+                                 "blk.0.attn_sinks.weight"),
+    "gptoss_no_q_bias": ("gpt-oss", _drop_tensor("blk.0.attn_q.bias"), "blk.0.attn_q.bias"),
+    "gptoss_no_out_bias": ("gpt-oss", _drop_tensor("blk.1.attn_output.bias"), "blk.1.attn_output.bias"),
+    "gptoss_no_router_bias": ("gpt-oss", _drop_tensor("blk.0.ffn_gate_inp.bias"), "blk.0.ffn_gate_inp.bias"),
+    "gptoss_no_up_exps_bias": ("gpt-oss", _drop_tensor("blk.1.ffn_up_exps.bias"), "blk.1.ffn_up_exps.bias"),
+    "gptoss_down_exps_bias_1d": ("gpt-oss", _reshape("blk.0.ffn_down_exps.bias", lambda ne: [ne[0] * ne[1]]),
+                                 "blk.0.ffn_down_exps.bias"),
+    "gptoss_no_ffn_norm": ("gpt-oss", _drop_tensor("blk.1.post_attention_norm.weight"),
+                           "blk.1.post_attention_norm.weight"),
+    "gptoss_yarn_log_multiplier": ("gpt-oss", _set_f32("rope.scaling.yarn_log_multiplier", 0.1),
+                                   "gpt-oss.rope.scaling.yarn_log_multiplier"),
     "qwen3moe_used_0": ("qwen3moe", _set("expert_used_count", 0), "qwen3moe.expert_used_count"),
     "qwen3moe_no_used_count": ("qwen3moe", _drop("expert_used_count"), "qwen3moe.expert_used_count"),
     "mixtral_count_above_tensors": ("mixtral", _set("expert_count", 8), "blk.0.ffn_gate_inp.weight"),

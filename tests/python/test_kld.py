@@ -1,4 +1,4 @@
-"""Issue 13's accuracy standard: kvllm's next-token distribution is no further from the high-precision
+"""The accuracy standard: kvllm's next-token distribution is no further from the high-precision
 reference than llama.cpp's on the same file and text.
 
 The reference is kvllm's scalar f32 path (KVLLM_CPU=scalar KVLLM_ACT=f32: plain C, f32 arithmetic on

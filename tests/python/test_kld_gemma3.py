@@ -6,7 +6,7 @@ kvllm's default path and its f32 path must each reach, against kvllm's scalar f3
     mean KL(P_ref || Q) <= llama.cpp's   and   top-1 agreement >= llama.cpp's,
 llama.cpp's figures being tests/golden/kld/gemma3-Q4_K_M.json (bench/llamacpp-agreement --n-tokens 1100 on the
 same file and ids; llama-cpp-python's default settings).  Measured: default 1.81e-3 / 97.64 %, llama.cpp 5.28e-3 /
-96.36 %; before the FFN's down projection kept f32 activations for Gemma (arch_desc.f32_down) the default was
+96.36 %; before the FFN's down projection kept f32 activations for Gemma (arch_desc.fine_down) the default was
 5.38e-3 / 95.73 %, short of the bar.
 """
 from __future__ import annotations

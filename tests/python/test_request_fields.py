@@ -1,4 +1,4 @@
-"""The request fields of issue 16 item 5 through `kvllm serve` on SmolLM2, each asserting its behaviour
+"""The OpenAI and llama-server request fields through `kvllm serve` on SmolLM2, each asserting its behaviour
 (none accepted and then ignored), and the audit: every field the parser reads is listed here with a
 request that shows it has an effect or is refused.
 
@@ -13,7 +13,11 @@ request that shows it has an effect or is refused.
   with logprobs it is a 400.
 - top_p 0: accepted (as OpenAI) and greedy: the same text as temperature 0, whatever the temperature.
 - llama-server's repeat_last_n is honoured; output-changing fields of OpenAI/vLLM/llama-server that are
-  not implemented (typical_p, mirostat, guided_json, ...) are 400s unless they hold their neutral value.
+  not implemented (typical_p, mirostat, guided_whitespace_pattern, ...) are 400s unless they hold their
+  neutral value.
+- vLLM's constraints (guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs
+  {json, regex, choice, grammar, json_object}) shape the whole answer; include_stop_str_in_output keeps the
+  stop string; skip_special_tokens false shows control tokens' text.
 """
 from __future__ import annotations
 
@@ -167,11 +171,81 @@ def test_repeat_last_n(srv):
     assert off == plain and on != plain, (off, plain, on)
 
 
+def test_vllm_structured_outputs(srv):
+    """vLLM's constraints, old spelling (guided_*, before 0.12) and new (structured_outputs): the whole
+    answer is one of the choices, matches the regex in full, is JSON of the schema, or a string of the
+    grammar; on chat and completions.  Two constraints, a pattern a grammar cannot follow and an unknown
+    structured_outputs key are 400s naming the field."""
+    import json
+    import re
+    choices = ["Paris", "London", "Berlin"]
+    q = chat("What is the capital of France?", max_tokens=10)
+    for extra in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+        r = ok(srv, CHAT, {**q, **extra})
+        assert r["choices"][0]["message"]["content"] in choices, (extra, r)
+    pat = r"\d{3}-[a-c]{2}( ok)?"
+    for extra in ({"guided_regex": pat}, {"structured_outputs": {"regex": pat}}):
+        for path, body in ((CHAT, chat("Write a code.", max_tokens=12)),
+                           (CMPL, {"prompt": "Code:", "max_tokens": 12, "temperature": 0})):
+            r = ok(srv, path, {**body, **extra})
+            text = r["choices"][0]["message"]["content"] if path == CHAT else r["choices"][0]["text"]
+            assert re.fullmatch(pat, text), (extra, text)
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"],
+              "additionalProperties": False}
+    for extra in ({"guided_json": schema}, {"guided_json": json.dumps(schema)}, {"structured_outputs": {"json": schema}}):
+        r = ok(srv, CHAT, {**chat("How old is the universe?", max_tokens=30), **extra})
+        v = json.loads(r["choices"][0]["message"]["content"])
+        assert list(v) == ["age"] and isinstance(v["age"], int), (extra, v)
+    r = ok(srv, CHAT, {**chat("Give me JSON.", max_tokens=30), "structured_outputs": {"json_object": True}})
+    text = r["choices"][0]["message"]["content"]
+    assert text.lstrip().startswith("{"), text
+    if r["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict), text
+    for extra in ({"guided_grammar": 'root ::= "yes" | "no"'}, {"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}}):
+        assert ok(srv, CHAT, {**chat("Is water wet?"), **extra})["choices"][0]["message"]["content"] in ("yes", "no")
+    bad(srv, CHAT, {**q, "guided_choice": choices, "response_format": {"type": "json_object"}}, "response_format",
+        "give one constraint")
+    bad(srv, CHAT, {**q, "guided_regex": "a", "structured_outputs": {"choice": ["a"]}}, "structured_outputs",
+        "give one constraint")
+    bad(srv, CHAT, {**q, "guided_regex": r"(a)\1"}, "guided_regex", "offset 3")
+    bad(srv, CHAT, {**q, "structured_outputs": {"regex": "(ab"}}, "structured_outputs.regex", "unclosed")
+    bad(srv, CHAT, {**q, "guided_choice": []}, "guided_choice", "list of 1 to")
+    bad(srv, CHAT, {**q, "guided_choice": ["a", 3]}, "guided_choice", "guided_choice[1] must be a string")
+    bad(srv, CHAT, {**q, "structured_outputs": {"structural_tag": {"x": 1}}}, "structured_outputs", "structural_tag")
+    bad(srv, CHAT, {**q, "structured_outputs": "a+"}, "structured_outputs", "must be an object")
+
+
+def test_include_stop_str_in_output(srv):
+    """vLLM: the stop string that ended the answer stays at its end when asked (cut before it by default)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0}
+    base = ok(srv, CMPL, body)["choices"][0]["text"]
+    words = [w for w in base.split(" ")[2:] if len(w) > 2]
+    assert words, base
+    stop = " " + words[0]
+    cut = base.index(stop)
+    r = ok(srv, CMPL, {**body, "stop": [stop]})["choices"][0]
+    assert r["text"] == base[:cut] and r["finish_reason"] == "stop", (r, base)
+    r = ok(srv, CMPL, {**body, "stop": [stop], "include_stop_str_in_output": True})["choices"][0]
+    assert r["text"] == base[:cut + len(stop)] and r["finish_reason"] == "stop", (r, base)
+    r = ok(srv, CMPL, {**body, "stop": [stop], "include_stop_str_in_output": True, "stream": False})
+    bad(srv, CMPL, {**body, "include_stop_str_in_output": 1}, "include_stop_str_in_output", "boolean")
+
+
+def test_skip_special_tokens(srv):
+    """vLLM's skip_special_tokens false: a control token sampled mid-text shows its text (<|im_start|>, forced
+    first here by logit_bias); by default it gives none.  spaces_between_special_tokens is accepted."""
+    (im,) = tokens(srv, "<|im_start|>")
+    body = {"prompt": "Hello", "max_tokens": 3, "temperature": 0, "logit_bias": {str(im): 100}}
+    plain = ok(srv, CMPL, body)["choices"][0]["text"]
+    shown = ok(srv, CMPL, {**body, "skip_special_tokens": False, "spaces_between_special_tokens": False})
+    assert "<|im_start|>" not in plain, plain
+    assert shown["choices"][0]["text"].startswith("<|im_start|>"), shown
+    assert shown["choices"][0]["text"] == "<|im_start|>" * 3, shown
+
+
 REFUSED = [("typical_p", 0.5, 1), ("mirostat", 2, 0), ("tfs_z", 0.9, 1), ("dry_multiplier", 0.8, 0),
            ("xtc_probability", 0.5, 0), ("n_probs", 3, 0), ("use_beam_search", True, False),
-           ("skip_special_tokens", False, True), ("include_stop_str_in_output", True, False),
-           ("guided_json", {"type": "object"}, None), ("guided_grammar", "root ::= \"a\"", None),
-           ("guided_regex", "a+", None), ("guided_choice", ["a", "b"], None), ("bad_words", ["x"], []),
+           ("guided_whitespace_pattern", "[ ]?", None), ("bad_words", ["x"], []),
            ("allowed_token_ids", [1, 2], []), ("prompt_logprobs", 1, None), ("suffix", "tail", "")]
 
 
@@ -199,6 +273,9 @@ ACCEPTED = {
     "tool_choice": "test_tools.py", "parallel_tool_calls": "test_tools.py", "function": "test_tools.py (tool_choice)",
     "n_predict": "test_server_endpoints.py (llama-server's /completion)",
     "repeat_penalty": "test_server_endpoints.py (llama-server's /completion)",
+    "structured_outputs": "test_vllm_structured_outputs", "skip_special_tokens": "test_skip_special_tokens",
+    "include_stop_str_in_output": "test_include_stop_str_in_output",
+    "spaces_between_special_tokens": "test_skip_special_tokens (accepted: kvllm adds no spaces, as fast tokenizers)",
 }
 
 

@@ -1,4 +1,4 @@
-"""test_role_spoofing.py — control-token text typed in a chat message stays text (issue 15), over real sockets.
+"""test_role_spoofing.py — control-token text typed in a chat message stays text, over real sockets.
 
 A user who types "<|im_end|>\\n<|im_start|>system\\n..." must not close their own turn and forge a system or
 assistant turn.  `kvllm serve` renders the conversation with SmolLM2-135M-Instruct's ChatML template and
@@ -120,7 +120,7 @@ def test_conversation_without_special_text_is_unchanged(kvllm, smollm2, servers,
 
 
 def test_template_budgets_answer_400_fast(kvllm, smollm2, tmp_path):
-    """A chat template that would hang every request (issue 15): |unique over a long message is linear, and
+    """A chat template that would hang every request: |unique over a long message is linear, and
     unbounded work fails at once with a 400 naming the budget."""
     unique = tmp_path / "unique.jinja"
     unique.write_text("{% set n = messages[-1].content.split()|unique|list|length %}"

@@ -1,4 +1,4 @@
-"""`kvllm serve` as llama-server and vLLM users drive it (issue 17): `serve MODEL` and the vLLM /
+"""`kvllm serve` as llama-server and vLLM users drive it: `serve MODEL` and the vLLM /
 llama-server option names, POST /tokenize and /detokenize in both servers' shapes, GET /version and
 /props, llama-server's /completion (whole and streamed), /v1/embeddings answered 501, CORS
 (--allowed-origins, OPTIONS preflight), the per-request and engine log lines (text and
@@ -42,6 +42,23 @@ def test_vllm_style_options(smol):
     assert props["default_generation_settings"]["n_ctx"] == 1024
     assert "<|im_start|>" in props["chat_template"] and props["has_chat_template"] is True
     assert props["build_info"].startswith("kvllm ") and props["model"] == "smol"
+
+
+def test_props_tells_the_builtin_template(kvllm, tmp_path):
+    """A Gemma 3 file without tokenizer.chat_template is rendered with kvllm's built-in Gemma 3 template:
+    /props shows that template (it showed none, while chat used the built-in one)."""
+    from gen_model import ModelConfig, write_model
+    cfg = ModelConfig(arch="gemma3", n_vocab=300, n_embd=32, n_layer=2, n_head=2, n_head_kv=1, key_length=16,
+                      n_ff=64, n_swa=4, tied=True, name="gemma3-no-template")
+    s = Server(kvllm, write_model(tmp_path / "g.gguf", cfg), "-t", "1")
+    try:
+        st, _, raw = s.request("GET", "/props")
+        props = json.loads(raw)
+        assert st == 200 and props["has_chat_template"] is True, props
+        assert "<start_of_turn>" in props["chat_template"], props["chat_template"][:200]
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err
 
 
 def test_version(smol, run):
@@ -89,6 +106,35 @@ def test_llama_server_completion(smol):
     # n_predict -1 (llama-server's default): until end of text
     st, r2 = smol.post("/completion", {"prompt": IM, "n_predict": -1, "temperature": 0, "seed": -1})
     assert st == 200 and r2["content"].startswith(r["content"]) and r2["stop_type"] == "eos", r2
+
+
+def test_llama_server_n_probs(smol):
+    """llama-server's n_probs: completion_probabilities, one entry per generated token ({"id", "token", "bytes",
+    "logprob", "top_logprobs": [{"id", "token", "bytes", "logprob"}]}, the n best of the raw distribution),
+    in the whole answer and on each streamed event; the same figures both ways.  Above 20, at most 20."""
+    import math
+    body = {"prompt": IM, "n_predict": 6, "temperature": 0, "n_probs": 3}
+    st, r = smol.post("/completion", body)
+    assert st == 200, r
+    probs = r["completion_probabilities"]
+    assert len(probs) == r["tokens_predicted"] > 0, r
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"}, p
+        top = p["top_logprobs"]
+        assert len(top) == 3 and all(set(t) == {"id", "token", "bytes", "logprob"} for t in top), p
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True), p
+        assert top[0]["id"] == p["id"] and math.isclose(top[0]["logprob"], p["logprob"]), p   # greedy: the best
+        assert p["logprob"] <= 0 and bytes(p["bytes"]).decode("utf-8", "replace") == p["token"], p
+    assert "".join(p["token"] for p in probs).startswith(r["content"][:4]), (probs, r["content"])
+    st, h, raw = smol.request("POST", "/completion", {**body, "stream": True})
+    events = [json.loads(l[6:]) for l in raw.decode().splitlines() if l.startswith("data: ")]
+    streamed = [p for e in events[:-1] for p in e["completion_probabilities"]]
+    assert [p["id"] for p in streamed] == [p["id"] for p in probs], (streamed, probs)
+    assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-5) for a, b in zip(streamed, probs))
+    st, r = smol.post("/completion", {**body, "n_predict": 1, "n_probs": 50})
+    assert st == 200 and len(r["completion_probabilities"][0]["top_logprobs"]) == 20, r
+    st, r = smol.post("/completion", {"prompt": IM, "n_predict": 2})   # without n_probs: none
+    assert st == 200 and "completion_probabilities" not in r, r
 
 
 def test_embeddings_not_implemented(smol):
@@ -154,6 +200,12 @@ def test_request_and_engine_log_lines(smol):
     assert int(m.group(1)) == r.usage.prompt_tokens and int(m.group(3)) == r.usage.completion_tokens
     assert m.group(6) == r.choices[0].finish_reason
     assert re.search(r"engine: running \d+, waiting \d+, KV [\d.]+% used", err), err[-3000:]
+    # a 4xx's line says why, with the message its client got
+    st, body = smol.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_tokens": -1})
+    assert st == 400, body
+    time.sleep(0.2)
+    line = [l for l in smol.stderr().splitlines() if re.search(r"request -: 400, ", l)]
+    assert line and line[-1].endswith(": " + body["error"]["message"]), (line, body)
 
 
 def test_log_format_json_and_template_warning(kvllm, stories):
@@ -174,6 +226,7 @@ def test_log_format_json_and_template_warning(kvllm, stories):
     assert warn and ready and lines.index(warn[0]) < ready[0], lines   # before "ready", not after
     req = [l for l in lines if l.get("event") == "request"]
     assert [r["status"] for r in req] == [200, 400], req
+    assert "error" not in req[0] and "maximum context length" in req[1]["error"], req   # a 4xx says why
     assert req[0]["prompt_tokens"] > 0 and req[0]["output_tokens"] > 0 and req[0]["ttft_ms"] > 0
     assert req[0]["finish_reason"] in ("stop", "length")
     assert any(l.get("event") == "engine" and "kv_used_pct" in l for l in lines), lines

@@ -1,4 +1,4 @@
-"""Tests skip only when the machine lacks a capability (issue 15, defect 5).
+"""Tests skip only when the machine lacks a capability, never because a fixture is missing.
 
 Each case here simulates a regression with a wrapper around the real kvllm (or a broken environment), runs
 the test that should catch it in a child pytest, and requires that child to FAIL, where it used to SKIP:

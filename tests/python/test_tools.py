@@ -1,7 +1,9 @@
 """test_tools.py — tool calling end to end with the official `openai` client, streaming and not.
 
 SmolLM2-135M-Instruct served with a Hermes/Qwen-style template (Qwen2.5's) and a Llama-3.1-style one
-(`--chat-template`), so the tool-call format is detected from the template text.  A 135M model rarely calls a
+(`--chat-template`), so the tool-call format is detected from the template text; and Gemma 3 270M with
+kvllm's Gemma 3 tool-calling template (docs/templates/gemma3-tool-calling.jinja: Gemma's turns, Hermes calls),
+the way to serve tools on Gemma 3, whose own template has none.  A 135M model rarely calls a
 tool on its own: under `auto` an answer must be either text or calls whose arguments validate against the
 function's `parameters` schema (jsonschema); under `required` and a named function the call is constrained by
 a grammar, so it must always be there and always validate.  A second turn that carries the assistant's call
@@ -15,6 +17,8 @@ import jsonschema
 import openai
 import pytest
 
+from gemma3 import gemma3  # noqa: F401  (the fixture)
+from kvtest import REPO
 from server_util import Server
 
 WEATHER = {"type": "function", "function": {
@@ -31,12 +35,19 @@ TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 TEMPLATES = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja", "llama31": "meta-llama-Llama-3.1-8B-Instruct.jinja"}
+GEMMA3_TOOLS = REPO / "docs" / "templates" / "gemma3-tool-calling.jinja"
 
 
-@pytest.fixture(scope="module", params=list(TEMPLATES))
-def served(request, kvllm, smollm2, shared):
-    s = Server(kvllm, smollm2, "--served-model-name", "smol", "--max-model-len", "2048", "-np", "4",
-               "--chat-template", shared / "templates" / TEMPLATES[request.param])
+@pytest.fixture(scope="module", params=[*TEMPLATES, "gemma3"])
+def served(request, kvllm, shared):
+    """(name, client, server): SmolLM2 with each of TEMPLATES, Gemma 3 with its tool-calling template; every
+    one served as "smol"."""
+    if request.param == "gemma3":
+        model, template = request.getfixturevalue("gemma3"), GEMMA3_TOOLS
+    else:
+        model, template = request.getfixturevalue("smollm2"), shared / "templates" / TEMPLATES[request.param]
+    s = Server(kvllm, model, "--served-model-name", "smol", "--max-model-len", "2048", "-np", "4",
+               "--chat-template", template)
     client = openai.OpenAI(base_url=s.base_url, api_key="none", max_retries=0, timeout=120)
     yield request.param, client, s
     rc, err = s.stop()

@@ -16,9 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import run_cli
+from kvtest import REPO, run_cli
 from jinja_ref import render_kvllm, render_ref
-from test_chat_template import TEMPLATES, check_same
+from test_chat_template import CONVERSATIONS as PLAIN_CONVERSATIONS
+from test_chat_template import TEMPLATES as DATA_TEMPLATES
+from test_chat_template import check_same
+from test_gemma3_tok import GEMMA3_IT_TEMPLATE
+
+# kvllm's own: Gemma 3's template with tools in the Hermes format (docs/CLI.md, Tool calling)
+GEMMA3_TOOLS = "gemma3-tool-calling"
+TEMPLATES = {**DATA_TEMPLATES, GEMMA3_TOOLS: (REPO / "docs" / "templates" / f"{GEMMA3_TOOLS}.jinja").read_text()}
 
 TOOLS = [
     {"type": "function", "function": {
@@ -83,6 +90,7 @@ TOOL_TEMPLATES = [
     "Qwen-Qwen3-0.6B",
     "ibm-granite-granite-3.3-2B-Instruct",
     "HuggingFaceTB-SmolLM2-135M-Instruct",
+    GEMMA3_TOOLS,
 ]
 
 
@@ -120,6 +128,17 @@ def test_tools_render_matches_jinja2(kvllm, tmp_path, name, conv):
     for tools in (TOOLS, None):
         res = _kvllm(kvllm, tmp_path, template, messages, tools, True)
         check_same(res, _ref(template, messages, tools, True), f"{name} / {conv} / tools={tools is not None}")
+
+
+@pytest.mark.parametrize("conv", list(PLAIN_CONVERSATIONS))
+def test_gemma3_tool_template_without_tools_is_gemmas(kvllm, tmp_path, conv):
+    """Without tools the Gemma 3 tool-calling template renders what Gemma 3's own does (Jinja2 on both)."""
+    messages = PLAIN_CONVERSATIONS[conv]
+    for agp in (True, False):
+        ref = render_ref(GEMMA3_IT_TEMPLATE, messages, agp)
+        if ref[0]:
+            assert render_ref(TEMPLATES[GEMMA3_TOOLS], messages, agp) == ref, conv
+            check_same(_kvllm(kvllm, tmp_path, TEMPLATES[GEMMA3_TOOLS], messages, None, agp), ref, conv)
 
 
 def test_tools_reach_the_template(kvllm, tmp_path):

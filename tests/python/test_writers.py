@@ -1,6 +1,6 @@
 """Every writer (convert to GGUF, convert --to hf, quantize) replaces its target whole or not at all.
 
-Issue 15, defect 1: `kvllm convert X -o X` truncated X while X was still mapped (bus error, X left 0 bytes),
+Once, `kvllm convert X -o X` truncated X while X was still mapped (bus error, X left 0 bytes),
 and `convert DIR --to hf -o DIR` did the same to model.safetensors.  Now an output that is the input (same
 file, through a link too, or a folder holding the input) is refused with a clear error and exit 1, and every
 file is written to a temporary file beside its target and renamed into place only when complete.

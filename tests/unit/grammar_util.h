@@ -7,6 +7,7 @@
 #define KVLLM_GRAMMAR_UTIL_H
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -20,6 +21,19 @@ struct tvocab {
     bool *special;
     int32_t end_id;
 };
+
+/* Whether the matcher of g over vocabulary v (token b is byte b) takes all of s[0..len) and may end
+ * there: 1 yes, 0 no, -1 when no matcher could be made. */
+static inline int gu_matcher_accepts(const struct kvllm_grammar *g, const struct gvocab *v, const char *s, size_t len) {
+    struct gmatcher *m;
+    if (gmatcher_new(g, v, &m)) return -1;
+    int ok = 1;
+    for (size_t i = 0; i < len && ok; i++)
+        if (gmatcher_accept(m, (unsigned char)s[i])) ok = 0;
+    if (ok && !gmatcher_can_end(m)) ok = 0;
+    gmatcher_free(m);
+    return ok;
+}
 
 static inline void tvocab_free(struct tvocab *t) {
     for (int i = 0; i < t->n; i++) free(t->bytes[i]);

@@ -17,7 +17,7 @@
  * GQA ratios 1/2/3/4/6/8, head_dim 8-128 (multiples of 8, odd ones among
  * them, and any size now and then), block sizes 1/5/16/32, every KV type,
  * every weight type the loader accepts, contexts across the 1024-position
- * split, sliding windows, rope neox or not with freq factors and scales.
+ * split, sliding windows, attention sinks, rope neox or not with freq factors, scales and YaRN.
  * Every case draws fresh random inputs of random shapes and goes through
  * each backend's own memory as the engine does: weights placed with
  * place_weights (from host data), buffers from buf_alloc, inputs put in with
@@ -199,6 +199,37 @@ static struct rng g_rng;
 
 static int rnd(int n) { return tu_rnd(&g_rng, n); }
 static int rnd_in(int lo, int hi) { return tu_rnd_in(&g_rng, lo, hi); }
+
+/* Shapes: small random ones (the default), or with KVLLM_TEST_LARGE=1 the shapes of Llama-3-8B and
+ * Qwen2.5-7B (hidden 4096 / 3584, FFN 14336 / 18944, vocabularies 128,256 / 152,064, head_dim 128,
+ * 1, 65 or 130 tokens, contexts to 8k): scripts/gpu-check.sh runs them one op per process.  Large
+ * mode runs only the ops that have large shapes; the contexts are sized for them. */
+static bool g_large;
+#define LARGE_TOKENS 130
+#define LARGE_CTX 8300
+#define LARGE_COLS 18944
+static const int k_large_tokens[] = { 1, 65, LARGE_TOKENS };
+static const int k_large_dims[] = { 3584, 4096 };
+static const int k_large_ffn[] = { 14336, 18944 };
+static const int k_large_vocab[] = { 128256, 152064 };
+#define PICK(a) ((a)[rnd((int)(sizeof(a) / sizeof *(a)))])
+static int draw_tokens(void) { return g_large ? PICK(k_large_tokens) : rnd_in(1, MAX_TOKENS); }
+
+/* KVLLM_TEST_OPS, KVLLM_TEST_BACKENDS, KVLLM_TEST_WTYPES (dtype names: Q4_K): comma-separated names;
+ * unset or empty: all.  The GPU check runs one op (and at large shapes one weight type) per process. */
+static bool listed(const char *env, const char *name) {
+    const char *l = getenv(env);
+    if (!l || !*l) return true;
+    const size_t n = strlen(name);
+    for (const char *p = l; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == l || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
+/* Adds a backend; its index in g_be, or -1 when it was left out or could not be made. */
+
+/* The weight types KVLLM_TEST_WTYPES selects, into out (N_WTYPES); their count. */
+static int selected_wtypes(uint32_t *out);
 static float urand(void) { return tu_urand(&g_rng); }
 static float gauss(void) { return tu_gauss(&g_rng); }
 
@@ -294,6 +325,13 @@ static const uint32_t k_wtypes[] = { DTYPE_F32,  DTYPE_F16,  DTYPE_BF16, DTYPE_Q
                                      DTYPE_Q6_K, DTYPE_IQ4_NL, DTYPE_IQ4_XS, DTYPE_MXFP4 };
 #define N_WTYPES ((int)(sizeof k_wtypes / sizeof *k_wtypes))
 
+static int selected_wtypes(uint32_t *out) {
+    int n = 0;
+    for (int i = 0; i < N_WTYPES; i++)
+        if (listed("KVLLM_TEST_WTYPES", dtype_name(k_wtypes[i]))) out[n++] = k_wtypes[i];
+    return n;
+}
+
 /* A row length for type: float types any (mostly not a multiple of 8),
  * blocks 1..12 of 32, super-blocks 1..3 of 256. */
 static int64_t rand_K(uint32_t type) {
@@ -369,17 +407,34 @@ static void matmul_bounds(const struct tensor *w, const float *x, int n, const f
     *r_q8 = y2 > 0 ? sqrt(e_q8 / y2) : INFINITY;
 }
 
+/* The large matmuls (K, M, tokens): each weight type gets one, in turn from a random start. */
+static const struct { int64_t K, M; int n; } k_large_mm[] = {
+    { 4096, 14336, 1 }, { 4096, 14336, 65 }, { 14336, 4096, 130 }, { 3584, 18944, 1 }, { 4096, 128256, 1 },
+};
+#define N_LARGE_MM ((int)(sizeof k_large_mm / sizeof *k_large_mm))
+
 static void test_matmul(void) {
-    const int nc = N_WTYPES * CASES(N_MM_PER_TYPE);
+    uint32_t types[N_WTYPES];
+    const int nt = selected_wtypes(types), first = rnd(N_LARGE_MM);
+    const int nc = g_large ? nt : nt * CASES(N_MM_PER_TYPE);
+    if (nc == 0) return;
     struct tensor *w = tu_xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
+    int *ns = tu_xnew((size_t)nc * sizeof *ns);
     for (int i = 0; i < nc; i++) {
-        const uint32_t type = k_wtypes[i % N_WTYPES];
+        const uint32_t type = types[i % nt];
+        if (g_large) {
+            const int k = (first + i) % N_LARGE_MM;
+            w[i] = rand_weight(type, k_large_mm[k].K, k_large_mm[k].M);
+            ns[i] = k_large_mm[k].n;
+            continue;
+        }
         w[i] = rand_weight(type, rand_K(type), rnd(8) ? rnd_in(1, 67) : rnd_in(1, 4));
+        ns[i] = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
     }
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], w, nc);
     for (int i = 0; i < nc; i++) {
         const int64_t K = w[i].ne0, M = w[i].ne1;
-        const int n = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
+        const int n = ns[i];
         float *x = tu_xnew((size_t)n * (size_t)K * sizeof *x), *outs[MAX_BE];
         for (int64_t e = 0; e < n * K; e++) x[e] = gauss();
         char desc[128];
@@ -411,21 +466,26 @@ static void test_matmul(void) {
     for (int b = 0; b < g_nbe; b++) free(placed[b]);
     for (int i = 0; i < nc; i++) free((void *)w[i].data);
     free(w);
+    free(ns);
 }
 
 #define N_GR_PER_TYPE 10
 
 static void test_get_rows(void) {
-    const int nc = N_WTYPES * CASES(N_GR_PER_TYPE);
+    uint32_t types[N_WTYPES];
+    const int nt = selected_wtypes(types), nc = g_large ? nt : nt * CASES(N_GR_PER_TYPE);
+    if (nc == 0) return;
     struct tensor *w = tu_xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
-        const uint32_t type = k_wtypes[i % N_WTYPES];
-        w[i] = rand_weight(type, rand_K(type), rnd_in(1, 50));
+        const uint32_t type = types[i % nt];
+        /* large: 8,192 rows, not a whole vocabulary, to keep every table in memory at once and make
+         * them quickly (the vocabulary-sized matmul reaches rows past 2 GiB) */
+        w[i] = g_large ? rand_weight(type, PICK(k_large_dims), 8192) : rand_weight(type, rand_K(type), rnd_in(1, 50));
     }
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], w, nc);
     for (int i = 0; i < nc; i++) {
         const int64_t K = w[i].ne0, M = w[i].ne1;
-        const int n = rnd_in(1, MAX_TOKENS);
+        const int n = draw_tokens();
         int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
         for (int t = 0; t < n; t++) ids[t] = rnd((int)M);
         float *row = tu_xnew((size_t)K * sizeof *row), *outs[MAX_BE];
@@ -513,7 +573,8 @@ static void test_gather_rows(int nc) {
  * judge reports them with the other ops). */
 static void test_argmax(int nc) {
     for (int i = 0; i < nc; i++) {
-        const int dim = rnd(8) ? rnd_in(1, 300) : rnd_in(1000, 50000), n = rnd_in(1, 40);
+        const int dim = g_large ? PICK(k_large_vocab) : rnd(8) ? rnd_in(1, 300) : rnd_in(1000, 50000);
+        const int n = draw_tokens();
         const int mode = rnd(4);   /* 0 plain, 1 ties, 2 specials sprinkled, 3 some rows without a finite value */
         float *x = tu_xnew((size_t)n * dim * sizeof *x), *outs[MAX_BE];
         double *ref = tu_xnew((size_t)n * sizeof *ref);
@@ -558,8 +619,8 @@ static void test_norm(bool layer, int nc) {
     struct { int n, dim; float eps; bool bias; float *x, *w, *bv; } *cs = tu_xnew((size_t)nc * sizeof *cs);
     struct tensor *host = tu_xnew((size_t)nc * 2 * sizeof *host), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
-        cs[i].n = rnd_in(1, MAX_TOKENS);
-        cs[i].dim = rnd(6) ? rnd_in(1, 300) : rnd_in(1, 8);
+        cs[i].n = draw_tokens();
+        cs[i].dim = g_large ? PICK(k_large_dims) : rnd(6) ? rnd_in(1, 300) : rnd_in(1, 8);
         cs[i].eps = rnd(2) ? 1e-5f : 1e-6f;
         cs[i].bias = layer && rnd(3);
         const int n = cs[i].n, dim = cs[i].dim;
@@ -624,9 +685,9 @@ static void test_rope(int nc) {
         tu_xnew((size_t)nc * sizeof *cs);
     struct tensor *host = tu_xnew((size_t)nc * sizeof *host), *placed[MAX_BE];
     for (int i = 0; i < nc; i++) {
-        cs[i].n = rnd_in(1, MAX_TOKENS);
-        cs[i].n_head = rnd_in(1, 8);
-        cs[i].hd = rnd(4) ? 2 * rnd_in(4, 64) : rnd_in(3, 128);          /* sometimes odd */
+        cs[i].n = draw_tokens();
+        cs[i].n_head = g_large ? 28 + 4 * rnd(2) : rnd_in(1, 8);
+        cs[i].hd = g_large ? 128 : rnd(4) ? 2 * rnd_in(4, 64) : rnd_in(3, 128);          /* sometimes odd */
         cs[i].n_rot = rnd(3) ? cs[i].hd / 2 * 2 : 2 * rnd_in(1, cs[i].hd / 2);   /* partial rotation */
         const int n = cs[i].n, w = cs[i].n_head * cs[i].hd, half = cs[i].n_rot / 2;
         cs[i].x = tu_xnew((size_t)n * w * sizeof(float));
@@ -640,6 +701,11 @@ static void test_rope(int nc) {
         host[i] = vec_tensor(has_ff ? cs[i].ff : NULL, half);
         cs[i].p = (struct rope_params){ .n_rot = cs[i].n_rot, .theta = thetas[rnd(3)], .freq_scale = fscales[rnd(5)],
                                         .neox = rnd(2), .attn_factor = rnd(3) ? 0.0f : 0.5f + 1.5f * rng_f32(&g_rng) };
+        if (rnd(3) == 0) {   /* YaRN: a ramp anywhere over the pairs, now and then empty (lo == hi) */
+            cs[i].p.yarn = true;
+            cs[i].p.yarn_lo = (float)rnd(half + 1);
+            cs[i].p.yarn_hi = cs[i].p.yarn_lo + (float)(rnd(4) ? rnd(half + 1) : 0);
+        }
     }
     for (int b = 0; b < g_nbe; b++) placed[b] = place(&g_be[b], host, nc);
     for (int i = 0; i < nc; i++) {
@@ -648,14 +714,22 @@ static void test_rope(int nc) {
         const struct rope_params *p = &cs[i].p;
         const bool has_ff = host[i].data != NULL;
         /* the math: pair i of each head, (x[i], x[i + n_rot/2]) for neox and
-         * (x[2i], x[2i+1]) otherwise, turns by pos * freq_scale * theta^(-2i/n_rot) / ff[i] */
+         * (x[2i], x[2i+1]) otherwise, turns by pos * freq_scale * theta^(-2i/n_rot) / ff[i];
+         * with YaRN the angle is the interpolated one (with freq_scale) and the
+         * extrapolated one (without) mixed: by 1 below the ramp, 0 above it */
         double *ref = tu_xnew(len * sizeof *ref);
         for (size_t e = 0; e < len; e++) ref[e] = cs[i].x[e];
         for (int t = 0; t < n; t++)
             for (int h = 0; h < nh; h++)
                 for (int k = 0; k < half; k++) {
-                    double ang = (double)cs[i].pos[t] * (p->freq_scale != 0 ? (double)p->freq_scale : 1.0) *
-                                 pow((double)p->theta, -2.0 * k / n_rot);
+                    const double extrap = (double)cs[i].pos[t] * pow((double)p->theta, -2.0 * k / n_rot),
+                                 interp = extrap * (p->freq_scale != 0 ? (double)p->freq_scale : 1.0);
+                    double ang = interp;
+                    if (p->yarn) {
+                        const double r = (k - (double)p->yarn_lo) / fmax(0.001, (double)p->yarn_hi - p->yarn_lo);
+                        const double mix = 1 - fmin(1, fmax(0, r));
+                        ang = interp * (1 - mix) + extrap * mix;
+                    }
                     if (has_ff) ang /= (double)cs[i].ff[k];
                     const size_t a = (size_t)t * nh * hd + (size_t)h * hd + (size_t)(p->neox ? k : 2 * k);
                     const size_t o = a + (size_t)(p->neox ? half : 1);
@@ -664,9 +738,9 @@ static void test_rope(int nc) {
                     ref[o] = (xa * sin(ang) + xo * cos(ang)) * ms;
                 }
         char desc[160];
-        snprintf(desc, sizeof desc, "rope n=%d heads=%d head_dim=%d n_rot=%d %s theta=%g freq_scale=%g attn_factor=%g%s", n,
-                 nh, hd, n_rot, p->neox ? "neox" : "normal", p->theta, p->freq_scale, p->attn_factor,
-                 has_ff ? " freq_factors" : "");
+        snprintf(desc, sizeof desc, "rope n=%d heads=%d head_dim=%d n_rot=%d %s theta=%g freq_scale=%g attn_factor=%g%s "
+                 "yarn=%d [%g, %g]", n, nh, hd, n_rot, p->neox ? "neox" : "normal", p->theta, p->freq_scale,
+                 p->attn_factor, has_ff ? " freq_factors" : "", p->yarn, p->yarn_lo, p->yarn_hi);
         float *outs[MAX_BE];
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
@@ -736,7 +810,7 @@ static void test_add_bias(int nc) {
  * n values, some of them large (|x| up to 30: saturation). */
 static void test_elementwise(enum op op, int nc) {
     for (int i = 0; i < nc; i++) {
-        const long n = rnd(3) ? rnd_in(1, 5000) : rnd_in(1, 9);
+        const long n = g_large ? (long)draw_tokens() * PICK(k_large_ffn) : rnd(3) ? rnd_in(1, 5000) : rnd_in(1, 9);
         float *a = tu_xnew((size_t)n * sizeof *a), *bv = tu_xnew((size_t)n * sizeof *bv), *outs[MAX_BE];
         double *ref = tu_xnew((size_t)n * sizeof *ref);
         const float amp = op == OP_ADD ? ldexpf(1, rnd_in(-8, 8)) : 3.0f;
@@ -792,27 +866,37 @@ static void test_elementwise(enum op op, int nc) {
 
 /* ---- mixture of experts ---- */
 
-/* The experts' FFN in double for token row x: Σ_j w[j] down_e(silu|gelu(gate_e x) * up_e x). */
+/* The experts' FFN in double for token row x: Σ_j w[j] (down_e glu(gate_e x + gb_e, up_e x + ub_e) + db_e),
+ * glu as act says (enum glu_kind, written here from its definition), the biases (n_expert, F | F | E)
+ * zero when bias is NULL (else gb, ub, db one after another). */
 static void ref_moe_token(const float *x, const int32_t *ids, const float *w, int n_used, const struct tensor *gate,
-                          const struct tensor *up, const struct tensor *down, bool gelu, double *out) {
+                          const struct tensor *up, const struct tensor *down, enum glu_kind act, const float *bias,
+                          int n_expert, double *out) {
     const int E = (int)gate[0].ne0, F = (int)gate[0].ne1;
     float *row = tu_xnew((size_t)(E > F ? E : F) * sizeof *row);
     double *h = tu_xnew((size_t)F * sizeof *h);
     for (int i = 0; i < E; i++) out[i] = 0;
+    const float *gb = bias, *ub = bias ? bias + (size_t)n_expert * F : NULL,
+                *db = bias ? bias + 2 * (size_t)n_expert * F : NULL;
     for (int j = 0; j < n_used; j++) {
         const int e = ids[j];
         for (int f = 0; f < F; f++) {
-            double g = 0, u = 0;
+            double g = gb ? gb[(size_t)e * F + f] : 0, u = ub ? ub[(size_t)e * F + f] : 0;
             dtype_to_f32(gate[e].type, tensor_row(&gate[e], f), row, E);
             for (int i = 0; i < E; i++) g += (double)row[i] * x[i];
             dtype_to_f32(up[e].type, tensor_row(&up[e], f), row, E);
             for (int i = 0; i < E; i++) u += (double)row[i] * x[i];
-            const double a = gelu ? 0.5 * g * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)))
-                                  : g / (1 + exp(-g));
-            h[f] = a * u;
+            switch (act) {
+            case GLU_GELU: h[f] = 0.5 * g * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u; break;
+            case GLU_SILU: h[f] = g / (1 + exp(-g)) * u; break;
+            case GLU_SWIGLU_OAI:   /* gate clamped above at 7, up to [-7, 7]; alpha 1.702 */
+                g = fmin(g, 7.0);
+                h[f] = g / (1 + exp(-1.702 * g)) * (fmax(-7.0, fmin(u, 7.0)) + 1);
+                break;
+            }
         }
         for (int i = 0; i < E; i++) {
-            double d = 0;
+            double d = db ? db[(size_t)e * E + i] : 0;
             dtype_to_f32(down[e].type, tensor_row(&down[e], i), row, F);
             for (int f = 0; f < F; f++) d += (double)row[f] * h[f];
             out[i] += (double)w[j] * d;
@@ -834,7 +918,17 @@ static void test_moe(int nc) {
         const int ne = rnd_in(1, 8), nu = rnd_in(1, ne), E = 32 * rnd_in(1, 3), F = 32 * rnd_in(1, 3);
         const int n = rnd(4) ? rnd_in(1, MAX_TOKENS) : rnd_in(1, 3);
         const uint32_t type = rnd(2) ? DTYPE_F32 : DTYPE_F16;
-        const bool gelu = rnd(2), norm = rnd(2);
+        const enum glu_kind act = (enum glu_kind)rnd(3);
+        const bool norm = rnd(2);
+        /* biases (gpt-oss): wide, so that swiglu_oai's clamps bite */
+        float *bias = rnd(2) ? tu_xnew((size_t)ne * (2 * F + E) * sizeof *bias) : NULL;
+        for (size_t i = 0; bias && i < (size_t)ne * (2 * F + E); i++) bias[i] = (urand() * 2 - 1) * 9;
+        struct tensor bt[3], *placed_b[MAX_BE];
+        for (int k = 0; k < 3; k++) {
+            const int w0 = k < 2 ? F : E;
+            bt[k] = (struct tensor){ .type = DTYPE_F32, .ne0 = w0, .ne1 = ne, .row_bytes = (size_t)w0 * 4,
+                                     .data = bias ? bias + (size_t)k * ne * F : NULL };
+        }
         struct tensor *w = tu_xnew(3 * (size_t)ne * sizeof *w), *placed[MAX_BE];
         for (int e = 0; e < ne; e++) {
             w[e] = rand_weight(type, E, F);
@@ -864,16 +958,18 @@ static void test_moe(int nc) {
                 ws += wr[t * nu + j] = exp(l[best] - mx) / sum;
             }
             for (int j = 0; j < nu; j++) wf[t * nu + j] = (float)(wr[t * nu + j] /= norm ? ws : 1.0);
-            ref_moe_token(x + (size_t)t * E, ids + t * nu, wf + t * nu, nu, w, w + ne, w + 2 * ne, gelu,
+            ref_moe_token(x + (size_t)t * E, ids + t * nu, wf + t * nu, nu, w, w + ne, w + 2 * ne, act, bias, ne,
                           ref + (size_t)t * E);
         }
+        static const char *const act_name[] = { "silu", "gelu", "swiglu_oai" };
         char desc[128];
-        snprintf(desc, sizeof desc, "moe %s experts=%d used=%d E=%d F=%d n=%d %s%s", dtype_name(type), ne, nu, E, F,
-                 n, gelu ? "gelu" : "silu", norm ? " norm" : "");
+        snprintf(desc, sizeof desc, "moe %s experts=%d used=%d E=%d F=%d n=%d %s%s%s", dtype_name(type), ne, nu, E,
+                 F, n, act_name[act], norm ? " norm" : "", bias ? " biases" : "");
         float *outs[MAX_BE], *wouts[MAX_BE];
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
             placed[b] = place(t, w, 3 * ne);
+            placed_b[b] = bias ? place(t, bt, 3) : NULL;
             const size_t xb = (size_t)n * E * 4, fb = (size_t)n * F * 4, kb = (size_t)n * nu * 4;
             struct backend_buf bx = buf_up(t, x, xb), bl = buf_up(t, lg, (size_t)n * ne * 4), bi = buf_up(t, NULL, kb),
                                bw = buf_up(t, NULL, kb), bxs = buf_up(t, NULL, xb), bys = buf_up(t, NULL, xb),
@@ -888,8 +984,13 @@ static void test_moe(int nc) {
             CHECK_MSG(memcmp(got_ids, ids, kb) == 0, "%s %s: moe_route chose other experts", t->name, desc);
             struct moe_args a = { .n_tokens = n, .n_used = nu, .n_expert = ne, .n_embd = E, .n_ff = F, .x = bx.data,
                                   .ids = bi.data, .weights = bw.data, .gate = placed[b], .up = placed[b] + ne,
-                                  .down = placed[b] + 2 * ne, .act = gelu ? GLU_GELU : GLU_SILU, .xs = bxs.data,
+                                  .down = placed[b] + 2 * ne, .act = act, .xs = bxs.data,
                                   .ys = bys.data, .g = bg.data, .u = bu.data, .out = bo.data };
+            if (bias) {
+                a.gate_b = &placed_b[b][0];
+                a.up_b = &placed_b[b][1];
+                a.down_b = &placed_b[b][2];
+            }
             rc = BE_OP(t->c, moe, &a);
             buf_down(t, outs[b], &bo, xb);
             sync_ok(t, rc, desc);
@@ -913,9 +1014,9 @@ static void test_moe(int nc) {
         }
         judge(OP_MOE_ROUTE, wouts, (size_t)n * nu, wr, k_tol[OP_MOE_ROUTE].simd, k_tol[OP_MOE_ROUTE].ref, desc);
         judge(OP_MOE, outs, (size_t)n * E, ref, k_tol[OP_MOE].simd, k_tol[OP_MOE].ref, desc);
-        for (int b = 0; b < g_nbe; b++) { free(outs[b]); free(wouts[b]); free(placed[b]); }
+        for (int b = 0; b < g_nbe; b++) { free(outs[b]); free(wouts[b]); free(placed[b]); free(placed_b[b]); }
         for (int i = 0; i < 3 * ne; i++) free((void *)w[i].data);
-        free(w); free(x); free(lg); free(ids); free(wr); free(ref); free(wf);
+        free(w); free(x); free(lg); free(ids); free(wr); free(ref); free(wf); free(bias);
     }
     g_nbe = nbe_all;
 }
@@ -1147,15 +1248,16 @@ static void test_kv_store(int nc) {
 
 /* Plain softmax attention in double of token query qrow (n_head * hd) at
  * position pos over K/V rows (positions, nkv * hd) of its sequence, with
- * positions before lo masked (sliding window) and scores soft-capped when
- * softcap > 0. */
+ * positions before lo masked (sliding window), scores soft-capped when
+ * softcap > 0, and head h's sink logit sinks[h] (when sinks is not NULL)
+ * one more term of the softmax's sum, with no value. */
 static void ref_attention(const double *K, const double *V, int nkv, int hd, int n_head, const float *qrow, int lo,
-                          int pos, double scale, double softcap, double *out) {
+                          int pos, double scale, double softcap, const float *sinks, double *out) {
     const int g = n_head / nkv, w = nkv * hd;
     double *sc = tu_xnew((size_t)(pos + 1) * sizeof *sc);
     for (int h = 0; h < n_head; h++) {
         const int hk = h / g;
-        double mx = -INFINITY, sum = 0;
+        double mx = sinks ? sinks[h] : -INFINITY, sum = sinks ? 1.0 : 0.0;   /* sum: exp(sink - mx) once mx is known */
         for (int p = lo; p <= pos; p++) {
             const double *kr = K + (size_t)p * w + (size_t)hk * hd;
             double d = 0;
@@ -1164,6 +1266,7 @@ static void ref_attention(const double *K, const double *V, int nkv, int hd, int
             if (softcap > 0) sc[p] = softcap * tanh(sc[p] / softcap);
             mx = sc[p] > mx ? sc[p] : mx;
         }
+        if (sinks) sum = exp(sinks[h] - mx);
         for (int p = lo; p <= pos; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
         for (int i = 0; i < hd; i++) out[h * hd + i] = 0;
         for (int p = lo; p <= pos; p++) {
@@ -1184,21 +1287,30 @@ static void test_paged_attention(int nc) {
     static const int gs[6] = { 1, 2, 3, 4, 6, 8 };
     for (int ci = 0; ci < nc; ci++) {
         const enum kv_type type = (enum kv_type)(ci % KV_TYPE_COUNT_);
-        const int g = gs[rnd(6)], nkv = rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
-        const int hd = rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128), bs = k_block_sizes[rnd(4)], w = nkv * hd;
-        const bool long_ctx = rnd(6) == 0, outliers = rnd(4) == 0;
-        const int n_seqs = rnd_in(1, PA_MAX_SEQS);
+        /* large: Llama-3-8B's 32 heads on 8 KV heads or Qwen2.5-7B's 28 on 4, head_dim 128, blocks of 16,
+         * a first sequence of 1k-8k positions, chunks of 1 or 65 tokens */
+        const int g = g_large ? (rnd(2) ? 4 : 7) : gs[rnd(6)];
+        const int nkv = g_large ? (g == 4 ? 8 : 4) : rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
+        const int hd = g_large ? 128 : rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128);
+        const int bs = g_large ? 16 : k_block_sizes[rnd(4)], w = nkv * hd;
+        const bool long_ctx = g_large || rnd(6) == 0, outliers = rnd(4) == 0;
+        const int n_seqs = rnd_in(1, g_large ? 2 : PA_MAX_SEQS), max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS;
         int L[PA_MAX_SEQS], chunk[PA_MAX_SEQS], n = 0, max_L = 0;
         for (int s = 0; s < n_seqs; s++) {
-            L[s] = long_ctx && s == 0 ? rnd_in(1000, MAX_CTX - 100) : rnd_in(1, rnd(3) ? 64 : 300);
-            const int left = MAX_TOKENS - n - (n_seqs - s - 1), cap = long_ctx && s == 0 ? 4 : left;
-            chunk[s] = rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            L[s] = long_ctx && s == 0 ? (g_large ? rnd_in(1024, LARGE_CTX - 100) : rnd_in(1000, MAX_CTX - 100))
+                                      : rnd_in(1, rnd(3) ? 64 : 300);
+            const int left = max_tokens - n - (n_seqs - s - 1), cap = long_ctx && s == 0 && !g_large ? 4 : left;
+            chunk[s] = g_large ? (rnd(2) ? 1 : 65) : rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            chunk[s] = chunk[s] < L[s] ? chunk[s] : L[s];
             n += chunk[s];
             max_L = L[s] > max_L ? L[s] : max_L;
         }
         const int window = rnd(3) == 0 ? rnd_in(1, max_L) : 0;
         const float scale = 1.0f / sqrtf((float)hd) * (rnd(4) ? 1.0f : 0.5f + rng_f32(&g_rng));
         const float softcap = rnd(4) == 0 ? 0.5f + rng_f32(&g_rng) * 4 : 0.0f;   /* small: it must bite */
+        /* sinks: from well below to well above the scores, so that they weigh from nothing to nearly all */
+        float *sinks = rnd(3) == 0 ? tu_xnew((size_t)n_head * sizeof *sinks) : NULL;
+        for (int h = 0; sinks && h < n_head; h++) sinks[h] = gauss() * 4;
 
         /* blocks: shuffled; the last one is the poison block */
         int nb[PA_MAX_SEQS], nb_total = 1, max_blocks = 0;
@@ -1265,9 +1377,9 @@ static void test_paged_attention(int nc) {
 
         char desc[200];
         snprintf(desc, sizeof desc,
-                 "paged_attention %s heads=%d/%d head_dim=%d block_size=%d seqs=%d ctx=%d..%d tokens=%d window=%d softcap=%g%s",
+                 "paged_attention %s heads=%d/%d head_dim=%d block_size=%d seqs=%d ctx=%d..%d tokens=%d window=%d softcap=%g%s%s",
                  k_kv_names[type], n_head, nkv, hd, bs, n_seqs, L[0], max_L, n, window, softcap,
-                 outliers ? " outliers" : "");
+                 outliers ? " outliers" : "", sinks ? " sinks" : "");
         struct pool_img img0, img[MAX_BE];
         pool_init(&img0, type, nb_total, bs, nkv, hd);
         pool_fill(&img0, 0xff);
@@ -1291,11 +1403,12 @@ static void test_paged_attention(int nc) {
             }
             struct backend_buf bq = buf_up(t, q, len * 4), bp = buf_up(t, pos, (size_t)n * 4),
                                bsq = buf_up(t, seq, (size_t)n * 4),
-                               bt = buf_up(t, table, (size_t)n_seqs * max_blocks * 4), bo = buf_up(t, NULL, len * 4);
+                               bt = buf_up(t, table, (size_t)n_seqs * max_blocks * 4), bo = buf_up(t, NULL, len * 4),
+                               bsk = buf_up(t, sinks, sinks ? (size_t)n_head * 4 : 4);
             struct paged_attn_args a = {
                 .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd, .q = bq.data, .pos = bp.data,
                 .seq = bsq.data, .block_table = bt.data, .max_blocks = max_blocks, .kv = d.view, .scale = scale,
-                .softcap = softcap, .window = window, .out = bo.data,
+                .softcap = softcap, .window = window, .sinks = sinks ? bsk.data : NULL, .out = bo.data,
             };
             int rc2 = BE_OP(t->c, paged_attention, &a);
             outs[b] = tu_xnew(len * sizeof(float));
@@ -1303,7 +1416,7 @@ static void test_paged_attention(int nc) {
             pool_down(t, &d, &img[b]);
             sync_ok(t, rc ? rc : rc2, desc);
             pool_drop(t, &d);
-            struct backend_buf *all[] = { &bsl, &bk, &bv, &bq, &bp, &bsq, &bt, &bo };
+            struct backend_buf *all[] = { &bsl, &bk, &bv, &bq, &bp, &bsq, &bt, &bo, &bsk };
             for (size_t k = 0; k < sizeof all / sizeof *all; k++) buf_drop(t, all[k]);
         }
 
@@ -1338,8 +1451,10 @@ static void test_paged_attention(int nc) {
         for (int t = 0; t < n; t++) {
             const int s = seq[t], lo = window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
             const float *qr = q + (size_t)t * n_head * hd;
-            ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, ref_st + (size_t)t * n_head * hd);
-            ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, ref_in + (size_t)t * n_head * hd);
+            ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, sinks,
+                          ref_st + (size_t)t * n_head * hd);
+            ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, sinks,
+                          ref_in + (size_t)t * n_head * hd);
         }
         judge(OP_PAGED_ATTN, outs, len, ref_st, k_pa_simd[type], k_pa_stored[type], desc);
         const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
@@ -1361,7 +1476,7 @@ static void test_paged_attention(int nc) {
         for (int b = 0; b < g_nbe; b++) { free(outs[b]); pool_deinit(&img[b]); }
         pool_deinit(&img0);
         free(ref_st); free(ref_in); free(perm); free(table); free(slots); free(ks); free(vs); free(order);
-        free(q); free(pos); free(seq);
+        free(q); free(pos); free(seq); free(sinks);
     }
 }
 
@@ -1556,16 +1671,25 @@ static void test_errors(struct tbe *t) {
 
 /* ---- main ---- */
 
-static void add_backend(const char *kind, bool strict, bool simd, const char *act, int twin, int n_threads) {
+static int add_backend(const char *kind, bool strict, bool simd, const char *act, int twin, int n_threads) {
     struct tbe *t = &g_be[g_nbe];
+    char label[48];
+    snprintf(label, sizeof label, "%s%s%s%s", strict ? "strict/" : "", kind, strcmp(act, "f32") ? "+act=" : "",
+             strcmp(act, "f32") ? act : "");
+    /* the first backend is the reference and always runs; a filtered-out one is not made at all */
+    if (g_nbe > 0 && !listed("KVLLM_TEST_BACKENDS", label)) {
+        printf("  %s: left out (KVLLM_TEST_BACKENDS)\n", label);
+        return -1;
+    }
     /* read when the backend is created (the 8-bit path, q8, is also checked
      * bit for bit against its definition by test_backend_matmul.c and
      * test_backend_qk.c) */
     setenv("KVLLM_ACT", act, 1);
-    t->c = tb_new(kind, strict, n_threads, MAX_COLS, MAX_TOKENS, MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
+    t->c = tb_new(kind, strict, n_threads, g_large ? LARGE_COLS : MAX_COLS, g_large ? LARGE_TOKENS : MAX_TOKENS,
+                  g_large ? LARGE_CTX : MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
     unsetenv("KVLLM_ACT");
     CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);
-    if (!t->c) return;
+    if (!t->c) return -1;
     t->be = t->c->be;
     t->name = t->c->ops->name;
     t->simd = simd;
@@ -1580,15 +1704,16 @@ static void add_backend(const char *kind, bool strict, bool simd, const char *ac
         snprintf(labels[g_nbe], sizeof labels[g_nbe], "%s+act=%s", t->name, act);
         t->name = labels[g_nbe];
     }
-    g_nbe++;
+    return g_nbe++;
 }
 
 /* The CUDA backend, where there is one: a context sized as tb_new sizes the CPU ones. */
 static void add_cuda_backend(void) {
     struct tbe *t = &g_be[g_nbe];
     struct backend *be = NULL;
-    const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = MAX_TOKENS, .max_ctx = MAX_CTX,
-                                          .n_head = MAX_HEADS, .head_dim = MAX_HEAD_DIM, .max_cols = MAX_COLS };
+    const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS,
+                                          .max_ctx = g_large ? LARGE_CTX : MAX_CTX, .n_head = MAX_HEADS,
+                                          .head_dim = MAX_HEAD_DIM, .max_cols = g_large ? LARGE_COLS : MAX_COLS };
     int rc = backend_cuda_new(&be);
     if (!rc) rc = backend_ctx_new(be, &p, &t->c);
     CHECK_MSG(rc == 0, "backend cuda could not be created: %s", kvllm_strerror(rc));
@@ -1607,6 +1732,11 @@ int main(void) {
     printf("  seed %llu (KVLLM_TEST_SEED to repeat)\n", (unsigned long long)seed);
     rng_seed(&g_rng, seed);
     const double t0 = time_now();
+    const char *large = getenv("KVLLM_TEST_LARGE");
+    g_large = large && !strcmp(large, "1");
+    if (g_large)
+        printf("  large shapes (KVLLM_TEST_LARGE=1): matmul get_rows rmsnorm rope elementwise argmax "
+               "paged_attention\n");
 
     struct cpu_features f;
     cpu_features_get(&f);
@@ -1620,15 +1750,13 @@ int main(void) {
     } else if (!avx2) {
         printf("SKIP avx2: CPU lacks%s%s%s\n", f.avx2 ? "" : " AVX2", f.fma ? "" : " FMA", f.f16c ? "" : " F16C");
     } else {
-        i_avx2 = g_nbe;
-        add_backend("avx2", false, true, "f32", -1, 2);
+        i_avx2 = add_backend("avx2", false, true, "f32", -1, 2);
     }
     add_backend("scalar", true, false, "f32", 0, 2);
-    if (i_avx2 >= 0) {
+    if (cpu_avx2_built() && avx2) {
         add_backend("avx2", true, true, "f32", i_avx2, 1);
         add_backend("avx2", false, true, "int", -1, 2);
-        const int i_q8 = g_nbe;
-        add_backend("avx2", false, true, "q8", -1, 2);
+        const int i_q8 = add_backend("avx2", false, true, "q8", -1, 2);
         add_backend("avx2", true, true, "q8", i_q8, 1);
     }
     const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
@@ -1637,8 +1765,7 @@ int main(void) {
         printf("SKIP avx512+act=q8: CPU lacks%s%s%s%s%s\n", avx2 ? "" : " AVX2/FMA/F16C", f.avx512f ? "" : " AVX-512F",
                f.avx512bw ? "" : " AVX-512BW", f.avx512vl ? "" : " AVX-512VL", f.avx512vnni ? "" : " AVX-512-VNNI");
     else {
-        const int i_512 = g_nbe;
-        add_backend("avx512", false, true, "q8", -1, 2);
+        const int i_512 = add_backend("avx512", false, true, "q8", -1, 2);
         /* amx: the avx512 set with the integer matmul on AMX-INT8 tiles, so bit-identical to it (its twin) */
         if (!cpu_q8_amx_built())
             printf("SKIP amx+act=q8: this build has no AMX kernels (its compiler lacked -mamx-tile -mamx-int8)\n");
@@ -1650,32 +1777,36 @@ int main(void) {
         else add_backend("amx", false, true, "q8", i_512, 2);
     }
     char why[256];
-    if (backend_cuda_probe(why, sizeof why) == 0) printf("SKIP cuda: %s\n", why);
+    if (!listed("KVLLM_TEST_BACKENDS", "cuda")) printf("  cuda: left out (KVLLM_TEST_BACKENDS)\n");
+    else if (backend_cuda_probe(why, sizeof why) == 0) printf("SKIP cuda: %s\n", why);
     else add_cuda_backend();
     printf("  backends:");
     for (int b = 0; b < g_nbe; b++) printf(" %s", g_be[b].name);
     printf("\n");
 
-    test_matmul();
-    test_get_rows();
-    test_gather_rows(CASES(60));
-    test_norm(false, CASES(100));
-    test_norm(true, CASES(100));
-    test_rope(CASES(150));
-    test_add_bias(CASES(60));
-    test_elementwise(OP_ADD, CASES(80));
-    test_elementwise(OP_SWIGLU, CASES(80));
-    test_elementwise(OP_GELU, CASES(80));
-    test_elementwise(OP_GEGLU, CASES(80));
-    test_elementwise(OP_SCALE, CASES(80));
-    test_elementwise(OP_SOFTCAP, CASES(80));
-    test_moe(CASES(40));
-    test_kv_store(CASES(100));
-    test_paged_attention(CASES(150));
-    test_copy_blocks(CASES(60));
-    test_argmax(CASES(60));
-    fprintf(stderr, "(the next paged attention errors are expected)\n");
-    for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
+    /* the ops (KVLLM_TEST_OPS selects; "elementwise" stands for add..softcap, "errors" for the error paths);
+     * large mode runs those with large shapes, a few cases each */
+    const int big = 4;
+    if (listed("KVLLM_TEST_OPS", "matmul")) test_matmul();
+    if (listed("KVLLM_TEST_OPS", "get_rows")) test_get_rows();
+    if (!g_large && listed("KVLLM_TEST_OPS", "gather_rows")) test_gather_rows(CASES(60));
+    if (listed("KVLLM_TEST_OPS", "rmsnorm")) test_norm(false, g_large ? big : CASES(100));
+    if (!g_large && listed("KVLLM_TEST_OPS", "layernorm")) test_norm(true, CASES(100));
+    if (listed("KVLLM_TEST_OPS", "rope")) test_rope(g_large ? big : CASES(150));
+    if (!g_large && listed("KVLLM_TEST_OPS", "add_bias")) test_add_bias(CASES(60));
+    static const enum op k_elementwise[] = { OP_ADD, OP_SWIGLU, OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP };
+    for (size_t e = 0; e < sizeof k_elementwise / sizeof *k_elementwise; e++)
+        if (listed("KVLLM_TEST_OPS", "elementwise") || listed("KVLLM_TEST_OPS", k_tol[k_elementwise[e]].name))
+            test_elementwise(k_elementwise[e], g_large ? 2 : CASES(80));
+    if (!g_large && (listed("KVLLM_TEST_OPS", "moe") || listed("KVLLM_TEST_OPS", "moe_route"))) test_moe(CASES(40));
+    if (!g_large && listed("KVLLM_TEST_OPS", "kv_store")) test_kv_store(CASES(100));
+    if (listed("KVLLM_TEST_OPS", "paged_attention")) test_paged_attention(g_large ? KV_TYPE_COUNT_ : CASES(150));
+    if (!g_large && listed("KVLLM_TEST_OPS", "copy_blocks")) test_copy_blocks(CASES(60));
+    if (listed("KVLLM_TEST_OPS", "argmax")) test_argmax(g_large ? big : CASES(60));
+    if (!g_large && listed("KVLLM_TEST_OPS", "errors")) {
+        fprintf(stderr, "(the next paged attention errors are expected)\n");
+        for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
+    }
 
     printf("  %-18s %-16s %6s  %-22s %-22s %s\n", "backend", "op", "cases", "worst vs scalar (tol)",
            "worst vs ref (tol)", "");

@@ -118,6 +118,32 @@ int main(void) {
     CHECK_MSG(r->n_tok[0] == 40 && r->fin[0] == KVLLM_FINISH_LENGTH && !strcmp(r->text[0], base->text[0]),
               "%d tokens, finish %d, '%s' vs '%s'", r->n_tok[0], r->fin[0], r->text[0], base->text[0]);
 
+    /* include_stop_str: the stop string (a word of the reference text) stays at the end of the text */
+    const char *word = strchr(base->text[0] + 1, ' ');
+    if (word && strlen(word) > 3) {
+        char stop_word[4] = { word[0], word[1], word[2], 0 };
+        const char *sw[] = { stop_word };
+        size_t at = (size_t)(strstr(base->text[0], stop_word) - base->text[0]);
+        CHECK(run(e, (struct kvllm_request){ .ignore_eos = true, .stop = sw, .n_stop = 1 }, r) == 0);
+        CHECK_MSG(strlen(r->text[0]) == at && !strncmp(r->text[0], base->text[0], at), "cut: '%s'", r->text[0]);
+        CHECK(run(e, (struct kvllm_request){ .ignore_eos = true, .stop = sw, .n_stop = 1, .include_stop_str = true }, r) == 0);
+        CHECK_MSG(strlen(r->text[0]) == at + 3 && !strncmp(r->text[0], base->text[0], at + 3) &&
+                  r->fin[0] == KVLLM_FINISH_STOP, "kept: '%s' (stop '%s')", r->text[0], stop_word);
+    }
+
+    /* kvllm_engine_add_ex: the failure's message comes back with its status, not only in the log */
+    char why[256] = "x";
+    struct kvllm_request q = { .prompt = k_prompt, .n_prompt = 6, .max_tokens = 5, .n = 1, .min_tokens = 9,
+                               .sampling = kvllm_sampling_default_params(), .on_event = on_event, .user = r };
+    CHECK(kvllm_engine_add_ex(e, &q, NULL, why, sizeof why) == KVLLM_EINVAL);
+    CHECK_MSG(strstr(why, "min_tokens 9") != NULL, "message: '%s'", why);
+    q.min_tokens = 0;
+    q.max_tokens = 1000;
+    CHECK(kvllm_engine_add_ex(e, &q, NULL, why, sizeof why) == KVLLM_ERANGE && strstr(why, "context"));
+    q.max_tokens = 2;
+    CHECK(kvllm_engine_add_ex(e, &q, NULL, why, sizeof why) == 0 && !why[0]);
+    while (!kvllm_engine_idle(e)) kvllm_engine_step(e);
+
     /* validation */
     int32_t bad_id = V;
     struct kvllm_logit_bias bad_bias = { -1, 1 };

@@ -100,16 +100,6 @@ static int ref_accepts(const struct kvllm_grammar *g, const char *s, size_t len)
 
 /* ---- the matcher over single-byte tokens (synthetic vocab: token b is byte b) ---- */
 
-static int matcher_accepts(const struct kvllm_grammar *g, const struct gvocab *v, const char *s, size_t len) {
-    struct gmatcher *m;
-    if (gmatcher_new(g, v, &m)) return -1;
-    int ok = 1;
-    for (size_t i = 0; i < len && ok; i++)
-        if (gmatcher_accept(m, (unsigned char)s[i])) ok = 0;
-    if (ok && !gmatcher_can_end(m)) ok = 0;
-    gmatcher_free(m);
-    return ok;
-}
 
 static struct kvllm_grammar *parse_ok(const char *text) {
     struct kvllm_grammar *g = NULL;
@@ -167,7 +157,7 @@ static void check_table(const char *gtext, const struct acase *cases, size_t n, 
     struct kvllm_grammar *g = parse_ok(gtext);
     if (!g) return;
     for (size_t i = 0; i < n; i++) {
-        int got = matcher_accepts(g, v, cases[i].s, strlen(cases[i].s));
+        int got = gu_matcher_accepts(g, v, cases[i].s, strlen(cases[i].s));
         CHECK_MSG(got == cases[i].want, "grammar %.30s...: '%s' got %d want %d", gtext, cases[i].s, got,
                   cases[i].want);
         int ref = ref_accepts(g, cases[i].s, strlen(cases[i].s));
@@ -289,7 +279,7 @@ static void test_random_strings(const char *gtext, const struct gvocab *v, uint6
         }
         int ref = ref_accepts(g, s, len);
         if (ref < 0) continue;
-        int got = matcher_accepts(g, v, s, len);
+        int got = gu_matcher_accepts(g, v, s, len);
         n_cmp++;
         ref ? n_acc++ : n_rej++;
         CHECK_MSG(got == ref, "'%.*s': matcher %d, reference %d", (int)len, s, got, ref);
@@ -437,14 +427,14 @@ static void test_invalid_utf8(const struct gvocab *v) {
                                            "\xf5\x80\x80\x80", "\xf7\xbf\xbf\xbf" };
     for (size_t i = 0; neg && any && none && i < sizeof valid / sizeof *valid; i++) {
         const size_t n = strlen(valid[i]);
-        CHECK_MSG(matcher_accepts(neg, v, valid[i], n) == 1 && matcher_accepts(any, v, valid[i], n) == 1,
+        CHECK_MSG(gu_matcher_accepts(neg, v, valid[i], n) == 1 && gu_matcher_accepts(any, v, valid[i], n) == 1,
                   "valid UTF-8 #%zu refused", i);
-        CHECK_MSG(matcher_accepts(none, v, valid[i], n) == 0, "valid UTF-8 #%zu in the empty class", i);
+        CHECK_MSG(gu_matcher_accepts(none, v, valid[i], n) == 0, "valid UTF-8 #%zu in the empty class", i);
     }
     for (size_t i = 0; neg && any && none && i < sizeof invalid / sizeof *invalid; i++) {
         const size_t n = strlen(invalid[i]);
-        CHECK_MSG(matcher_accepts(neg, v, invalid[i], n) == 0 && matcher_accepts(any, v, invalid[i], n) == 0 &&
-                  matcher_accepts(none, v, invalid[i], n) == 0, "invalid UTF-8 #%zu accepted", i);
+        CHECK_MSG(gu_matcher_accepts(neg, v, invalid[i], n) == 0 && gu_matcher_accepts(any, v, invalid[i], n) == 0 &&
+                  gu_matcher_accepts(none, v, invalid[i], n) == 0, "invalid UTF-8 #%zu accepted", i);
     }
     kvllm_grammar_free(neg);
     kvllm_grammar_free(any);

@@ -9,6 +9,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Is s a complete string?  One matcher per grammar, rolled back after each string (they are short). */
 static int accepts_m(struct gmatcher *m, const char *s) {
@@ -130,6 +131,10 @@ int main(void) {
                                          0) == KVLLM_EINVAL);
     CHECK(kvllm_grammar_from_json_schema("{\"type\": \"number\", \"minimum\": 0.5}", false, &g, NULL, 0) ==
           KVLLM_EUNSUPPORTED);
+    /* a null among the type names is refused (it once reached strcmp as a NULL name) */
+    char err[256];
+    CHECK(kvllm_grammar_from_json_schema("{\"type\": [\"string\", null]}", false, &g, err, sizeof err) == KVLLM_EINVAL);
+    CHECK_MSG(strstr(err, "'type' must be a string or an array of strings") != NULL, "%s", err);
     test_lengths(v);
     gvocab_free(v);
     tvocab_free(&syn);

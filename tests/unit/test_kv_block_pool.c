@@ -505,7 +505,48 @@ static void test_linked_pool(void) {
     block_pool_deinit(&g);
 }
 
+/* ---- the listener: what routers are told ---- */
+
+struct heard { int n; struct block_pool_event ev[8]; int32_t tok0[8]; };
+
+static void hear(const struct block_pool_event *ev, void *user) {
+    struct heard *h = user;
+    if (h->n < 8) { h->ev[h->n] = *ev; h->tok0[h->n] = ev->tokens ? ev->tokens[0] : -1; }
+    h->n++;
+}
+
+/* Publishing tells STORED with the parent and tokens once (not the no-op
+ * republish, nor a second block under a hash already held); an eviction
+ * tells REMOVED; a plain alloc of an unpublished block tells nothing. */
+static void test_listener(void) {
+    struct block_pool p;
+    struct heard h = { 0 };
+    CHECK(block_pool_init(&p, 2, BS) == 0);
+    block_pool_set_listener(&p, hear, &h);
+    int32_t t[2 * BS];
+    for (int i = 0; i < 2 * BS; i++) t[i] = 100 + i;
+    uint64_t hh[2];
+    chain(t, 2, hh);
+    int32_t a = block_pool_alloc(&p), b = block_pool_alloc(&p);
+    CHECK(h.n == 0);
+    block_pool_publish(&p, a, hh[0], -1, t);
+    block_pool_publish(&p, a, hh[0], -1, t); /* no-op: told once */
+    block_pool_publish(&p, b, hh[1], a, t + BS);
+    CHECK(h.n == 2);
+    CHECK(h.ev[0].kind == BLOCK_POOL_STORED && h.ev[0].id == a && h.ev[0].parent == -1 && h.tok0[0] == 100);
+    CHECK(h.ev[1].kind == BLOCK_POOL_STORED && h.ev[1].id == b && h.ev[1].parent == a && h.tok0[1] == 100 + BS);
+    block_pool_release(&p, a);
+    block_pool_release(&p, b);
+    CHECK(block_pool_alloc(&p) == a); /* evicts a */
+    CHECK(h.n == 3 && h.ev[2].kind == BLOCK_POOL_REMOVED && h.ev[2].id == a && h.ev[2].tokens == NULL);
+    block_pool_set_listener(&p, NULL, NULL);
+    CHECK(block_pool_alloc(&p) == b); /* evicts b, nobody listening */
+    CHECK(h.n == 3 && block_pool_check(&p));
+    block_pool_deinit(&p);
+}
+
 int main(void) {
+    test_listener();
     test_fresh_pool();
     test_reuse_order();
     test_prefix_cache();

@@ -8,6 +8,9 @@
  * ever shown.  Call ids: shape and uniqueness. */
 #include "check.h"
 #include "server/toolcall.h"
+#include "server/schema_check.h"
+
+#include <json-c/json.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,11 +242,11 @@ static void test_ids(void) {
  * stream given the names shows the whole answer as content (an invented function was returned as a
  * tool_calls entry under tool_choice auto). */
 static void test_only_declared(void) {
-    char **names;
+    struct toolcall_decl *names;
     int n;
     CHECK(toolcall_declared("[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}, "
                             "{\"type\": \"function\", \"function\": {\"name\": \"add\"}}]", &names, &n) == 0);
-    CHECK(n == 2 && !strcmp(names[0], "get_weather") && !strcmp(names[1], "add"));
+    CHECK(n == 2 && !strcmp(names[0].name, "get_weather") && !strcmp(names[1].name, "add") && !names[0].params);
     static const char ok[] = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
     static const char bad[] = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n"
                               "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>";
@@ -259,8 +262,8 @@ static void test_only_declared(void) {
     for (size_t piece = 1; piece <= 7; piece += 3) {
         struct toolcall_stream st;
         toolcall_stream_init(&st, TOOLCALL_HERMES);
-        st.names = names;
-        st.n_names = n;
+        st.decls = names;
+        st.n_decls = n;
         struct strbuf shown = { 0 };
         for (size_t off = 0; off < strlen(bad); off += piece)
             toolcall_stream_push(&st, bad + off, strlen(bad) - off < piece ? strlen(bad) - off : piece, &shown);
@@ -271,8 +274,73 @@ static void test_only_declared(void) {
         sb_free(&shown);
         toolcall_stream_deinit(&st);
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
+    toolcall_decls_free(names, n);
+}
+
+/* Arguments the declared parameters do not admit make the answer text, as an undeclared function does
+ * (tool_choice auto: no grammar held the model to the schema); arguments it admits stay a call. */
+static void test_arguments_checked(void) {
+    static const char tools[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"city\": {\"type\": \"string\", \"minLength\": 1}, \"unit\": {\"enum\": [\"c\", \"f\"]}, "
+        "\"days\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 7}, \"tags\": {\"type\": \"array\", "
+        "\"items\": {\"type\": \"string\"}, \"maxItems\": 2}}, \"required\": [\"city\"], \"additionalProperties\": false}}}]";
+    struct toolcall_decl *d;
+    int n;
+    CHECK(toolcall_declared(tools, &d, &n) == 0 && n == 1 && d[0].params);
+    static const struct { const char *args; bool ok; } cases[] = {
+        { "{\"city\": \"Paris\"}", true },
+        { "{\"city\": \"Paris\", \"unit\": \"c\", \"days\": 3, \"tags\": [\"a\", \"b\"]}", true },
+        { "{\"city\": \"Paris\", \"days\": 3.0}", true },
+        { "{}", false },                                        /* required */
+        { "{\"city\": 3}", false },                             /* type */
+        { "{\"city\": \"\"}", false },                           /* minLength */
+        { "{\"city\": \"Paris\", \"unit\": \"k\"}", false },        /* enum */
+        { "{\"city\": \"Paris\", \"days\": 9}", false },           /* maximum */
+        { "{\"city\": \"Paris\", \"days\": 2.5}", false },         /* integer */
+        { "{\"city\": \"Paris\", \"tags\": [\"a\", 1]}", false },   /* items */
+        { "{\"city\": \"Paris\", \"tags\": [\"a\", \"b\", \"c\"]}", false },   /* maxItems */
+        { "{\"city\": \"Paris\", \"country\": \"FR\"}", false },  /* additionalProperties */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char text[512];
+        snprintf(text, sizeof text, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": %s}\n</tool_call>", cases[k].args);
+        struct toolcall_result r;
+        CHECK(toolcall_parse(TOOLCALL_HERMES, text, strlen(text), &r) == 0 && r.n_calls == 1);
+        CHECK(toolcall_only_declared(&r, d, n, text, strlen(text)) == 0);
+        CHECK_MSG(cases[k].ok ? r.n_calls == 1 && !r.content : r.n_calls == 0 && r.content && !strcmp(r.content, text),
+                  "arguments %s: %d calls, content '%s'", cases[k].args, r.n_calls, r.content ? r.content : "(null)");
+        toolcall_result_free(&r);
+    }
+    toolcall_decls_free(d, n);
+}
+
+/* The validator's combinators and references, alone. */
+static void test_schema_check(void) {
+    static const struct { const char *schema, *value; bool ok; const char *why; } cases[] = {
+        { "{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"null\"}]}", "null", true, "" },
+        { "{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"null\"}]}", "1", false, "$: anyOf" },
+        { "{\"oneOf\": [{\"type\": \"integer\"}, {\"type\": \"number\"}]}", "1", false, "$: oneOf" },
+        { "{\"oneOf\": [{\"type\": \"integer\"}, {\"type\": \"string\"}]}", "1", true, "" },
+        { "{\"type\": [\"string\", \"null\"]}", "true", false, "$: type" },
+        { "{\"$defs\": {\"p\": {\"type\": \"object\", \"required\": [\"x\"]}}, \"type\": \"array\", "
+          "\"items\": {\"$ref\": \"#/$defs/p\"}}", "[{\"x\": 1}, {}]", false, "$[1]: required property 'x'" },
+        { "{\"const\": \"a\"}", "\"a\"", true, "" },
+        { "{\"exclusiveMinimum\": 0}", "0", false, "$: exclusiveMinimum" },
+        { "{\"maxLength\": 2}", "\"\u00e9\u00e9\"", true, "" },
+        { "{\"type\": \"object\", \"additionalProperties\": {\"type\": \"integer\"}}", "{\"a\": \"b\"}", false, "$.a: type" },
+        { "false", "1", false, "admits nothing" },
+        { "{\"pattern\": \"^a$\", \"format\": \"email\"}", "\"b\"", true, "" },   /* not checked */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        json_object *s = json_tokener_parse(cases[k].schema), *v = json_tokener_parse(cases[k].value);
+        char why[256];
+        bool ok = schema_check(s, v, why, sizeof why);
+        CHECK_MSG(ok == cases[k].ok && (ok || strstr(why, cases[k].why)), "%s on %s: %d '%s'", cases[k].schema,
+                  cases[k].value, ok, why);
+        json_object_put(s);
+        json_object_put(v);
+    }
 }
 
 int main(void) {
@@ -283,5 +351,7 @@ int main(void) {
     test_detect();
     test_ids();
     test_only_declared();
+    test_arguments_checked();
+    test_schema_check();
     return check_report("test_server_toolcall");
 }

@@ -15,6 +15,12 @@ int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
+/* The options reference of the commands whose options are tables (cli_opts.h), as Markdown:
+ * `kvllm help --markdown`, the generated section of docs/CLI.md. */
+#include <stdio.h>
+void cmd_run_markdown(FILE *f);
+void cmd_chat_markdown(FILE *f);
+void cmd_serve_markdown(FILE *f);
 /* `kvllm bench serve` (cmd_bench_serve.c), dispatched from cmd_bench. */
 int bench_serve_cmd(int argc, char **argv);
 
@@ -61,7 +67,12 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
  * a bad value (error printed). */
 struct kvllm_engine_params;
 int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p);
-extern const char *const cli_engine_usage;
+/* The shared option tables (cli_opts.h), and the engine's --help text made from them. */
+struct cli_opt_group;
+extern const struct cli_opt_group cli_engine_group, cli_spec_group, cli_sampling_group, cli_hf_group;
+extern const struct cli_opt_group *const cli_engine_groups[2];   /* engine, spec */
+const char *cli_engine_usage_text(void);
+#define cli_engine_usage (cli_engine_usage_text())
 /* Speculation from the engine options: --spec-tokens alone means prompt
  * lookup; --draft-model's model is loaded into p->draft_model (the caller
  * frees it with kvllm_model_free after the engine).  0, or 1 (reported). */
@@ -88,10 +99,29 @@ void cli_unknown(const char *cmd, const char *arg, const char *usage, const char
  * its value is missing (error printed). */
 int cli_gpu_opt(int argc, char **argv, int *i);
 extern const char *const cli_gpu_usage;
+/* Models by name (hub.h): llama.cpp's -hf/-hfr/--hf-repo REPO[:QUANT], -hff/--hf-file FILE,
+ * -hft/--hf-token TOKEN.  cli_hf_opt: same return values as cli_engine_opt.  cli_hf_model: when a
+ * repository was named (or *model is not a path but owner/name, and allow_name), downloads it and points
+ * *model at the local path (hf->path, freed by cli_hf_free); 0, or 1 (printed). */
+struct cli_hf { const char *repo, *file, *token; char *path; };
+int cli_hf_opt(int argc, char **argv, int *i, struct cli_hf *hf);
+int cli_hf_model(struct cli_hf *hf, const char **model, bool allow_name, bool prefer_folder);
+void cli_hf_free(struct cli_hf *hf);
 /* "kvllm VERSION (commit HASH)" and the compiled kernel sets. */
 #include <stdio.h>
 void cli_print_version(FILE *f);
 const char *cli_version_string(void);
 const char *cli_commit_string(void);
+
+/* Tensor parallelism (cli_tp.c): take --tp N and --tp-timeout S out of the arguments and join the MPI
+ * job this process was started in; 0, or the exit status (reported). */
+int cli_tp_setup(int *argc, char **argv);
+int cli_tp_rank(void);
+int cli_tp_size(void);
+/* kvllm_model_load for run, serve and bench: under mpirun the model is this rank's share, and a rank
+ * > 0 never returns (it follows rank 0's engines, then exits). */
+struct kvllm_model;
+struct kvllm_model_params;
+int cli_model_load(const char *path, struct kvllm_model_params *mp, struct kvllm_model **out);
 
 #endif

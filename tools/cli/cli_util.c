@@ -1,5 +1,7 @@
 /* cli_util.c — option parsing helpers shared by the subcommands. */
 #include "cli.h"
+#include "cli_opts.h"
+#include "hub.h"
 #include "kvllm.h"
 
 #include <errno.h>
@@ -110,22 +112,43 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
     return n;
 }
 
-const char *const cli_engine_usage =
-    "engine (KV cache and batching):\n"
-    "  --kv-mem SIZE          KV pool size in bytes (K/M/G suffixes)\n"
-    "  --kv-tokens N          KV pool size in token positions\n"
-    "                         (default: --max-seqs full contexts, capped at half the free RAM)\n"
-    "  --kv-type T            f32, f16 (default), bf16, int8, fp8\n"
-    "  --block-size N         positions per KV block (default 16)\n"
-    "  --max-seqs N           sequences running at once (default 32)\n"
-    "  --max-batch-tokens N   tokens computed per step (default 512)\n"
-    "  --no-prefix-cache      do not reuse cached blocks of identical prompt prefixes\n"
-    "  --kv-full              sliding-window layers keep whole contexts too (a full cache, for comparisons)\n"
-    "speculative decoding (output identical token for token; only the speed changes):\n"
-    "  --spec-ngram           prompt lookup: drafts copied from the sequence's own context\n"
-    "  --draft-model FILE     a draft model of the same vocabulary (also -md, --model-draft)\n"
-    "  --spec-tokens N        drafts per step and sequence (default 5; also --draft-max); alone: prompt lookup\n"
-    "  --spec-ngram-max N     longest n-gram prompt lookup matches (default 3)\n";
+enum {
+    E_KV_MEM = 1, E_KV_TOKENS, E_KV_TYPE, E_BLOCK_SIZE, E_MAX_SEQS, E_MAX_BATCH_TOKENS, E_NO_PREFIX_CACHE, E_KV_FULL,
+    E_SPEC_NGRAM, E_DRAFT_MODEL, E_SPEC_TOKENS, E_SPEC_NGRAM_MAX,
+};
+
+static const struct cli_opt k_engine_opts[] = {
+    { E_KV_MEM, "--kv-mem", "SIZE", CLI_VALUE, "KV pool size in bytes (K/M/G suffixes)" },
+    { E_KV_TOKENS, "--kv-tokens", "N", CLI_VALUE,
+      "KV pool size in token positions\n(default: --max-seqs full contexts, capped at half the free RAM)" },
+    { E_KV_TYPE, "--kv-type", "T", CLI_VALUE, "f32, f16 (default), bf16, int8, fp8" },
+    { E_BLOCK_SIZE, "--block-size", "N", CLI_VALUE, "positions per KV block (default 16)" },
+    { E_MAX_SEQS, "--max-seqs", "N", CLI_VALUE, "sequences running at once (default 32)" },
+    { E_MAX_BATCH_TOKENS, "--max-batch-tokens", "N", CLI_VALUE, "tokens computed per step (default 512)" },
+    { E_NO_PREFIX_CACHE, "--no-prefix-cache", NULL, CLI_FLAG, "do not reuse cached blocks of identical prompt prefixes" },
+    { E_KV_FULL, "--kv-full", NULL, CLI_FLAG,
+      "sliding-window layers keep whole contexts too (a full cache, for comparisons)" },
+};
+
+static const struct cli_opt k_spec_opts[] = {
+    { E_SPEC_NGRAM, "--spec-ngram, --prompt-lookup", NULL, CLI_FLAG,
+      "prompt lookup: drafts copied from the sequence's own context" },
+    { E_DRAFT_MODEL, "--draft-model, -md, --model-draft", "FILE", CLI_VALUE, "a draft model of the same vocabulary" },
+    { E_SPEC_TOKENS, "--spec-tokens, --draft-max", "N", CLI_VALUE,
+      "drafts per step and sequence (default 5); alone: prompt lookup" },
+    { E_SPEC_NGRAM_MAX, "--spec-ngram-max", "N", CLI_VALUE, "longest n-gram prompt lookup matches (default 3)" },
+};
+
+const struct cli_opt_group cli_engine_group = CLI_GROUP("engine (KV cache and batching)", k_engine_opts);
+const struct cli_opt_group cli_spec_group =
+    CLI_GROUP("speculative decoding (output identical token for token; only the speed changes)", k_spec_opts);
+const struct cli_opt_group *const cli_engine_groups[2] = { &cli_engine_group, &cli_spec_group };
+
+const char *cli_engine_usage_text(void) {
+    static char *text;   /* made once, kept for the process's life (reachable: no leak) */
+    if (!text) text = cli_opts_usage_text(cli_engine_groups, 2);
+    return text ? text : "";
+}
 
 /* --draft-model's path, loaded by cli_spec_setup */
 static const char *g_draft_path;
@@ -150,38 +173,26 @@ static bool parse_size(const char *s, uint64_t *out) {
 }
 
 int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p) {
-    const char *a = argv[*i], *v;
+    const struct cli_opt *o;
+    const char *v;
     long l;
-    if (!strcmp(a, "--no-prefix-cache")) { p->prefix_caching = false; return 1; }
-    if (!strcmp(a, "--kv-full")) { p->kv_full = true; return 1; }
-    if (!strcmp(a, "--spec-ngram") || !strcmp(a, "--prompt-lookup")) { p->spec = KVLLM_SPEC_NGRAM; return 1; }
-    if (!strcmp(a, "--draft-model") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
-        if (!(v = cli_arg(argc, argv, i))) return -1;
-        g_draft_path = v;
-        p->spec = KVLLM_SPEC_DRAFT;
-        return 1;
-    }
-    if (!strcmp(a, "--spec-tokens") || !strcmp(a, "--draft-max") || !strcmp(a, "--spec-ngram-max")) {
-        if (!(v = cli_arg(argc, argv, i)) || !cli_int(a, v, 1, 64, &l)) return -1;
-        if (!strcmp(a, "--spec-ngram-max")) p->spec_ngram_max = (int)l;
-        else p->spec_tokens = (int)l;
-        return 1;
-    }
-    if (strcmp(a, "--kv-mem") && strcmp(a, "--kv-tokens") && strcmp(a, "--kv-type") && strcmp(a, "--block-size") &&
-        strcmp(a, "--max-seqs") && strcmp(a, "--max-batch-tokens"))
-        return 0;
-    if (!(v = cli_arg(argc, argv, i))) return -1;
-    if (!strcmp(a, "--kv-mem")) {
+    int m = cli_opts_match(argc, argv, i, cli_engine_groups, 2, &o, &v);
+    if (m <= 0) return m;
+    switch (o->id) {
+    case E_NO_PREFIX_CACHE: p->prefix_caching = false; break;
+    case E_KV_FULL: p->kv_full = true; break;
+    case E_SPEC_NGRAM: p->spec = KVLLM_SPEC_NGRAM; break;
+    case E_DRAFT_MODEL: g_draft_path = v; p->spec = KVLLM_SPEC_DRAFT; break;
+    case E_SPEC_TOKENS: if (!cli_int("--spec-tokens", v, 1, 64, &l)) return -1; p->spec_tokens = (int)l; break;
+    case E_SPEC_NGRAM_MAX: if (!cli_int("--spec-ngram-max", v, 1, 64, &l)) return -1; p->spec_ngram_max = (int)l; break;
+    case E_KV_MEM:
         if (!parse_size(v, &p->kv_mem) || !p->kv_mem) { cli_error("--kv-mem: '%s' is not a size (e.g. 512M, 2G)", v); return -1; }
-    } else if (!strcmp(a, "--kv-type")) {
-        p->kv_type = v;
-    } else {
-        long hi = !strcmp(a, "--kv-tokens") ? 1L << 30 : !strcmp(a, "--block-size") ? 4096 : 1 << 20;
-        if (!cli_int(a, v, 1, hi, &l)) return -1;
-        if (!strcmp(a, "--kv-tokens")) p->kv_tokens = (int)l;
-        else if (!strcmp(a, "--block-size")) p->block_size = (int)l;
-        else if (!strcmp(a, "--max-seqs")) p->max_seqs = (int)l;
-        else p->max_batch_tokens = (int)l;
+        break;
+    case E_KV_TYPE: p->kv_type = v; break;
+    case E_KV_TOKENS: if (!cli_int("--kv-tokens", v, 1, 1L << 30, &l)) return -1; p->kv_tokens = (int)l; break;
+    case E_BLOCK_SIZE: if (!cli_int("--block-size", v, 1, 4096, &l)) return -1; p->block_size = (int)l; break;
+    case E_MAX_SEQS: if (!cli_int("--max-seqs", v, 1, 1 << 20, &l)) return -1; p->max_seqs = (int)l; break;
+    case E_MAX_BATCH_TOKENS: if (!cli_int("--max-batch-tokens", v, 1, 1 << 20, &l)) return -1; p->max_batch_tokens = (int)l; break;
     }
     return 1;
 }
@@ -217,25 +228,40 @@ bool cli_range(const char *opt, const char *s, long lo, long hi, long *a, long *
     return true;
 }
 
+enum { S_TEMP = 1, S_TOP_K, S_TOP_P, S_MIN_P, S_REPEAT_PENALTY, S_SEED };
+
+static const struct cli_opt k_sampling_opts[] = {
+    { S_TEMP, "--temp", "T", CLI_VALUE, "temperature, 0 = greedy (default 0.8)" },
+    { S_TOP_K, "--top-k", "K", CLI_VALUE, "(default 40, 0 = off)" },
+    { S_TOP_P, "--top-p", "P", CLI_VALUE, "(default 0.95, 1 = off)" },
+    { S_MIN_P, "--min-p", "P", CLI_VALUE, "(default 0.05, 0 = off)" },
+    { S_REPEAT_PENALTY, "--repeat-penalty", "R", CLI_VALUE, "(default 1.0 = off)" },
+    { S_SEED, "--seed", "S", CLI_VALUE, "RNG seed (default: from the clock)" },
+};
+
+const struct cli_opt_group cli_sampling_group = CLI_GROUP("sampling", k_sampling_opts);
+
 int cli_sampling_opt(int argc, char **argv, int *i, struct kvllm_sampling_params *sp, bool *seed_set) {
-    const char *a = argv[*i], *v;
-    if (strcmp(a, "--temp") && strcmp(a, "--top-k") && strcmp(a, "--top-p") && strcmp(a, "--min-p") &&
-        strcmp(a, "--repeat-penalty") && strcmp(a, "--seed"))
-        return 0;
-    if (!(v = cli_arg(argc, argv, i))) return -1;
+    const struct cli_opt *o;
+    const char *v;
+    int m = cli_opts_match(argc, argv, i, (const struct cli_opt_group *const[]){ &cli_sampling_group }, 1, &o, &v);
+    if (m <= 0) return m;
     long l;
     double d;
-    if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 100, &d)) return -1; sp->temperature = (float)d; }
-    else if (!strcmp(a, "--top-k")) { if (!cli_int(a, v, 0, 1 << 30, &l)) return -1; sp->top_k = (int)l; }
-    else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 0, 1, &d)) return -1; sp->top_p = (float)d; }
-    else if (!strcmp(a, "--min-p")) { if (!cli_float(a, v, 0, 1, &d)) return -1; sp->min_p = (float)d; }
-    else if (!strcmp(a, "--repeat-penalty")) { if (!cli_float(a, v, 0.01, 100, &d)) return -1; sp->repeat_penalty = (float)d; }
-    else {
+    switch (o->id) {
+    case S_TEMP: if (!cli_float("--temp", v, 0, 100, &d)) return -1; sp->temperature = (float)d; break;
+    case S_TOP_K: if (!cli_int("--top-k", v, 0, 1 << 30, &l)) return -1; sp->top_k = (int)l; break;
+    case S_TOP_P: if (!cli_float("--top-p", v, 0, 1, &d)) return -1; sp->top_p = (float)d; break;
+    case S_MIN_P: if (!cli_float("--min-p", v, 0, 1, &d)) return -1; sp->min_p = (float)d; break;
+    case S_REPEAT_PENALTY: if (!cli_float("--repeat-penalty", v, 0.01, 100, &d)) return -1; sp->repeat_penalty = (float)d; break;
+    case S_SEED: {
         char *e;
         errno = 0;
         sp->seed = strtoull(v, &e, 10);
         if (errno || *e || e == v || *v == '-') { cli_error("--seed: '%s' is not an unsigned integer", v); return -1; }
         if (seed_set) *seed_set = true;
+        break;
+    }
     }
     return 1;
 }
@@ -382,6 +408,8 @@ void cli_print_version(FILE *f) {
             b.cpu_kernels_default);
     fprintf(f, "GPU: %s\n", b.cuda_built ? "CUDA backend built (KVLLM_BACKEND=cuda)"
                                          : "none (CPU-only build; -DKVLLM_CUDA=ON adds the CUDA backend)");
+    fprintf(f, "tensor parallelism: %s\n", kvllm_tp_mpi_built() ? "MPI (mpirun -np N kvllm ...; docs/TP.md)"
+                                                                : "none (built without MPI: apt-get install libopenmpi-dev)");
 }
 
 /* ---- text given inline or by file; chat templates by name ---- */
@@ -457,4 +485,48 @@ char *cli_chat_template(const char *opt, const char *value, bool file) {
     cli_error("%s '%s': not a built-in template name (%s), Jinja text, or a file; --chat-template-file FILE "
               "reads a file", opt, value, cli_chat_template_names);
     return NULL;
+}
+
+/* ---- models by name ---- */
+
+enum { H_REPO = 1, H_FILE, H_TOKEN };
+
+static const struct cli_opt k_hf_opts[] = {
+    { H_REPO, "-hf, -hfr, --hf-repo", "REPO[:QUANT]", CLI_VALUE,
+      "a Hugging Face repository (owner/name); QUANT picks its .gguf (default\nQ4_K_M, else Q8_0, else the first); "
+      "a repository without .gguf gives its folder" },
+    { H_FILE, "-hff, --hf-file", "FILE", CLI_VALUE, "the repository's file to use (instead of QUANT)" },
+    { H_TOKEN, "-hft, --hf-token", "TOKEN", CLI_VALUE, "the hub's token (default: $HF_TOKEN)" },
+};
+
+const struct cli_opt_group cli_hf_group =
+    CLI_GROUP("models by name (downloaded into the Hugging Face cache: $HF_HOME/hub; HF_ENDPOINT, HF_TOKEN honoured)",
+              k_hf_opts);
+
+int cli_hf_opt(int argc, char **argv, int *i, struct cli_hf *hf) {
+    const struct cli_opt *o;
+    const char *v;
+    int m = cli_opts_match(argc, argv, i, (const struct cli_opt_group *const[]){ &cli_hf_group }, 1, &o, &v);
+    if (m <= 0) return m;
+    *(o->id == H_REPO ? &hf->repo : o->id == H_FILE ? &hf->file : &hf->token) = v;
+    return 1;
+}
+
+int cli_hf_model(struct cli_hf *hf, const char **model, bool allow_name, bool prefer_folder) {
+    const char *repo = hf->repo;
+    if (!repo && allow_name && *model && hub_is_repo_name(*model)) repo = *model;
+    if (!repo) {
+        if (hf->file) { cli_error("--hf-file needs the repository: -hf REPO"); return 1; }
+        return 0;
+    }
+    if (hf->repo && *model) { cli_error("give the model with -m or -hf, not both"); return 1; }
+    if (hub_model_path(repo, hf->file, hf->token, prefer_folder ? HUB_PREFER_FOLDER : HUB_PREFER_GGUF, &hf->path))
+        return 1;
+    *model = hf->path;
+    return 0;
+}
+
+void cli_hf_free(struct cli_hf *hf) {
+    free(hf->path);
+    hf->path = NULL;
 }

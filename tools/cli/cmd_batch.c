@@ -102,7 +102,7 @@ int cmd_batch(int argc, char **argv) {
     struct batch_ctx b = { .n_per_req = (int)n_per, .max_tokens = (int)max_tokens, .want_logits = logits_path != NULL };
     struct req_tag *tags = calloc((size_t)n_req, sizeof *tags);
     b.seqs = calloc((size_t)n_req * (size_t)n_per, sizeof *b.seqs);
-    int rc = tags && b.seqs ? kvllm_model_load(model, &mp, &m) : KVLLM_ENOMEM;
+    int rc = tags && b.seqs ? cli_model_load(model, &mp, &m) : KVLLM_ENOMEM;
     if (!rc) rc = cli_spec_setup(&ep, mp.n_threads) ? KVLLM_EINVAL : kvllm_engine_new(m, &ep, &e);
     if (!rc) b.n_vocab = kvllm_model_describe(m)->n_vocab;
     for (int i = 0; !rc && i < n_req * n_per; i++) {

@@ -3,6 +3,7 @@
  * deviation) over --reps repetitions; generation at --depth D means D
  * tokens are already in the context (prefilled untimed) before the timed
  * decode steps, so the cost of attending over a long cache shows. */
+#include "bench_plot.h"
 #include "cli.h"
 #include "kvllm.h"
 
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_LIST 16
@@ -26,7 +28,12 @@ static const char *k_usage =
     "  -b, --batch-size LIST  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
     "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
     "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
-    "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench)\n"
+    "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench; json and jsonl rows\n"
+    "                    carry llama-bench's keys too: avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, ...)\n"
+    "  --svg DIR         also draw the rows as SVG charts in folder DIR: batch.svg (decode tokens/s against\n"
+    "                    --batch), depth.svg (against --depth), compare.svg (kvllm beside --compare's engine)\n"
+    "  --compare FILE    another engine's rows for the charts: llama-bench -o json|jsonl, bench/vs-llamacpp -o json\n"
+    "  --compare-label NAME  that engine's name in the charts (default llama.cpp)\n"
     "  one row per combination of -t, -b, -d and the tests (each -p; each -n with each --batch), in that nesting\n"
     "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads,\n"
     "  n_batch (md: only with -b), test, depth, batch, kv, tokens/s, ms/token, roofline\n"
@@ -46,6 +53,8 @@ struct bench_opts {
     long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST], pp[MAX_LIST], tg[MAX_LIST], ubatch[MAX_LIST];
     int n_threads, n_depth, n_batch, n_pp, n_tg, n_ubatch;
     bool no_kv, show_ubatch;   /* show_ubatch: -b given, the md table gets an n_batch column */
+    const char *svg_dir, *compare, *compare_label;   /* --svg, --compare, --compare-label */
+    struct plot_rows plot;     /* with --svg: every row measured, for the charts */
 };
 
 /* Tokens per forward pass a session gets for -b value ub (the session's default when 0). */
@@ -229,7 +238,7 @@ static double llc_bytes(void) {
 
 /* What every row of one model says about it. */
 struct model_cols {
-    const char *name, *type, *backend;
+    const char *name, *path, *arch, *type, *backend;
     double size_gib, params_b;
 };
 
@@ -278,10 +287,76 @@ static void print_footer(const struct bench_opts *o) {
     if (o->fmt == FMT_JSON) puts("]");
 }
 
-/* roofline < 0: the weights fit in the last-level cache (no roofline). */
-static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_t size, uint64_t params, long threads,
-                      long ubatch, long pp, long tg, long depth, long batch, double med, double sd, double roofline) {
-    long n = pp ? pp : tg;
+/* One measured row: the test and its --reps samples. */
+struct row {
+    long threads, ubatch, pp, tg, depth, batch;
+    int n;                      /* samples */
+    double tps[64], ns[64];     /* tokens/s and nanoseconds of each sample */
+    double med, sd, mean;       /* of tps: median and sample sd (kvllm's), mean (llama-bench's avg_ts) */
+    double roofline;            /* percent; < 0: the weights fit in the last-level cache (no roofline) */
+    char time[32];              /* when the test started, ISO 8601 UTC */
+};
+
+/* The CPU's name (/proc/cpuinfo's "model name"), for llama-bench's cpu_info. */
+static void cpu_name(char *out, size_t cap) {
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        colon += 1 + (colon[1] == ' ');
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(out, cap, "%s", colon);
+        break;
+    }
+    if (f) fclose(f);
+}
+
+/* llama-bench's keys (tools/llama-bench: build, machine, model, parameters, test, timings), so its readers
+ * (scripts/compare-llama-bench.py and the like) read kvllm's rows; the GPU ones say "no GPU".  Its n_batch
+ * is kvllm's own key of the same meaning, written once. */
+static void print_llama_bench_keys(const struct bench_opts *o, const struct model_cols *mc, uint64_t size,
+                                   uint64_t params, const struct row *r) {
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    printf(", \"build_commit\": ");
+    json_str(cli_commit_string());
+    printf(", \"build_number\": 0, \"cpu_info\": ");
+    json_str(cpu);
+    printf(", \"gpu_info\": \"\", \"backends\": \"CPU\", \"model_filename\": ");
+    json_str(mc->path);
+    char type[160];
+    snprintf(type, sizeof type, "%s %s", mc->arch, mc->type);
+    printf(", \"model_type\": ");
+    json_str(type);
+    printf(", \"model_size\": %llu, \"model_n_params\": %llu, \"n_ubatch\": %ld, "
+           "\"n_threads\": %ld, \"type_k\": \"f16\", \"type_v\": \"f16\", \"n_gpu_layers\": 0, "
+           "\"flash_attn\": true, \"use_mmap\": true, \"embeddings\": false, \"n_prompt\": %ld, \"n_gen\": %ld, "
+           "\"n_depth\": %ld, \"test_time\": \"%s\"",
+           (unsigned long long)size, (unsigned long long)params, r->ubatch, r->threads, r->pp, r->tg,
+           r->depth, r->time);
+    double avg_ns = 0, sd_ns = 0, sd_ts = 0;
+    for (int i = 0; i < r->n; i++) avg_ns += r->ns[i] / r->n;
+    for (int i = 0; i < r->n; i++) {
+        sd_ns += (r->ns[i] - avg_ns) * (r->ns[i] - avg_ns);
+        sd_ts += (r->tps[i] - r->mean) * (r->tps[i] - r->mean);
+    }
+    sd_ns = r->n > 1 ? sqrt(sd_ns / (r->n - 1)) : 0;
+    sd_ts = r->n > 1 ? sqrt(sd_ts / (r->n - 1)) : 0;
+    printf(", \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"samples_ns\": [",
+           avg_ns, sd_ns, r->mean, sd_ts);
+    for (int i = 0; i < r->n; i++) printf(i ? ", %.0f" : "%.0f", r->ns[i]);
+    printf("], \"samples_ts\": [");
+    for (int i = 0; i < r->n; i++) printf(i ? ", %.6g" : "%.6g", r->tps[i]);
+    printf("]");
+    (void)o;
+}
+
+static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_t size, uint64_t params,
+                      const struct row *r) {
+    const long pp = r->pp, tg = r->tg, n = pp ? pp : tg;
+    const double med = r->med, sd = r->sd, roofline = r->roofline;
     char test[32];
     snprintf(test, sizeof test, "%s%ld", pp ? "pp" : "tg", n);
     if (o->fmt == FMT_JSON || o->fmt == FMT_JSONL) {
@@ -295,15 +370,17 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         printf(", \"type\": \"%s\", \"threads\": %ld, \"n_batch\": %ld, \"test\": \"%s\", \"pp\": %ld, \"tg\": %ld, "
                "\"depth\": %ld, \"batch\": %ld, \"kv_cache\": %s, \"tokens_per_s_median\": %.3f, "
                "\"tokens_per_s_sd\": %.3f, \"ms_per_token_median\": %.4f, \"roofline_pct\": %.1f, "
-               "\"weights_in_llc\": %s}\n",
-               mc->type, threads, ubatch, test, pp, tg, depth, batch, o->no_kv ? "false" : "true", med, sd, 1e3 / med,
-               tg && roofline > 0 ? roofline : 0.0, roofline < 0 ? "true" : "false");
+               "\"weights_in_llc\": %s",
+               mc->type, r->threads, r->ubatch, test, pp, tg, r->depth, r->batch, o->no_kv ? "false" : "true", med, sd,
+               1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0 ? "true" : "false");
+        print_llama_bench_keys(o, mc, size, params, r);
+        printf("}\n");
     } else if (o->fmt == FMT_CSV) {
         printf("\"");
         for (const char *p = mc->name; *p; p++) printf(*p == '"' ? "\"\"" : "%c", *p);
         printf("\",%llu,%llu,%s,%s,%ld,%ld,%s,%ld,%ld,%ld,%ld,%d,%.3f,%.3f,%.4f,%.1f,%d\n", (unsigned long long)size,
-               (unsigned long long)params, mc->backend, mc->type, threads, ubatch, test, pp, tg, depth, batch, !o->no_kv, med,
-               sd, 1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0);
+               (unsigned long long)params, mc->backend, mc->type, r->threads, r->ubatch, test, pp, tg, r->depth, r->batch,
+               !o->no_kv, med, sd, 1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0);
     } else {
         char roof[16] = "", sz[32], pr[32];
         /* past 100 %: decode read faster than the membw probe does (its plain loop
@@ -313,9 +390,9 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         fmt_size(sz, sizeof sz, mc->size_gib);
         fmt_params(pr, sizeof pr, mc->params_b);
         char nb[32] = "";
-        if (o->show_ubatch) snprintf(nb, sizeof nb, " %7ld |", ubatch);
+        if (o->show_ubatch) snprintf(nb, sizeof nb, " %7ld |", r->ubatch);
         printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld |%s %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
-               o->w_model, mc->name, sz, pr, mc->backend, mc->type, threads, nb, test, depth, batch,
+               o->w_model, mc->name, sz, pr, mc->backend, mc->type, r->threads, nb, test, r->depth, r->batch,
                o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
     }
     o->n_rows++;
@@ -328,24 +405,33 @@ static int bench_row(struct bench_opts *o, struct kvllm_model *m, const struct m
                      long ubatch, long depth, long n, long B, bool gen) {
     const struct kvllm_model_desc *md = kvllm_model_describe(m);
     const double wbytes = (double)md->weight_bytes;
-    double tps[64];
+    struct row r = { .threads = threads, .ubatch = eff_ubatch(ubatch), .pp = gen ? 0 : n, .tg = gen ? n : 0,
+                     .depth = depth, .batch = B, .n = (int)o->reps };
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(r.time, sizeof r.time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
     unsigned seed = 1234;
-    for (long r = 0; r < o->reps; r++) {
+    for (long i = 0; i < o->reps; i++) {
         double dt = B > 1 ? run_batch_tg(m, depth, n, B, &seed) : run_once(m, o, ubatch, depth, n, gen, &seed);
         if (dt < 0) return 1;
-        tps[r] = (double)(n * B) / dt;
+        r.ns[i] = dt * 1e9;
+        r.tps[i] = (double)(n * B) / dt;
     }
-    double mean = 0, var = 0;
-    for (long r = 0; r < o->reps; r++) mean += tps[r] / (double)o->reps;
-    for (long r = 0; r < o->reps; r++) var += (tps[r] - mean) * (tps[r] - mean);
-    double sd = o->reps > 1 ? sqrt(var / (double)(o->reps - 1)) : 0;
-    qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
-    double med = o->reps % 2 ? tps[o->reps / 2] : 0.5 * (tps[o->reps / 2 - 1] + tps[o->reps / 2]);
-    double roof = bw > 0 && !o->no_kv ? 100.0 * med / (double)B * wbytes / bw : 0;
-    if (roof > 0 && wbytes <= llc_bytes()) roof = -1;   /* cache-resident: no memory roofline */
-    print_row(o, mc, md->weight_bytes, md->n_params, threads, eff_ubatch(ubatch), gen ? 0 : n, gen ? n : 0, depth, B,
-              med, sd, roof);
-    return 0;
+    double var = 0, sorted[64];
+    for (int i = 0; i < r.n; i++) r.mean += r.tps[i] / (double)r.n;
+    for (int i = 0; i < r.n; i++) var += (r.tps[i] - r.mean) * (r.tps[i] - r.mean);
+    r.sd = r.n > 1 ? sqrt(var / (double)(r.n - 1)) : 0;
+    memcpy(sorted, r.tps, sizeof sorted);
+    qsort(sorted, (size_t)r.n, sizeof *sorted, cmp_double);
+    r.med = r.n % 2 ? sorted[r.n / 2] : 0.5 * (sorted[r.n / 2 - 1] + sorted[r.n / 2]);
+    r.roofline = bw > 0 && !o->no_kv ? 100.0 * r.med / (double)B * wbytes / bw : 0;
+    if (r.roofline > 0 && wbytes <= llc_bytes()) r.roofline = -1;   /* cache-resident: no memory roofline */
+    print_row(o, mc, md->weight_bytes, md->n_params, &r);
+    if (!o->svg_dir) return 0;
+    struct plot_row pr = { .engine = "kvllm", .threads = threads, .pp = r.pp, .tg = r.tg, .depth = depth, .batch = B,
+                           .tps = r.med };
+    snprintf(pr.model, sizeof pr.model, "%s", mc->name);
+    return plot_rows_add(&o->plot, &pr);
 }
 
 /* Rows nest as llama-bench's: threads, batch size, depth, then the tests
@@ -359,9 +445,9 @@ static int bench_model(struct bench_opts *o, const char *path) {
         struct kvllm_model_params mp = kvllm_model_default_params();
         mp.n_threads = (int)o->threads[ti];
         struct kvllm_model *m;
-        if (kvllm_model_load(path, &mp, &m)) return 1;
+        if (cli_model_load(path, &mp, &m)) return 1;
         const struct kvllm_model_desc *md = kvllm_model_describe(m);
-        const struct model_cols mc = { .name = base, .type = md->weight_type, .backend = kvllm_model_backend(m),
+        const struct model_cols mc = { .name = base, .path = path, .arch = md->arch, .type = md->weight_type, .backend = kvllm_model_backend(m),
                                        .size_gib = (double)md->weight_bytes / 1073741824.0,
                                        .params_b = (double)md->n_params / 1e9 };
         const double bw = any_tg ? read_bandwidth(mp.n_threads) : 0;
@@ -411,6 +497,9 @@ static int bench_model_cmd(int argc, char **argv) {
             if ((o.n_ubatch = cli_int_list(a, v, 1, 1 << 16, o.ubatch, MAX_LIST)) < 0) return 2;
             o.show_ubatch = true;
         }
+        else if (!strcmp(a, "--svg")) o.svg_dir = v;
+        else if (!strcmp(a, "--compare")) o.compare = v;
+        else if (!strcmp(a, "--compare-label")) o.compare_label = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!strcmp(v, "json")) o.fmt = FMT_JSON;
             else if (!strcmp(v, "jsonl")) o.fmt = FMT_JSONL;
@@ -421,6 +510,10 @@ static int bench_model_cmd(int argc, char **argv) {
     }
     if (!cli_opt_end()) return 2;
     if (!*o.models) { cli_error("bench model: -m MODEL is required"); return 2; }
+    if ((o.compare || o.compare_label) && !o.svg_dir) { cli_error("bench model: --compare draws charts: give --svg DIR"); return 2; }
+    /* the compared rows are read first: a bad file fails before minutes of measuring */
+    struct plot_rows other = { 0 };
+    if (o.compare && plot_rows_read(&other, o.compare, o.compare_label)) return 1;
     kvllm_log_set_level(KVLLM_LOG_WARN);
     char list[1024];
     /* the model column as wide as the longest name */
@@ -437,6 +530,43 @@ static int bench_model_cmd(int argc, char **argv) {
     for (char *save = NULL, *p = strtok_r(list, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save))
         rc = bench_model(&o, p);
     print_footer(&o);
+    for (int i = 0; !rc && i < other.n; i++) rc = plot_rows_add(&o.plot, &other.v[i]);
+    if (!rc && o.svg_dir) rc = plot_write(&o.plot, o.svg_dir);
+    plot_rows_free(&other);
+    plot_rows_free(&o.plot);
+    return rc;
+}
+
+/* ---- bench plot: the charts of rows measured before ---- */
+
+static const char *k_usage_plot =
+    "usage: kvllm bench plot --svg DIR [--label NAME] FILE [FILE...]\n"
+    "  draws bench rows read from JSON files as SVG charts in folder DIR (batch.svg, depth.svg, compare.svg):\n"
+    "  kvllm bench model -o json|jsonl, llama-bench -o json|jsonl (engine NAME, default llama.cpp), and\n"
+    "  bench/vs-llamacpp -o json (both engines)\n";
+
+static int bench_plot_cmd(int argc, char **argv) {
+    const char *dir = NULL, *label = NULL, *files[64];
+    int n_files = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!cli_opt_split(argv, i)) return 2;
+        const char *a = argv[i];
+        if (cli_is_help(a)) { fputs(k_usage_plot, stdout); return 0; }
+        if (!strcmp(a, "--svg") || !strcmp(a, "--label")) {
+            const char *v = cli_arg(argc, argv, &i);
+            if (!v) return 2;
+            *(!strcmp(a, "--svg") ? &dir : &label) = v;
+        } else if (a[0] == '-' && a[1]) { cli_unknown("bench plot", a, k_usage_plot, NULL); return 2; }
+        else if (n_files == 64) { cli_error("bench plot: at most 64 files"); return 2; }
+        else files[n_files++] = a;
+    }
+    if (!cli_opt_end()) return 2;
+    if (!dir || !n_files) { cli_error("bench plot: --svg DIR and a FILE are required (see kvllm bench plot --help)"); return 2; }
+    struct plot_rows rows = { 0 };
+    int rc = 0;
+    for (int i = 0; i < n_files && !rc; i++) rc = plot_rows_read(&rows, files[i], label);
+    if (!rc) rc = plot_write(&rows, dir);
+    plot_rows_free(&rows);
     return rc;
 }
 
@@ -496,7 +626,7 @@ static int bench_throughput_cmd(int argc, char **argv) {
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.n_threads = (int)threads;
     struct kvllm_model *m;
-    if (kvllm_model_load(model, &mp, &m)) return 1;
+    if (cli_model_load(model, &mp, &m)) return 1;
     const int V = kvllm_model_describe(m)->n_vocab;
     if (ep.n_ctx <= 0 && p_hi + g_hi > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)(p_hi + g_hi);
     struct kvllm_engine *e = NULL;
@@ -619,7 +749,7 @@ static int bench_prefix_cmd(int argc, char **argv) {
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.n_threads = (int)threads;
     struct kvllm_model *m;
-    if (kvllm_model_load(model, &mp, &m)) return 1;
+    if (cli_model_load(model, &mp, &m)) return 1;
     const int V = kvllm_model_describe(m)->n_vocab;
     if (ep.n_ctx <= 0 && n + 1 > kvllm_model_describe(m)->n_ctx_train) ep.n_ctx = (int)n + 1;
     if (!ep.kv_mem && !ep.kv_tokens) ep.kv_tokens = (int)(4 * (n + 1));
@@ -677,6 +807,7 @@ int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "serve")) return bench_serve_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "model")) return bench_model_cmd(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput")) return bench_throughput_cmd(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "plot")) return bench_plot_cmd(argc - 1, argv + 1);
     if (argc < 2 || cli_is_help(argv[1])) {
         FILE *f = argc < 2 ? stderr : stdout;
         fputs("usage: kvllm bench KIND [options]   (kvllm bench KIND --help for each)\n"
@@ -684,17 +815,20 @@ int cmd_bench(int argc, char **argv) {
               "  throughput  the engine on an offline workload (continuous or static batching)\n"
               "  prefix      time to first token with a cached prefix against cold\n"
               "  serve       load generator against a running server (kvllm serve, llama-server, vLLM)\n"
-              "  membw       memory read bandwidth (the decode roofline)\n\n", f);
+              "  membw       memory read bandwidth (the decode roofline)\n"
+              "  plot        SVG charts of rows measured before (kvllm's, llama-bench's, bench/vs-llamacpp's JSON)\n\n", f);
         if (argc < 2) return 2;
         fputs(k_usage, stdout);
         fputs("\n", stdout);
         fputs(k_usage_tp, stdout);
         fputs("\n", stdout);
         fputs(k_usage_prefix, stdout);
+        fputs("\n", stdout);
+        fputs(k_usage_plot, stdout);
         fputs("\nusage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
         fputs("\nusage: kvllm bench serve --url URL [options]   (kvllm bench serve --help for all)\n", stdout);
         return 0;
     }
-    cli_error("bench: expected a benchmark kind: model, throughput, prefix, serve or membw (see kvllm bench --help)");
+    cli_error("bench: expected a benchmark kind: model, throughput, prefix, serve, membw or plot (see kvllm bench --help)");
     return 2;
 }

@@ -12,6 +12,7 @@
  * connection per request.  With --concurrency C, C workers send back to back;
  * with --rate R, requests start at Poisson arrival times (R per second). */
 #include "cli.h"
+#include "core/strbuf.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -203,8 +204,7 @@ static void run_one(const struct target *t, const char *body, struct result *res
     int fd = request(t, "POST", "/v1/completions", body);
     if (fd < 0) { snprintf(res->err, sizeof res->err, "cannot connect or send"); return; }
     struct reader *r = calloc(1, sizeof *r);
-    char *ev = NULL;
-    size_t n_ev = 0, cap_ev = 0;
+    struct strbuf ev = { 0 };   /* the events not yet read whole */
     bool done = false;
     double t_last = 0;
     if (!r) goto out;
@@ -214,28 +214,21 @@ static void run_one(const struct target *t, const char *body, struct result *res
     ssize_t n;
     while (!done && (n = read_body(r, chunk, sizeof chunk)) > 0) {
         double now = cli_time();
-        if (n_ev + (size_t)n + 1 > cap_ev) {
-            cap_ev = (n_ev + (size_t)n + 1) * 2;
-            char *p = realloc(ev, cap_ev);
-            if (!p) break;
-            ev = p;
-        }
-        memcpy(ev + n_ev, chunk, (size_t)n);
-        n_ev += (size_t)n;
-        ev[n_ev] = 0;
+        sb_put(&ev, chunk, (size_t)n);
+        if (ev.oom) break;
         if (r->status != 200) continue;
         /* events end with a blank line */
-        char *start = ev, *end;
+        char *start = ev.s, *end;
         while (!done && (end = strstr(start, "\n\n"))) {
             *end = 0;
             if (!strncmp(start, "data: ", 6)) done = !on_data(res, start + 6, now, &t_last);
             start = end + 2;
         }
-        n_ev -= (size_t)(start - ev);
-        memmove(ev, start, n_ev + 1);
+        ev.len -= (size_t)(start - ev.s);   /* keep the unfinished event */
+        memmove(ev.s, start, ev.len + 1);
     }
     if (r->status != 200) {
-        snprintf(res->err, sizeof res->err, "HTTP %d: %.120s", r->status, ev ? ev : "");
+        snprintf(res->err, sizeof res->err, "HTTP %d: %.120s", r->status, ev.s ? ev.s : "");
     } else if (!done) {
         snprintf(res->err, sizeof res->err, "stream ended before [DONE]");
     } else {
@@ -243,7 +236,7 @@ static void run_one(const struct target *t, const char *body, struct result *res
         res->e2e = cli_time() - res->t_start;
     }
 out:
-    free(ev);
+    sb_free(&ev);
     free(r);
     close(fd);
 }
@@ -315,25 +308,17 @@ static bool discover(struct target *t) {
     int fd = request(t, "GET", "/v1/models", NULL);
     if (fd < 0) { cli_error("bench serve: cannot connect to %s:%s", t->host, t->port); return false; }
     struct reader *r = calloc(1, sizeof *r);
-    char *body = NULL;
-    size_t len = 0;
+    struct strbuf body = { 0 };
     bool ok = false;
     if (r) {
         r->fd = fd;
         if (read_head(r) && r->status == 200) {
             char chunk[4096];
             ssize_t n;
-            while ((n = read_body(r, chunk, sizeof chunk)) > 0) {
-                char *p = realloc(body, len + (size_t)n + 1);
-                if (!p) break;
-                body = p;
-                memcpy(body + len, chunk, (size_t)n);
-                len += (size_t)n;
-                body[len] = 0;
-            }
+            while (!body.oom && (n = read_body(r, chunk, sizeof chunk)) > 0) sb_put(&body, chunk, (size_t)n);
         }
     }
-    json_object *o = body ? json_tokener_parse(body) : NULL, *d, *m, *v;
+    json_object *o = body.s && !body.oom ? json_tokener_parse(body.s) : NULL, *d, *m, *v;
     if (o && json_object_object_get_ex(o, "data", &d) && json_object_array_length(d) > 0) {
         m = json_object_array_get_idx(d, 0);
         if (!*t->model && json_object_object_get_ex(m, "id", &v))
@@ -346,7 +331,7 @@ static bool discover(struct target *t) {
     }
     if (!ok) cli_error("bench serve: GET /v1/models did not name a model (status %d)", r ? r->status : 0);
     json_object_put(o);
-    free(body);
+    sb_free(&body);
     free(r);
     close(fd);
     return ok;

@@ -33,6 +33,8 @@
  * the per-turn statistics (tokens reused from the KV cache vs computed) go
  * to stderr. */
 #include "cli.h"
+#include "cli_opts.h"
+#include "core/strbuf.h"
 #include "kvllm.h"
 
 #include <errno.h>
@@ -60,39 +62,61 @@ static bool take_interrupt(void) {
     return true;
 }
 
-static const char *k_usage =
-    "usage: kvllm chat -m MODEL [options]\n"
-    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
-    "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
-    "  --chat-template NAME   chat template (default: the model's tokenizer.chat_template): a llama.cpp\n"
-    "                         built-in name kvllm has (chatml, llama3, gemma, phi3, zephyr) or Jinja text\n"
-    "  --chat-template-file FILE  the Jinja chat template in a file\n"
-    "  -sys, --system-prompt TEXT  a system message opening the conversation (also --system)\n"
-    "  -p, --prompt TEXT      the user's message: answer it and exit\n"
-    "  -f, --file FILE        the user's message from FILE ('-': stdin): answer it and exit\n"
-    "  -n, --n-predict N      most tokens per answer (default 512)\n"
-    "  --temp T               temperature, 0 = greedy (default 0.8)\n"
-    "  --top-k K              (default 40, 0 = off)\n"
-    "  --top-p P              (default 0.95, 1 = off)\n"
-    "  --min-p P              (default 0.05, 0 = off)\n"
-    "  --repeat-penalty R     (default 1.0 = off)\n"
-    "  --seed S               RNG seed (default: from the clock)\n"
-    "  -c, --ctx-size N       positions the conversation may use (default: the model's)\n"
-    "  -t, --threads N        threads (default: all CPUs)\n"
-    "  --interactive          read turns from stdin line by line even when it is not a terminal\n"
-    "  -cnv, --conversation   accepted (llama-cli): chat always converses\n"
-    "  --no-reuse             recompute the whole conversation every turn (baseline, for tests)\n"
-    "  --no-context-shift     when old turns are dropped, recompute the kept ones rather than move their\n"
-    "                         cached K/V down (exact, slower; the default moves them as llama.cpp does)\n"
-    "  --special-in-content   control-token text typed in a message (\"<|im_end|>\") becomes control tokens,\n"
-    "                         as Transformers does (default: it is read as text)\n"
-    "  -v, --verbose          also print each rendered prompt to stderr\n"
-    "  -q, --quiet            only errors on stderr\n"
-    "  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
-    "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
-    "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr);\n"
-    "  the turns kept stay in the KV cache, moved down (a context shift), unless --no-context-shift.\n"
-    "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n";
+enum {
+    C_HELP = 1, C_VERSION, C_MODEL, C_TOKENIZER, C_TEMPLATE, C_TEMPLATE_FILE, C_SYSTEM, C_PROMPT, C_FILE, C_N_PREDICT,
+    C_CTX, C_THREADS, C_INTERACTIVE, C_CNV, C_NO_REUSE, C_NO_SHIFT, C_SPECIAL_IN_CONTENT, C_VERBOSE, C_QUIET,
+};
+
+/* chat's options: the parser, --help and docs/CLI.md's reference (kvllm help --markdown) read this table */
+static const struct cli_opt k_chat_opts[] = {
+    { C_MODEL, "-m, --model", "PATH", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { C_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE,
+      "vocabulary (llama2.c tokenizer.bin or GGUF) for models without one" },
+    { C_TEMPLATE, "--chat-template", "NAME", CLI_VALUE,
+      "chat template (default: the model's tokenizer.chat_template): a llama.cpp\nbuilt-in name kvllm has (chatml, "
+      "llama3, gemma, phi3, zephyr) or Jinja text" },
+    { C_TEMPLATE_FILE, "--chat-template-file", "FILE", CLI_VALUE, "the Jinja chat template in a file" },
+    { C_SYSTEM, "-sys, --system-prompt, --system", "TEXT", CLI_VALUE, "a system message opening the conversation" },
+    { C_PROMPT, "-p, --prompt", "TEXT", CLI_VALUE, "the user's message: answer it and exit" },
+    { C_FILE, "-f, --file", "FILE", CLI_VALUE, "the user's message from FILE ('-': stdin): answer it and exit" },
+    { C_N_PREDICT, "-n, --n-predict", "N", CLI_VALUE, "most tokens per answer (default 512)" },
+    { C_CTX, "-c, --ctx-size", "N", CLI_VALUE, "positions the conversation may use (default: the model's)" },
+    { C_THREADS, "-t, --threads", "N", CLI_VALUE, "threads (default: all CPUs)" },
+    { C_INTERACTIVE, "--interactive", NULL, CLI_FLAG, "read turns from stdin line by line even when it is not a terminal" },
+    { C_CNV, "-cnv, --conversation", NULL, CLI_FLAG, "accepted (llama-cli): chat always converses" },
+    { C_NO_REUSE, "--no-reuse", NULL, CLI_FLAG, "recompute the whole conversation every turn (baseline, for tests)" },
+    { C_NO_SHIFT, "--no-context-shift", NULL, CLI_FLAG,
+      "when old turns are dropped, recompute the kept ones rather than move their\ncached K/V down (exact, slower; "
+      "the default moves them as llama.cpp does)" },
+    { C_SPECIAL_IN_CONTENT, "--special-in-content", NULL, CLI_FLAG,
+      "control-token text typed in a message (\"<|im_end|>\") becomes control tokens,\nas Transformers does "
+      "(default: it is read as text)" },
+    { C_VERBOSE, "-v, --verbose", NULL, CLI_FLAG, "also print each rendered prompt to stderr" },
+    { C_QUIET, "-q, --quiet", NULL, CLI_FLAG, "only errors on stderr" },
+    { C_VERSION, "--version", NULL, CLI_FLAG, "print the version, commit and kernel sets" },
+    { C_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_chat_group = CLI_GROUP(NULL, k_chat_opts);
+static const struct cli_opt_group *const k_chat_groups[] = {
+    &k_chat_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group,
+};
+#define N_CHAT_GROUPS (int)(sizeof k_chat_groups / sizeof *k_chat_groups)
+
+void cmd_chat_markdown(FILE *f) {
+    fputs("\n### `kvllm chat`\n", f);
+    cli_opts_markdown(f, k_chat_groups, N_CHAT_GROUPS);
+}
+
+static void usage(void) {
+    fputs("usage: kvllm chat -m MODEL [options]\n", stdout);
+    cli_opts_usage(stdout, k_chat_groups, N_CHAT_GROUPS);
+    fputs("  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
+          "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
+          "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr);\n"
+          "  the turns kept stay in the KV cache, moved down (a context shift), unless --no-context-shift.\n"
+          "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n", stdout);
+}
 
 struct chat_opts {
     const char *model, *tokenizer, *template_arg, *prompt, *system, *file;
@@ -101,6 +125,7 @@ struct chat_opts {
     long n_predict, n_ctx, n_threads;
     bool seed_set, interactive, no_reuse, no_shift, verbose, quiet, special_in_content;
     struct kvllm_sampling_params sp;
+    struct cli_hf hf;               /* -hf REPO[:QUANT]: downloaded, then model points at it */
 };
 
 /* 0 ok, -1 help printed, 2 usage error (reported). */
@@ -114,36 +139,36 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
         if (so == 0) so = cli_engine_opt(argc, argv, &i, &o->ep);
         if (so == 0) so = cli_gpu_opt(argc, argv, &i);
+        if (so == 0) so = cli_hf_opt(argc, argv, &i, &o->hf);
         if (so < 0) return 2;
         if (so > 0) continue;
-#define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
-        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return -1; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
-        else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
-        else if (!strcmp(a, "--chat-template") || !strcmp(a, "--chat-template-file")) {
-            ARG();
-            o->template_arg = v;
-            o->template_is_file = !strcmp(a, "--chat-template-file");
+        const struct cli_opt *op;
+        so = cli_opts_match(argc, argv, &i, k_chat_groups, 1, &op, &v);
+        if (so < 0) return 2;
+        if (so == 0) { cli_opts_unknown("chat", a, k_chat_groups, N_CHAT_GROUPS); return 2; }
+        switch (op->id) {
+        case C_HELP: usage(); return -1;
+        case C_VERSION: cli_print_version(stdout); return -1;
+        case C_MODEL: o->model = v; break;
+        case C_TOKENIZER: o->tokenizer = v; break;
+        case C_TEMPLATE: case C_TEMPLATE_FILE: o->template_arg = v; o->template_is_file = op->id == C_TEMPLATE_FILE; break;
+        case C_CNV: break;
+        case C_SYSTEM: o->system = v; break;
+        case C_PROMPT: o->prompt = v; break;
+        case C_FILE: o->file = v; break;
+        case C_N_PREDICT: if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; break;
+        case C_CTX: if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; break;
+        case C_THREADS: if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; break;
+        case C_INTERACTIVE: o->interactive = true; break;
+        case C_NO_REUSE: o->no_reuse = true; break;
+        case C_NO_SHIFT: o->no_shift = true; break;
+        case C_SPECIAL_IN_CONTENT: o->special_in_content = true; break;
+        case C_VERBOSE: o->verbose = true; break;
+        case C_QUIET: o->quiet = true; break;
         }
-        else if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation")) continue;
-        else if (!strcmp(a, "--system") || !strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) { ARG(); o->system = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { ARG(); o->file = v; }
-        else if (!strcmp(a, "--version")) { cli_print_version(stdout); return -1; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_predict)) return 2; }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 2, 1 << 24, &o->n_ctx)) return 2; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
-        else if (!strcmp(a, "--interactive")) o->interactive = true;
-        else if (!strcmp(a, "--no-reuse")) o->no_reuse = true;
-        else if (!strcmp(a, "--no-context-shift")) o->no_shift = true;
-        else if (!strcmp(a, "--special-in-content")) o->special_in_content = true;
-        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
-        else { cli_unknown("chat", a, k_usage, cli_engine_usage); return 2; }
-#undef ARG
     }
     if (!cli_opt_end()) return 2;
-    if (!o->model) { cli_error("chat: -m MODEL is required (see kvllm chat --help)"); return 2; }
+    if (!o->model && !o->hf.repo) { cli_error("chat: -m MODEL (or -hf REPO) is required (see kvllm chat --help)"); return 2; }
     if (o->file && o->prompt) { cli_error("chat: give the message with -p or -f, not both"); return 2; }
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL);
     return 0;
@@ -173,8 +198,7 @@ struct chat {
     float *logits;                    /* (n_vocab) after the last token of have */
     int32_t end_ids[MAX_END_IDS];     /* tokens that end an answer */
     int n_end;
-    char *answer;                     /* the answer being generated, answer_len bytes */
-    size_t answer_len, answer_cap;
+    struct strbuf answer;             /* the answer being generated */
     long n_predict;
     bool quiet, verbose, no_reuse, no_shift, special_in_content;
     bool shift_unsupported;           /* the model's positions cannot move: noted once */
@@ -226,18 +250,10 @@ static void pop_msg(struct chat *c) {
 }
 
 static bool answer_add(struct chat *c, const char *s) {
-    size_t n = strlen(s);
-    if (c->answer_len + n + 1 > c->answer_cap) {
-        size_t cap = c->answer_cap ? c->answer_cap : 256;
-        while (cap < c->answer_len + n + 1) cap *= 2;
-        char *p = realloc(c->answer, cap);
-        if (!p) { cli_error("out of memory"); return false; }
-        c->answer = p;
-        c->answer_cap = cap;
-    }
-    memcpy(c->answer + c->answer_len, s, n + 1);
-    c->answer_len += n;
-    return true;
+    sb_puts(&c->answer, s);
+    if (!c->answer.oom) return true;
+    cli_error("out of memory");
+    return false;
 }
 
 /* After turns were dropped the cache holds [prefix (p0 tokens) | dropped
@@ -340,7 +356,7 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
     /* generate */
     const char *why = "-n limit";
     int32_t prev = -1;
-    c->answer_len = 0;
+    sb_clear(&c->answer);
     if (!answer_add(c, "")) goto fail;
     for (;;) {
         int32_t id = kvllm_sampler_sample(c->smp, c->logits, c->have, c->n_have);
@@ -368,7 +384,7 @@ static int chat_turn(struct chat *c, const char *user, size_t len) {
                 1e3 * (t2 - t1), n_gen / (t2 - t1 + 1e-12), why);
     free(ids);
     free(text);
-    return push_msg(c, "assistant", c->answer, c->answer_len) ? 0 : 1;
+    return push_msg(c, "assistant", c->answer.s, c->answer.len) ? 0 : 1;
 fail:
     if (n_gen > 0) fputc('\n', stdout);  /* end the partial answer */
     fflush(stdout);
@@ -456,10 +472,18 @@ static int chat_loop(struct chat *c, bool tty) {
     return rc;
 }
 
+static int chat_main(struct chat_opts o);
+
 int cmd_chat(int argc, char **argv) {
     struct chat_opts o = { 0 };
     int rc = parse(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (!rc) rc = cli_hf_model(&o.hf, &o.model, false, false);
+    if (!rc) rc = chat_main(o);
+    cli_hf_free(&o.hf);
+    return rc < 0 ? 0 : rc;
+}
+
+static int chat_main(struct chat_opts o) {
     if (o.quiet) kvllm_log_set_level(KVLLM_LOG_ERROR);
 
     struct chat c = { .n_predict = o.n_predict, .quiet = o.quiet, .verbose = o.verbose, .no_reuse = o.no_reuse,
@@ -532,7 +556,7 @@ int cmd_chat(int argc, char **argv) {
 done:
     while (c.n_msgs > 0) pop_msg(&c);
     free(c.msgs);
-    free(c.answer);
+    sb_free(&c.answer);
     free(c.have);
     free(c.logits);
     free(input);

@@ -4,7 +4,9 @@
  * keys when one is given) or as a Hugging Face folder (config.json,
  * generation_config.json, model.safetensors, and tokenizer.json +
  * tokenizer_config.json when there is a vocabulary: the folder then loads
- * with -m DIR alone).  Architectures: llama, mistral, qwen2, gpt2. */
+ * with -m DIR alone).  Architectures: llama, mistral, qwen2, gpt2.  A
+ * folder's experts (Mixtral, Qwen3-MoE) are written stacked, as GGUF files
+ * have them (hf_stack_experts). */
 #include "cli.h"
 #include "core/core.h"
 #include "kvllm.h"
@@ -64,6 +66,7 @@ int cmd_convert(int argc, char **argv) {
     else if (hf_is_folder(in)) rc = hf_open(in, &g);
     else { cli_error("%s: not a GGUF file, a llama2.c checkpoint nor a Hugging Face folder", in); return 1; }
     if (!rc && tok) rc = copy_vocab(g, tok);
+    if (!rc && !folder) rc = hf_stack_experts(g);   /* a folder's experts as GGUF files stack them */
     if (!rc) rc = folder ? hf_write(g, out) : gguf_write(g, out);
     /* hf_write renames its files into the folder only once all are written:
      * a folder it made for a conversion that failed (a full disk) is empty */

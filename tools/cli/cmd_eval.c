@@ -75,7 +75,7 @@ int cmd_eval(int argc, char **argv) {
     struct kvllm_session *s = NULL;
     float *logits = NULL;
     FILE *f = NULL;
-    int rc = kvllm_model_load(model, &mp, &m);
+    int rc = cli_model_load(model, &mp, &m);
     if (!rc) {
         struct kvllm_session_params sp = { .n_ctx = n, .no_kv_cache = no_kv, .kv_type = kv_type,
                                            .max_batch = (int)batch };

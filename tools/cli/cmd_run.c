@@ -2,6 +2,7 @@
  * stdout carries only the prompt echo and the generated text (or the ids);
  * logs, the memory plan and the timing line go to stderr. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 
 #include <stdio.h>
@@ -10,43 +11,59 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *k_usage =
-    "usage: kvllm run -m MODEL [options]\n"
-    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint\n"
-    "  --tokenizer PATH       vocabulary (llama2.c tokenizer.bin or GGUF) for models without one\n"
-    "  -p, --prompt TEXT      prompt (default: BOS alone); '-' reads it from stdin\n"
-    "  -f, --file FILE        read the prompt from FILE ('-': stdin)\n"
-    "  -sys, --system-prompt TEXT  answer the prompt as a chat turn under this system message\n"
-    "                         (the model's chat template; the answer ends at end of turn)\n"
-    "  --parse-special        read special-token text in the prompt (\"<|im_start|>\") as control tokens\n"
-    "                         (default: on when the prompt holds such text, as llama-cli)\n"
-    "  --no-parse-special     read it as plain text\n"
-    "  -n, --n-predict N      new tokens to generate (default 128; -1: until end of text or context)\n"
-    "  --temp T               temperature, 0 = greedy (default 0.8)\n"
-    "  --top-k K              (default 40, 0 = off)\n"
-    "  --top-p P              (default 0.95, 1 = off)\n"
-    "  --min-p P              (default 0.05, 0 = off)\n"
-    "  --repeat-penalty R     (default 1.0 = off)\n"
-    "  --seed S               RNG seed (default: from the clock)\n"
-    "  -c, --ctx-size N       context length (default: the model's; above it warns)\n"
-    "  -t, --threads N        threads (default: all CPUs)\n"
-    "  --no-kv-cache          recompute the whole prefix every step (baseline)\n"
-    "  --ignore-eos           do not stop at end-of-sequence\n"
-    "  --grammar TEXT         constrain the output to a GBNF grammar (llama.cpp's format; start rule root);\n"
-    "                         --grammar-file FILE reads it from a file\n"
-    "  -j, --json-schema TEXT constrain the output to JSON valid under a JSON Schema ('{...}');\n"
-    "                         -jf, --json-schema-file FILE reads it from a file\n"
-    "  --json-schema-strict   with a JSON Schema: no properties beyond those listed (OpenAI's strict)\n"
-    "  --min-tokens N         end-of-sequence and --stop-token-id held back until N tokens\n"
-    "  --stop-token-id ID     stop when this token id is sampled (not printed); repeatable\n"
-    "  --no-echo              do not print the prompt\n"
-    "  --ids                  print the generated token ids instead of text\n"
-    "  --color [on|off|auto]  prompt echo in yellow, generated text plain (alone: on; auto: on a terminal)\n"
-    "  --verbose-prompt       print the prompt's token ids (and pieces) on stderr before generating\n"
-    "  -no-cnv                accepted (run is one completion; `kvllm chat` converses: -cnv is refused)\n"
-    "  -q, --quiet            only errors on stderr\n"
-    "  --version              print the version, commit and kernel sets\n";
+enum {
+    R_HELP = 1, R_VERSION, R_MODEL, R_TOKENIZER, R_PROMPT, R_FILE, R_SYSTEM, R_PARSE_SPECIAL, R_NO_PARSE_SPECIAL,
+    R_N_PREDICT, R_CTX, R_THREADS, R_NO_KV, R_IGNORE_EOS, R_GRAMMAR, R_GRAMMAR_FILE, R_SCHEMA, R_SCHEMA_FILE,
+    R_SCHEMA_STRICT, R_MIN_TOKENS, R_STOP_ID, R_NO_ECHO, R_IDS, R_COLOR, R_VERBOSE_PROMPT, R_NO_CNV, R_CNV, R_QUIET,
+};
 
+/* run's options: the parser, --help and docs/CLI.md's reference (kvllm help --markdown) read this table */
+static const struct cli_opt k_run_opts[] = {
+    { R_MODEL, "-m, --model", "PATH", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { R_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE,
+      "vocabulary (llama2.c tokenizer.bin or GGUF) for models without one" },
+    { R_PROMPT, "-p, --prompt", "TEXT", CLI_VALUE, "prompt (default: BOS alone); '-' reads it from stdin" },
+    { R_FILE, "-f, --file", "FILE", CLI_VALUE, "read the prompt from FILE ('-': stdin)" },
+    { R_SYSTEM, "-sys, --system-prompt", "TEXT", CLI_VALUE,
+      "answer the prompt as a chat turn under this system message\n(the model's chat template; the answer ends at "
+      "end of turn)" },
+    { R_PARSE_SPECIAL, "--parse-special", NULL, CLI_FLAG,
+      "read special-token text in the prompt (\"<|im_start|>\") as control tokens\n(default: on when the prompt "
+      "holds such text, as llama-cli)" },
+    { R_NO_PARSE_SPECIAL, "--no-parse-special", NULL, CLI_FLAG, "read it as plain text" },
+    { R_N_PREDICT, "-n, --n-predict", "N", CLI_VALUE,
+      "new tokens to generate (default 128; -1: until end of text or context)" },
+    { R_CTX, "-c, --ctx-size", "N", CLI_VALUE, "context length (default: the model's; above it warns)" },
+    { R_THREADS, "-t, --threads", "N", CLI_VALUE, "threads (default: all CPUs)" },
+    { R_NO_KV, "--no-kv-cache", NULL, CLI_FLAG, "recompute the whole prefix every step (baseline)" },
+    { R_IGNORE_EOS, "--ignore-eos", NULL, CLI_FLAG, "do not stop at end-of-sequence" },
+    { R_GRAMMAR, "--grammar", "TEXT", CLI_VALUE,
+      "constrain the output to a GBNF grammar (llama.cpp's format; start rule root)" },
+    { R_GRAMMAR_FILE, "--grammar-file", "FILE", CLI_VALUE, "the GBNF grammar in a file" },
+    { R_SCHEMA, "-j, --json-schema", "TEXT", CLI_VALUE,
+      "constrain the output to JSON valid under a JSON Schema ('{...}')" },
+    { R_SCHEMA_FILE, "-jf, --json-schema-file", "FILE", CLI_VALUE, "the JSON Schema in a file" },
+    { R_SCHEMA_STRICT, "--json-schema-strict", NULL, CLI_FLAG,
+      "with a JSON Schema: no properties beyond those listed (OpenAI's strict)" },
+    { R_MIN_TOKENS, "--min-tokens", "N", CLI_VALUE, "end-of-sequence and --stop-token-id held back until N tokens" },
+    { R_STOP_ID, "--stop-token-id", "ID", CLI_VALUE, "stop when this token id is sampled (not printed); repeatable" },
+    { R_NO_ECHO, "--no-echo", NULL, CLI_FLAG, "do not print the prompt" },
+    { R_IDS, "--ids", NULL, CLI_FLAG, "print the generated token ids instead of text" },
+    { R_COLOR, "--color, -co", "[on|off|auto]", CLI_OPTIONAL,
+      "prompt echo in yellow, generated text plain (alone: on; auto: on a terminal)" },
+    { R_VERBOSE_PROMPT, "--verbose-prompt", NULL, CLI_FLAG,
+      "print the prompt's token ids (and pieces) on stderr before generating" },
+    { R_NO_CNV, "-no-cnv, --no-conversation", NULL, CLI_FLAG, "accepted (run is one completion)" },
+    { R_CNV, "-cnv, --conversation, -i, --interactive", NULL, CLI_FLAG, "refused: `kvllm chat` converses" },
+    { R_QUIET, "-q, --quiet", NULL, CLI_FLAG, "only errors on stderr" },
+    { R_VERSION, "--version", NULL, CLI_FLAG, "print the version, commit and kernel sets" },
+    { R_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_run_group = CLI_GROUP(NULL, k_run_opts);
+static const struct cli_opt_group *const k_run_groups[] = {
+    &k_run_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group, &cli_spec_group,
+};
 
 struct run_opts {
     const char *model, *tokenizer, *prompt, *file, *system;
@@ -61,7 +78,76 @@ struct run_opts {
     int n_stop_ids;
     struct kvllm_sampling_params sp;
     struct kvllm_engine_params ep;
+    struct cli_hf hf;       /* -hf REPO[:QUANT]: downloaded, then model points at it */
 };
+
+static void usage(void) {
+    fputs("usage: kvllm run -m MODEL [options]   (or -hf REPO[:QUANT])\n", stdout);
+    cli_opts_usage(stdout, k_run_groups, 5);
+    fputs(cli_gpu_usage, stdout);
+}
+
+void cmd_run_markdown(FILE *f) {
+    fputs("\n### `kvllm run`\n", f);
+    cli_opts_markdown(f, k_run_groups, 5);
+}
+
+/* run's own options (the shared groups are handled before): 0 ok, -1 done (help, version), 2 error */
+static int run_opt(const struct cli_opt *op, const char *v, int argc, char **argv, int *i, struct run_opts *o) {
+    long l;
+    switch (op->id) {
+    case R_HELP: usage(); return -1;
+    case R_VERSION: cli_print_version(stdout); return -1;
+    case R_MODEL: o->model = v; break;
+    case R_TOKENIZER: o->tokenizer = v; break;
+    case R_PROMPT: o->prompt = v; break;
+    case R_FILE: o->file = v; break;
+    case R_SYSTEM: o->system = v; break;
+    case R_PARSE_SPECIAL: o->parse_special = 1; break;
+    case R_NO_PARSE_SPECIAL: o->parse_special = 0; break;
+    case R_VERBOSE_PROMPT: o->verbose_prompt = true; break;
+    case R_NO_CNV: break;
+    case R_CNV:
+        cli_error("run: %s: run answers one prompt and exits; converse with `kvllm chat -m MODEL` (interactive "
+                  "when no -p is given)", argv[*i]);
+        return 2;
+    case R_COLOR:
+        /* a separate value only when it is one of the three (a prompt may follow --color) */
+        if (!v && *i + 1 < argc && (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") ||
+                                    !strcmp(argv[*i + 1], "auto")))
+            v = argv[++*i];
+        if (v && strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto")) {
+            cli_error("--color: '%s' is not on, off or auto", v);
+            return 2;
+        }
+        o->color = !v || !strcmp(v, "on") || (!strcmp(v, "auto") && isatty(STDOUT_FILENO));
+        break;
+    case R_N_PREDICT:
+        if (!cli_int("-n", v, -2, 1 << 24, &o->n_predict)) return 2;
+        if (o->n_predict < 0) o->n_predict = -1;   /* llama-cli: -1 infinity, -2 until the context is full */
+        break;
+    case R_CTX: if (!cli_int("-c", v, 1, 1 << 24, &o->n_ctx)) return 2; break;
+    case R_THREADS: if (!cli_int("-t", v, 1, 1024, &o->n_threads)) return 2; break;
+    case R_NO_KV: o->no_kv = true; break;
+    case R_IGNORE_EOS: o->ignore_eos = true; break;
+    case R_GRAMMAR: case R_GRAMMAR_FILE: o->grammar = v; o->grammar_is_file = op->id == R_GRAMMAR_FILE; break;
+    case R_SCHEMA: case R_SCHEMA_FILE: o->schema = v; o->schema_is_file = op->id == R_SCHEMA_FILE; break;
+    case R_SCHEMA_STRICT: o->schema_strict = true; break;
+    case R_MIN_TOKENS: if (!cli_int("--min-tokens", v, 0, 1 << 24, &o->min_tokens)) return 2; break;
+    case R_STOP_ID:
+        if (!cli_int("--stop-token-id", v, 0, INT32_MAX, &l)) return 2;
+        if (o->n_stop_ids == (int)(sizeof o->stop_ids / sizeof *o->stop_ids)) {
+            cli_error("--stop-token-id: at most %d", (int)(sizeof o->stop_ids / sizeof *o->stop_ids));
+            return 2;
+        }
+        o->stop_ids[o->n_stop_ids++] = (int32_t)l;
+        break;
+    case R_NO_ECHO: o->no_echo = true; break;
+    case R_IDS: o->ids = true; break;
+    case R_QUIET: o->quiet = true; break;
+    }
+    return 0;
+}
 
 static int parse(int argc, char **argv, struct run_opts *o) {
     o->n_predict = 128;
@@ -70,88 +156,26 @@ static int parse(int argc, char **argv, struct run_opts *o) {
     o->ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        const char *a = argv[i], *v;
-        int eo = cli_engine_opt(argc, argv, &i, &o->ep);
-        if (eo < 0) return 2;
-        if (eo > 0) continue;
-        int so = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
-        if (so < 0) return 2;
-        if (so > 0) continue;
-        int go = cli_gpu_opt(argc, argv, &i);
-        if (go < 0) return 2;
-        if (go > 0) continue;
-#define ARG() do { if (!(v = cli_arg(argc, argv, &i))) return 2; } while (0)
-        if (cli_is_help(a)) {
-            fputs(k_usage, stdout);
-            fputs(cli_engine_usage, stdout);
-            fputs(cli_gpu_usage, stdout);
-            return -1;
-        }
-        else if (!strcmp(a, "--version")) { cli_print_version(stdout); return -1; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { ARG(); o->model = v; }
-        else if (!strcmp(a, "--tokenizer")) { ARG(); o->tokenizer = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { ARG(); o->prompt = v; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { ARG(); o->file = v; }
-        else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) { ARG(); o->system = v; }
-        else if (!strcmp(a, "--parse-special")) o->parse_special = 1;
-        else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = true;
-        else if (!strcmp(a, "--no-parse-special")) o->parse_special = 0;
-        else if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation")) continue;
-        else if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation") || !strcmp(a, "-i") || !strcmp(a, "--interactive")) {
-            cli_error("run: %s: run answers one prompt and exits; converse with `kvllm chat -m MODEL` (interactive "
-                      "when no -p is given)", a);
+        int m = cli_engine_opt(argc, argv, &i, &o->ep);
+        if (m == 0) m = cli_sampling_opt(argc, argv, &i, &o->sp, &o->seed_set);
+        if (m == 0) m = cli_gpu_opt(argc, argv, &i);
+        if (m == 0) m = cli_hf_opt(argc, argv, &i, &o->hf);
+        if (m < 0) return 2;
+        if (m > 0) continue;
+        const struct cli_opt *op;
+        const char *v;
+        const char *a = argv[i];
+        m = cli_opts_match(argc, argv, &i, k_run_groups, 1, &op, &v);
+        if (m < 0) return 2;
+        if (m == 0) {
+            cli_opts_unknown("run", a, k_run_groups, 5);
             return 2;
         }
-        else if (!strcmp(a, "--color") || !strcmp(a, "-co")) {
-            const char *mode = cli_opt_value();
-            if (!mode && i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off") ||
-                                          !strcmp(argv[i + 1], "auto")))
-                mode = argv[++i];
-            if (mode && strcmp(mode, "on") && strcmp(mode, "off") && strcmp(mode, "auto")) {
-                cli_error("--color: '%s' is not on, off or auto", mode);
-                return 2;
-            }
-            o->color = !mode || !strcmp(mode, "on") || (!strcmp(mode, "auto") && isatty(STDOUT_FILENO));
-        }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            ARG();
-            if (!cli_int(a, v, -2, 1 << 24, &o->n_predict)) return 2;
-            if (o->n_predict < 0) o->n_predict = -1;   /* llama-cli: -1 infinity, -2 until the context is full */
-        }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { ARG(); if (!cli_int(a, v, 1, 1 << 24, &o->n_ctx)) return 2; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { ARG(); if (!cli_int(a, v, 1, 1024, &o->n_threads)) return 2; }
-        else if (!strcmp(a, "--no-kv-cache")) o->no_kv = true;
-        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
-        else if (!strcmp(a, "--grammar") || !strcmp(a, "--grammar-file")) {
-            ARG();
-            o->grammar = v;
-            o->grammar_is_file = !strcmp(a, "--grammar-file");
-        }
-        else if (!strcmp(a, "--json-schema") || !strcmp(a, "-j") || !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file")) {
-            ARG();
-            o->schema = v;
-            o->schema_is_file = !strcmp(a, "-jf") || !strcmp(a, "--json-schema-file");
-        }
-        else if (!strcmp(a, "--json-schema-strict")) o->schema_strict = true;
-        else if (!strcmp(a, "--min-tokens")) { ARG(); if (!cli_int(a, v, 0, 1 << 24, &o->min_tokens)) return 2; }
-        else if (!strcmp(a, "--stop-token-id")) {
-            long id;
-            ARG();
-            if (!cli_int(a, v, 0, INT32_MAX, &id)) return 2;
-            if (o->n_stop_ids == (int)(sizeof o->stop_ids / sizeof *o->stop_ids)) {
-                cli_error("--stop-token-id: at most %d", (int)(sizeof o->stop_ids / sizeof *o->stop_ids));
-                return 2;
-            }
-            o->stop_ids[o->n_stop_ids++] = (int32_t)id;
-        }
-        else if (!strcmp(a, "--no-echo")) o->no_echo = true;
-        else if (!strcmp(a, "--ids")) o->ids = true;
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = true;
-        else { cli_unknown("run", a, k_usage, cli_engine_usage); return 2; }
-#undef ARG
+        int rc = run_opt(op, v, argc, argv, &i, o);
+        if (rc) return rc;
     }
     if (!cli_opt_end()) return 2;
-    if (!o->model) { cli_error("run: -m MODEL is required (see kvllm run --help)"); return 2; }
+    if (!o->model && !o->hf.repo) { cli_error("run: -m MODEL (or -hf REPO) is required (see kvllm run --help)"); return 2; }
     if (o->file && o->prompt) { cli_error("run: give the prompt with -p or -f, not both"); return 2; }
     if (o->file || (o->prompt && !strcmp(o->prompt, "-"))) {
         size_t len;
@@ -256,10 +280,11 @@ static int load_grammar(const struct run_opts *o, struct kvllm_grammar **g) {
 int cmd_run(int argc, char **argv) {
     struct run_opts o = { 0 };
     int rc = parse(argc, argv, &o);
-    if (rc) { free(o.prompt_buf); return rc < 0 ? 0 : rc; }
-    rc = run(&o);
+    if (!rc) rc = cli_hf_model(&o.hf, &o.model, false, false);
+    if (!rc) rc = run(&o);
     free(o.prompt_buf);
-    return rc;
+    cli_hf_free(&o.hf);
+    return rc < 0 ? 0 : rc;
 }
 
 static int run(struct run_opts *op) {
@@ -270,7 +295,7 @@ static int run(struct run_opts *op) {
     mp.tokenizer_path = o.tokenizer;
     mp.n_threads = (int)o.n_threads;
     struct kvllm_model *model;
-    if (kvllm_model_load(o.model, &mp, &model)) return 1;
+    if (cli_model_load(o.model, &mp, &model)) return 1;
     const struct kvllm_model_desc *d = kvllm_model_describe(model);
 
     int32_t *ids = NULL;

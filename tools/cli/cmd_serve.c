@@ -8,6 +8,7 @@
  * signal; then end what remains (streams get an error event and [DONE],
  * whole responses 503), stop HTTP, join the engine thread, free everything. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 #include "server/server.h"
 
@@ -19,45 +20,86 @@
 #include <sys/resource.h>
 #include <time.h>
 
-static const char *k_usage =
-    "usage: kvllm serve [-m] MODEL [options] [engine options]\n"
-    "  -m, --model PATH       GGUF file, Hugging Face folder or llama2.c checkpoint (or first positional argument,\n"
-    "                         as `vllm serve MODEL`)\n"
-    "  --tokenizer PATH       vocabulary for models without one\n"
-    "  --alias NAME           model id clients use (default: the file name without .gguf / .bin, or the folder name);\n"
-    "                         also --served-model-name NAME (vLLM)\n"
-    "  --host ADDR            address to listen on (default 127.0.0.1)\n"
-    "  --port N               port (default 8080; 0 = any free port, printed on stderr)\n"
-    "  --api-key KEY          require 'Authorization: Bearer KEY' everywhere but /health\n"
-    "  --metrics-public       serve /metrics without the API key\n"
-    "  --max-queue N          requests waiting before 429 (default 1024)\n"
-    "  --max-body SIZE        largest request body in bytes (default 1M; more gets 413)\n"
-    "  --max-connections N    open connections; more are answered 503 (default 4096)\n"
-    "  --max-connections-per-client N  from one address; more are answered 503 (default 1024)\n"
-    "  --header-timeout S     seconds to send the request headers (default 10)\n"
-    "  --body-timeout S       seconds to send the request body (default 30)\n"
-    "  --idle-timeout S       seconds a connection may stay silent (default 30)\n"
-    "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds running requests get to finish (default 10)\n"
-    "  --chat-template NAME   chat template (default: the model's own): a llama.cpp built-in name kvllm has\n"
-    "                         (chatml, llama3, gemma, phi3, zephyr) or Jinja text\n"
-    "  --chat-template-file FILE  the Jinja chat template in a file\n"
-    "  --special-in-content   control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\n"
-    "                         control tokens, as Transformers does (default: it is read as text)\n"
-    "  --tool-call-format F   how tool calls are read from answers: auto (default: from the chat template's\n"
-    "                         text), hermes, llama3, mistral, or none (tool calling off); also vLLM's\n"
-    "                         --tool-call-parser hermes|llama3_json|mistral\n"
-    "  --enable-auto-tool-choice  accepted (vLLM): tool calling is on whenever the format is known\n"
-    "  --allowed-origins LIST CORS: origins (comma-separated, or '*') whose pages may call the server from a\n"
-    "                         browser: OPTIONS preflight answered, Access-Control-Allow-* headers (default: none)\n"
-    "  --log-format text|json one line per finished request and a periodic engine line, as text (default) or JSON\n"
-    "  --log-interval S       seconds between engine lines while busy (default 10; 0 = none)\n"
-    "  --jinja                accepted (llama-server): the chat template is always used\n"
-    "  -c, --ctx-size N       context length (default: the model's); also --max-model-len N (vLLM)\n"
-    "  -np, --parallel N      sequences running at once (= --max-seqs; also --max-num-seqs, vLLM)\n"
-    "  --max-num-batched-tokens N  tokens computed per step (= --max-batch-tokens, vLLM)\n"
-    "  -t, --threads N        threads (default: all CPUs)\n"
-    "  -v, --verbose          debug logging\n"
-    "  --version              print the version, commit and kernel sets\n";
+enum {
+    V_HELP = 1, V_VERSION, V_MODEL, V_TOKENIZER, V_ALIAS, V_HOST, V_PORT, V_API_KEY, V_METRICS_PUBLIC, V_MAX_QUEUE,
+    V_MAX_BODY, V_MAX_CONNS, V_MAX_CONNS_CLIENT, V_HEADER_TIMEOUT, V_BODY_TIMEOUT, V_IDLE_TIMEOUT, V_SHUTDOWN_TIMEOUT,
+    V_TEMPLATE, V_TEMPLATE_FILE, V_SPECIAL_IN_CONTENT, V_TOOL_FORMAT, V_TOOL_PARSER, V_AUTO_TOOL, V_ORIGINS,
+    V_LOG_FORMAT, V_LOG_INTERVAL, V_JINJA, V_PREFIX_CACHING, V_NO_PREFIX_CACHING, V_CTX, V_PARALLEL, V_BATCHED_TOKENS,
+    V_THREADS, V_VERBOSE, V_KV_EVENTS, V_KV_REPLAY, V_KV_TOPIC, V_KV_LAYOUT,
+};
+
+/* serve's options: the parser, --help and docs/CLI.md's reference (kvllm help --markdown) read this table */
+static const struct cli_opt k_serve_opts[] = {
+    { V_MODEL, "-m, --model", "PATH", CLI_VALUE,
+      "GGUF file, Hugging Face folder or llama2.c checkpoint (or first positional argument,\nas `vllm serve MODEL`); "
+      "a name owner/name that is no path is a Hugging Face\nrepository, downloaded (its folder, else a .gguf: -hf "
+      "below)" },
+    { V_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE, "vocabulary for models without one" },
+    { V_ALIAS, "--alias, --served-model-name", "NAME", CLI_VALUE,
+      "model id clients use (default: the file name without .gguf / .bin, the folder\nname, or the repository's name)" },
+    { V_HOST, "--host", "ADDR", CLI_VALUE, "address to listen on (default 127.0.0.1)" },
+    { V_PORT, "--port", "N", CLI_VALUE, "port (default 8080; 0 = any free port, printed on stderr)" },
+    { V_API_KEY, "--api-key", "KEY", CLI_VALUE, "require 'Authorization: Bearer KEY' everywhere but /health" },
+    { V_METRICS_PUBLIC, "--metrics-public", NULL, CLI_FLAG, "serve /metrics without the API key" },
+    { V_MAX_QUEUE, "--max-queue", "N", CLI_VALUE, "requests waiting before 429 (default 1024)" },
+    { V_MAX_BODY, "--max-body", "SIZE", CLI_VALUE, "largest request body in bytes (default 1M; more gets 413)" },
+    { V_MAX_CONNS, "--max-connections", "N", CLI_VALUE, "open connections; more are answered 503 (default 4096)" },
+    { V_MAX_CONNS_CLIENT, "--max-connections-per-client", "N", CLI_VALUE,
+      "from one address; more are answered 503 (default 1024)" },
+    { V_HEADER_TIMEOUT, "--header-timeout", "S", CLI_VALUE, "seconds to send the request headers (default 10)" },
+    { V_BODY_TIMEOUT, "--body-timeout", "S", CLI_VALUE, "seconds to send the request body (default 30)" },
+    { V_IDLE_TIMEOUT, "--idle-timeout", "S", CLI_VALUE, "seconds a connection may stay silent (default 30)" },
+    { V_SHUTDOWN_TIMEOUT, "--shutdown-timeout", "S", CLI_VALUE,
+      "on SIGTERM / SIGINT, seconds running requests get to finish (default 10)" },
+    { V_TEMPLATE, "--chat-template", "NAME", CLI_VALUE,
+      "chat template (default: the model's own): a llama.cpp built-in name kvllm has\n(chatml, llama3, gemma, phi3, "
+      "zephyr) or Jinja text" },
+    { V_TEMPLATE_FILE, "--chat-template-file", "FILE", CLI_VALUE, "the Jinja chat template in a file" },
+    { V_SPECIAL_IN_CONTENT, "--special-in-content", NULL, CLI_FLAG,
+      "control-token text in chat messages (\"<|im_end|>\" typed by a user) becomes\ncontrol tokens, as Transformers "
+      "does (default: it is read as text)" },
+    { V_TOOL_FORMAT, "--tool-call-format", "F", CLI_VALUE,
+      "how tool calls are read from answers: auto (default: from the chat template's\ntext), hermes, llama3, mistral, "
+      "or none (tool calling off)" },
+    { V_TOOL_PARSER, "--tool-call-parser", "P", CLI_VALUE, "vLLM's names: hermes, llama3_json, mistral" },
+    { V_AUTO_TOOL, "--enable-auto-tool-choice", NULL, CLI_FLAG,
+      "accepted (vLLM): tool calling is on whenever the format is known" },
+    { V_ORIGINS, "--allowed-origins", "LIST", CLI_VALUE,
+      "CORS: origins (comma-separated, or '*') whose pages may call the server from a\nbrowser: OPTIONS preflight "
+      "answered, Access-Control-Allow-* headers (default: none)" },
+    { V_KV_EVENTS, "--kv-events", "ENDPOINT", CLI_VALUE,
+      "publish what the prefix cache stores and evicts on a ZMQ PUB socket bound there\n(tcp://HOST:PORT), as "
+      "vLLM's KV events, for KV-aware routers (docs/SCALE.md)" },
+    { V_KV_REPLAY, "--kv-events-replay", "ENDPOINT", CLI_VALUE,
+      "ROUTER socket where a late subscriber asks for the event batches it missed" },
+    { V_KV_TOPIC, "--kv-events-topic", "T", CLI_VALUE, "topic frame of every event message (default: empty)" },
+    { V_KV_LAYOUT, "--kv-events-layout", "map|array", CLI_VALUE,
+      "events as tagged maps (default: vLLM today, vllm-router) or positional arrays\n(vLLM <= 0.11)" },
+    { V_LOG_FORMAT, "--log-format", "text|json", CLI_VALUE,
+      "one line per finished request and a periodic engine line, as text (default) or JSON" },
+    { V_LOG_INTERVAL, "--log-interval", "S", CLI_VALUE, "seconds between engine lines while busy (default 10; 0 = none)" },
+    { V_JINJA, "--jinja, --no-webui", NULL, CLI_FLAG, "accepted (llama-server): the chat template is always used" },
+    { V_PREFIX_CACHING, "--enable-prefix-caching", NULL, CLI_FLAG, "accepted (vLLM): prefix caching is on by default" },
+    { V_NO_PREFIX_CACHING, "--no-enable-prefix-caching", NULL, CLI_FLAG, "= --no-prefix-cache (vLLM)" },
+    { V_CTX, "-c, --ctx-size, --max-model-len", "N", CLI_VALUE, "context length (default: the model's)" },
+    { V_PARALLEL, "-np, --parallel, --max-num-seqs", "N", CLI_VALUE, "sequences running at once (= --max-seqs)" },
+    { V_BATCHED_TOKENS, "--max-num-batched-tokens", "N", CLI_VALUE, "tokens computed per step (= --max-batch-tokens, vLLM)" },
+    { V_THREADS, "-t, --threads", "N", CLI_VALUE, "threads (default: all CPUs)" },
+    { V_VERBOSE, "-v, --verbose", NULL, CLI_FLAG, "debug logging" },
+    { V_VERSION, "--version", NULL, CLI_FLAG, "print the version, commit and kernel sets" },
+    { V_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_serve_group = CLI_GROUP(NULL, k_serve_opts);
+static const struct cli_opt_group *const k_serve_groups[] = {
+    &k_serve_group, &cli_hf_group, &cli_engine_group, &cli_spec_group,
+};
+#define N_SERVE_GROUPS (int)(sizeof k_serve_groups / sizeof *k_serve_groups)
+
+void cmd_serve_markdown(FILE *f) {
+    fputs("\n### `kvllm serve`\n", f);
+    cli_opts_markdown(f, k_serve_groups, N_SERVE_GROUPS);
+}
 
 /* The model id: --alias, else the file (or folder) name without .gguf / .bin. */
 static void model_id(const char *path, const char *alias, char *out, size_t cap) {
@@ -97,6 +139,9 @@ static void raise_fd_limit(void) {
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
+/* How long a failed server (a tensor-parallel rank lost) keeps answering before it exits. */
+#define FAILED_LINGER_S 2.0
+
 static double mono_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -108,7 +153,7 @@ static double mono_now(void) {
 static void drain(struct server *srv, const sigset_t *sigs, double grace) {
     server_drain(srv);
     const double until = mono_now() + grace;
-    while (server_running(srv) > 0) {
+    while (server_running(srv) > 0 || server_failed(srv)) {
         double left = until - mono_now();
         if (left <= 0) break;
         if (left > 0.02) left = 0.02;
@@ -128,37 +173,46 @@ int cmd_serve(int argc, char **argv) {
     uint64_t max_body = 1 << 20;
     double grace = 10;
     bool verbose = false;
+    struct cli_hf hf = { 0 };
     sp.log_interval = 10;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) {
-            fputs(k_usage, stdout);
-            fputs(cli_engine_usage, stdout);
+        if (a[0] != '-' && !model) { model = a; continue; }   /* vllm serve MODEL */
+        int m = cli_engine_opt(argc, argv, &i, &ep);
+        if (m == 0) m = cli_gpu_opt(argc, argv, &i);
+        if (m == 0) m = cli_hf_opt(argc, argv, &i, &hf);
+        if (m < 0) return 2;
+        if (m > 0) continue;
+        const struct cli_opt *op;
+        m = cli_opts_match(argc, argv, &i, k_serve_groups, 1, &op, &v);
+        if (m < 0) return 2;
+        if (m == 0) { cli_opts_unknown("serve", a, k_serve_groups, N_SERVE_GROUPS); return 2; }
+        switch (op->id) {
+        case V_HELP:
+            fputs("usage: kvllm serve [-m] MODEL [options]\n", stdout);
+            cli_opts_usage(stdout, k_serve_groups, N_SERVE_GROUPS);
             fputs(cli_gpu_usage, stdout);
             return 0;
-        }
-        if (!strcmp(a, "--version")) { cli_print_version(stdout); return 0; }
-        if (a[0] != '-' && !model) { model = a; continue; }   /* vllm serve MODEL */
-        int eo = cli_engine_opt(argc, argv, &i, &ep);
-        if (eo == 0) eo = cli_gpu_opt(argc, argv, &i);
-        if (eo < 0) return 2;
-        if (eo > 0) continue;
-        if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { verbose = true; continue; }
-        if (!strcmp(a, "--jinja") || !strcmp(a, "--no-webui") || !strcmp(a, "--enable-prefix-caching") ||
-            !strcmp(a, "--enable-auto-tool-choice"))
-            continue;
-        if (!strcmp(a, "--no-enable-prefix-caching")) { ep.prefix_caching = false; continue; }
-        if (!strcmp(a, "--special-in-content")) { sp.special_in_content = true; continue; }
-        if (!strcmp(a, "--metrics-public")) { sp.metrics_public = true; continue; }
-        if (!strstr(k_usage, a) || a[0] != '-') { cli_unknown("serve", a, k_usage, cli_engine_usage); return 2; }
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-        else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) alias = v;
-        else if (!strcmp(a, "--allowed-origins")) sp.allowed_origins = v;
-        else if (!strcmp(a, "--tool-call-format")) sp.tool_call_format = v;
-        else if (!strcmp(a, "--tool-call-parser")) {
+        case V_VERSION: cli_print_version(stdout); return 0;
+        case V_VERBOSE: verbose = true; break;
+        case V_JINJA: case V_PREFIX_CACHING: case V_AUTO_TOOL: break;
+        case V_NO_PREFIX_CACHING: ep.prefix_caching = false; break;
+        case V_SPECIAL_IN_CONTENT: sp.special_in_content = true; break;
+        case V_METRICS_PUBLIC: sp.metrics_public = true; break;
+        case V_MODEL: model = v; break;
+        case V_TOKENIZER: tokenizer = v; break;
+        case V_ALIAS: alias = v; break;
+        case V_ORIGINS: sp.allowed_origins = v; break;
+        case V_KV_EVENTS: sp.kv_events.endpoint = v; break;
+        case V_KV_REPLAY: sp.kv_events.replay_endpoint = v; break;
+        case V_KV_TOPIC: sp.kv_events.topic = v; break;
+        case V_KV_LAYOUT:
+            if (strcmp(v, "map") && strcmp(v, "array")) { cli_error("--kv-events-layout: '%s' is not map or array", v); return 2; }
+            sp.kv_events.array_layout = !strcmp(v, "array");
+            break;
+        case V_TOOL_FORMAT: sp.tool_call_format = v; break;
+        case V_TOOL_PARSER:
             /* vLLM's parser names for the formats kvllm reads */
             if (!strcmp(v, "hermes") || !strcmp(v, "mistral")) sp.tool_call_format = v;
             else if (!strcmp(v, "llama3_json")) sp.tool_call_format = "llama3";
@@ -167,43 +221,46 @@ int cmd_serve(int argc, char **argv) {
                           "(or --tool-call-format none)", v);
                 return 2;
             }
-        }
-        else if (!strcmp(a, "--log-format")) {
+            break;
+        case V_LOG_FORMAT:
             if (strcmp(v, "text") && strcmp(v, "json")) { cli_error("--log-format: '%s' is not text or json", v); return 2; }
             sp.log_json = !strcmp(v, "json");
+            break;
+        case V_LOG_INTERVAL: if (!cli_float(a, v, 0, 86400, &sp.log_interval)) return 2; break;
+        case V_PARALLEL: if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; ep.max_seqs = (int)l; break;
+        case V_BATCHED_TOKENS: if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; ep.max_batch_tokens = (int)l; break;
+        case V_HOST: sp.host = v; break;
+        case V_PORT: if (!cli_int(a, v, 0, 65535, &l)) return 2; sp.port = (int)l; break;
+        case V_API_KEY: sp.api_key = v; break;
+        case V_MAX_QUEUE: if (!cli_int(a, v, 1, 1 << 24, &l)) return 2; ep.max_queue = (int)l; break;
+        case V_MAX_BODY: if (!parse_bytes(a, v, &max_body)) return 2; break;
+        case V_MAX_CONNS: if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; sp.max_conns = (int)l; break;
+        case V_MAX_CONNS_CLIENT: if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; sp.max_conns_per_client = (int)l; break;
+        case V_HEADER_TIMEOUT: if (!cli_float(a, v, 0.1, 3600, &sp.header_timeout)) return 2; break;
+        case V_BODY_TIMEOUT: if (!cli_float(a, v, 0.1, 3600, &sp.body_timeout)) return 2; break;
+        case V_IDLE_TIMEOUT: if (!cli_float(a, v, 1, 3600, &sp.idle_timeout)) return 2; break;
+        case V_SHUTDOWN_TIMEOUT: if (!cli_float(a, v, 0, 3600, &grace)) return 2; break;
+        case V_TEMPLATE: case V_TEMPLATE_FILE: template_arg = v; template_is_file = op->id == V_TEMPLATE_FILE; break;
+        case V_CTX: if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2; break;
+        case V_THREADS: if (!cli_int(a, v, 1, 1024, &threads)) return 2; break;
         }
-        else if (!strcmp(a, "--log-interval")) { if (!cli_float(a, v, 0, 86400, &sp.log_interval)) return 2; }
-        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel") || !strcmp(a, "--max-num-seqs")) {
-            if (!cli_int(a, v, 1, 1 << 20, &l)) return 2;
-            ep.max_seqs = (int)l;
-        }
-        else if (!strcmp(a, "--max-num-batched-tokens")) { if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; ep.max_batch_tokens = (int)l; }
-        else if (!strcmp(a, "--host")) sp.host = v;
-        else if (!strcmp(a, "--port")) { if (!cli_int(a, v, 0, 65535, &l)) return 2; sp.port = (int)l; }
-        else if (!strcmp(a, "--api-key")) sp.api_key = v;
-        else if (!strcmp(a, "--max-queue")) { if (!cli_int(a, v, 1, 1 << 24, &l)) return 2; ep.max_queue = (int)l; }
-        else if (!strcmp(a, "--max-body")) { if (!parse_bytes(a, v, &max_body)) return 2; }
-        else if (!strcmp(a, "--max-connections")) { if (!cli_int(a, v, 1, 1 << 20, &l)) return 2; sp.max_conns = (int)l; }
-        else if (!strcmp(a, "--max-connections-per-client")) {
-            if (!cli_int(a, v, 1, 1 << 20, &l)) return 2;
-            sp.max_conns_per_client = (int)l;
-        }
-        else if (!strcmp(a, "--header-timeout")) { if (!cli_float(a, v, 0.1, 3600, &sp.header_timeout)) return 2; }
-        else if (!strcmp(a, "--body-timeout")) { if (!cli_float(a, v, 0.1, 3600, &sp.body_timeout)) return 2; }
-        else if (!strcmp(a, "--idle-timeout")) { if (!cli_float(a, v, 1, 3600, &sp.idle_timeout)) return 2; }
-        else if (!strcmp(a, "--shutdown-timeout")) { if (!cli_float(a, v, 0, 3600, &grace)) return 2; }
-        else if (!strcmp(a, "--chat-template") || !strcmp(a, "--chat-template-file")) {
-            template_arg = v;
-            template_is_file = !strcmp(a, "--chat-template-file");
-        }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) {
-            if (!cli_int(a, v, 2, 1 << 24, &n_ctx)) return 2;
-        }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_unknown("serve", a, k_usage, cli_engine_usage); return 2; }
     }
     if (!cli_opt_end()) return 2;
-    if (!model) { cli_error("serve: -m MODEL is required (see kvllm serve --help)"); return 2; }
+    if (!sp.kv_events.endpoint && (sp.kv_events.replay_endpoint || sp.kv_events.topic)) {
+        cli_error("serve: --kv-events-replay and --kv-events-topic need --kv-events ENDPOINT");
+        return 2;
+    }
+    if (!model && !hf.repo) { cli_error("serve: -m MODEL (or -hf REPO) is required (see kvllm serve --help)"); return 2; }
+    /* vllm serve owner/name: a name that is no path is a repository, its Hugging Face folder preferred */
+    const char *named = hf.repo ? hf.repo : model;
+    if (cli_hf_model(&hf, &model, true, true)) return 1;
+    char local[4096];
+    if (hf.path) {
+        snprintf(local, sizeof local, "%s", hf.path);
+        cli_hf_free(&hf);
+        model = local;
+        if (!alias) alias = named;   /* clients ask for the repository's name, as of vLLM */
+    }
     if (verbose) kvllm_log_set_level(KVLLM_LOG_DEBUG);
     char id[256];
     model_id(model, alias, id, sizeof id);
@@ -217,6 +274,13 @@ int cmd_serve(int argc, char **argv) {
     sp.chat_template = tmpl;
     sp.max_body = (size_t)max_body;
 
+    struct kvllm_model_params mp = kvllm_model_default_params();
+    mp.tokenizer_path = tokenizer;
+    mp.n_threads = (int)threads;
+    struct kvllm_model *m = NULL;
+    /* a tensor-parallel rank > 0 serves no HTTP: it follows rank 0's engine (and exits there) */
+    if (cli_tp_rank() > 0) return cli_model_load(model, &mp, &m) ? 1 : 0;
+
     /* every thread created from here on inherits the blocked set */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -227,17 +291,13 @@ int cmd_serve(int argc, char **argv) {
     raise_fd_limit();
 
     struct server *srv = NULL;
-    struct kvllm_model *m = NULL;
     struct kvllm_engine *e = NULL;
     int rc = server_start(&sp, &srv);
     free(tmpl);
     if (rc) return 1;
     server_log(srv, KVLLM_LOG_INFO, "listening on http://%s:%d (model '%s' loading)", sp.host, server_port(srv), id);
 
-    struct kvllm_model_params mp = kvllm_model_default_params();
-    mp.tokenizer_path = tokenizer;
-    mp.n_threads = (int)threads;
-    rc = kvllm_model_load(model, &mp, &m);
+    rc = cli_model_load(model, &mp, &m);
     if (!rc) {
         const struct kvllm_model_desc *d = kvllm_model_describe(m);
         ep.n_ctx = n_ctx > 0 ? (int)n_ctx : d->n_ctx_train;
@@ -252,9 +312,22 @@ int cmd_serve(int argc, char **argv) {
                 server_port(srv), ep.n_ctx, ep.max_seqs);
         int sig = 0;
         sigwait(&sigs, &sig);
-        server_log(srv, KVLLM_LOG_INFO, "%s: draining (up to %g s; signal again to stop now)",
-                sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
-        drain(srv, &sigs, grace);
+        if (cli_tp_size() > 1 && !server_failed(srv)) {
+            /* under mpirun a signal reaches every rank (or follows one rank's death): the other ranks
+             * are gone or going, so running requests cannot finish and end with an error now */
+            kvllm_tp_fail(sig == SIGINT ? "SIGINT: the job is being stopped" : "SIGTERM: the job is being stopped");
+        }
+        if (kvllm_engine_failed(e)) {
+            /* the running requests were ended with errors; /health answers "failed" a moment (for
+             * whoever polls it), then the process exits non-zero */
+            server_log(srv, KVLLM_LOG_ERROR, "the engine failed: stopping in %g s", FAILED_LINGER_S);
+            drain(srv, &sigs, FAILED_LINGER_S);
+            rc = KVLLM_ECOMM;
+        } else {
+            server_log(srv, KVLLM_LOG_INFO, "%s: draining (up to %g s; signal again to stop now)",
+                       sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
+            drain(srv, &sigs, grace);
+        }
     }
     server_stop(srv);
     kvllm_engine_free(e);

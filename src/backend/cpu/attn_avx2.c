@@ -24,34 +24,6 @@
 #define MAX_HD 256        /* larger heads take the scalar step */
 #define MAX_N CPU_PA_CHUNK
 
-/* exp(x) for x <= 0 (scores minus their running max), about 1 ulp: Cody-Waite
- * reduction by ln 2 and Cephes' degree-6 polynomial; x < -87.3 (and -inf)
- * gives 0. */
-ALWAYS_INLINE __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* fx >= -126 here, so 2^fx is a normal float */
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-/* Lanes < n (0..7) of a mask. */
-ALWAYS_INLINE __m256i lanes(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* Row `row` of K or V as f32: in place for f32, else converted into buf
  * (8-bit codes without their scale).  hd is a multiple of 8. */
 static const float *row_f32(enum kv_type type, const void *base, size_t row, int hd, float *buf) {
@@ -202,15 +174,15 @@ static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc,
         const __m256 m = _mm256_set1_ps(p[0]);
         __m256 vl = _mm256_setzero_ps();
         for (jj = 0; jj + 8 <= n; jj += 8) {
-            __m256 w = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(si + jj), m));
+            __m256 w = avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(si + jj), m));
             _mm256_storeu_ps(si + jj, w);
             vl = _mm256_add_ps(vl, w);
         }
         if (jj < n) {
-            const __m256i mk = lanes(n - jj);
+            const __m256i mk = avx2_lanes(n - jj);
             __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(si + jj, mk),
                                         _mm256_castsi256_ps(mk));
-            __m256 w = exp_neg(_mm256_sub_ps(x, m));
+            __m256 w = avx2_exp_neg(_mm256_sub_ps(x, m));
             _mm256_maskstore_ps(si + jj, mk, w);
             vl = _mm256_add_ps(vl, w);
         }

@@ -66,7 +66,7 @@ ALWAYS_INLINE __m512 reg512(__m512 v) {
     return v;
 }
 
-/* exp(x) for x <= 0, the AVX2 step's exp_neg in 16 lanes: Cody-Waite
+/* exp(x) for x <= 0, avx2_exp_neg (avx2_util.h) in 16 lanes: Cody-Waite
  * reduction by ln 2, Cephes' degree-6 polynomial; x < -87.3 (and -inf)
  * gives 0. */
 ALWAYS_INLINE __m512 exp_neg16(__m512 x) {

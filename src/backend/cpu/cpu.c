@@ -205,6 +205,8 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         ops->name = "avx2";
         ops->matmul = cpu_matmul_simd;
         ops->paged_attention = cpu_paged_attention_avx2;
+        ops->gelu = cpu_gelu_avx2;
+        ops->geglu = cpu_geglu_avx2;
         *qrows = f.avxvnni && cpu_q8_avxvnni_built() ? qmm_group_avxvnni : qmm_group_avx2;
         return 0;
     }
@@ -224,6 +226,8 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         /* the AVX2 step's arithmetic bit for bit (test_backend_paged_attn), so the
          * avx512 set answers exactly as the avx2 set does */
         ops->paged_attention = cpu_paged_attention_avx512;
+        ops->gelu = cpu_gelu_avx2;
+        ops->geglu = cpu_geglu_avx2;
         *qrows = qmm_group_avx512;
         return 0;
     }

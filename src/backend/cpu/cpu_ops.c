@@ -138,12 +138,16 @@ int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, c
     const int n_rot = p->n_rot, half = n_rot / 2;
     const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
     const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
+    /* each pair's frequency once per call, not per token (pow was a third of a prefill's rope) */
+    enum { MAX_PAIRS = 256 };
+    double fr[MAX_PAIRS];
+    for (int i = 0; i < half && i < MAX_PAIRS; i++) fr[i] = pow((double)p->theta, -2.0 * i / (double)n_rot);
     for (int t = 0; t < n; t++) {
         float *xt = x + (size_t)t * n_head * head_dim;
         for (int i = 0; i < half; i++) {
             /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            double ang = (double)pos[t] * pow((double)p->theta, -2.0 * i / (double)n_rot);
-            if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
+            double ang = (double)pos[t] * (i < MAX_PAIRS ? fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
+                         rope_pair_scale(p, i);
             if (ff) ang /= (double)ff[i];
             const double ms = p->attn_factor != 0 ? (double)p->attn_factor : 1.0;
             float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);

@@ -5,7 +5,8 @@
  * of its own sequence (with a sliding window W > 0: only L-W .. L-1),
  * whose position p lives in block block_table[seq[t]][p / block_size], slot
  * p % block_size.  The context is cut into splits at
- * multiples of PAGED_ATTN_SPLIT; one work item is (token, kv head, split):
+ * multiples of PAGED_ATTN_SPLIT (under a window, the window into equal
+ * parts: pa_n_split); one work item is (token, kv head, split):
  * it walks the split's positions in chunks that end at multiples of
  * cap = min(PA_CHUNK, PA_SCORES / g), wherever blocks end (a chunk gathers
  * its rows from the blocks it spans), and, for all g = n_head / n_head_kv
@@ -155,18 +156,36 @@ static inline const float *pa_row(enum kv_type type, const void *base, size_t ro
     }
 }
 
-static inline int pa_n_split(int L) { return (L + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT; }
-
 /* First position a context of L positions attends (> 0 only under a sliding window). */
 static inline int pa_lo(const struct paged_attn_args *a, int L) {
     return a->window > 0 && L > a->window ? L - a->window : 0;
 }
 
+/* Splits of a context of L positions.  Full attention: at multiples of
+ * PAGED_ATTN_SPLIT.  Under a sliding window the attended positions [lo, L)
+ * are cut into equal parts of at least PA_WIN_SPLIT, no more parts than
+ * full attention would make (the partials scratch is sized for those): a
+ * window of 512 lay in one split, so one thread did a sliding layer's
+ * whole decode attention while the others waited. */
+#define PA_WIN_SPLIT 128
+static inline int pa_n_split(const struct paged_attn_args *a, int L) {
+    const int ns = (L + PAGED_ATTN_SPLIT - 1) / PAGED_ATTN_SPLIT;
+    if (a->window <= 0) return ns;
+    const int nw = (L - pa_lo(a, L) + PA_WIN_SPLIT - 1) / PA_WIN_SPLIT;
+    return nw < ns ? nw : ns;
+}
+
 /* Positions split s of a context of L positions attends: [p0, p1), possibly empty. */
 static inline void pa_split_range(const struct paged_attn_args *a, int L, int s, int *p0, int *p1) {
-    const int s0 = s * PAGED_ATTN_SPLIT, lo = pa_lo(a, L);
-    *p1 = L - s0 < PAGED_ATTN_SPLIT ? L : s0 + PAGED_ATTN_SPLIT;
-    *p0 = s0 > lo ? s0 : lo;
+    if (a->window <= 0) {
+        const int s0 = s * PAGED_ATTN_SPLIT;
+        *p1 = L - s0 < PAGED_ATTN_SPLIT ? L : s0 + PAGED_ATTN_SPLIT;
+        *p0 = s0;
+        return;
+    }
+    const int lo = pa_lo(a, L), ns = pa_n_split(a, L), per = (L - lo + ns - 1) / ns;
+    *p0 = lo + s * per < L ? lo + s * per : L;
+    *p1 = *p0 + per < L ? *p0 + per : L;
 }
 
 struct pa_job {
@@ -185,16 +204,18 @@ static inline float *pa_partial(const struct pa_job *j, int t, int h, int s) {
                          ((size_t)a->head_dim + 2);
 }
 
-/* Combine token t / head h's ns partials in ascending split order into out. */
+/* Combine token t / head h's ns partials in ascending split order into out;
+ * a sink is one more partial of (m = sinks[h], l = 1, acc = 0). */
 static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
     const struct paged_attn_args *a = j->a;
     const int hd = a->head_dim;
     float *out = a->out + ((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)hd;
-    float m = -INFINITY, l = 0;
+    float m = a->sinks ? a->sinks[h] : -INFINITY, l = 0;
     for (int s = 0; s < ns; s++) {
         float ms = pa_partial(j, t, h, s)[0];
         m = ms > m ? ms : m;
     }
+    if (a->sinks) l = expf(a->sinks[h] - m);
     memset(out, 0, (size_t)hd * sizeof *out);
     for (int s = 0; s < ns; s++) {
         const float *p = pa_partial(j, t, h, s);
@@ -273,8 +294,8 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const struct kv_layer_view *kv = &a->kv;
     const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv;
     const int L = a->pos[t] + 1;
-    /* sliding window: positions <= pos - window are skipped; a split wholly before the window stays
-     * empty (m = -inf, l = 0) and weighs nothing in the merge */
+    /* sliding window: the splits cover only positions > pos - window (pa_split_range); an empty
+     * split stays (m = -inf, l = 0) and weighs nothing in the merge */
     int p0, p1;
     pa_split_range(a, L, s, &p0, &p1);
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
@@ -320,7 +341,7 @@ static void pa_items_chunk(void *arg, long c, int ith) {
         int mid = (lo + hi + 1) / 2;
         if (j->item_off[mid] <= c) lo = mid; else hi = mid - 1;
     }
-    const int t = lo, ns = pa_n_split(a->pos[t] + 1);
+    const int t = lo, ns = pa_n_split(a, a->pos[t] + 1);
     const long k = c - j->item_off[t];
     pa_item(j, t, (int)(k / ns), (int)(k % ns), ns);
 }
@@ -329,7 +350,7 @@ static void pa_items_chunk(void *arg, long c, int ith) {
 static void pa_merge_chunk(void *arg, long c, int ith) {
     (void)ith;
     const struct pa_job *j = arg;
-    const int t = j->merge_tok[c], ns = pa_n_split(j->a->pos[t] + 1);
+    const int t = j->merge_tok[c], ns = pa_n_split(j->a, j->a->pos[t] + 1);
     for (int h = 0; h < j->a->n_head; h++) pa_merge(j, t, h, ns);
 }
 
@@ -353,7 +374,7 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
             LOG_ERR("paged attention at position %d: the context was sized for %d", a->pos[t], cc->max_ctx);
             return KVLLM_ERANGE;
         }
-        int ns = pa_n_split(a->pos[t] + 1);
+        int ns = pa_n_split(a, a->pos[t] + 1);
         j.s_max = ns > j.s_max ? ns : j.s_max;
         off[t + 1] = off[t] + (long)a->n_head_kv * ns;
         if (ns > 1) merge[n_merge++] = t;
@@ -395,8 +416,7 @@ static void shift_layer(void *arg, long il, int ith) {
     float *buf = j->cc->scratch + (size_t)ith * (size_t)j->cc->scratch_cols;   /* (head_dim) */
     float *cs = buf + hd, *sn = cs + half;                                       /* (half) each */
     for (int i = 0; i < half; i++) {
-        double ang = (double)j->delta * pow((double)p->theta, -2.0 * i / (double)p->n_rot);
-        if (p->freq_scale != 0 && p->freq_scale != 1) ang *= (double)p->freq_scale;
+        double ang = (double)j->delta * pow((double)p->theta, -2.0 * i / (double)p->n_rot) * rope_pair_scale(p, i);
         if (ff) ang /= (double)ff[i];
         cs[i] = (float)cos(ang);
         sn[i] = (float)sin(ang);

@@ -43,6 +43,24 @@ int cpu_moe_route(struct backend_ctx *c, int32_t *ids, float *weights, const flo
     return 0;
 }
 
+/* g (n) = swiglu_oai(g, u) (enum glu_kind). */
+static void swiglu_oai(float *g, const float *u, long n) {
+    for (long i = 0; i < n; i++) {
+        const float x = g[i] < GLU_OAI_LIMIT ? g[i] : GLU_OAI_LIMIT;
+        const float y = u[i] < -GLU_OAI_LIMIT ? -GLU_OAI_LIMIT : u[i] > GLU_OAI_LIMIT ? GLU_OAI_LIMIT : u[i];
+        g[i] = x / (1.0f + expf(-GLU_OAI_ALPHA * x)) * (y + 1.0f);
+    }
+}
+
+/* y (m, b->ne0) += row e of the 2-D bias b, when there is one. */
+static int expert_bias(const struct backend_ops *k, struct backend_ctx *c, float *y, const struct tensor *b, int e,
+                       int m) {
+    if (!b) return 0;
+    const struct tensor row = { .type = DTYPE_F32, .ne0 = b->ne0, .ne1 = 1, .row_bytes = b->row_bytes,
+                                .data = tensor_row(b, e) };
+    return k->add_bias(c, y, &row, m, (int)b->ne0);
+}
+
 int cpu_moe(struct backend_ctx *c, const struct moe_args *a) {
     const struct backend_ops *k = &cpu_backend_of(c->be)->kernels;   /* unwalled: this op is already inside */
     const int n = a->n_tokens, E = a->n_embd, F = a->n_ff;
@@ -65,10 +83,17 @@ int cpu_moe(struct backend_ctx *c, const struct moe_args *a) {
                 }
         if (!m) continue;
         int rc;
-        if ((rc = k->matmul(c, a->g, &a->gate[e], a->xs, m)) || (rc = k->matmul(c, a->u, &a->up[e], a->xs, m)))
+        if ((rc = k->matmul(c, a->g, &a->gate[e], a->xs, m)) || (rc = k->matmul(c, a->u, &a->up[e], a->xs, m)) ||
+            (rc = expert_bias(k, c, a->g, a->gate_b, e, m)) || (rc = expert_bias(k, c, a->u, a->up_b, e, m)))
             return rc;
-        rc = a->act == GLU_SILU ? k->swiglu(c, a->g, a->u, (long)m * F) : k->geglu(c, a->g, a->u, (long)m * F);
-        if (rc || (rc = k->matmul(c, a->ys, &a->down[e], a->g, m))) return rc;
+        switch (a->act) {
+        case GLU_SILU: rc = k->swiglu(c, a->g, a->u, (long)m * F); break;
+        case GLU_GELU: rc = k->geglu(c, a->g, a->u, (long)m * F); break;
+        case GLU_SWIGLU_OAI: swiglu_oai(a->g, a->u, (long)m * F); break;
+        }
+        if (rc || (rc = k->matmul(c, a->ys, &a->down[e], a->g, m)) ||
+            (rc = expert_bias(k, c, a->ys, a->down_b, e, m)))
+            return rc;
         m = 0;
         for (int t = 0; t < n; t++)
             for (int j = 0; j < a->n_used; j++)

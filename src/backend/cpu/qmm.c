@@ -20,9 +20,13 @@ bool qmm_supports(uint32_t type, int64_t K) {
 
 /* The K-quant row (K + K / 64 + K / 8 + K / 16 bytes) fits in this too. */
 /* Whether the 8-bit path takes tensor t: its type and row length, and not
- * the matrices tensor.h's TENSOR_F_F32_ACT marks stay with f32 activations. */
+ * the matrices tensor.h's TENSOR_F_F32_ACT marks stay with f32 activations,
+ * nor those TENSOR_F_FINE_ACT marks whose activation rows would be scaled
+ * per 256 (the K-quants'). */
 static bool q8_takes(const struct tensor *t) {
-    return qmm_supports(t->type, t->ne0) && !(t->flags & TENSOR_F_F32_ACT);
+    if (t->flags & TENSOR_F_F32_ACT) return false;
+    if ((t->flags & TENSOR_F_FINE_ACT) && qmm_act_k(t->type)) return false;
+    return qmm_supports(t->type, t->ne0);
 }
 
 size_t qmm_act_row_bytes(int64_t K) {

@@ -125,8 +125,9 @@ __global__ void __launch_bounds__(WARPS * 32) k_attn(struct paged_attn_args a, f
 
     for (int i = warp; i < g; i += WARPS) {
         const int h = hk * g + i;
-        if (ns == 1) {
-            const float inv = 1.0f / l_s[i];
+        if (ns == 1) {   /* a sink joins as one more partial (m = sinks[h], l = 1, acc = 0) */
+            const float m = a.sinks ? fmaxf(m_s[i], a.sinks[h]) : m_s[i], c = expf(m_s[i] - m);
+            const float inv = c / (l_s[i] * c + (a.sinks ? expf(a.sinks[h] - m) : 0.0f));
             float *out = a.out + ((size_t)t * a.n_head + h) * hd;
             for (int d = lane; d < hd; d += 32) out[d] = acc_s[i * hd + d] * inv;
         } else {
@@ -149,8 +150,9 @@ __global__ void k_attn_merge(struct paged_attn_args a, const float *partials, in
     if (ns == 1) return;
     const size_t ps = (size_t)hd + 2;
     const float *p0 = partials + ((size_t)t * a.n_head + h) * s_max * ps;
-    float m = -INFINITY, l = 0.0f;
+    float m = a.sinks ? a.sinks[h] : -INFINITY, l = 0.0f;   /* a sink: one more partial (sinks[h], 1, 0) */
     for (int s = 0; s < ns; s++) m = fmaxf(m, p0[s * ps]);
+    if (a.sinks) l = expf(a.sinks[h] - m);
     for (int s = 0; s < ns; s++) l += p0[s * ps + 1] * expf(p0[s * ps] - m);
     const float inv = 1.0f / l;
     float *out = a.out + ((size_t)t * a.n_head + h) * hd;

@@ -56,10 +56,19 @@ static const struct backend_ops k_cuda_ops;
 static struct cuda_backend *cb_of(struct backend *be) { return (struct cuda_backend *)(void *)be; }
 static struct cuda_ctx *cc_of(struct backend_ctx *c) { return (struct cuda_ctx *)(void *)c; }
 
-/* Log a failed CUDA call and map it to a KVLLM_E* code. */
+/* Log a failed CUDA call and map it to a KVLLM_E* code.  The runtime also keeps the failure as its
+ * "last error"; it is read (and so cleared) here, because every kernel launch is checked with
+ * cudaGetLastError and would otherwise report this failure again, later, under another op. */
 static int cu_fail(cudaError_t e, const char *call, const char *func) {
+    (void)cudaGetLastError();
     LOG_ERR("cuda: %s: %s failed: %s (%s)", func, call, cudaGetErrorName(e), cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? KVLLM_ENOMEM : KVLLM_EBACKEND;
+}
+/* For the calls whose failure is not reported (a free, a query with a fallback): true on success;
+ * on failure the runtime's last error is cleared, as cu_fail does. */
+static bool cu_ok(cudaError_t e) {
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e == cudaSuccess;
 }
 #define CU(call)                                                              \
     do {                                                                      \
@@ -94,7 +103,7 @@ static int cuda_buf_alloc(struct backend *be, size_t bytes, struct backend_buf *
 
 static void cuda_buf_free(struct backend *be, struct backend_buf *b) {
     if (!b || !b->data) return;
-    if (cudaSetDevice(cb_of(be)->device) == cudaSuccess) {
+    if (cu_ok(cudaSetDevice(cb_of(be)->device))) {
         cudaError_t e = cudaFree(b->data);
         if (e != cudaSuccess) cu_fail(e, "cudaFree", __func__);
     }
@@ -163,7 +172,7 @@ static int cuda_place_weights(struct backend *be, struct tensor *const *ts, int 
 static void cuda_ctx_free(struct backend_ctx *c) {
     if (!c) return;
     struct cuda_ctx *cc = cc_of(c);
-    if (cudaSetDevice(cb_of(c->be)->device) == cudaSuccess) {
+    if (cu_ok(cudaSetDevice(cb_of(c->be)->device))) {
         if (cc->stream) cudaStreamSynchronize(cc->stream);
         cudaFree(cc->partials);
         cudaFree(cc->d_err);
@@ -406,7 +415,7 @@ static int cuda_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *l
  * 0 (unknown) when the device cannot be asked. */
 static uint64_t cuda_mem_available(struct backend *be) {
     size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(cb_of(be)->device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+    if (!cu_ok(cudaSetDevice(cb_of(be)->device)) || !cu_ok(cudaMemGetInfo(&free_b, &total_b))) return 0;
     return (uint64_t)free_b;
 }
 
@@ -500,7 +509,7 @@ bool backend_is_cuda(const struct backend *be) { return be && be->ops == &k_cuda
 void backend_cuda_free(struct backend *be) {
     if (!be) return;
     struct cuda_backend *b = cb_of(be);
-    if (cudaSetDevice(b->device) == cudaSuccess)
+    if (cu_ok(cudaSetDevice(b->device)))
         for (int i = 0; i < b->n_weights; i++) cudaFree(b->weights[i]);
     free(b->weights);
     pthread_mutex_destroy(&b->mu);

@@ -139,17 +139,16 @@ extern "C" cudaError_t cuk_layernorm(cudaStream_t s, float *y, const float *x, c
 
 /* ---- rope: a block per token; angles in double, as cpu_rope ---- */
 
-__global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos, int n_rot, float theta,
-                       float freq_scale, const float *ff, bool neox, float attn_factor) {
-    const int t = blockIdx.x, half = n_rot / 2;
-    const int step = neox ? 1 : 2, other = neox ? half : 1;
+__global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos, struct rope_params p,
+                       const float *ff) {   /* p.freq_factors is host memory: ff is its data */
+    const int t = blockIdx.x, n_rot = p.n_rot, half = n_rot / 2;
+    const int step = p.neox ? 1 : 2, other = p.neox ? half : 1;
     float *xt = x + (size_t)t * n_head * head_dim;
     for (int k = threadIdx.x; k < half * n_head; k += blockDim.x) {
         const int i = k % half, h = k / half;
-        double ang = (double)pos[t] * pow((double)theta, -2.0 * i / (double)n_rot);
-        if (freq_scale != 0 && freq_scale != 1) ang *= (double)freq_scale;
+        double ang = (double)pos[t] * pow((double)p.theta, -2.0 * i / (double)n_rot) * rope_pair_scale(&p, i);
         if (ff) ang /= (double)ff[i];
-        const double ms = attn_factor != 0 ? (double)attn_factor : 1.0;
+        const double ms = p.attn_factor != 0 ? (double)p.attn_factor : 1.0;
         const float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
         float *q = xt + (size_t)h * head_dim + (size_t)i * step;
         const float a = q[0], b = q[other];
@@ -162,7 +161,7 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_head, int
                                 const struct rope_params *p) {
     if (n <= 0 || p->n_rot < 2) return cudaSuccess;
     const float *ff = p->freq_factors ? (const float *)p->freq_factors->data : NULL;
-    k_rope<<<n, ROW_THREADS, 0, s>>>(x, n_head, head_dim, pos, p->n_rot, p->theta, p->freq_scale, ff, p->neox, p->attn_factor);
+    k_rope<<<n, ROW_THREADS, 0, s>>>(x, n_head, head_dim, pos, *p, ff);
     return CU_LAUNCH_CHECK();
 }
 

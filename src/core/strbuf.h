@@ -1,8 +1,9 @@
-/* strbuf.h — a growable byte string and UTF-8 checks, for building HTTP
- * bodies.  Allocation failure is sticky: the buffer sets `oom`, later appends
- * do nothing, and the caller checks once at the end. */
-#ifndef KVLLM_SERVER_STRBUF_H
-#define KVLLM_SERVER_STRBUF_H
+/* strbuf.h — the one growable byte string (HTTP bodies, GBNF text compiled
+ * from a JSON Schema, ...) and UTF-8 checks.  Allocation failure is sticky:
+ * the buffer sets `oom`, later appends do nothing, and the caller checks
+ * once at the end.  A zeroed struct is an empty buffer. */
+#ifndef KVLLM_CORE_STRBUF_H
+#define KVLLM_CORE_STRBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,6 +20,9 @@ void sb_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(pri
 /* The string (never NULL unless out of memory: "" for an empty buffer); the
  * buffer is left empty and the caller owns the result. */
 char *sb_take(struct strbuf *b);
+/* Empty the buffer for reuse: its memory is kept, a past allocation
+ * failure forgotten. */
+void sb_clear(struct strbuf *b);
 void sb_free(struct strbuf *b);
 
 /* Whether s[0..n) is well-formed UTF-8 (no overlongs, surrogates or code

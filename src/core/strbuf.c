@@ -1,5 +1,5 @@
 /* strbuf.c — growable strings and UTF-8 validation. */
-#include "server/strbuf.h"
+#include "core/strbuf.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -51,6 +51,12 @@ char *sb_take(struct strbuf *b) {
     char *s = b->s ? b->s : calloc(1, 1);
     *b = (struct strbuf){ 0 };
     return s;
+}
+
+void sb_clear(struct strbuf *b) {
+    b->len = 0;
+    b->oom = false;
+    if (b->s) b->s[0] = 0;
 }
 
 void sb_free(struct strbuf *b) {

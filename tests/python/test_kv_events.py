@@ -1,0 +1,342 @@
+"""`kvllm serve --kv-events`: what the prefix cache stores and evicts, published as vLLM publishes it,
+read here with pyzmq and msgpack as a router reads it.
+
+The schema is vLLM's (vllm/distributed/kv_events.py): a batch is the positional array [ts, events,
+data_parallel_rank] (msgspec array_like); events are tagged structs, encoded today as maps whose keys come
+in declaration order after "type" (vllm-router 0.1.17 reads them so), or with --kv-events-layout array as
+vLLM <= 0.11's positional arrays [tag, field...].  Messages are three frames [topic, seq (8 bytes, big
+endian), payload]; the replay socket answers [identity, "", start] with [identity, "", seq, payload] per
+kept batch and [identity, "", -1, ""] at the end.  Also: the endpoints routers probe, the metrics under
+vLLM's names, and bad options.  Model: stories260K on one thread, block size 16.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from ports import free_ports
+from server_util import Server, stories_args
+
+BS = 16
+PROMPT = ("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her "
+          "friends every day. One day she saw a big red ball")
+
+STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+               "lora_name"]
+
+
+
+
+class Events:
+    """A subscriber and a replay client on one server's endpoints."""
+
+    def __init__(self, pub: str, replay: str, topic: bytes = b""):
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self.sub.connect(pub)
+        self.replay_ep = replay
+
+    def recv(self, timeout: float = 5.0) -> list[bytes]:
+        assert self.sub.poll(int(timeout * 1000)), "no event batch arrived"
+        return self.sub.recv_multipart()
+
+    def drain(self, quiet: float = 0.3) -> list[list[bytes]]:
+        out = []
+        while self.sub.poll(int(quiet * 1000)):
+            out.append(self.sub.recv_multipart())
+        return out
+
+    def replay(self, start: int) -> list[tuple[int, bytes]]:
+        d = self.ctx.socket(zmq.DEALER)
+        d.connect(self.replay_ep)
+        d.send_multipart([b"", start.to_bytes(8, "big")])
+        got = []
+        while True:
+            assert d.poll(5000), "the replay did not end"
+            f = d.recv_multipart()
+            assert len(f) == 3 and f[0] == b"" and len(f[1]) == 8
+            seq = int.from_bytes(f[1], "big", signed=True)
+            if seq < 0:
+                assert f[2] == b""
+                break
+            got.append((seq, f[2]))
+        d.close(0)
+        return got
+
+    def close(self):
+        self.ctx.destroy(0)
+
+
+def start(kvllm, stories, *extra, ports=None):
+    http, pub, rep = ports or free_ports(3)
+    s = Server(kvllm, *stories_args(stories), "--alias", "stories", "--kv-events", f"tcp://127.0.0.1:{pub}",
+               "--kv-events-replay", f"tcp://127.0.0.1:{rep}", *extra)
+    return s, Events(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"), (pub, rep)
+
+
+def complete(s: Server, prompt: str, max_tokens: int = 2) -> dict:
+    st, _, body = s.request("POST", "/v1/completions", {"model": "stories", "prompt": prompt,
+                                                         "max_tokens": max_tokens, "temperature": 0})
+    assert st == 200, body
+    import json
+    return json.loads(body)
+
+
+def tokens(s: Server, prompt: str) -> list[int]:
+    import json
+    st, _, body = s.request("POST", "/tokenize", {"prompt": prompt})
+    assert st == 200, body
+    return json.loads(body)["tokens"]
+
+
+def events_of(payload: bytes) -> list:
+    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    assert isinstance(batch, list) and len(batch) == 3, batch
+    ts, events, rank = batch
+    assert isinstance(ts, float) and abs(ts - time.time()) < 60 and rank == 0
+    return events
+
+
+@pytest.fixture(scope="module")
+def pub(kvllm, stories):
+    s, ev, _ = start(kvllm, stories)
+    yield s, ev
+    ev.close()
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+
+
+def test_frames_schema_and_chain(pub):
+    """One completion: the batch's frames, the exact bytes of the map layout, BlockStored's fields in
+    vLLM's order, the prompt's full blocks with their tokens, hashes chained parent to child."""
+    s, ev = pub
+    time.sleep(0.3)  # the subscription reaches the publisher
+    ids = tokens(s, PROMPT)
+    complete(s, PROMPT)
+    frames = ev.recv()
+    assert len(frames) == 3 and frames[0] == b"" and len(frames[1]) == 8
+    payload = frames[2]
+    # [ts (float 64), [one event], 0]: fixarray 3, float64 marker
+    assert payload[0] == 0x93 and payload[1] == 0xCB
+    events = events_of(payload)
+    assert len(events) == 1
+    e = events[0]
+    assert list(e.keys()) == STORED_KEYS, e.keys()
+    assert e["type"] == "BlockStored" and e["block_size"] == BS and e["medium"] == "GPU"
+    assert e["lora_id"] is None and e["lora_name"] is None and e["parent_block_hash"] is None
+    n_full = len(ids) // BS
+    assert n_full >= 2 and len(e["block_hashes"]) == n_full
+    assert e["token_ids"] == ids[:n_full * BS]
+    assert all(isinstance(h, int) and 0 < h < 2**64 for h in e["block_hashes"])
+    assert len(set(e["block_hashes"])) == n_full
+    # a longer prompt sharing the prefix: only its new full block is told, chained to the last one
+    longer = PROMPT + " and a little blue kite that flew high above the trees"
+    ids2 = tokens(s, longer)
+    assert ids2[:n_full * BS] == ids[:n_full * BS] and len(ids2) // BS > n_full
+    complete(s, longer)
+    e2 = events_of(ev.recv()[2])[0]
+    assert e2["type"] == "BlockStored" and e2["parent_block_hash"] == e["block_hashes"][-1]
+    assert e2["token_ids"] == ids2[n_full * BS:(len(ids2) // BS) * BS]
+    # the same prompt again is a cache hit: nothing new is stored
+    complete(s, PROMPT)
+    assert ev.drain() == []
+
+
+def test_hashes_agree_across_replicas(kvllm, stories, pub):
+    """The published hash is a function of the token prefix: a second replica names the same blocks alike
+    (the engine's own prefix-cache hash is keyed per process and never leaves it)."""
+    s, ev = pub
+    s2, ev2, _ = start(kvllm, stories)
+    try:
+        time.sleep(0.3)
+        ev.drain(0.1)
+        prompt = "Tom had a small brown dog called Max. Every morning they walked to the river and looked at the fish"
+        complete(s, prompt)
+        complete(s2, prompt)
+        ha = [h for f in ev.drain() for e in events_of(f[2]) if e["type"] == "BlockStored" for h in e["block_hashes"]]
+        hb = [h for f in ev2.drain() for e in events_of(f[2]) if e["type"] == "BlockStored" for h in e["block_hashes"]]
+        assert len(ha) >= len(tokens(s, prompt)) // BS and ha == hb  # generated tokens may fill one more
+    finally:
+        ev2.close()
+        rc, err = s2.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_sequence_numbers_and_replay(pub):
+    """Sequence numbers count batches from 0 (AllBlocksCleared, published before anyone listened); a late
+    subscriber gets everything it missed from the replay socket, in order, then the end mark."""
+    s, ev = pub
+    time.sleep(0.3)
+    ev.drain(0.1)
+    complete(s, "Ben and Mia built a tall tower of blocks in the kitchen, and the cat knocked it over twice before lunch")
+    live = ev.recv()
+    seq = int.from_bytes(live[1], "big")
+    replayed = ev.replay(0)
+    seqs = [q for q, _ in replayed]
+    assert seqs == list(range(0, seq + 1)), seqs
+    assert events_of(replayed[0][1]) == [{"type": "AllBlocksCleared"}]
+    assert replayed[-1][1] == live[2]
+    # from a later start, only what follows; past the end, just the end mark
+    assert [q for q, _ in ev.replay(seq)] == [seq]
+    assert ev.replay(seq + 1000) == []
+    # a malformed request is ignored and the socket keeps answering
+    d = ev.ctx.socket(zmq.DEALER)
+    d.connect(ev.replay_ep)
+    d.send_multipart([b"", b"\x00\x01"])
+    assert not d.poll(300)
+    d.close(0)
+    assert [q for q, _ in ev.replay(seq)] == [seq]
+
+
+def test_eviction_tells_block_removed(kvllm, stories):
+    """A pool of 8 blocks: distinct prompts evict each other's cached blocks; every removal names blocks
+    stored before and not removed since."""
+    s, ev, _ = start(kvllm, stories, "--kv-tokens", "128")
+    try:
+        time.sleep(0.3)
+        stored, removed = set(), []
+        for k in range(6):
+            complete(s, f"{k} " + PROMPT.replace("Lily", f"Lily{k}"), max_tokens=1)
+            for f in ev.drain(0.2):
+                for e in events_of(f[2]):
+                    if e["type"] == "BlockStored":
+                        stored.update(e["block_hashes"])
+                    elif e["type"] == "BlockRemoved":
+                        assert list(e.keys()) == ["type", "block_hashes", "medium"] and e["medium"] == "GPU"
+                        for h in e["block_hashes"]:
+                            assert h in stored, "removed a block never stored"
+                            stored.discard(h)
+                            removed.append(h)
+        assert removed, "no BlockRemoved with 6 prompts of 3 blocks in a pool of 8"
+        assert len(stored) <= 8
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_restart_starts_with_all_blocks_cleared(kvllm, stories):
+    """A replica restarted on the same endpoints: its sequence starts again at 0 with AllBlocksCleared,
+    which a subscriber that stayed connected gets live or, having missed it while reconnecting, from
+    the replay socket."""
+    ports = free_ports(3)
+    s, ev, _ = start(kvllm, stories, ports=ports)
+    try:
+        time.sleep(0.3)
+        complete(s, PROMPT)
+        while not any(e["type"] == "BlockStored" for e in events_of(ev.recv()[2])):
+            pass  # AllBlocksCleared (batch 0) may arrive live too
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+        s, _, _ = start(kvllm, stories, ports=ports)
+        got = []
+        for k in range(20):  # until the subscriber has reconnected (ZMQ retries every 100 ms)
+            complete(s, f"{k} " + PROMPT)
+            got = ev.drain(0.3)
+            if got:
+                break
+        assert got, "no batch from the restarted replica"
+        # the new process's sequence: batch 0 is AllBlocksCleared (live, or from the replay if missed)
+        replayed = ev.replay(0)
+        assert replayed[0][0] == 0 and events_of(replayed[0][1]) == [{"type": "AllBlocksCleared"}]
+        assert int.from_bytes(got[-1][1], "big") == replayed[-1][0] <= 21
+        if int.from_bytes(got[0][1], "big") == 0:
+            assert events_of(got[0][2]) == [{"type": "AllBlocksCleared"}]
+        stored = [e for f in got for e in events_of(f[2]) if e["type"] == "BlockStored"]
+        assert any(e["parent_block_hash"] is None for e in stored)  # a prompt's first block, cache empty
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_array_layout_and_topic(kvllm, stories):
+    """--kv-events-layout array: vLLM <= 0.11's positional events; --kv-events-topic: the first frame; a
+    socket bound to every address is listed in /kv_event_sources under the host the asker reached."""
+    import json
+    http, pub_port, rep = free_ports(3)
+    s = Server(kvllm, *stories_args(stories), "--alias", "stories", "--kv-events", f"tcp://*:{pub_port}",
+               "--kv-events-layout", "array", "--kv-events-topic", "kv")
+    st, _, body = s.request("GET", "/kv_event_sources")
+    assert st == 200 and json.loads(body) == [{"data_parallel_rank": 0, "endpoint": f"tcp://127.0.0.1:{pub_port}",
+                                               "replay_endpoint": None, "topic": "kv"}]
+    ev = Events(f"tcp://127.0.0.1:{pub_port}", "", topic=b"kv")
+    try:
+        time.sleep(0.3)
+        ids = tokens(s, PROMPT)
+        complete(s, PROMPT)
+        frames = ev.recv()
+        assert frames[0] == b"kv"
+        (e,) = events_of(frames[2])
+        n = len(ids) // BS
+        assert e[0] == "BlockStored" and len(e) == 8
+        assert e[2] is None and e[3] == ids[:n * BS] and e[4:] == [BS, None, "GPU", None] and len(e[1]) == n
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_router_endpoints(pub):
+    """What vllm-router and sglang-router probe: event sources, load, server and model info, health."""
+    import json
+    s, _ = pub
+    st, _, body = s.request("GET", "/kv_event_sources")
+    assert st == 200
+    src = json.loads(body)
+    assert len(src) == 1 and src[0]["data_parallel_rank"] == 0 and src[0]["topic"] == ""
+    assert src[0]["endpoint"].startswith("tcp://127.0.0.1:") and src[0]["replay_endpoint"].startswith("tcp://")
+    st, _, body = s.request("GET", "/get_load")
+    assert st == 200 and json.loads(body)["load"] == 0
+    st, _, body = s.request("GET", "/get_server_info")
+    info = json.loads(body)
+    assert st == 200 and info["block_size"] == BS and info["max_model_len"] == 512 and info["kv_events"] is True
+    st, _, body = s.request("GET", "/get_model_info")
+    assert st == 200 and json.loads(body)["is_generation"] is True
+    assert s.request("GET", "/health_generate")[0] == 200
+
+
+def test_vllm_metric_names(pub):
+    """The Gateway API Inference Extension's model-server protocol and vLLM dashboards: vLLM's names with
+    its model_name label, prefix-cache queries and hits in tokens."""
+    s, _ = pub
+    complete(s, PROMPT)
+    complete(s, PROMPT)
+    m = s.wait_blocks_released()  # the engine's gauges are a snapshot of its last step
+    lab = '{model_name="stories"}'
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:request_success_total",
+                 "vllm:time_to_first_token_seconds_count"):
+        assert name + lab in m, name
+    assert m["vllm:num_requests_running" + lab] == 0 and m["vllm:kv_cache_usage_perc" + lab] == 0
+    q, h = m["vllm:prefix_cache_queries_total" + lab], m["vllm:prefix_cache_hits_total" + lab]
+    assert q > 0 and 0 < h < q  # the repeated prompt hit
+    assert m["vllm:prompt_tokens_total" + lab] == m["kvllm_prompt_tokens_total"]
+
+
+def test_bad_kv_events_options(kvllm, stories, pub):
+    """An endpoint that cannot be bound (in use, malformed) stops serve with a message naming it; replay
+    without an endpoint is refused."""
+    _, ev = pub
+    _, pub_port, _ = free_ports(3)
+    busy = zmq.Context().socket(zmq.PUB)
+    busy.bind(f"tcp://127.0.0.1:{pub_port}")
+    try:
+        for ep, what in ((f"tcp://127.0.0.1:{pub_port}", "cannot bind"), ("nonsense", "cannot bind")):
+            p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--port", "0",
+                                "--kv-events", ep], capture_output=True, text=True, timeout=60)
+            assert p.returncode != 0 and "--kv-events" in p.stderr and ep in p.stderr and what in p.stderr, p.stderr
+    finally:
+        busy.close(0)
+    p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--kv-events-replay", "tcp://*:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "need --kv-events" in p.stderr, p.stderr
+    p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--kv-events", "tcp://*:1",
+                        "--kv-events-layout", "list"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "map or array" in p.stderr, p.stderr

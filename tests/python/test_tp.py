@@ -1,0 +1,269 @@
+"""Tensor parallelism over MPI (docs/TP.md): `mpirun -np N kvllm ...` on this machine's cores.
+
+- logits of 1, 2 and 4 ranks agree with the single process within float rounding (the all-reduce adds
+  partial sums, so bit equality is not promised), and greedy tokens are the same;
+- under a fixed N the output is deterministic: bit-identical logits for a prompt alone and batched with
+  others, and across runs (sums are added in rank order, never in the transport's order);
+- each rank's KV pool stores only its heads (1/N of the bytes per token) and its weights are ~1/N;
+- faults: a rank killed (SIGKILL) or hung (SIGSTOP) during serve ends the running request with an
+  error event, /health answers "failed" (hung case), and the job exits non-zero within a bound;
+- a shape that cannot be split is refused at start with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gen_model import ModelConfig, write_model
+from kvtest import read_logits, run_cli
+from ports import free_ports
+
+MPIRUN = shutil.which("mpirun")
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "KVLLM_ACT": "f32"}
+TOKENS = [1, 17, 45, 200, 3, 99, 150, 7, 64, 250, 31, 5, 88, 123, 240, 9] * 3
+
+
+@pytest.fixture(scope="module")
+def mpi(kvllm):
+    if not MPIRUN:
+        pytest.skip("this machine has no mpirun (Debian: apt-get install openmpi-bin libopenmpi-dev)")
+    ver = run_cli(kvllm, "--version")
+    if "tensor parallelism: MPI" not in ver.out:
+        pytest.skip("this kvllm was built without MPI (libopenmpi-dev absent at configure time)")
+    return kvllm
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp")
+    base = dict(n_vocab=320, n_embd=128, n_layer=2, n_head=8, n_head_kv=4, n_ff=256, n_ctx=4096)
+    return dict(
+        d=d,
+        f32=write_model(d / "f32.gguf", ModelConfig(**base), seed=5),
+        tied=write_model(d / "tied.gguf", ModelConfig(**base, tied=True), seed=6),
+        q8=write_model(d / "q8.gguf", ModelConfig(**base, dtype="q8_0"), seed=7),
+        kv2=write_model(d / "kv2.gguf", ModelConfig(**{**base, "n_head_kv": 2}), seed=8),
+        # 4 ranks would hold 16 columns of attn_output each: half a Q8_0 block
+        q8_narrow=write_model(d / "q8n.gguf", ModelConfig(**{**base, "n_embd": 64}, dtype="q8_0"), seed=9),
+    )
+
+
+def mpirun(kvllm, n: int, *args, timeout: float = 120):
+    return run_cli(MPIRUN, "-np", n, "--oversubscribe", kvllm, *args, "-t", "1", timeout=timeout, env=MPI_ENV)
+
+
+def eval_np(kvllm, model, n: int, out: Path, *extra) -> np.ndarray:
+    args = ["eval", "-m", model, "--tokens", " ".join(map(str, TOKENS)), "-o", out, *extra]
+    res = mpirun(kvllm, n, *args) if n > 1 else run_cli(kvllm, *args, "-t", "1", env=MPI_ENV)
+    assert res.returncode == 0, res.describe()
+    return read_logits(out, len(TOKENS))
+
+
+def kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    def logsm(x):
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    lp, lq = logsm(p_logits.astype(np.float64)), logsm(q_logits.astype(np.float64))
+    return float((np.exp(lp) * (lp - lq)).sum(axis=-1).max())
+
+
+@pytest.mark.parametrize("which", ["f32", "tied", "q8"])
+def test_logits_match_single_process(mpi, models, which):
+    d, model = models["d"], models[which]
+    one = eval_np(mpi, model, 1, d / f"{which}1.bin")
+    for n in (2, 4):
+        many = eval_np(mpi, model, n, d / f"{which}{n}.bin")
+        scale = float(np.abs(one).max())
+        # f32 weights: only the order of a few partial sums differs; q8: the same plus activation codes per rank
+        tol = 1e-5 if which != "q8" else 2e-3
+        assert float(np.abs(many - one).max()) <= tol * scale, (which, n, float(np.abs(many - one).max()), scale)
+        assert kld(one, many) < (1e-9 if which != "q8" else 1e-5), (which, n)
+        assert (many.argmax(-1) == one.argmax(-1)).all(), (which, n)
+
+
+def batch(kvllm, d: Path, model, n: int, prompts, name: str, max_tokens: int = 12):
+    pf, lf = d / f"{name}.txt", d / f"{name}.bin"
+    pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
+    args = ["batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens, "--logits", lf, "--kv-type", "f32"]
+    res = mpirun(kvllm, n, *args) if n > 1 else run_cli(kvllm, *args, "-t", "1", env=MPI_ENV)
+    assert res.returncode == 0, res.describe()
+    ids = [list(map(int, line.split())) for line in res.out.splitlines()]
+    return ids, np.fromfile(lf, dtype="<f4").reshape(len(ids), max_tokens, -1), res.err
+
+
+PROMPTS = [[1, 5, 9, 200, 17], [1, 250, 3, 3, 3, 8, 100, 41, 77], [1, 64], [1, 128, 129, 130, 131, 132, 133]]
+
+
+def test_greedy_tokens_and_batch_invariance(mpi, models):
+    d, model = models["d"], models["f32"]
+    ref_ids, _, _ = batch(mpi, d, model, 1, PROMPTS, "single")
+    for n in (2, 4):
+        ids, lg, _ = batch(mpi, d, model, n, PROMPTS, f"all{n}")
+        assert ids == ref_ids, f"{n} ranks: greedy tokens differ from the single process"
+        again_ids, again, _ = batch(mpi, d, model, n, PROMPTS, f"again{n}")
+        assert again_ids == ids and np.array_equal(again, lg), f"{n} ranks: two runs differ"
+        # alone vs batched with the others, same N: bit-identical
+        for i in (0, 3):
+            a_ids, a_lg, _ = batch(mpi, d, model, n, [PROMPTS[i]], f"alone{n}_{i}")
+            assert a_ids[0] == ids[i] and np.array_equal(a_lg[0], lg[i]), (n, i)
+
+
+PLAN = re.compile(r"memory plan \(([^)]*(?:\([^)]*\))?[^)]*)\): weights ([\d.]+) MiB.*?\((\d+) bytes each\)")
+
+
+def test_kv_and_weights_per_rank(mpi, models):
+    d, model = models["d"], models["f32"]
+    args = ("run", "-m", model, "-p", "hi", "-n", "2", "--kv-tokens", "64")
+    one = run_cli(mpi, *args, "-t", "1", env=MPI_ENV)
+    assert one.returncode == 0, one.describe()
+    (w1, b1), = [(float(m[2]), int(m[3])) for m in PLAN.finditer(one.err)]
+    for n in (2, 4):
+        res = mpirun(mpi, n, *args)
+        assert res.returncode == 0, res.describe()
+        err = res.err
+        plans = [(m[1], float(m[2]), int(m[3])) for m in PLAN.finditer(err)]
+        assert len(plans) == n, err
+        for name, w, b in plans:
+            assert f"of {n}" in name and b * n == b1, (name, b, b1)   # KV bytes per token: 1/N of them
+            # the embedding stays whole on every rank (0.16 MiB of this model); the rest is 1/N
+            assert w < w1 / n + 0.2, (name, w, w1)
+
+
+def test_unsplittable_shapes_refused(mpi, models):
+    res = mpirun(mpi, 4, "run", "-m", models["kv2"], "-p", "hi", "-n", "2")
+    assert res.returncode != 0
+    assert "head_count_kv 2 is not divisible by 4 ranks" in res.err, res.describe()
+    res = mpirun(mpi, 4, "run", "-m", models["q8_narrow"], "-p", "hi", "-n", "2")
+    assert res.returncode != 0
+    assert "would cut a quantized block" in res.err, res.describe()
+
+
+def test_tp_without_mpirun_refused(mpi, models):
+    res = run_cli(mpi, "run", "-m", models["f32"], "-p", "hi", "-n", "2", "--tp", "2")
+    assert res.returncode == 2 and "mpirun -np 2" in res.err, res.describe()
+
+
+class MpiServer:
+    def __init__(self, kvllm, model, n: int, *extra, port: int):
+        self.port = port
+        e = dict(os.environ, **MPI_ENV)
+        self.log = open(Path(str(model) + f".serve{port}.log"), "w+")
+        self.proc = subprocess.Popen([MPIRUN, "-np", str(n), "--oversubscribe", str(kvllm), "serve", "-m", str(model),
+                                      "--port", str(port), "-t", "1", *map(str, extra)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.text()
+            if self.health()[0] == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError("not ready:\n" + self.text())
+
+    def text(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def health(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as ex:
+            return ex.code, json.loads(ex.read() or b"{}")
+        except OSError:
+            return 0, {}
+
+    def ranks(self) -> list[int]:
+        """PIDs of the ranks (mpirun's children), indexed by their MPI rank (OMPI_COMM_WORLD_RANK)."""
+        kids = {}
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    stat = (p / "stat").read_text()
+                    env = (p / "environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) != self.proc.pid:
+                    continue
+                for kv in env:
+                    if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        kids[int(kv.split(b"=", 1)[1])] = int(p.name)
+        return [kids[r] for r in sorted(kids)]
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def stream_until_error(port: int, started) -> tuple[int, list[str]]:
+    body = json.dumps({"prompt": [1, 5, 9], "max_tokens": 3500, "ignore_eos": True, "stream": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in r:
+                line = line.decode().strip()
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:
+                        started()
+        return 200, events
+    except urllib.error.HTTPError as ex:
+        return ex.code, events
+    except OSError:
+        return 0, events
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_lost_rank_fails_the_job(mpi, models, fault):
+    import threading
+    port, = free_ports(1)
+    srv = MpiServer(mpi, models["f32"], 2, "--tp-timeout", "2", port=port)
+    try:
+        victim = srv.ranks()[-1]
+        hit = threading.Event()
+        out = {}
+
+        def started():
+            os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            hit.set()
+        t = threading.Thread(target=lambda: out.update(r=stream_until_error(port, started)))
+        t0 = time.monotonic()
+        t.start()
+        seen_failed = False
+        while srv.proc.poll() is None and time.monotonic() - t0 < 60:
+            if hit.is_set() and srv.health()[1].get("status") == "failed":
+                seen_failed = True
+            time.sleep(0.1)
+        rc = srv.proc.wait(timeout=5) if srv.proc.poll() is None else srv.proc.returncode
+        took = time.monotonic() - t0
+        t.join(timeout=10)
+        assert hit.is_set(), srv.text()
+        assert rc != 0, srv.text()
+        assert took < 30, f"the job took {took:.1f} s to end\n{srv.text()}"
+        status, events = out["r"]
+        # the running request ends with an error: an SSE error event (the stream had begun), never a clean end
+        assert status in (0, 200), srv.text()
+        if status == 200:
+            assert any('"error"' in e for e in events), events[-3:]
+        if fault == "stop":
+            assert seen_failed, "/health never answered failed:\n" + srv.text()
+            assert "did not complete within 2 s" in srv.text()
+    finally:
+        if fault == "stop":
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except (OSError, UnboundLocalError):
+                pass
+        srv.kill()

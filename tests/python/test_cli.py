@@ -49,6 +49,33 @@ def test_help_lines_come_from_the_table(run, cmd):
     assert run(cmd, "--ctx-size=8", "--help").out == run(cmd, "--ctx-size", "8", "--help").out == helptext
 
 
+# the commands whose options are tables (cli_opts.h), each a section of the reference
+TABLE_COMMANDS = {"run", "chat", "serve", "bench model", "bench throughput", "bench prefix", "bench serve",
+                  "bench membw", "bench plot"}
+
+
+def test_every_reference_section_is_its_help(run):
+    """Each command's section of the reference and its --help come from one table: every spelling the section
+    lists shows in `kvllm CMD --help`, and every option line of that --help is in the section."""
+    import re
+    ref = run("help", "--markdown").check_ok().out
+    parts = re.split(r"^### `kvllm ([a-z ]+)`$", ref, flags=re.M)[1:]
+    sections = dict(zip(parts[::2], parts[1::2]))
+    assert set(sections) == TABLE_COMMANDS, sorted(sections)
+    for cmd, part in sections.items():
+        helptext = run(*cmd.split(), "--help").check_ok().out
+        listed = set()
+        for names in re.findall(r"^\| (`[^|]*`(?:, `[^|]*`)*) \|", part, re.M):
+            for name in re.findall(r"`([^`]+)`", names):
+                listed.add(name)
+                assert re.search(rf"(^|[ ,]){re.escape(name)}([ ,]|$)", helptext, re.M), (cmd, name)
+        # an option line of --help: two spaces, then a spelling (the GPU note's lines list several at once)
+        for line in helptext.splitlines():
+            m = re.match(r"^  (-[-\w]+)[ ,]", line)
+            if m and not line.startswith("  -ngl") and not line.startswith("  --gpu-memory"):
+                assert m.group(1) in listed, (cmd, line)
+
+
 def test_unknown_subcommand(run):
     res = run("no-such-command")
     assert res.returncode in (1, 2), res.describe()

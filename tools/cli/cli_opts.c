@@ -41,7 +41,7 @@ void cli_opts_usage(FILE *f, const struct cli_opt_group *const *g, int n_groups)
             snprintf(left, sizeof left, "%s%s%s", o->names, o->arg ? " " : "", o->arg ? o->arg : "");
             /* the help starts in column 25, or two spaces after a longer left part */
             int col = fprintf(f, "  %s", left);
-            fprintf(f, "%*s", col < 25 ? 25 - col : 2, "");
+            fprintf(f, "%*s", col < 24 ? 25 - col : 2, "");
             for (const char *p = o->help; *p; p++) {
                 fputc(*p, f);
                 if (*p == '\n') fprintf(f, "%25s", "");
@@ -96,4 +96,25 @@ void cli_opts_markdown(FILE *f, const struct cli_opt_group *const *g, int n_grou
             fputs(" |\n", f);
         }
     }
+}
+
+void cli_cmd_usage(const struct cli_cmd *c, FILE *f) {
+    fprintf(f, "usage: kvllm %s %s\n", c->name, c->synopsis);
+    cli_opts_usage(f, c->groups, c->n_groups);
+    if (c->gpu) fputs(cli_gpu_usage, f);
+    if (c->notes) fputs(c->notes, f);
+}
+
+void cli_cmd_markdown(const struct cli_cmd *c, FILE *f) {
+    fprintf(f, "\n### `kvllm %s`\n", c->name);
+    cli_opts_markdown(f, c->groups, c->n_groups);
+}
+
+int cli_cmd_next(const struct cli_cmd *c, int argc, char **argv, int *i, const struct cli_opt **opt,
+                 const char **value) {
+    const char *a = argv[*i];
+    if (c->positional && (a[0] != '-' || !a[1])) return 0;   /* "-" alone: standard input */
+    int m = cli_opts_match(argc, argv, i, c->groups, c->n_own, opt, value);
+    if (m == 0) cli_opts_unknown(c->name, a, c->groups, c->n_groups);
+    return m == 1 ? 1 : -1;
 }

@@ -5,6 +5,7 @@
 #ifndef KVLLM_CLI_OPTS_H
 #define KVLLM_CLI_OPTS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 enum cli_arg {
@@ -43,5 +44,32 @@ char *cli_opts_usage_text(const struct cli_opt_group *const *g, int n_groups);
 void cli_opts_unknown(const char *cmd, const char *arg, const struct cli_opt_group *const *g, int n_groups);
 /* The reference rows of docs/CLI.md: a Markdown table per group. */
 void cli_opts_markdown(FILE *f, const struct cli_opt_group *const *g, int n_groups);
+
+/* A whole command declared once: its usage line, option groups and closing notes give --help, the parse
+ * loop (cli_cmd_next) and its section of docs/CLI.md's reference. */
+struct cli_cmd {
+    const char *name;       /* "bench model": error messages and the reference's heading */
+    const char *synopsis;   /* what follows "usage: kvllm NAME " (may span lines) */
+    const struct cli_opt_group *const *groups;   /* the command's own group(s) first, then shared ones */
+    int n_groups;
+    int n_own;              /* groups cli_cmd_next matches; the shared ones after them are parsed by their
+                             * own helpers (cli_engine_opt, ...) and listed here for --help and "did you mean" */
+    bool positional;        /* arguments not starting with '-' (and "-") are the command's; else refused */
+    bool gpu;               /* the GPU options (cli_gpu_opt) are accepted: --help ends with their note */
+    const char *notes;      /* lines printed after the options by --help, or NULL */
+};
+
+#define CLI_GROUPS(array) (array), (int)(sizeof(array) / sizeof *(array))
+
+/* --help: the usage line, the options of every group, the GPU note, the notes. */
+void cli_cmd_usage(const struct cli_cmd *c, FILE *f);
+/* The command's section of the reference: a "### `kvllm NAME`" heading and the groups' tables. */
+void cli_cmd_markdown(const struct cli_cmd *c, FILE *f);
+/* argv[*i] in the command's option loop, once cli_opt_split cut it and the shared helpers passed it by:
+ * 1 when it is one of the first n_own groups' options (*opt, *value as cli_opts_match sets them), 0 when
+ * it is a positional argument the command takes (c->positional), -1 on error (printed: a missing value, an
+ * unknown option with the closest spelling of all the groups, or an argument the command does not take). */
+int cli_cmd_next(const struct cli_cmd *c, int argc, char **argv, int *i, const struct cli_opt **opt,
+                 const char **value);
 
 #endif

@@ -5,6 +5,7 @@
  * decode steps, so the cost of attending over a long cache shows. */
 #include "bench_plot.h"
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 
 #include <math.h>
@@ -17,30 +18,56 @@
 
 #define MAX_LIST 16
 
-static const char *k_usage =
-    "usage: kvllm bench model -m MODEL[,MODEL...] [options]   (llama-bench's short options work)\n"
-    "  -m, --model LIST  model files, comma-separated (one table, a row group per model)\n"
-    "  -p, --pp LIST     prompt tokens per prefill test, e.g. 128,512 (default 512, 0 = skip; also --n-prompt)\n"
-    "  -n, --tg LIST     generated tokens per generation test, e.g. 32,128 (default 128, 0 = skip; also --n-gen)\n"
-    "  -t, --threads LIST  thread counts, e.g. 1,2 (default: all CPUs)\n"
-    "  -d, --depth LIST  context already filled before each test (default 0; also --n-depth)\n"
-    "  -r, --reps N      repetitions (default 5; also --repetitions)\n"
-    "  -b, --batch-size LIST  tokens per forward pass in prefill (llama-bench's batch size; default 512)\n"
-    "  --batch LIST      sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)\n"
-    "  --no-kv-cache     recompute the prefix at every step (baseline)\n"
-    "  -o md|json|jsonl|csv  output format (default md; json: one array, as llama-bench; json and jsonl rows\n"
-    "                    carry llama-bench's keys too: avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, ...)\n"
-    "  --svg DIR         also draw the rows as SVG charts in folder DIR: batch.svg (decode tokens/s against\n"
-    "                    --batch), depth.svg (against --depth), compare.svg (kvllm beside --compare's engine)\n"
-    "  --compare FILE    another engine's rows for the charts: llama-bench -o json|jsonl, bench/vs-llamacpp -o json\n"
-    "  --compare-label NAME  that engine's name in the charts (default llama.cpp)\n"
-    "  one row per combination of -t, -b, -d and the tests (each -p; each -n with each --batch), in that nesting\n"
-    "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads,\n"
-    "  n_batch (md: only with -b), test, depth, batch, kv, tokens/s, ms/token, roofline\n"
-    "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
-    "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
-    "  the weights fit in the last-level cache; \"> probe\" past 100 %: decode read faster than the\n"
-    "  bandwidth probe); a run that preempts a sequence fails\n";
+enum {
+    BM_HELP = 1, BM_MODEL, BM_PP, BM_TG, BM_THREADS, BM_DEPTH, BM_REPS, BM_UBATCH, BM_BATCH, BM_NO_KV, BM_OUTPUT,
+    BM_SVG, BM_COMPARE, BM_COMPARE_LABEL,
+};
+
+/* bench model's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_model_opts[] = {
+    { BM_MODEL, "-m, --model", "LIST", CLI_VALUE, "model files, comma-separated (one table, a row group per model)" },
+    { BM_PP, "-p, --pp, --n-prompt", "LIST", CLI_VALUE,
+      "prompt tokens per prefill test, e.g. 128,512 (default 512, 0 = skip)" },
+    { BM_TG, "-n, --tg, --n-gen", "LIST", CLI_VALUE,
+      "generated tokens per generation test, e.g. 32,128 (default 128, 0 = skip)" },
+    { BM_THREADS, "-t, --threads", "LIST", CLI_VALUE, "thread counts, e.g. 1,2 (default: all CPUs)" },
+    { BM_DEPTH, "-d, --depth, --n-depth", "LIST", CLI_VALUE, "context already filled before each test (default 0)" },
+    { BM_REPS, "-r, --reps, --repetitions", "N", CLI_VALUE, "repetitions (default 5)" },
+    { BM_UBATCH, "-b, --batch-size", "LIST", CLI_VALUE,
+      "tokens per forward pass in prefill (llama-bench's batch size; default 512)" },
+    { BM_BATCH, "--batch", "LIST", CLI_VALUE,
+      "sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)" },
+    { BM_NO_KV, "--no-kv-cache", NULL, CLI_FLAG, "recompute the prefix at every step (baseline)" },
+    { BM_OUTPUT, "-o, --output", "md|json|jsonl|csv", CLI_VALUE,
+      "output format (default md; json: one array, as llama-bench; json and jsonl rows\ncarry llama-bench's keys "
+      "too: avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, ...)" },
+    { BM_SVG, "--svg", "DIR", CLI_VALUE,
+      "also draw the rows as SVG charts in folder DIR: batch.svg (decode tokens/s against\n--batch), depth.svg "
+      "(against --depth), compare.svg (kvllm beside --compare's engine)" },
+    { BM_COMPARE, "--compare", "FILE", CLI_VALUE,
+      "another engine's rows for the charts: llama-bench -o json|jsonl, bench/vs-llamacpp -o json" },
+    { BM_COMPARE_LABEL, "--compare-label", "NAME", CLI_VALUE, "that engine's name in the charts (default llama.cpp)" },
+    { BM_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_model_group = CLI_GROUP(NULL, k_model_opts);
+static const struct cli_opt_group *const k_model_groups[] = { &k_model_group };
+
+static const struct cli_cmd k_model_cmd = {
+    .name = "bench model",
+    .synopsis = "-m MODEL[,MODEL...] [options]   (llama-bench's short options work)",
+    .groups = CLI_GROUPS(k_model_groups),
+    .n_own = 1,
+    .gpu = true,
+    .notes =
+        "  one row per combination of -t, -b, -d and the tests (each -p; each -n with each --batch), in that nesting\n"
+        "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads,\n"
+        "  n_batch (md: only with -b), test, depth, batch, kv, tokens/s, ms/token, roofline\n"
+        "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
+        "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
+        "  the weights fit in the last-level cache; \"> probe\" past 100 %: decode read faster than the\n"
+        "  bandwidth probe); a run that preempts a sequence fails\n",
+};
 
 enum bench_fmt { FMT_MD, FMT_JSON, FMT_JSONL, FMT_CSV };
 
@@ -468,6 +495,37 @@ static int bench_model(struct bench_opts *o, const char *path) {
     return 0;
 }
 
+/* One of bench model's options (a: its spelling as given, v: its value): 0 taken, -1 done (help printed),
+ * 2 a bad value (printed). */
+static int model_opt(struct bench_opts *o, int id, const char *a, const char *v) {
+    switch (id) {
+    case BM_HELP: cli_cmd_usage(&k_model_cmd, stdout); return -1;
+    case BM_MODEL: snprintf(o->models, sizeof o->models, "%s", v); break;
+    case BM_PP: if ((o->n_pp = cli_int_list(a, v, 0, 1 << 20, o->pp, MAX_LIST)) < 0) return 2; break;
+    case BM_TG: if ((o->n_tg = cli_int_list(a, v, 0, 1 << 20, o->tg, MAX_LIST)) < 0) return 2; break;
+    case BM_REPS: if (!cli_int(a, v, 1, 64, &o->reps)) return 2; break;
+    case BM_THREADS: if ((o->n_threads = cli_int_list(a, v, 1, 1024, o->threads, MAX_LIST)) < 0) return 2; break;
+    case BM_DEPTH: if ((o->n_depth = cli_int_list(a, v, 0, 1 << 20, o->depth, MAX_LIST)) < 0) return 2; break;
+    case BM_BATCH: if ((o->n_batch = cli_int_list(a, v, 1, 4096, o->batch, MAX_LIST)) < 0) return 2; break;
+    case BM_UBATCH:
+        if ((o->n_ubatch = cli_int_list(a, v, 1, 1 << 16, o->ubatch, MAX_LIST)) < 0) return 2;
+        o->show_ubatch = true;
+        break;
+    case BM_NO_KV: o->no_kv = true; break;
+    case BM_SVG: o->svg_dir = v; break;
+    case BM_COMPARE: o->compare = v; break;
+    case BM_COMPARE_LABEL: o->compare_label = v; break;
+    case BM_OUTPUT:
+        if (!strcmp(v, "json")) o->fmt = FMT_JSON;
+        else if (!strcmp(v, "jsonl")) o->fmt = FMT_JSONL;
+        else if (!strcmp(v, "csv")) o->fmt = FMT_CSV;
+        else if (!strcmp(v, "md")) o->fmt = FMT_MD;
+        else { cli_error("-o: expected md, json, jsonl or csv, got '%s'", v); return 2; }
+        break;
+    }
+    return 0;
+}
+
 static int bench_model_cmd(int argc, char **argv) {
     struct bench_opts o = { .reps = 5, .n_threads = 1, .n_depth = 1, .n_batch = 1, .n_pp = 1, .n_tg = 1, .n_ubatch = 1 };
     o.threads[0] = cpu_threads();
@@ -478,35 +536,14 @@ static int bench_model_cmd(int argc, char **argv) {
     o.ubatch[0] = 0;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_gpu_usage, stdout); return 0; }
-        if (!strcmp(a, "--no-kv-cache")) { o.no_kv = true; continue; }
-        int go = cli_gpu_opt(argc, argv, &i);
-        if (go < 0) return 2;
-        if (go > 0) continue;
-        if (!strstr(k_usage, a) || a[0] != '-') { cli_unknown("bench model", a, k_usage, NULL); return 2; }
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) snprintf(o.models, sizeof o.models, "%s", v);
-        else if (!strcmp(a, "--pp") || !strcmp(a, "-p") || !strcmp(a, "--n-prompt")) { if ((o.n_pp = cli_int_list(a, v, 0, 1 << 20, o.pp, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "--tg") || !strcmp(a, "-n") || !strcmp(a, "--n-gen")) { if ((o.n_tg = cli_int_list(a, v, 0, 1 << 20, o.tg, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "--reps") || !strcmp(a, "-r") || !strcmp(a, "--repetitions")) { if (!cli_int(a, v, 1, 64, &o.reps)) return 2; }
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if ((o.n_threads = cli_int_list(a, v, 1, 1024, o.threads, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "--depth") || !strcmp(a, "-d") || !strcmp(a, "--n-depth")) { if ((o.n_depth = cli_int_list(a, v, 0, 1 << 20, o.depth, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "--batch")) { if ((o.n_batch = cli_int_list(a, v, 1, 4096, o.batch, MAX_LIST)) < 0) return 2; }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            if ((o.n_ubatch = cli_int_list(a, v, 1, 1 << 16, o.ubatch, MAX_LIST)) < 0) return 2;
-            o.show_ubatch = true;
-        }
-        else if (!strcmp(a, "--svg")) o.svg_dir = v;
-        else if (!strcmp(a, "--compare")) o.compare = v;
-        else if (!strcmp(a, "--compare-label")) o.compare_label = v;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (!strcmp(v, "json")) o.fmt = FMT_JSON;
-            else if (!strcmp(v, "jsonl")) o.fmt = FMT_JSONL;
-            else if (!strcmp(v, "csv")) o.fmt = FMT_CSV;
-            else if (!strcmp(v, "md")) o.fmt = FMT_MD;
-            else { cli_error("-o: expected md, json, jsonl or csv, got '%s'", v); return 2; }
-        } else { cli_unknown("bench model", a, k_usage, NULL); return 2; }
+        int m = cli_gpu_opt(argc, argv, &i);
+        if (m < 0) return 2;
+        if (m > 0) continue;
+        if (cli_cmd_next(&k_model_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        int rc = model_opt(&o, op->id, a, v);
+        if (rc) return rc < 0 ? 0 : rc;
     }
     if (!cli_opt_end()) return 2;
     if (!*o.models) { cli_error("bench model: -m MODEL is required"); return 2; }
@@ -539,26 +576,42 @@ static int bench_model_cmd(int argc, char **argv) {
 
 /* ---- bench plot: the charts of rows measured before ---- */
 
-static const char *k_usage_plot =
-    "usage: kvllm bench plot --svg DIR [--label NAME] FILE [FILE...]\n"
-    "  draws bench rows read from JSON files as SVG charts in folder DIR (batch.svg, depth.svg, compare.svg):\n"
-    "  kvllm bench model -o json|jsonl, llama-bench -o json|jsonl (engine NAME, default llama.cpp), and\n"
-    "  bench/vs-llamacpp -o json (both engines)\n";
+enum { BP_HELP = 1, BP_SVG, BP_LABEL };
+
+static const struct cli_opt k_plot_opts[] = {
+    { BP_SVG, "--svg", "DIR", CLI_VALUE, "the folder the charts are written to" },
+    { BP_LABEL, "--label", "NAME", CLI_VALUE, "the engine's name for llama-bench's rows (default llama.cpp)" },
+    { BP_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_plot_group = CLI_GROUP(NULL, k_plot_opts);
+static const struct cli_opt_group *const k_plot_groups[] = { &k_plot_group };
+
+static const struct cli_cmd k_plot_cmd = {
+    .name = "bench plot",
+    .synopsis = "--svg DIR [--label NAME] FILE [FILE...]",
+    .groups = CLI_GROUPS(k_plot_groups),
+    .n_own = 1,
+    .positional = true,
+    .notes =
+        "  draws bench rows read from JSON files as SVG charts in folder DIR (batch.svg, depth.svg, compare.svg):\n"
+        "  kvllm bench model -o json|jsonl, llama-bench -o json|jsonl (engine NAME, default llama.cpp), and\n"
+        "  bench/vs-llamacpp -o json (both engines)\n",
+};
 
 static int bench_plot_cmd(int argc, char **argv) {
     const char *dir = NULL, *label = NULL, *files[64];
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        const char *a = argv[i];
-        if (cli_is_help(a)) { fputs(k_usage_plot, stdout); return 0; }
-        if (!strcmp(a, "--svg") || !strcmp(a, "--label")) {
-            const char *v = cli_arg(argc, argv, &i);
-            if (!v) return 2;
-            *(!strcmp(a, "--svg") ? &dir : &label) = v;
-        } else if (a[0] == '-' && a[1]) { cli_unknown("bench plot", a, k_usage_plot, NULL); return 2; }
-        else if (n_files == 64) { cli_error("bench plot: at most 64 files"); return 2; }
-        else files[n_files++] = a;
+        const struct cli_opt *op;
+        const char *v;
+        int m = cli_cmd_next(&k_plot_cmd, argc, argv, &i, &op, &v);
+        if (m < 0) return 2;
+        if (m == 0 && n_files == 64) { cli_error("bench plot: at most 64 files"); return 2; }
+        if (m == 0) files[n_files++] = argv[i];
+        else if (op->id == BP_HELP) { cli_cmd_usage(&k_plot_cmd, stdout); return 0; }
+        else *(op->id == BP_SVG ? &dir : &label) = v;
     }
     if (!cli_opt_end()) return 2;
     if (!dir || !n_files) { cli_error("bench plot: --svg DIR and a FILE are required (see kvllm bench plot --help)"); return 2; }
@@ -572,16 +625,30 @@ static int bench_plot_cmd(int argc, char **argv) {
 
 /* ---- bench throughput: the engine on an offline workload ---- */
 
-static const char *k_usage_tp =
-    "usage: kvllm bench throughput -m MODEL [options] [engine options]\n"
-    "  --requests M        requests (default 100)\n"
-    "  --prompt-len A:B    prompt lengths, uniform (default 32:256)\n"
-    "  --gen-len A:B       output lengths, uniform (default 16:128; EOS ignored)\n"
-    "  --shared-prefix L   every prompt starts with the same L tokens (default 0)\n"
-    "  --seed S            workload seed (default 1)\n"
-    "  --static            static batching: a batch starts when the previous one has finished\n"
-    "  -t N                threads\n"
-    "  -o md|json          output format (default md)\n";
+enum { BT_HELP = 1, BT_MODEL, BT_REQUESTS, BT_PROMPT_LEN, BT_GEN_LEN, BT_SHARED, BT_SEED, BT_STATIC, BT_THREADS, BT_OUTPUT };
+
+static const struct cli_opt k_tp_opts[] = {
+    { BT_MODEL, "-m", "MODEL", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { BT_REQUESTS, "--requests", "M", CLI_VALUE, "requests (default 100)" },
+    { BT_PROMPT_LEN, "--prompt-len", "A:B", CLI_VALUE, "prompt lengths, uniform (default 32:256)" },
+    { BT_GEN_LEN, "--gen-len", "A:B", CLI_VALUE, "output lengths, uniform (default 16:128; EOS ignored)" },
+    { BT_SHARED, "--shared-prefix", "L", CLI_VALUE, "every prompt starts with the same L tokens (default 0)" },
+    { BT_SEED, "--seed", "S", CLI_VALUE, "workload seed (default 1)" },
+    { BT_STATIC, "--static", NULL, CLI_FLAG, "static batching: a batch starts when the previous one has finished" },
+    { BT_THREADS, "-t", "N", CLI_VALUE, "threads" },
+    { BT_OUTPUT, "-o", "md|json", CLI_VALUE, "output format (default md)" },
+    { BT_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_tp_group = CLI_GROUP(NULL, k_tp_opts);
+static const struct cli_opt_group *const k_tp_groups[] = { &k_tp_group, &cli_engine_group, &cli_spec_group };
+
+static const struct cli_cmd k_tp_cmd = {
+    .name = "bench throughput",
+    .synopsis = "-m MODEL [options] [engine options]",
+    .groups = CLI_GROUPS(k_tp_groups),
+    .n_own = 1,
+};
 
 struct tp_count { uint64_t n_out; int n_done; };
 
@@ -600,24 +667,27 @@ static int bench_throughput_cmd(int argc, char **argv) {
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage_tp, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
         if (eo < 0) return 2;
         if (eo > 0) continue;
-        if (!strcmp(a, "--static")) { is_static = true; continue; }
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m")) model = v;
-        else if (!strcmp(a, "--requests")) { if (!cli_int(a, v, 1, 1 << 20, &n_req)) return 2; }
-        else if (!strcmp(a, "--prompt-len")) { if (!cli_range(a, v, 1, 1 << 20, &p_lo, &p_hi)) return 2; }
-        else if (!strcmp(a, "--gen-len")) { if (!cli_range(a, v, 1, 1 << 20, &g_lo, &g_hi)) return 2; }
-        else if (!strcmp(a, "--shared-prefix")) { if (!cli_int(a, v, 0, 1 << 20, &shared)) return 2; }
-        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, 1L << 31, &seed)) return 2; }
-        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else if (!strcmp(a, "-o")) {
+        if (cli_cmd_next(&k_tp_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case BT_HELP: cli_cmd_usage(&k_tp_cmd, stdout); return 0;
+        case BT_STATIC: is_static = true; break;
+        case BT_MODEL: model = v; break;
+        case BT_REQUESTS: if (!cli_int(a, v, 1, 1 << 20, &n_req)) return 2; break;
+        case BT_PROMPT_LEN: if (!cli_range(a, v, 1, 1 << 20, &p_lo, &p_hi)) return 2; break;
+        case BT_GEN_LEN: if (!cli_range(a, v, 1, 1 << 20, &g_lo, &g_hi)) return 2; break;
+        case BT_SHARED: if (!cli_int(a, v, 0, 1 << 20, &shared)) return 2; break;
+        case BT_SEED: if (!cli_int(a, v, 0, 1L << 31, &seed)) return 2; break;
+        case BT_THREADS: if (!cli_int(a, v, 1, 1024, &threads)) return 2; break;
+        case BT_OUTPUT:
             if (!strcmp(v, "json")) json = true;
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
-        } else { cli_unknown("bench throughput", a, k_usage_tp, cli_engine_usage); return 2; }
+            break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!model) { cli_error("bench throughput: -m MODEL is required"); return 2; }
@@ -719,10 +789,28 @@ static double ttft_once(struct kvllm_engine *e, const int32_t *toks, int n, int 
     return p.got ? p.t_first - t0 : -1;
 }
 
-static const char *k_usage_prefix =
-    "usage: kvllm bench prefix -m MODEL [--prompt-len N] [--cached-pct P] [--reps R] [-t N] [engine options]\n"
-    "  time to first token of an N-token prompt (default 1024) whose first P % (default 90) is\n"
-    "  already in the prefix cache, against the same prompt cold\n";
+enum { BX_HELP = 1, BX_MODEL, BX_PROMPT_LEN, BX_CACHED_PCT, BX_REPS, BX_THREADS };
+
+static const struct cli_opt k_prefix_opts[] = {
+    { BX_MODEL, "-m", "MODEL", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { BX_PROMPT_LEN, "--prompt-len", "N", CLI_VALUE, "prompt tokens (default 1024)" },
+    { BX_CACHED_PCT, "--cached-pct", "P", CLI_VALUE, "share of the prompt already cached, in % (default 90)" },
+    { BX_REPS, "--reps", "R", CLI_VALUE, "repetitions; the median is shown (default 5)" },
+    { BX_THREADS, "-t", "N", CLI_VALUE, "threads" },
+    { BX_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_prefix_group = CLI_GROUP(NULL, k_prefix_opts);
+static const struct cli_opt_group *const k_prefix_groups[] = { &k_prefix_group, &cli_engine_group, &cli_spec_group };
+
+static const struct cli_cmd k_prefix_cmd = {
+    .name = "bench prefix",
+    .synopsis = "-m MODEL [--prompt-len N] [--cached-pct P] [--reps R] [-t N] [engine options]",
+    .groups = CLI_GROUPS(k_prefix_groups),
+    .n_own = 1,
+    .notes = "  time to first token of an N-token prompt (default 1024) whose first P % (default 90) is\n"
+             "  already in the prefix cache, against the same prompt cold\n",
+};
 
 static int bench_prefix_cmd(int argc, char **argv) {
     const char *model = NULL;
@@ -730,18 +818,20 @@ static int bench_prefix_cmd(int argc, char **argv) {
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage_prefix, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
         if (eo < 0) return 2;
         if (eo > 0) continue;
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m")) model = v;
-        else if (!strcmp(a, "--prompt-len")) { if (!cli_int(a, v, 2, 1 << 20, &n)) return 2; }
-        else if (!strcmp(a, "--cached-pct")) { if (!cli_int(a, v, 0, 99, &pct)) return 2; }
-        else if (!strcmp(a, "--reps")) { if (!cli_int(a, v, 1, 64, &reps)) return 2; }
-        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_unknown("bench prefix", a, k_usage_prefix, cli_engine_usage); return 2; }
+        if (cli_cmd_next(&k_prefix_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case BX_HELP: cli_cmd_usage(&k_prefix_cmd, stdout); return 0;
+        case BX_MODEL: model = v; break;
+        case BX_PROMPT_LEN: if (!cli_int(a, v, 2, 1 << 20, &n)) return 2; break;
+        case BX_CACHED_PCT: if (!cli_int(a, v, 0, 99, &pct)) return 2; break;
+        case BX_REPS: if (!cli_int(a, v, 1, 64, &reps)) return 2; break;
+        case BX_THREADS: if (!cli_int(a, v, 1, 1024, &threads)) return 2; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!model) { cli_error("bench prefix: -m MODEL is required"); return 2; }
@@ -781,24 +871,48 @@ static int bench_prefix_cmd(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+enum { BW_HELP = 1, BW_THREADS };
+
+static const struct cli_opt k_membw_opts[] = {
+    { BW_THREADS, "-t, --threads", "LIST", CLI_VALUE, "thread counts, e.g. 1,4 (default: 1 and all CPUs)" },
+    { BW_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_membw_group = CLI_GROUP(NULL, k_membw_opts);
+static const struct cli_opt_group *const k_membw_groups[] = { &k_membw_group };
+
+static const struct cli_cmd k_membw_cmd = {
+    .name = "bench membw",
+    .synopsis = "[--threads LIST]",
+    .groups = CLI_GROUPS(k_membw_groups),
+    .n_own = 1,
+    .notes = "  read bandwidth (GB/s) over 512 MiB, best of 5\n",
+};
+
 static int bench_membw_cmd(int argc, char **argv) {
     long list[MAX_LIST] = { 1, cpu_threads() };
     int n = cpu_threads() > 1 ? 2 : 1;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        if (cli_is_help(argv[i])) {
-            fputs("usage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) {
-            const char *v = cli_arg(argc, argv, &i);
-            if (!v || (n = cli_int_list(argv[i - 1], v, 1, 256, list, MAX_LIST)) < 0) return 2;
-        } else { cli_error("bench membw: unknown option '%s'", argv[i]); return 2; }
+        const struct cli_opt *op;
+        const char *a = argv[i], *v;
+        if (cli_cmd_next(&k_membw_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        if (op->id == BW_HELP) { cli_cmd_usage(&k_membw_cmd, stdout); return 0; }
+        if ((n = cli_int_list(a, v, 1, 256, list, MAX_LIST)) < 0) return 2;
     }
     if (!cli_opt_end()) return 2;
     printf("| threads | read GB/s |\n|---:|---:|\n");
     for (int i = 0; i < n; i++) printf("| %ld | %.1f |\n", list[i], read_bandwidth((int)list[i]) / 1e9);
     return 0;
+}
+
+/* The benchmarks, in the order `kvllm bench --help` and the reference list them. */
+static const struct cli_cmd *const k_bench_cmds[] = {
+    &k_model_cmd, &k_tp_cmd, &k_prefix_cmd, &bench_serve_cli, &k_membw_cmd, &k_plot_cmd,
+};
+
+void cmd_bench_markdown(FILE *f) {
+    for (size_t k = 0; k < sizeof k_bench_cmds / sizeof *k_bench_cmds; k++) cli_cmd_markdown(k_bench_cmds[k], f);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -818,15 +932,13 @@ int cmd_bench(int argc, char **argv) {
               "  membw       memory read bandwidth (the decode roofline)\n"
               "  plot        SVG charts of rows measured before (kvllm's, llama-bench's, bench/vs-llamacpp's JSON)\n\n", f);
         if (argc < 2) return 2;
-        fputs(k_usage, stdout);
-        fputs("\n", stdout);
-        fputs(k_usage_tp, stdout);
-        fputs("\n", stdout);
-        fputs(k_usage_prefix, stdout);
-        fputs("\n", stdout);
-        fputs(k_usage_plot, stdout);
-        fputs("\nusage: kvllm bench membw [--threads LIST]\n  read bandwidth (GB/s) over 512 MiB, best of 5\n", stdout);
-        fputs("\nusage: kvllm bench serve --url URL [options]   (kvllm bench serve --help for all)\n", stdout);
+        /* each benchmark's usage line and own options (the engine's: kvllm bench throughput --help) */
+        for (size_t k = 0; k < sizeof k_bench_cmds / sizeof *k_bench_cmds; k++) {
+            const struct cli_cmd *c = k_bench_cmds[k];
+            printf("%susage: kvllm %s %s\n", k ? "\n" : "", c->name, c->synopsis);
+            cli_opts_usage(stdout, c->groups, c->n_own);
+            if (c->notes) fputs(c->notes, stdout);
+        }
         return 0;
     }
     cli_error("bench: expected a benchmark kind: model, throughput, prefix, serve, membw or plot (see kvllm bench --help)");

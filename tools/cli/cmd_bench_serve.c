@@ -12,6 +12,7 @@
  * connection per request.  With --concurrency C, C workers send back to back;
  * with --rate R, requests start at Poisson arrival times (R per second). */
 #include "cli.h"
+#include "cli_opts.h"
 #include "core/strbuf.h"
 
 #include <errno.h>
@@ -29,18 +30,35 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *k_usage =
-    "usage: kvllm bench serve --url URL [options]\n"
-    "  --url URL            server base URL, e.g. http://127.0.0.1:8080\n"
-    "  --concurrency C      requests in flight at once (default 8)\n"
-    "  --rate R             instead: Poisson arrivals, R requests per second\n"
-    "  --requests N         requests in all (default 100)\n"
-    "  --prompt-len A:B     prompt tokens, uniform (default 32:128)\n"
-    "  --gen-len A:B        generated tokens, uniform (default 16:64)\n"
-    "  --model NAME         model id (default: the server's first)\n"
-    "  --api-key KEY        sent as 'Authorization: Bearer KEY'\n"
-    "  --seed S             workload seed (default 1)\n"
-    "  -o md|json           output format (default md)\n";
+enum {
+    BS_HELP = 1, BS_URL, BS_CONCURRENCY, BS_RATE, BS_REQUESTS, BS_PROMPT_LEN, BS_GEN_LEN, BS_MODEL, BS_API_KEY, BS_SEED,
+    BS_OUTPUT,
+};
+
+/* bench serve's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_serve_opts[] = {
+    { BS_URL, "--url", "URL", CLI_VALUE, "server base URL, e.g. http://127.0.0.1:8080" },
+    { BS_CONCURRENCY, "--concurrency", "C", CLI_VALUE, "requests in flight at once (default 8)" },
+    { BS_RATE, "--rate", "R", CLI_VALUE, "instead: Poisson arrivals, R requests per second" },
+    { BS_REQUESTS, "--requests", "N", CLI_VALUE, "requests in all (default 100)" },
+    { BS_PROMPT_LEN, "--prompt-len", "A:B", CLI_VALUE, "prompt tokens, uniform (default 32:128)" },
+    { BS_GEN_LEN, "--gen-len", "A:B", CLI_VALUE, "generated tokens, uniform (default 16:64)" },
+    { BS_MODEL, "--model", "NAME", CLI_VALUE, "model id (default: the server's first)" },
+    { BS_API_KEY, "--api-key", "KEY", CLI_VALUE, "sent as 'Authorization: Bearer KEY'" },
+    { BS_SEED, "--seed", "S", CLI_VALUE, "workload seed (default 1)" },
+    { BS_OUTPUT, "-o", "md|json", CLI_VALUE, "output format (default md)" },
+    { BS_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_serve_group = CLI_GROUP(NULL, k_serve_opts);
+static const struct cli_opt_group *const k_serve_groups[] = { &k_serve_group };
+
+const struct cli_cmd bench_serve_cli = {
+    .name = "bench serve",
+    .synopsis = "--url URL [options]",
+    .groups = CLI_GROUPS(k_serve_groups),
+    .n_own = 1,
+};
 
 struct target {
     char host[300], port[16], prefix[256], model[256], api_key[256];
@@ -375,23 +393,26 @@ int bench_serve_cmd(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
         double d;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "--url")) url = v;
-        else if (!strcmp(a, "--concurrency")) { if (!cli_int(a, v, 1, 4096, &b.concurrency)) return 2; }
-        else if (!strcmp(a, "--rate")) { if (!cli_float(a, v, 1e-3, 1e6, &d)) return 2; b.rate = d; }
-        else if (!strcmp(a, "--requests")) { if (!cli_int(a, v, 1, 1 << 24, &b.n_req)) return 2; }
-        else if (!strcmp(a, "--prompt-len")) { if (!cli_range(a, v, 1, 1 << 20, &b.p_lo, &b.p_hi)) return 2; }
-        else if (!strcmp(a, "--gen-len")) { if (!cli_range(a, v, 1, 1 << 20, &b.g_lo, &b.g_hi)) return 2; }
-        else if (!strcmp(a, "--model")) snprintf(b.t.model, sizeof b.t.model, "%s", v);
-        else if (!strcmp(a, "--api-key")) snprintf(b.t.api_key, sizeof b.t.api_key, "%s", v);
-        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, 1L << 31, &b.seed)) return 2; }
-        else if (!strcmp(a, "-o")) {
+        if (cli_cmd_next(&bench_serve_cli, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case BS_HELP: cli_cmd_usage(&bench_serve_cli, stdout); return 0;
+        case BS_URL: url = v; break;
+        case BS_CONCURRENCY: if (!cli_int(a, v, 1, 4096, &b.concurrency)) return 2; break;
+        case BS_RATE: if (!cli_float(a, v, 1e-3, 1e6, &d)) return 2; b.rate = d; break;
+        case BS_REQUESTS: if (!cli_int(a, v, 1, 1 << 24, &b.n_req)) return 2; break;
+        case BS_PROMPT_LEN: if (!cli_range(a, v, 1, 1 << 20, &b.p_lo, &b.p_hi)) return 2; break;
+        case BS_GEN_LEN: if (!cli_range(a, v, 1, 1 << 20, &b.g_lo, &b.g_hi)) return 2; break;
+        case BS_MODEL: snprintf(b.t.model, sizeof b.t.model, "%s", v); break;
+        case BS_API_KEY: snprintf(b.t.api_key, sizeof b.t.api_key, "%s", v); break;
+        case BS_SEED: if (!cli_int(a, v, 0, 1L << 31, &b.seed)) return 2; break;
+        case BS_OUTPUT:
             if (!strcmp(v, "json")) json = true;
             else if (strcmp(v, "md")) { cli_error("-o: expected md or json, got '%s'", v); return 2; }
-        } else { cli_error("bench serve: unknown option '%s'", a); return 2; }
+            break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!url) { cli_error("bench serve: --url URL is required"); return 2; }

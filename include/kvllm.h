@@ -529,6 +529,12 @@ typedef void (*kvllm_kv_event_fn)(const struct kvllm_kv_event *ev, void *user);
  * off).  Call it before stepping starts or from the stepping thread; fn must
  * be quick and must not call the engine. */
 void kvllm_engine_set_kv_events(struct kvllm_engine *e, kvllm_kv_event_fn fn, void *user);
+/* The blocks the prefix cache holds now, held or cached: every block told
+ * STORED and not REMOVED since (whether or not anyone listens).  Their ids,
+ * ascending, go to ids (at most cap of them; ids may be NULL with cap 0);
+ * returns how many there are, which may exceed cap.  Engine-thread state, as
+ * kvllm_engine_get_stats: for checking what was told against what is held. */
+int kvllm_engine_kv_blocks(struct kvllm_engine *e, int32_t *ids, int cap);
 
 /* ---- a manually driven sequence (tests, benchmarks, chat) --------------- */
 

@@ -863,6 +863,16 @@ void kvllm_engine_set_kv_events(struct kvllm_engine *e, kvllm_kv_event_fn fn, vo
     block_pool_set_listener(&e->pool, fn ? engine_kv_event : NULL, fn ? e : NULL);
 }
 
+int kvllm_engine_kv_blocks(struct kvllm_engine *e, int32_t *ids, int cap) {
+    int n = 0;
+    for (int32_t id = 0; id < e->pool.n_blocks; id++) {
+        if (e->pool.hash[id] == 0) continue; /* the pool's map holds exactly the published blocks */
+        if (n < cap) ids[n] = id;
+        n++;
+    }
+    return n;
+}
+
 void kvllm_engine_get_stats(struct kvllm_engine *e, struct kvllm_engine_stats *st) {
     *st = e->st;
     st->n_running = e->sched.n_running;

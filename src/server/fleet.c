@@ -2,12 +2,15 @@
  * where its KV events are published (vLLM's GET /kv_event_sources), its
  * load (SGLang's GET /get_load, which sglang-router and vllm-router's
  * power_of_two read as {"load"}), its configuration (GET /get_server_info,
- * /get_model_info) and a generation health probe (GET /health_generate). */
+ * /get_model_info) and a generation health probe (GET /health_generate);
+ * with --kv-events also what the publisher told of the blocks the prefix
+ * cache holds (GET /debug/kv/blocks), to check a subscriber's view against. */
 #include "server/server_internal.h"
 
 #include <json-c/json.h>
 #include <microhttpd.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* An endpoint as a subscriber can connect to it: a socket bound to every address (host "*", 0.0.0.0
@@ -86,6 +89,44 @@ static int model_info(struct server *s, struct MHD_Connection *c) {
     return send_json(c, 200, o);
 }
 
+/* Taken on the engine thread: the pool and the publisher's names for its blocks change there. */
+struct held_call {
+    struct kv_events_held held;
+    struct kvllm_engine_stats st;
+    int rc;
+};
+
+static void held_on_engine(struct server *s, void *arg) {
+    struct held_call *h = arg;
+    h->rc = kv_events_held(s->kv_events, &h->held);
+    kvllm_engine_get_stats(s->engine, &h->st);
+}
+
+/* {"block_size", "blocks_total", "blocks_held", "blocks_cached", "untold", "stale", "block_hashes": [...]}:
+ * the published hash of every block the prefix cache holds (held by a request or cached), as the events
+ * named it, between two engine steps.  A subscriber that applied every batch up to that step holds the same
+ * set; "untold" counts blocks held but never told (their prefix was not), "stale" blocks told and not
+ * removed that are no longer held (0 unless the publisher lost step with the pool). */
+static int kv_blocks(struct server *s, struct MHD_Connection *c) {
+    if (!s->kv_events)
+        return http_error(c, 404, "unknown_endpoint", NULL, "GET /debug/kv/blocks is there with --kv-events only");
+    struct held_call h = { 0 };
+    if (server_engine_call(s, held_on_engine, &h))
+        return http_error(c, 503, NULL, NULL, "the engine is not running (loading or stopping)");
+    if (h.rc) return http_error(c, 500, NULL, NULL, "%s", kvllm_strerror(h.rc));
+    json_object *o = json_object_new_object(), *a = json_object_new_array_ext(h.held.n);
+    for (int i = 0; i < h.held.n; i++) json_object_array_add(a, json_object_new_uint64(h.held.hashes[i]));
+    free(h.held.hashes);
+    add_int(o, "block_size", h.st.block_size);
+    add_int(o, "blocks_total", h.st.blocks_total);
+    add_int(o, "blocks_held", h.st.blocks_held);
+    add_int(o, "blocks_cached", h.st.blocks_cached);
+    add_int(o, "untold", h.held.n_untold);
+    add_int(o, "stale", h.held.n_stale);
+    json_object_object_add(o, "block_hashes", a);
+    return send_json(c, 200, o);
+}
+
 static const struct { const char *path; int (*fn)(struct server *, struct MHD_Connection *); } k_fleet[] = {
     { "/kv_event_sources", kv_event_sources },
     { "/get_load", get_load },
@@ -93,6 +134,7 @@ static const struct { const char *path; int (*fn)(struct server *, struct MHD_Co
     { "/server_info", server_info },
     { "/get_model_info", model_info },
     { "/health_generate", handle_health },
+    { "/debug/kv/blocks", kv_blocks },
 };
 
 int handle_fleet(struct server *s, struct MHD_Connection *c, const char *url) {

@@ -94,6 +94,7 @@ static const struct {
     { "/server_info", false, "GET", R_FLEET },
     { "/get_model_info", false, "GET", R_FLEET },
     { "/health_generate", false, "GET", R_FLEET },
+    { "/debug/kv/blocks", false, "GET", R_FLEET },
 };
 
 /* What a preflight may ask for, and what it is told. */

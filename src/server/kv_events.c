@@ -154,6 +154,30 @@ void kv_events_step_done(struct kv_events *k) {
     if (any) kick(k);
 }
 
+int kv_events_held(struct kv_events *k, struct kv_events_held *out) {
+    *out = (struct kv_events_held){ 0 };
+    int32_t *ids = malloc((size_t)k->n_blocks * sizeof *ids);
+    bool *held = calloc((size_t)k->n_blocks, sizeof *held);
+    out->hashes = malloc((size_t)k->n_blocks * sizeof *out->hashes);
+    if (!ids || !held || !out->hashes) {
+        free(ids);
+        free(held);
+        free(out->hashes);
+        out->hashes = NULL;
+        return KVLLM_ENOMEM;
+    }
+    int n = kvllm_engine_kv_blocks(k->engine, ids, k->n_blocks);
+    for (int i = 0; i < n; i++) {
+        held[ids[i]] = true;
+        if (k->ext[ids[i]]) out->hashes[out->n++] = k->ext[ids[i]];
+        else out->n_untold++;
+    }
+    for (int id = 0; id < k->n_blocks; id++) out->n_stale += k->ext[id] && !held[id];
+    free(ids);
+    free(held);
+    return 0;
+}
+
 /* ---- encoding (msgpack, as msgspec encodes vLLM's structs) ---- */
 
 static void pack_str(msgpack_packer *pk, const char *s) {

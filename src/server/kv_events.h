@@ -43,6 +43,7 @@
 #include "kvllm.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct kv_events_params {
     const char *endpoint;         /* PUB socket, bound: "tcp://HOST:PORT" (also ipc://, inproc://) */
@@ -65,6 +66,19 @@ int kv_events_attach(struct kv_events *k, struct kvllm_engine *e);
 /* The engine thread finished a step: its events (if any) go out now as
  * one batch.  NULL-safe. */
 void kv_events_step_done(struct kv_events *k);
+/* What the publisher told of the blocks the prefix cache holds now, to
+ * check a subscriber's view against (GET /debug/kv/blocks). */
+struct kv_events_held {
+    uint64_t *hashes;  /* (n) the published hash of each block held and told, by ascending block id; malloc'd */
+    int n;
+    int n_untold;      /* held but never told: a block whose prefix was not (see above) */
+    int n_stale;       /* told and not removed, yet no longer held: the publisher is out of step with the pool */
+};
+/* Fill *out from the engine's blocks (kvllm_engine_kv_blocks) and the
+ * hashes this module gave them.  Engine thread, between steps: the events
+ * of every step before are queued or sent, none of a later one.  0, or
+ * KVLLM_ENOMEM (*out then empty).  The caller frees out->hashes. */
+int kv_events_held(struct kv_events *k, struct kv_events_held *out);
 /* Stop: call after the engine's thread stopped stepping (and before the
  * engine is freed).  What is queued is sent, the thread joined, the sockets
  * closed, the engine told to stop calling.  NULL-safe. */

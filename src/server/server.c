@@ -179,6 +179,47 @@ bool server_stats(struct server *s, struct kvllm_engine_stats *st) {
     return true;
 }
 
+int server_engine_call(struct server *s, void (*fn)(struct server *s, void *arg), void *arg) {
+    if (atomic_load(&s->state) == SRV_LOADING) return KVLLM_EBUSY;
+    struct engine_call c = { fn, arg, false, 0 };
+    pthread_mutex_lock(&s->mu);
+    while (s->call && !s->engine_exited) pthread_cond_wait(&s->call_cv, &s->mu);
+    if (s->engine_exited) {
+        pthread_mutex_unlock(&s->mu);
+        return KVLLM_EBUSY;
+    }
+    s->call = &c;
+    s->kick = true;
+    pthread_cond_signal(&s->cv);
+    while (!c.done) pthread_cond_wait(&s->call_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return c.rc;
+}
+
+/* The engine thread's side: run the waiting call (taken from s->call under s->mu) and say so. */
+static void engine_run_call(struct server *s, struct engine_call *c) {
+    if (!c) return;
+    c->fn(s, c->arg);
+    pthread_mutex_lock(&s->mu);
+    c->done = true;
+    s->call = NULL;
+    pthread_cond_broadcast(&s->call_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The engine thread ends: a call still waiting is told so, and none is taken from now on. */
+static void engine_exit_calls(struct server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->engine_exited = true;
+    if (s->call) {
+        s->call->rc = KVLLM_EBUSY;
+        s->call->done = true;
+        s->call = NULL;
+    }
+    pthread_cond_broadcast(&s->call_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *engine_main(void *arg) {
     struct server *s = arg;
     /* the engine line: throughput over the interval, printed while busy */
@@ -190,9 +231,11 @@ static void *engine_main(void *arg) {
         while (!s->kick && s->idle && !s->engine_stop) pthread_cond_wait(&s->cv, &s->mu);
         bool done = s->engine_stop && s->idle && !s->kick, woke = s->idle;
         uint64_t prompt_now = s->stats.prompt_tokens - s->stats.cached_tokens;
+        struct engine_call *call = s->call;
         s->kick = false;
         pthread_mutex_unlock(&s->mu);
         if (done) break;
+        engine_run_call(s, call);
         if (woke) {   /* busy again after idling: the interval starts now */
             t_line = time_now();
             prompt0 = prompt_now;
@@ -238,6 +281,7 @@ static void *engine_main(void *arg) {
          * something) must not spin */
         if ((n <= 0) && !idle) nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
     }
+    engine_exit_calls(s);
     return NULL;
 }
 
@@ -287,6 +331,7 @@ int server_start(const struct server_params *p, struct server **out) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->peers_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->call_cv, NULL);
     metrics_init(&s->metrics);
     if (!s->host || !s->model_id || !s->version || !s->commit || (p->api_key && *p->api_key && !s->api_key) || (p->chat_template && !s->chat_template)) {
         server_free(s);
@@ -371,6 +416,7 @@ void server_free(struct server *s) {
     kvllm_log_set(NULL, NULL);
     metrics_deinit(&s->metrics);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->call_cv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->peers_mu);
     free(s->host);

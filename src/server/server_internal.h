@@ -21,6 +21,15 @@ enum server_state { SRV_LOADING, SRV_READY, SRV_DRAINING, SRV_STOPPING, SRV_FAIL
 
 struct peer;
 struct job;
+struct server;
+
+/* Work for the engine thread between two steps (server_engine_call). */
+struct engine_call {
+    void (*fn)(struct server *s, void *arg);
+    void *arg;
+    bool done;   /* under s->mu */
+    int rc;      /* 0: fn ran; KVLLM_EBUSY: the engine thread ended first */
+};
 
 struct server {
     char *host, *api_key, *model_id, *chat_template;
@@ -53,6 +62,9 @@ struct server {
     pthread_cond_t cv;
     bool kick, idle, engine_stop;
     struct kvllm_engine_stats stats;  /* snapshot after each step (get_stats is engine-thread only) */
+    struct engine_call *call;         /* waiting for the engine thread (NULL: none) */
+    pthread_cond_t call_cv;           /* a call was done, or its slot freed */
+    bool engine_exited;
 
     struct metrics metrics;
     struct kv_events *kv_events;      /* --kv-events (NULL: off); endpoints kept for /kv_event_sources */
@@ -96,6 +108,13 @@ const char *server_chat_template(const struct server *s, size_t *len);
 void server_kick(struct server *s);
 /* The engine's stats as of its last step; false while loading. */
 bool server_stats(struct server *s, struct kvllm_engine_stats *st);
+/* Run fn(s, arg) on the engine thread between two steps and wait for it:
+ * for reading engine-thread state beyond the stats snapshot.  The caller
+ * blocks until the step under way ends (one at a time: a second caller
+ * waits for the first), so this is for debug endpoints, not the request
+ * path.  0 once fn ran; KVLLM_EBUSY (fn not run) while loading or after the
+ * engine thread ended. */
+int server_engine_call(struct server *s, void (*fn)(struct server *s, void *arg), void *arg);
 
 
 /* http.c: the MHD daemon. */

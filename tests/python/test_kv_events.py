@@ -7,7 +7,9 @@ in declaration order after "type" (vllm-router 0.1.17 reads them so), or with --
 vLLM <= 0.11's positional arrays [tag, field...].  Messages are three frames [topic, seq (8 bytes, big
 endian), payload]; the replay socket answers [identity, "", start] with [identity, "", seq, payload] per
 kept batch and [identity, "", -1, ""] at the end.  Also: the endpoints routers probe, the metrics under
-vLLM's names, and bad options.  Model: stories260K on one thread, block size 16.
+vLLM's names, and bad options.  And the whole story: a subscriber that applies every event of a run (prefix
+hits, evictions, preemptions, aborts) holds what the server's prefix cache
+holds (GET /debug/kv/blocks).  Model: stories260K on one thread, block size 16.
 """
 from __future__ import annotations
 
@@ -220,41 +222,6 @@ def test_eviction_tells_block_removed(kvllm, stories):
         assert rc == 0, err[-3000:]
 
 
-def test_restart_starts_with_all_blocks_cleared(kvllm, stories):
-    """A replica restarted on the same endpoints: its sequence starts again at 0 with AllBlocksCleared,
-    which a subscriber that stayed connected gets live or, having missed it while reconnecting, from
-    the replay socket."""
-    ports = free_ports(3)
-    s, ev, _ = start(kvllm, stories, ports=ports)
-    try:
-        time.sleep(0.3)
-        complete(s, PROMPT)
-        while not any(e["type"] == "BlockStored" for e in events_of(ev.recv()[2])):
-            pass  # AllBlocksCleared (batch 0) may arrive live too
-        rc, err = s.stop()
-        assert rc == 0, err[-3000:]
-        s, _, _ = start(kvllm, stories, ports=ports)
-        got = []
-        for k in range(20):  # until the subscriber has reconnected (ZMQ retries every 100 ms)
-            complete(s, f"{k} " + PROMPT)
-            got = ev.drain(0.3)
-            if got:
-                break
-        assert got, "no batch from the restarted replica"
-        # the new process's sequence: batch 0 is AllBlocksCleared (live, or from the replay if missed)
-        replayed = ev.replay(0)
-        assert replayed[0][0] == 0 and events_of(replayed[0][1]) == [{"type": "AllBlocksCleared"}]
-        assert int.from_bytes(got[-1][1], "big") == replayed[-1][0] <= 21
-        if int.from_bytes(got[0][1], "big") == 0:
-            assert events_of(got[0][2]) == [{"type": "AllBlocksCleared"}]
-        stored = [e for f in got for e in events_of(f[2]) if e["type"] == "BlockStored"]
-        assert any(e["parent_block_hash"] is None for e in stored)  # a prompt's first block, cache empty
-    finally:
-        ev.close()
-        rc, err = s.stop()
-        assert rc == 0, err[-3000:]
-
-
 def test_array_layout_and_topic(kvllm, stories):
     """--kv-events-layout array: vLLM <= 0.11's positional events; --kv-events-topic: the first frame; a
     socket bound to every address is listed in /kv_event_sources under the host the asker reached."""
@@ -301,6 +268,20 @@ def test_router_endpoints(pub):
     assert s.request("GET", "/health_generate")[0] == 200
 
 
+def test_debug_blocks_needs_kv_events(kvllm, stories):
+    """Without --kv-events there is nothing told to check: GET /debug/kv/blocks is 404, no event source."""
+    import json
+    s = Server(kvllm, *stories_args(stories))
+    try:
+        st, _, body = s.request("GET", "/debug/kv/blocks")
+        assert st == 404 and b"--kv-events" in body, body
+        st, _, body = s.request("GET", "/kv_event_sources")
+        assert st == 200 and json.loads(body) == []
+    finally:
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
 def test_vllm_metric_names(pub):
     """The Gateway API Inference Extension's model-server protocol and vLLM dashboards: vLLM's names with
     its model_name label, prefix-cache queries and hits in tokens."""
@@ -340,3 +321,191 @@ def test_bad_kv_events_options(kvllm, stories, pub):
     p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--kv-events", "tcp://*:1",
                         "--kv-events-layout", "list"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "map or array" in p.stderr, p.stderr
+
+
+# ---- the whole run, rebuilt from the events ----------------------------------------------------------------
+
+def fnv_chain(parent: int | None, ids: list[int]) -> int:
+    """The published hash (kv_events.c): FNV-1a 64 over the parent's hash (8 bytes, little-endian; 0 for a
+    first block) and the block's token ids (4 bytes each, little-endian); 0 is taken as 1."""
+    h = 0xCBF29CE484222325
+    for b in (parent or 0).to_bytes(8, "little") + b"".join(t.to_bytes(4, "little") for t in ids):
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h or 1
+
+
+class Replica:
+    """What a router believes one replica caches, from its events alone, checked as it goes: a block is stored
+    once (until removed), chained to a parent still cached, under the hash of its tokens; only cached blocks
+    are removed."""
+
+    def __init__(self):
+        self.blocks: set[int] = set()
+        self.count = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+        self.stored = self.removed = self.cleared = 0  # blocks, and blocks dropped by AllBlocksCleared
+
+    def apply(self, e: dict):
+        t = e["type"]
+        self.count[t] += 1
+        if t == "BlockStored":
+            parent, hs, ids = e["parent_block_hash"], e["block_hashes"], e["token_ids"]
+            assert parent is None or parent in self.blocks, "stored under a parent that is not cached"
+            assert hs and len(ids) == len(hs) * BS and e["block_size"] == BS
+            for k, h in enumerate(hs):
+                assert h == fnv_chain(parent, ids[k * BS:(k + 1) * BS]), "a hash is not its tokens' chain"
+                assert h not in self.blocks, "a block stored twice without a removal between"
+                self.blocks.add(h)
+                parent = h
+            self.stored += len(hs)
+        elif t == "BlockRemoved":
+            for h in e["block_hashes"]:
+                assert h in self.blocks, "removed a block that is not cached"
+                self.blocks.discard(h)
+            self.removed += len(e["block_hashes"])
+        else:
+            assert t == "AllBlocksCleared", e
+            self.cleared += len(self.blocks)
+            self.blocks.clear()
+
+
+def every_batch(ev: Events, live: list[list[bytes]]) -> list[tuple[int, bytes]]:
+    """The process's batches from sequence 0, without a gap: those received live, the ones before the first
+    (missed while the subscription was reaching the publisher) from the replay socket, which must also agree
+    byte for byte with what came live."""
+    got = [(int.from_bytes(f[1], "big"), f[2]) for f in live]
+    replayed = dict(ev.replay(0))
+    first = got[0][0] if got else len(replayed)
+    batches = [(q, replayed[q]) for q in range(first)] + got
+    assert [q for q, _ in batches] == list(range(len(batches))), "a batch was lost"
+    for q, payload in got:
+        assert replayed.get(q) == payload, f"replay of batch {q} differs from the live one"
+    return batches
+
+
+def stream_and_leave(port: int, prompt: str) -> bool:
+    """A streaming completion left after its first chunk (the socket closed under it); True once it had
+    started."""
+    import json
+    import socket
+    raw = json.dumps({"model": "stories", "prompt": prompt, "max_tokens": 400, "ignore_eos": True,
+                      "stream": True, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as k:
+        k.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+        got = b""
+        while b"data: " not in got:
+            b = k.recv(4096)
+            if not b:
+                return False
+            got += b
+    return True
+
+
+def test_subscriber_rebuilds_the_cached_set(kvllm, stories):
+    """A subscriber that applies every event of a run with prefix hits, evictions, preemptions and aborts
+    holds at the end exactly the blocks the server's prefix cache holds (GET /debug/kv/blocks, as the
+    publisher named them): 0 missing, 0 extra.  A pool of 32 blocks of 16 serves 3 shared prefixes under
+    many suffixes, 8 at a time and long (preemptions, evictions, hits), while streams are dropped mid-way
+    (aborts)."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    s, ev, _ = start(kvllm, stories, "--kv-tokens", "512", "--max-seqs", "8")
+    try:
+        time.sleep(0.3)  # the subscription reaches the publisher
+        live: list[list[bytes]] = []
+        prefixes = [PROMPT, "Tom had a small brown dog called Max. Every morning they walked to the river and "
+                    "looked at the fish that swam under the old wooden bridge near the farm",
+                    "Ben and Mia built a tall tower of blocks in the kitchen, and the cat knocked it over twice "
+                    "before lunch, so they built it again"]
+        def ask(i: int):
+            p = prefixes[i % 3] + f" and then {i} friends came to see" + " the sun" * (i % 4)
+            st, _, body = s.request("POST", "/v1/completions", {"model": "stories", "prompt": p, "temperature": 0,
+                                                                "max_tokens": 64 + 16 * (i % 5), "ignore_eos": True})
+            assert st == 200, body
+        def snapshot() -> dict:
+            st, _, body = s.request("GET", "/debug/kv/blocks")
+            assert st == 200, body
+            return json.loads(body)
+        with ThreadPoolExecutor(10) as ex:
+            jobs = [ex.submit(ask, i) for i in range(24)]
+            left = [ex.submit(stream_and_leave, s.port, prefixes[k % 3] + f" but {k} left early") for k in range(4)]
+            # between any two steps the publisher is in step with the pool (taken on the engine thread)
+            for _ in range(5):
+                mid = snapshot()
+                assert mid["untold"] == 0 and mid["stale"] == 0, mid
+                time.sleep(0.05)
+            for j in jobs:
+                j.result()
+            assert sum(j.result() for j in left) >= 1
+            live += ev.drain(0.0)
+        m = s.wait_blocks_released(5.0)
+        assert m['kvllm_kv_blocks{state="held"}'] == 0, m
+        live += ev.drain(0.5)  # the last step's batch
+        server = snapshot()
+        assert ev.drain(0.3) == [], "the server stepped while idle"
+
+        r = Replica()
+        batches = every_batch(ev, live)
+        assert events_of(batches[0][1]) == [{"type": "AllBlocksCleared"}]
+        for _, payload in batches:
+            for e in events_of(payload):
+                r.apply(e)
+        held = set(server["block_hashes"])
+        assert len(held) == len(server["block_hashes"])
+        missing, extra = held - r.blocks, r.blocks - held
+        lab = '{model_name="stories"}'
+        figures = {"batches": len(batches), **r.count, "blocks stored": r.stored, "blocks removed": r.removed,
+                   "subscriber set": len(r.blocks), "server set": len(held), "missing": len(missing),
+                   "extra": len(extra), "untold": server["untold"], "stale": server["stale"],
+                   "preemptions": m["vllm:num_preemptions_total" + lab],
+                   "prefix hit tokens": m["vllm:prefix_cache_hits_total" + lab],
+                   "aborted": m['kvllm_requests_total{outcome="aborted"}']}
+        print("kv events run:", figures)
+        assert not missing and not extra, figures
+        assert server["untold"] == 0 and server["stale"] == 0, figures
+        assert len(held) == server["blocks_cached"] and server["blocks_held"] == 0, (server, figures)
+        # the run did what it was meant to: none of these may be vacuous
+        assert r.count["BlockRemoved"] > 0 and r.removed > 0, figures           # evictions
+        assert figures["preemptions"] > 0, figures
+        assert figures["prefix hit tokens"] > 0, figures
+        assert figures["aborted"] > 0, figures
+        assert r.count["AllBlocksCleared"] == 1 and len(held) > 0, figures
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_restart_starts_with_all_blocks_cleared(kvllm, stories):
+    """A replica restarted on the same endpoints: its sequence starts again at 0 with AllBlocksCleared,
+    which a subscriber that stayed connected gets live or, having missed it while reconnecting, from
+    the replay socket."""
+    ports = free_ports(3)
+    s, ev, _ = start(kvllm, stories, ports=ports)
+    try:
+        time.sleep(0.3)
+        complete(s, PROMPT)
+        while not any(e["type"] == "BlockStored" for e in events_of(ev.recv()[2])):
+            pass  # AllBlocksCleared (batch 0) may arrive live too
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+        s, _, _ = start(kvllm, stories, ports=ports)
+        got = []
+        for k in range(20):  # until the subscriber has reconnected (ZMQ retries every 100 ms)
+            complete(s, f"{k} " + PROMPT)
+            got = ev.drain(0.3)
+            if got:
+                break
+        assert got, "no batch from the restarted replica"
+        # the new process's sequence: batch 0 is AllBlocksCleared (live, or from the replay if missed)
+        replayed = ev.replay(0)
+        assert replayed[0][0] == 0 and events_of(replayed[0][1]) == [{"type": "AllBlocksCleared"}]
+        assert int.from_bytes(got[-1][1], "big") == replayed[-1][0] <= 21
+        if int.from_bytes(got[0][1], "big") == 0:
+            assert events_of(got[0][2]) == [{"type": "AllBlocksCleared"}]
+        stored = [e for f in got for e in events_of(f[2]) if e["type"] == "BlockStored"]
+        assert any(e["parent_block_hash"] is None for e in stored)  # a prompt's first block, cache empty
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]

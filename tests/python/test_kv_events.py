@@ -8,7 +8,7 @@ vLLM <= 0.11's positional arrays [tag, field...].  Messages are three frames [to
 endian), payload]; the replay socket answers [identity, "", start] with [identity, "", seq, payload] per
 kept batch and [identity, "", -1, ""] at the end.  Also: the endpoints routers probe, the metrics under
 vLLM's names, and bad options.  And the whole story: a subscriber that applies every event of a run (prefix
-hits, evictions, preemptions, aborts) holds what the server's prefix cache
+hits, evictions, preemptions, aborts; a replica killed and restarted) holds what the server's prefix cache
 holds (GET /debug/kv/blocks).  Model: stories260K on one thread, block size 16.
 """
 from __future__ import annotations
@@ -476,19 +476,47 @@ def test_subscriber_rebuilds_the_cached_set(kvllm, stories):
         assert rc == 0, err[-3000:]
 
 
-def test_restart_starts_with_all_blocks_cleared(kvllm, stories):
-    """A replica restarted on the same endpoints: its sequence starts again at 0 with AllBlocksCleared,
-    which a subscriber that stayed connected gets live or, having missed it while reconnecting, from
-    the replay socket."""
+def test_sigkill_restart_starts_with_all_blocks_cleared(kvllm, stories):
+    """A replica killed (SIGKILL) under load and restarted on the same endpoints: its sequence starts again at
+    0 with AllBlocksCleared, which a subscriber that stayed connected gets live or, having missed it while
+    ZMQ reconnected, from the replay socket — and what that subscriber then believes is what the new process
+    holds; a subscriber that joins late rebuilds the same set from the replay alone, the restarted replica's
+    new prefixes in it."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
     ports = free_ports(3)
-    s, ev, _ = start(kvllm, stories, ports=ports)
+    s, ev, (pub_port, rep_port) = start(kvllm, stories, ports=ports)
+    late = None
     try:
         time.sleep(0.3)
+        stayed, old = Replica(), []
         complete(s, PROMPT)
-        while not any(e["type"] == "BlockStored" for e in events_of(ev.recv()[2])):
-            pass  # AllBlocksCleared (batch 0) may arrive live too
-        rc, err = s.stop()
-        assert rc == 0, err[-3000:]
+        while not any(e["type"] == "BlockStored" for f in old for e in events_of(f[2])):
+            old.append(ev.recv())  # AllBlocksCleared (batch 0) may arrive live too
+
+        def long_request(k: int) -> int:
+            try:
+                return s.request("POST", "/v1/completions", {"model": "stories", "prompt": f"{k} {PROMPT}",
+                                                             "max_tokens": 450, "ignore_eos": True})[0]
+            except OSError:
+                return 0  # cut by the kill
+        with ThreadPoolExecutor(6) as ex:
+            inflight = [ex.submit(long_request, k) for k in range(6)]
+            deadline = time.monotonic() + 10
+            while s.metrics()["kvllm_requests_running"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            s.proc.kill()  # mid-load: nothing is flushed, no last batch is sent
+            s.proc.wait()
+            cut = sum(f.result() != 200 for f in inflight)
+        assert cut > 0, "every request finished before the kill"
+        s.stop()
+        old += ev.drain(0.3)  # what the old process sent before it died
+        for f in old:
+            for e in events_of(f[2]):
+                stayed.apply(e)
+        believed = len(stayed.blocks)
+        assert believed > 0
+
         s, _, _ = start(kvllm, stories, ports=ports)
         got = []
         for k in range(20):  # until the subscriber has reconnected (ZMQ retries every 100 ms)
@@ -497,15 +525,37 @@ def test_restart_starts_with_all_blocks_cleared(kvllm, stories):
             if got:
                 break
         assert got, "no batch from the restarted replica"
+        complete(s, PROMPT, max_tokens=8)
+        got += ev.drain(0.3)
         # the new process's sequence: batch 0 is AllBlocksCleared (live, or from the replay if missed)
-        replayed = ev.replay(0)
-        assert replayed[0][0] == 0 and events_of(replayed[0][1]) == [{"type": "AllBlocksCleared"}]
-        assert int.from_bytes(got[-1][1], "big") == replayed[-1][0] <= 21
-        if int.from_bytes(got[0][1], "big") == 0:
-            assert events_of(got[0][2]) == [{"type": "AllBlocksCleared"}]
-        stored = [e for f in got for e in events_of(f[2]) if e["type"] == "BlockStored"]
-        assert any(e["parent_block_hash"] is None for e in stored)  # a prompt's first block, cache empty
+        batches = every_batch(ev, got)
+        assert batches[0][0] == 0 and events_of(batches[0][1]) == [{"type": "AllBlocksCleared"}]
+        for _, payload in batches:
+            for e in events_of(payload):
+                stayed.apply(e)
+        assert stayed.cleared >= believed  # the old process's blocks are forgotten
+        st, _, body = s.request("GET", "/debug/kv/blocks")
+        assert st == 200, body
+        held = set(json.loads(body)["block_hashes"])
+        assert stayed.blocks == held and held
+
+        # a late subscriber catches up through the replay alone
+        late = Events(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{rep_port}")
+        r = Replica()
+        for _, payload in late.replay(0):
+            for e in events_of(payload):
+                r.apply(e)
+        assert r.count["AllBlocksCleared"] == 1 and r.blocks == held
+        ids, parent, chain = tokens(s, PROMPT), None, []
+        for k in range(len(ids) // BS):
+            parent = fnv_chain(parent, ids[k * BS:(k + 1) * BS])
+            chain.append(parent)
+        assert set(chain) <= r.blocks  # a router that replayed knows the new process holds the prompt again
+        print(f"kv events restart: {cut} requests cut, {believed} blocks believed before, "
+              f"{len(batches)} batches after, {len(held)} held, late subscriber {len(r.blocks)}")
     finally:
         ev.close()
+        if late:
+            late.close()
         rc, err = s.stop()
         assert rc == 0, err[-3000:]

@@ -23,7 +23,7 @@
 #include <zmq.h>
 
 #define KVE_POLL_MS 1000                    /* idle: how often the publisher looks at its stop flag anyway */
-#define KVE_MAX_QUEUED_TOKENS (16u << 20)   /* past this, drop and clear (a publisher that cannot keep up) */
+#define KVE_MAX_QUEUED_TOKENS ((size_t)16 << 20) /* default: past this, drop and clear (a publisher that cannot keep up) */
 #define KVE_RING_BATCHES 10000              /* replay: vLLM's buffer_steps */
 #define KVE_RING_BYTES ((size_t)64 << 20)
 #define KVE_HWM 100000                      /* vLLM's PUB high-water mark */
@@ -53,6 +53,7 @@ struct kv_events {
     int wake_fd;                   /* eventfd: the queue became non-empty, or stop */
     struct kvllm_engine *engine;   /* set by attach: told to stop calling at free */
     int block_size, n_blocks;
+    size_t max_queued_tokens;      /* past this, the queue is dropped and subscribers told AllBlocksCleared */
     uint64_t *ext;                 /* (n_blocks) published hash of each block, 0: not told (engine thread) */
 
     pthread_mutex_t mu;            /* guards q, overflow, stop */
@@ -136,14 +137,22 @@ static void kv_events_on_event(const struct kvllm_kv_event *ev, void *user) {
         if (!e.hash) return;
     }
     pthread_mutex_lock(&k->mu);
-    if (!k->overflow) {
-        bool full = k->q.n_tok + (size_t)k->block_size > KVE_MAX_QUEUED_TOKENS;
+    bool was_over = k->overflow;
+    if (!was_over) {
+        bool full = k->q.n_tok + (size_t)k->block_size > k->max_queued_tokens;
         if (full || !queue_push(&k->q, &e, ev->tokens, e.kind == EV_STORED ? k->block_size : 0)) {
             k->overflow = true;  /* the next batch clears; what is queued is dropped */
             k->q.n = k->q.n_tok = 0;
         }
     }
+    bool dropped = k->overflow;
     pthread_mutex_unlock(&k->mu);
+    /* Subscribers are about to forget every block (AllBlocksCleared), and this event and those
+     * dropped after it never reach them: no block counts as told any more, so none is named in a
+     * later removal or as a parent (its descendants go untold, as any untold prefix's), and
+     * kv_events_held agrees with what a subscriber holds. */
+    if (dropped && !was_over) memset(k->ext, 0, (size_t)k->n_blocks * sizeof *k->ext);
+    else if (dropped) k->ext[ev->block] = 0;
 }
 
 void kv_events_step_done(struct kv_events *k) {
@@ -399,6 +408,7 @@ int kv_events_new(const struct kv_events_params *p, struct kv_events **out) {
         return KVLLM_EIO;
     }
     k->p.array_layout = p->array_layout;
+    k->max_queued_tokens = p->max_queued_tokens ? p->max_queued_tokens : KVE_MAX_QUEUED_TOKENS;
     k->p.endpoint = strdup(p->endpoint);
     k->p.replay_endpoint = p->replay_endpoint && *p->replay_endpoint ? strdup(p->replay_endpoint) : NULL;
     k->p.topic = strdup(p->topic ? p->topic : "");

@@ -34,15 +34,18 @@
  *
  * Memory: queued events grow buffers that the publisher thread swaps with
  * its own, so steady traffic reuses them; past 16 Mi queued tokens (a
- * publisher that cannot keep up) events are dropped and the next batch says
- * AllBlocksCleared, so a subscriber underestimates what is cached rather
- * than believing in blocks that are gone. */
+ * publisher that cannot keep up; max_queued_tokens) events are dropped and
+ * the next batch says AllBlocksCleared, so a subscriber underestimates what
+ * is cached rather than believing in blocks that are gone.  The blocks told
+ * before then count as never told from then on: their removals and
+ * descendants are not told either. */
 #ifndef KVLLM_SERVER_KV_EVENTS_H
 #define KVLLM_SERVER_KV_EVENTS_H
 
 #include "kvllm.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct kv_events_params {
@@ -50,6 +53,8 @@ struct kv_events_params {
     const char *replay_endpoint;  /* ROUTER socket, bound; NULL: no replay */
     const char *topic;            /* first frame of every message (NULL: "") */
     bool array_layout;            /* events as vLLM <= 0.11's positional arrays (default: tagged maps) */
+    size_t max_queued_tokens;     /* tokens of events queued for the publisher before it counts as fallen
+                                     behind (see above); 0: 16 Mi */
 };
 
 struct kv_events;

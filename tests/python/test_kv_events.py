@@ -315,9 +315,10 @@ def test_bad_kv_events_options(kvllm, stories, pub):
             assert p.returncode != 0 and "--kv-events" in p.stderr and ep in p.stderr and what in p.stderr, p.stderr
     finally:
         busy.close(0)
-    p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--kv-events-replay", "tcp://*:1"],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "need --kv-events" in p.stderr, p.stderr
+    for opt in (["--kv-events-replay", "tcp://*:1"], ["--kv-events-max-queued", "32"]):
+        p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), *opt],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "need --kv-events" in p.stderr and opt[0] in p.stderr, p.stderr
     p = subprocess.run([str(kvllm), "serve", *map(str, stories_args(stories)), "--kv-events", "tcp://*:1",
                         "--kv-events-layout", "list"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "map or array" in p.stderr, p.stderr
@@ -470,6 +471,47 @@ def test_subscriber_rebuilds_the_cached_set(kvllm, stories):
         assert figures["prefix hit tokens"] > 0, figures
         assert figures["aborted"] > 0, figures
         assert r.count["AllBlocksCleared"] == 1 and len(held) > 0, figures
+    finally:
+        ev.close()
+        rc, err = s.stop()
+        assert rc == 0, err[-3000:]
+
+
+def test_fallen_behind_publisher_forgets_what_it_told(kvllm, stories):
+    """A publisher that falls behind (here: more than 32 tokens of events in one step, --kv-events-max-queued)
+    drops what is queued and tells AllBlocksCleared; the blocks it told before count as never told from
+    then on (no removal, no child of theirs is told), so a subscriber still holds what GET /debug/kv/blocks
+    lists, and a new prefix is told again."""
+    import json
+    s, ev, _ = start(kvllm, stories, "--kv-events-max-queued", "32")
+    live: list[list[bytes]] = []
+
+    def agree() -> dict:
+        live.extend(ev.drain(0.3))
+        st, _, body = s.request("GET", "/debug/kv/blocks")
+        assert st == 200, body
+        server = json.loads(body)
+        r = Replica()
+        for _, payload in every_batch(ev, live):
+            for e in events_of(payload):
+                r.apply(e)
+        assert r.blocks == set(server["block_hashes"]) and server["stale"] == 0, (server, r.blocks)
+        return {"told": len(r.blocks), "untold": server["untold"], "cleared": r.count["AllBlocksCleared"]}
+    try:
+        time.sleep(0.3)
+        short = "A small cat sat on the warm mat all day long"  # one full block: within the limit
+        assert len(tokens(s, short)) // BS == 1
+        complete(s, short)
+        assert agree() == {"told": 1, "untold": 0, "cleared": 1}
+        n_full = len(tokens(s, PROMPT)) // BS
+        assert n_full >= 3
+        complete(s, PROMPT)  # one step stores more than 32 tokens of blocks: dropped, and every name forgotten
+        assert agree() == {"told": 0, "untold": 1 + n_full, "cleared": 2}
+        assert "fell behind" in s.stderr()
+        complete(s, PROMPT + " and a little blue kite that flew high above the trees")  # child of an untold prefix
+        complete(s, "Two dogs ran along the beach in the morning sun")
+        got = agree()
+        assert got["told"] == 1 and got["untold"] > 1 + n_full and got["cleared"] == 2, got
     finally:
         ev.close()
         rc, err = s.stop()

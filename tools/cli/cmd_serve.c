@@ -25,7 +25,7 @@ enum {
     V_MAX_BODY, V_MAX_CONNS, V_MAX_CONNS_CLIENT, V_HEADER_TIMEOUT, V_BODY_TIMEOUT, V_IDLE_TIMEOUT, V_SHUTDOWN_TIMEOUT,
     V_TEMPLATE, V_TEMPLATE_FILE, V_SPECIAL_IN_CONTENT, V_TOOL_FORMAT, V_TOOL_PARSER, V_AUTO_TOOL, V_ORIGINS,
     V_LOG_FORMAT, V_LOG_INTERVAL, V_JINJA, V_PREFIX_CACHING, V_NO_PREFIX_CACHING, V_CTX, V_PARALLEL, V_BATCHED_TOKENS,
-    V_THREADS, V_VERBOSE, V_KV_EVENTS, V_KV_REPLAY, V_KV_TOPIC, V_KV_LAYOUT,
+    V_THREADS, V_VERBOSE, V_KV_EVENTS, V_KV_REPLAY, V_KV_TOPIC, V_KV_LAYOUT, V_KV_MAX_QUEUED,
 };
 
 /* serve's options: the parser, --help and docs/CLI.md's reference (kvllm help --markdown) read this table */
@@ -75,6 +75,9 @@ static const struct cli_opt k_serve_opts[] = {
     { V_KV_TOPIC, "--kv-events-topic", "T", CLI_VALUE, "topic frame of every event message (default: empty)" },
     { V_KV_LAYOUT, "--kv-events-layout", "map|array", CLI_VALUE,
       "events as tagged maps (default: vLLM today, vllm-router) or positional arrays\n(vLLM <= 0.11)" },
+    { V_KV_MAX_QUEUED, "--kv-events-max-queued", "N", CLI_VALUE,
+      "tokens of events waiting for the publisher before it counts as fallen behind:\nthey are dropped and "
+      "subscribers told AllBlocksCleared (default 16777216)" },
     { V_LOG_FORMAT, "--log-format", "text|json", CLI_VALUE,
       "one line per finished request and a periodic engine line, as text (default) or JSON" },
     { V_LOG_INTERVAL, "--log-interval", "S", CLI_VALUE, "seconds between engine lines while busy (default 10; 0 = none)" },
@@ -207,6 +210,10 @@ int cmd_serve(int argc, char **argv) {
         case V_KV_EVENTS: sp.kv_events.endpoint = v; break;
         case V_KV_REPLAY: sp.kv_events.replay_endpoint = v; break;
         case V_KV_TOPIC: sp.kv_events.topic = v; break;
+        case V_KV_MAX_QUEUED:
+            if (!cli_int(a, v, 1, 1 << 30, &l)) return 2;
+            sp.kv_events.max_queued_tokens = (size_t)l;
+            break;
         case V_KV_LAYOUT:
             if (strcmp(v, "map") && strcmp(v, "array")) { cli_error("--kv-events-layout: '%s' is not map or array", v); return 2; }
             sp.kv_events.array_layout = !strcmp(v, "array");
@@ -246,8 +253,8 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!cli_opt_end()) return 2;
-    if (!sp.kv_events.endpoint && (sp.kv_events.replay_endpoint || sp.kv_events.topic)) {
-        cli_error("serve: --kv-events-replay and --kv-events-topic need --kv-events ENDPOINT");
+    if (!sp.kv_events.endpoint && (sp.kv_events.replay_endpoint || sp.kv_events.topic || sp.kv_events.max_queued_tokens)) {
+        cli_error("serve: --kv-events-replay, --kv-events-topic and --kv-events-max-queued need --kv-events ENDPOINT");
         return 2;
     }
     if (!model && !hf.repo) { cli_error("serve: -m MODEL (or -hf REPO) is required (see kvllm serve --help)"); return 2; }

@@ -115,6 +115,8 @@ int cli_cmd_next(const struct cli_cmd *c, int argc, char **argv, int *i, const s
     const char *a = argv[*i];
     if (c->positional && (a[0] != '-' || !a[1])) return 0;   /* "-" alone: standard input */
     int m = cli_opts_match(argc, argv, i, c->groups, c->n_own, opt, value);
-    if (m == 0) cli_opts_unknown(c->name, a, c->groups, c->n_groups);
+    if (m == 0) cli_cmd_unknown(c, a);
     return m == 1 ? 1 : -1;
 }
+
+void cli_cmd_unknown(const struct cli_cmd *c, const char *arg) { cli_opts_unknown(c->name, arg, c->groups, c->n_groups); }

@@ -71,5 +71,7 @@ void cli_cmd_markdown(const struct cli_cmd *c, FILE *f);
  * unknown option with the closest spelling of all the groups, or an argument the command does not take). */
 int cli_cmd_next(const struct cli_cmd *c, int argc, char **argv, int *i, const struct cli_opt **opt,
                  const char **value);
+/* An argument the command refuses (a positional one too many): cli_opts_unknown over all its groups. */
+void cli_cmd_unknown(const struct cli_cmd *c, const char *arg);
 
 #endif

@@ -1,6 +1,7 @@
 /* cmd_info.c — `kvllm info MODEL`: what a model file holds and what its KV
  * cache costs, before anything is run. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 #include "load/gguf.h"
 #include "load/hf.h"
@@ -10,13 +11,33 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm info [-m] MODEL [--tokenizer PATH] [--json]\n"
-    "  prints the name, architecture, file type and bits per weight, hyper-parameters, the tokenizer\n"
-    "  (model, pre-tokenizer, bos / eos, add_bos / add_eos, chat template), tensor types, parameter\n"
-    "  count, weight bytes in the file and as placed, and KV-cache bytes per token and at full context\n"
-    "  for f32, f16, bf16, int8 and fp8 storage\n"
-    "  --json   the same as one JSON object\n";
+enum { I_HELP = 1, I_MODEL, I_TOKENIZER, I_JSON };
+
+/* info's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_info_opts[] = {
+    { I_MODEL, "-m, --model", "MODEL", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint (or MODEL alone)" },
+    { I_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE, "vocabulary for models without one" },
+    { I_JSON, "--json", NULL, CLI_FLAG, "the same as one JSON object" },
+    { I_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_info_group = CLI_GROUP(NULL, k_info_opts);
+static const struct cli_opt_group *const k_info_groups[] = { &k_info_group };
+
+static const struct cli_cmd k_info_cmd = {
+    .name = "info",
+    .synopsis = "[-m] MODEL [--tokenizer PATH] [--json]",
+    .groups = CLI_GROUPS(k_info_groups),
+    .n_own = 1,
+    .positional = true,
+    .notes =
+        "  prints the name, architecture, file type and bits per weight, hyper-parameters, the tokenizer\n"
+        "  (model, pre-tokenizer, bos / eos, add_bos / add_eos, chat template), tensor types, parameter\n"
+        "  count, weight bytes in the file and as placed, and KV-cache bytes per token and at full context\n"
+        "  for f32, f16, bf16, int8 and fp8 storage\n",
+};
+
+void cmd_info_markdown(FILE *f) { cli_cmd_markdown(&k_info_cmd, f); }
 
 /* llama.cpp's general.file_type names (LLAMA_FTYPE_*). */
 static const char *ftype_name(uint32_t t) {
@@ -108,18 +129,18 @@ int cmd_info(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (!(path = cli_arg(argc, argv, &i))) return 2;
-        } else if (!strcmp(argv[i], "--tokenizer")) {
-            if (!(tok = cli_arg(argc, argv, &i))) return 2;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (argv[i][0] != '-' && !path) {
-            path = argv[i];
-        } else {
-            cli_unknown("info", argv[i], k_usage, NULL);
-            return 2;
+        const struct cli_opt *op;
+        const char *v;
+        int m = cli_cmd_next(&k_info_cmd, argc, argv, &i, &op, &v);
+        if (m < 0) return 2;
+        /* MODEL alone, once ("-" is no model) */
+        if (m == 0 && (path || !strcmp(argv[i], "-"))) { cli_cmd_unknown(&k_info_cmd, argv[i]); return 2; }
+        if (m == 0) { path = argv[i]; continue; }
+        switch (op->id) {
+        case I_HELP: cli_cmd_usage(&k_info_cmd, stdout); return 0;
+        case I_MODEL: path = v; break;
+        case I_TOKENIZER: tok = v; break;
+        case I_JSON: json = true; break;
         }
     }
     if (!cli_opt_end()) return 2;

@@ -5,6 +5,7 @@
  * llama-quantize, a tensor already in a block-quantized type that would change type needs
  * --allow-requantize; every tensor's type is decided, and OUT checked to be creatable, before any work. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "load/gguf.h"
@@ -16,21 +17,40 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *k_usage =
-    "usage: kvllm quantize IN.gguf OUT.gguf TYPE [N] [-t N] [--allow-requantize]\n"
-    "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4:\n"
-    "        every weight matrix in TYPE\n"
-    "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
-    "  -t, --threads N     threads (default: all CPUs); the output is the same for any N; a number\n"
-    "                      after TYPE is the same (llama-quantize's nthreads)\n"
-    "  --allow-requantize  convert tensors that are already quantized (Q8_0, Q4_K, ...); without it\n"
-    "                      such a file is refused, as llama-quantize does (the error compounds: quantize\n"
-    "                      the F16/F32 original instead).  Tensors already in their target type are\n"
-    "                      copied as they are and need no flag.\n"
-    "  1-D tensors (norms) are copied unchanged.  A matrix whose row length is not a whole\n"
-    "  number of the type's blocks falls back (Q2_K/Q3_K/IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1,\n"
-    "  Q6_K -> Q8_0; 32-blocks -> F16); one warning line counts them.  OUT is checked to be writable\n"
-    "  before any work.  Progress and a summary go to stderr.\n";
+enum { Q_HELP = 1, Q_THREADS, Q_REQUANTIZE };
+
+/* quantize's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_quantize_opts[] = {
+    { Q_THREADS, "-t, --threads", "N", CLI_VALUE,
+      "threads (default: all CPUs); the output is the same for any N; a number\nafter TYPE is the same "
+      "(llama-quantize's nthreads)" },
+    { Q_REQUANTIZE, "--allow-requantize", NULL, CLI_FLAG,
+      "convert tensors that are already quantized (Q8_0, Q4_K, ...); without it\nsuch a file is refused, as "
+      "llama-quantize does (the error compounds: quantize\nthe F16/F32 original instead).  Tensors already in their "
+      "target type are\ncopied as they are and need no flag." },
+    { Q_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_quantize_group = CLI_GROUP(NULL, k_quantize_opts);
+static const struct cli_opt_group *const k_quantize_groups[] = { &k_quantize_group };
+
+static const struct cli_cmd k_quantize_cmd = {
+    .name = "quantize",
+    .synopsis = "IN.gguf OUT.gguf TYPE [N] [-t N] [--allow-requantize]",
+    .groups = CLI_GROUPS(k_quantize_groups),
+    .n_own = 1,
+    .positional = true,
+    .notes =
+        "  TYPE  F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4:\n"
+        "        every weight matrix in TYPE\n"
+        "        Q4_K_M Q5_K_M: llama-quantize's mixes (output, some attn_v and ffn_down in Q6_K)\n"
+        "  1-D tensors (norms) are copied unchanged.  A matrix whose row length is not a whole\n"
+        "  number of the type's blocks falls back (Q2_K/Q3_K/IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1,\n"
+        "  Q6_K -> Q8_0; 32-blocks -> F16); one warning line counts them.  OUT is checked to be writable\n"
+        "  before any work.  Progress and a summary go to stderr.\n",
+};
+
+void cmd_quantize_markdown(FILE *f) { cli_cmd_markdown(&k_quantize_cmd, f); }
 
 /* The fallbacks in one line on stderr (nothing when there are none). */
 static void print_fallbacks(const struct quant_plan *p, uint64_t n_tensors) {
@@ -88,23 +108,25 @@ int cmd_quantize(int argc, char **argv) {
     bool allow_requantize = false;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
-        if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
-            const char *v = cli_arg(argc, argv, &i);
-            if (!v || !cli_int("-t", v, 1, 1024, &threads)) return 2;
-        } else if (!strcmp(argv[i], "--allow-requantize")) {
-            allow_requantize = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error("quantize: unknown option '%s' (see kvllm quantize --help)", argv[i]);
-            return 2;
-        } else if (n_pos < 3) {
+        const struct cli_opt *op;
+        const char *v;
+        int m = cli_cmd_next(&k_quantize_cmd, argc, argv, &i, &op, &v);
+        if (m < 0) return 2;
+        if (m == 0 && n_pos < 3) {
             pos[n_pos++] = argv[i];
-        } else if (n_pos == 3 && !threads) {   /* llama-quantize's trailing [nthreads] */
+        } else if (m == 0 && n_pos == 3 && !threads) {   /* llama-quantize's trailing [nthreads] */
             if (!cli_int("nthreads", argv[i], 1, 1024, &threads)) return 2;
             n_pos++;
-        } else {
-            cli_error("quantize: unexpected argument '%s'", argv[i]);
+        } else if (m == 0) {
+            cli_cmd_unknown(&k_quantize_cmd, argv[i]);
             return 2;
+        } else if (op->id == Q_HELP) {
+            cli_cmd_usage(&k_quantize_cmd, stdout);
+            return 0;
+        } else if (op->id == Q_THREADS) {
+            if (!cli_int("-t", v, 1, 1024, &threads)) return 2;
+        } else {
+            allow_requantize = true;
         }
     }
     if (!cli_opt_end()) return 2;

@@ -8,6 +8,7 @@
  * folder's experts (Mixtral, Qwen3-MoE) are written stacked, as GGUF files
  * have them (hf_stack_experts). */
 #include "cli.h"
+#include "cli_opts.h"
 #include "core/core.h"
 #include "kvllm.h"
 #include "load/gguf.h"
@@ -19,13 +20,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *k_usage =
-    "usage: kvllm convert IN [--to gguf|hf] -o OUT [--tokenizer PATH]\n"
-    "  IN          llama2.c checkpoint (legacy version-0 .bin), GGUF file or Hugging Face folder\n"
-    "  --to        gguf (default): OUT is a GGUF file; hf: OUT is a folder that gets config.json,\n"
-    "              generation_config.json, model.safetensors (F32/F16/BF16 tensors only; llama,\n"
-    "              mistral, qwen2 or gpt2) and, with a vocabulary, tokenizer.json + tokenizer_config.json\n"
-    "  --tokenizer tokenizer.json, llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in\n";
+enum { CV_HELP = 1, CV_OUT, CV_TO, CV_TOKENIZER };
+
+/* convert's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_convert_opts[] = {
+    { CV_OUT, "-o", "OUT", CLI_VALUE, "the output: a GGUF file, or with --to hf a folder" },
+    { CV_TO, "--to", "gguf|hf", CLI_VALUE,
+      "gguf (default): OUT is a GGUF file; hf: OUT is a folder that gets config.json,\ngeneration_config.json, "
+      "model.safetensors (F32/F16/BF16 tensors only; llama,\nmistral, qwen2 or gpt2) and, with a vocabulary, "
+      "tokenizer.json + tokenizer_config.json" },
+    { CV_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE,
+      "tokenizer.json, llama2.c tokenizer.bin or GGUF whose tokenizer.* keys are copied in" },
+    { CV_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_convert_group = CLI_GROUP(NULL, k_convert_opts);
+static const struct cli_opt_group *const k_convert_groups[] = { &k_convert_group };
+
+static const struct cli_cmd k_convert_cmd = {
+    .name = "convert",
+    .synopsis = "IN [--to gguf|hf] -o OUT [--tokenizer PATH]",
+    .groups = CLI_GROUPS(k_convert_groups),
+    .n_own = 1,
+    .positional = true,
+    .notes = "  IN: a llama2.c checkpoint (legacy version-0 .bin), GGUF file or Hugging Face folder\n",
+};
+
+void cmd_convert_markdown(FILE *f) { cli_cmd_markdown(&k_convert_cmd, f); }
 
 /* Copy the tokenizer.* keys of a vocabulary file (GGUF, tokenizer.json or tokenizer.bin) into g. */
 static int copy_vocab(struct gguf *g, const char *path) {
@@ -42,12 +63,19 @@ int cmd_convert(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *tok = NULL, *to = "gguf";
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        if (cli_is_help(argv[i])) { fputs(k_usage, stdout); return 0; }
-        if (!strcmp(argv[i], "-o")) { if (!(out = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(argv[i], "--to")) { if (!(to = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(argv[i], "--tokenizer")) { if (!(tok = cli_arg(argc, argv, &i))) return 2; }
-        else if (argv[i][0] != '-' && !in) in = argv[i];
-        else { cli_error("convert: unknown option '%s'", argv[i]); return 2; }
+        const struct cli_opt *op;
+        const char *v;
+        int m = cli_cmd_next(&k_convert_cmd, argc, argv, &i, &op, &v);
+        if (m < 0) return 2;
+        /* IN, once ("-" is no model) */
+        if (m == 0 && (in || !strcmp(argv[i], "-"))) { cli_cmd_unknown(&k_convert_cmd, argv[i]); return 2; }
+        if (m == 0) { in = argv[i]; continue; }
+        switch (op->id) {
+        case CV_HELP: cli_cmd_usage(&k_convert_cmd, stdout); return 0;
+        case CV_OUT: out = v; break;
+        case CV_TO: to = v; break;
+        case CV_TOKENIZER: tok = v; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!in || !out) { cli_error("convert: IN and -o OUT are required (see kvllm convert --help)"); return 2; }

@@ -4,18 +4,43 @@
  * in one batch (prefill), the rest one per call (decode over the cache);
  * with --no-kv-cache every row is computed from an empty cache. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm eval -m MODEL --tokens \"ID ID ...\" -o OUT.bin [--prefill K] [--no-kv-cache] [-t N]\n"
-    "                  [--kv-type f32|f16|bf16|int8|fp8] [--batch N]\n"
-    "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n"
-    "  --kv-type defaults to f32 here: eval exists to compare against references\n"
-    "  --batch N caps the tokens per forward pass (prefill chunk size, default 512)\n";
+enum { EV_HELP = 1, EV_MODEL, EV_TOKENS, EV_OUT, EV_TOKENIZER, EV_KV_TYPE, EV_BATCH, EV_PREFILL, EV_THREADS, EV_NO_KV };
+
+/* eval's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_eval_opts[] = {
+    { EV_MODEL, "-m", "MODEL", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { EV_TOKENS, "--tokens", "\"ID ID ...\"", CLI_VALUE, "the token sequence (spaces or commas between ids)" },
+    { EV_OUT, "-o", "OUT.bin", CLI_VALUE, "where the logits are written" },
+    { EV_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE, "vocabulary for models without one" },
+    { EV_PREFILL, "--prefill", "K", CLI_VALUE, "the first K tokens in one batch, the rest one per step (default: all)" },
+    { EV_NO_KV, "--no-kv-cache", NULL, CLI_FLAG, "every row computed from an empty cache" },
+    { EV_THREADS, "-t", "N", CLI_VALUE, "threads" },
+    { EV_KV_TYPE, "--kv-type", "f32|f16|bf16|int8|fp8", CLI_VALUE,
+      "KV storage; defaults to f32 here: eval exists to compare against references" },
+    { EV_BATCH, "--batch", "N", CLI_VALUE, "caps the tokens per forward pass (prefill chunk size, default 512)" },
+    { EV_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_eval_group = CLI_GROUP(NULL, k_eval_opts);
+static const struct cli_opt_group *const k_eval_groups[] = { &k_eval_group };
+
+static const struct cli_cmd k_eval_cmd = {
+    .name = "eval",
+    .synopsis = "-m MODEL --tokens \"ID ID ...\" -o OUT.bin [--prefill K] [--no-kv-cache] [-t N]\n"
+                "                  [--kv-type f32|f16|bf16|int8|fp8] [--batch N]",
+    .groups = CLI_GROUPS(k_eval_groups),
+    .n_own = 1,
+    .notes = "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n",
+};
+
+void cmd_eval_markdown(FILE *f) { cli_cmd_markdown(&k_eval_cmd, f); }
 
 static int parse_ids(const char *s, int32_t **out) {
     int cap = 64, n = 0;
@@ -45,19 +70,21 @@ int cmd_eval(int argc, char **argv) {
     bool no_kv = false;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
-        if (!strcmp(a, "--no-kv-cache")) { no_kv = true; continue; }
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m")) model = v;
-        else if (!strcmp(a, "--tokens")) toks = v;
-        else if (!strcmp(a, "-o")) outp = v;
-        else if (!strcmp(a, "--tokenizer")) tokz = v;
-        else if (!strcmp(a, "--kv-type")) kv_type = v;
-        else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 1 << 20, &batch)) return 2; }
-        else if (!strcmp(a, "--prefill")) { if (!cli_int(a, v, 1, 1 << 24, &prefill)) return 2; }
-        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("eval: unknown option '%s'", a); return 2; }
+        if (cli_cmd_next(&k_eval_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case EV_HELP: cli_cmd_usage(&k_eval_cmd, stdout); return 0;
+        case EV_NO_KV: no_kv = true; break;
+        case EV_MODEL: model = v; break;
+        case EV_TOKENS: toks = v; break;
+        case EV_OUT: outp = v; break;
+        case EV_TOKENIZER: tokz = v; break;
+        case EV_KV_TYPE: kv_type = v; break;
+        case EV_BATCH: if (!cli_int(a, v, 1, 1 << 20, &batch)) return 2; break;
+        case EV_PREFILL: if (!cli_int(a, v, 1, 1 << 24, &prefill)) return 2; break;
+        case EV_THREADS: if (!cli_int(a, v, 1, 1024, &threads)) return 2; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!model || !toks || !outp) { cli_error("eval: -m, --tokens and -o are required"); return 2; }

@@ -10,6 +10,7 @@
  * errors are logged by the library itself (one "kvllm: error: ..." line);
  * this file only reports its own. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "load/gguf.h"
 #include "load/hf.h"
 #include "load/llama2c.h"
@@ -22,29 +23,56 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm tokenize (-m MODEL [--tokenizer PATH] | --vocab vocab.json --merges merges.txt [--pre NAME]\n"
-    "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids | --raw-pieces]\n"
-    "                      [TEXT]\n"
-    "  -m, --model MODEL   GGUF model, vocab-only GGUF or Hugging Face folder (its tokenizer.json);\n"
-    "                      a llama2.c checkpoint needs --tokenizer\n"
-    "  --tokenizer PATH    tokenizer.json, llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)\n"
-    "  --vocab FILE        byte-level BPE vocabulary: Hugging Face vocab.json (piece -> id)\n"
-    "  --merges FILE       its merges.txt (one \"a b\" merge per line, optional #version line)\n"
-    "  --pre NAME          pre-tokenizer, as GGUF tokenizer.ggml.pre names it (default gpt-2)\n"
-    "  --special TEXT=ID   an added control token (repeatable), e.g. '<|begin_of_text|>=128000'\n"
-    "  -f, --file FILE     tokenize the bytes of FILE exactly ('-': standard input)\n"
-    "  --no-bos            do not prepend BOS even if the vocabulary asks for it\n"
-    "  --parse-special     text of control tokens (\"<s>\") becomes those tokens\n"
-    "  --ids               print only the ids, space-separated on one line\n"
-    "  --raw-pieces        print each token's vocabulary entry as stored (\"\u0120world\", \"\u2581the\",\n"
-    "                      \"<0x0A>\"), unquoted, instead of the text it stands for\n"
-    "  --decode            the other way: TEXT (or FILE) is space-separated ids; print the bytes they\n"
-    "                      decode to, exactly (nothing added)\n"
-    "  output: one line per token, ID<TAB>'TEXT', TEXT the bytes the token decodes to (byte-level BPE's\n"
-    "  \u0120 as a space and \u010a as a newline, SentencePiece's \u2581 as a space, <0xNN> as its byte,\n"
-    "  a control token as its text), with \\n \\t \\\\ \\' and \\xNN escapes (bytes that are not valid\n"
-    "  UTF-8 on their own, e.g. one byte of a character split over tokens); --raw-pieces: ID<TAB>PIECE\n";
+enum {
+    T_HELP = 1, T_MODEL, T_TOKENIZER, T_VOCAB, T_MERGES, T_PRE, T_SPECIAL, T_FILE, T_NO_BOS, T_PARSE_SPECIAL, T_IDS,
+    T_RAW_PIECES, T_DECODE,
+};
+
+/* tokenize's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_tokenize_opts[] = {
+    { T_MODEL, "-m, --model", "MODEL", CLI_VALUE,
+      "GGUF model, vocab-only GGUF or Hugging Face folder (its tokenizer.json);\na llama2.c checkpoint needs "
+      "--tokenizer" },
+    { T_TOKENIZER, "--tokenizer", "PATH", CLI_VALUE,
+      "tokenizer.json, llama2.c tokenizer.bin or GGUF vocabulary (overrides the model's)" },
+    { T_VOCAB, "--vocab", "FILE", CLI_VALUE, "byte-level BPE vocabulary: Hugging Face vocab.json (piece -> id)" },
+    { T_MERGES, "--merges", "FILE", CLI_VALUE, "its merges.txt (one \"a b\" merge per line, optional #version line)" },
+    { T_PRE, "--pre", "NAME", CLI_VALUE, "pre-tokenizer, as GGUF tokenizer.ggml.pre names it (default gpt-2)" },
+    { T_SPECIAL, "--special", "TEXT=ID", CLI_VALUE,
+      "an added control token (repeatable), e.g. '<|begin_of_text|>=128000'" },
+    { T_FILE, "-f, --file", "FILE", CLI_VALUE, "tokenize the bytes of FILE exactly ('-': standard input)" },
+    { T_NO_BOS, "--no-bos", NULL, CLI_FLAG, "do not prepend BOS even if the vocabulary asks for it" },
+    { T_PARSE_SPECIAL, "--parse-special", NULL, CLI_FLAG, "text of control tokens (\"<s>\") becomes those tokens" },
+    { T_IDS, "--ids", NULL, CLI_FLAG, "print only the ids, space-separated on one line" },
+    { T_RAW_PIECES, "--raw-pieces", NULL, CLI_FLAG,
+      "print each token's vocabulary entry as stored (\"\u0120world\", \"\u2581the\",\n\"<0x0A>\"), unquoted, instead "
+      "of the text it stands for" },
+    { T_DECODE, "--decode", NULL, CLI_FLAG,
+      "the other way: TEXT (or FILE) is space-separated ids; print the bytes they\ndecode to, exactly (nothing "
+      "added)" },
+    { T_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_tokenize_group = CLI_GROUP(NULL, k_tokenize_opts);
+static const struct cli_opt_group *const k_tokenize_groups[] = { &k_tokenize_group };
+
+static const struct cli_cmd k_tokenize_cmd = {
+    .name = "tokenize",
+    .synopsis =
+        "(-m MODEL [--tokenizer PATH] | --vocab vocab.json --merges merges.txt [--pre NAME]\n"
+        "                       [--special TEXT=ID]...) [-f FILE|-] [--no-bos] [--parse-special] [--ids | --raw-pieces]\n"
+        "                      [--] [TEXT]",
+    .groups = CLI_GROUPS(k_tokenize_groups),
+    .n_own = 1,
+    .positional = true,
+    .notes =
+        "  output: one line per token, ID<TAB>'TEXT', TEXT the bytes the token decodes to (byte-level BPE's\n"
+        "  \u0120 as a space and \u010a as a newline, SentencePiece's \u2581 as a space, <0xNN> as its byte,\n"
+        "  a control token as its text), with \\n \\t \\\\ \\' and \\xNN escapes (bytes that are not valid\n"
+        "  UTF-8 on their own, e.g. one byte of a character split over tokens); --raw-pieces: ID<TAB>PIECE\n",
+};
+
+void cmd_tokenize_markdown(FILE *f) { cli_cmd_markdown(&k_tokenize_cmd, f); }
 
 #define MAX_SPECIALS 256
 
@@ -75,37 +103,43 @@ static bool parse_special_arg(char *a, struct opts *o) {
     return true;
 }
 
+/* One of tokenize's options (v: its value): 0 taken, 1 help printed, 2 a bad value (reported). */
+static int tokenize_opt(const struct cli_opt *op, const char *v, struct opts *o) {
+    switch (op->id) {
+    case T_HELP: cli_cmd_usage(&k_tokenize_cmd, stdout); return 1;
+    case T_MODEL: o->model = v; break;
+    case T_TOKENIZER: o->tokenizer = v; break;
+    case T_FILE: o->file = v; break;
+    case T_VOCAB: o->vocab = v; break;
+    case T_MERGES: o->merges = v; break;
+    case T_PRE: o->pre = v; break;
+    case T_SPECIAL: if (!parse_special_arg((char *)v, o)) return 2; break;   /* v lies in argv: writable */
+    case T_NO_BOS: o->no_bos = true; break;
+    case T_PARSE_SPECIAL: o->parse_special = true; break;
+    case T_IDS: o->ids_only = true; break;
+    case T_DECODE: o->decode = true; break;
+    case T_RAW_PIECES: o->raw_pieces = true; break;
+    }
+    return 0;
+}
+
 /* 0 ok, 1 help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, struct opts *o) {
     bool only_text = false; /* after "--" */
     for (int i = 1; i < argc; i++) {
-        if (!cli_opt_split(argv, i)) return 2;
-        const char *a = argv[i];
-        if (!only_text && a[0] == '-' && a[1] != 0) {
-            if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
-            if (!strcmp(a, "--")) only_text = true;
-            else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(o->model = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "--tokenizer")) { if (!(o->tokenizer = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { if (!(o->file = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "--vocab")) { if (!(o->vocab = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "--merges")) { if (!(o->merges = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "--pre")) { if (!(o->pre = cli_arg(argc, argv, &i))) return 2; }
-            else if (!strcmp(a, "--special")) {
-                const char *v = cli_arg(argc, argv, &i);
-                if (!v || !parse_special_arg(argv[i], o)) return 2;
-            }
-            else if (!strcmp(a, "--no-bos")) o->no_bos = true;
-            else if (!strcmp(a, "--parse-special")) o->parse_special = true;
-            else if (!strcmp(a, "--ids")) o->ids_only = true;
-            else if (!strcmp(a, "--decode")) o->decode = true;
-            else if (!strcmp(a, "--raw-pieces")) o->raw_pieces = true;
-            else { cli_error("tokenize: unknown option '%s' (see kvllm tokenize --help)", a); return 2; }
-        } else if (!o->text) {
-            o->text = a;
-        } else {
-            cli_error("tokenize: more than one TEXT argument ('%s'); quote the text", a);
+        const struct cli_opt *op;
+        const char *v;
+        int m = 0;
+        if (!only_text && !strcmp(argv[i], "--")) { only_text = true; continue; }
+        if (!only_text && (!cli_opt_split(argv, i) || (m = cli_cmd_next(&k_tokenize_cmd, argc, argv, &i, &op, &v)) < 0))
             return 2;
+        if (m > 0) {
+            int rc = tokenize_opt(op, v, o);
+            if (rc) return rc;
+            continue;
         }
+        if (o->text) { cli_error("tokenize: more than one TEXT argument ('%s'); quote the text", argv[i]); return 2; }
+        o->text = argv[i];
     }
     if (!cli_opt_end()) return 2;
     bool files = o->vocab || o->merges;

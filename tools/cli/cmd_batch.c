@@ -4,6 +4,7 @@
  * output is one line of generated ids per (prompt, sample), in input order.
  * --logits writes the logits each generated token was sampled from. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 
 #include <errno.h>
@@ -11,14 +12,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm batch -m MODEL --prompts FILE [options]\n"
-    "  --prompts FILE     one prompt per line, as space-separated token ids\n"
-    "  --max-tokens N     tokens to generate per sample (default 16; EOS ignored)\n"
-    "  --n N              samples per prompt (default 1)\n"
-    "  --temp T, --seed S sampling (default greedy)\n"
-    "  --logits OUT.bin   f32 logits of every generated token, per sample in output order\n"
-    "  -t N               threads\n";
+enum { BA_HELP = 1, BA_MODEL, BA_PROMPTS, BA_LOGITS, BA_MAX_TOKENS, BA_N, BA_THREADS };
+
+/* batch's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_batch_opts[] = {
+    { BA_MODEL, "-m", "MODEL", CLI_VALUE, "GGUF file, Hugging Face folder or llama2.c checkpoint" },
+    { BA_PROMPTS, "--prompts", "FILE", CLI_VALUE, "one prompt per line, as space-separated token ids" },
+    { BA_MAX_TOKENS, "--max-tokens", "N", CLI_VALUE, "tokens to generate per sample (default 16; EOS ignored)" },
+    { BA_N, "--n", "N", CLI_VALUE, "samples per prompt (default 1)" },
+    { BA_LOGITS, "--logits", "OUT.bin", CLI_VALUE, "f32 logits of every generated token, per sample in output order" },
+    { BA_THREADS, "-t", "N", CLI_VALUE, "threads" },
+    { BA_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_batch_group = CLI_GROUP(NULL, k_batch_opts);
+static const struct cli_opt_group *const k_batch_groups[] = {
+    &k_batch_group, &cli_sampling_group, &cli_engine_group, &cli_spec_group,
+};
+
+static const struct cli_cmd k_batch_cmd = {
+    .name = "batch",
+    .synopsis = "-m MODEL --prompts FILE [options]",
+    .groups = CLI_GROUPS(k_batch_groups),
+    .n_own = 1,
+    .notes = "  batch's own sampling defaults, for repeatable tests: greedy (--temp 0) and --seed 0\n",
+};
+
+void cmd_batch_markdown(FILE *f) { cli_cmd_markdown(&k_batch_cmd, f); }
 
 struct out_seq { int32_t *ids; int n; float *logits; bool done; };
 
@@ -72,20 +92,22 @@ int cmd_batch(int argc, char **argv) {
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
+        const struct cli_opt *op;
         const char *a = argv[i], *v;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); fputs(cli_engine_usage, stdout); return 0; }
         int eo = cli_engine_opt(argc, argv, &i, &ep);
         if (eo == 0) eo = cli_sampling_opt(argc, argv, &i, &sp, NULL);
         if (eo < 0) return 2;
         if (eo > 0) continue;
-        if (!(v = cli_arg(argc, argv, &i))) return 2;
-        if (!strcmp(a, "-m")) model = v;
-        else if (!strcmp(a, "--prompts")) prompts = v;
-        else if (!strcmp(a, "--logits")) logits_path = v;
-        else if (!strcmp(a, "--max-tokens")) { if (!cli_int(a, v, 1, 1 << 20, &max_tokens)) return 2; }
-        else if (!strcmp(a, "--n")) { if (!cli_int(a, v, 1, 1024, &n_per)) return 2; }
-        else if (!strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("batch: unknown option '%s'", a); return 2; }
+        if (cli_cmd_next(&k_batch_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case BA_HELP: cli_cmd_usage(&k_batch_cmd, stdout); return 0;
+        case BA_MODEL: model = v; break;
+        case BA_PROMPTS: prompts = v; break;
+        case BA_LOGITS: logits_path = v; break;
+        case BA_MAX_TOKENS: if (!cli_int(a, v, 1, 1 << 20, &max_tokens)) return 2; break;
+        case BA_N: if (!cli_int(a, v, 1, 1024, &n_per)) return 2; break;
+        case BA_THREADS: if (!cli_int(a, v, 1, 1024, &threads)) return 2; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!model || !prompts) { cli_error("batch: -m and --prompts are required"); return 2; }

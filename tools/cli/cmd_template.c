@@ -9,6 +9,7 @@
  * objects, read with json-c.  Library errors are logged by the library
  * (one "kvllm: error: chat template LINE:COL: ..." line). */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 #include "chat/chat_template.h"
 
@@ -17,18 +18,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm template (-m MODEL | --template FILE) --messages JSON_FILE [--add-generation-prompt]\n"
-    "                      [--tools JSON_FILE] [--bos TEXT] [--eos TEXT] [--now YYYY-MM-DD]\n"
-    "  -m, --model MODEL        use the model's chat template (GGUF tokenizer.chat_template) and BOS/EOS\n"
-    "  --template FILE          a Jinja chat template file (with -m: instead of the model's)\n"
-    "  --messages FILE          the conversation: a JSON array of {\"role\": ..., \"content\": ...} ('-': stdin);\n"
-    "                           also \"tool_calls\" (OpenAI's array), \"tool_call_id\" and \"name\"\n"
-    "  --tools FILE             tool definitions (OpenAI's request \"tools\" array), the template's `tools`\n"
-    "  --add-generation-prompt  end with the assistant's turn header\n"
-    "  --bos TEXT, --eos TEXT   bos_token / eos_token for --template without -m (default empty)\n"
-    "  --now YYYY-MM-DD         the date strftime_now() sees (default: today; env KVLLM_TEMPLATE_NOW)\n"
-    "  output: the rendered prompt on stdout, byte for byte\n";
+enum { TP_HELP = 1, TP_MODEL, TP_TEMPLATE, TP_MESSAGES, TP_TOOLS, TP_ADD_GEN, TP_BOS, TP_EOS, TP_NOW };
+
+/* template's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_template_opts[] = {
+    { TP_MODEL, "-m, --model", "MODEL", CLI_VALUE,
+      "use the model's chat template (GGUF tokenizer.chat_template) and BOS/EOS" },
+    { TP_TEMPLATE, "--template", "FILE", CLI_VALUE, "a Jinja chat template file (with -m: instead of the model's)" },
+    { TP_MESSAGES, "--messages", "FILE", CLI_VALUE,
+      "the conversation: a JSON array of {\"role\": ..., \"content\": ...} ('-': stdin);\nalso \"tool_calls\" "
+      "(OpenAI's array), \"tool_call_id\" and \"name\"" },
+    { TP_TOOLS, "--tools", "FILE", CLI_VALUE, "tool definitions (OpenAI's request \"tools\" array), the template's `tools`" },
+    { TP_ADD_GEN, "--add-generation-prompt", NULL, CLI_FLAG, "end with the assistant's turn header" },
+    { TP_BOS, "--bos", "TEXT", CLI_VALUE, "bos_token for --template without -m (default empty)" },
+    { TP_EOS, "--eos", "TEXT", CLI_VALUE, "eos_token for --template without -m (default empty)" },
+    { TP_NOW, "--now", "YYYY-MM-DD", CLI_VALUE, "the date strftime_now() sees (default: today; env KVLLM_TEMPLATE_NOW)" },
+    { TP_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_template_group = CLI_GROUP(NULL, k_template_opts);
+static const struct cli_opt_group *const k_template_groups[] = { &k_template_group };
+
+static const struct cli_cmd k_template_cmd = {
+    .name = "template",
+    .synopsis = "(-m MODEL | --template FILE) --messages JSON_FILE [--add-generation-prompt]\n"
+                "                      [--tools JSON_FILE] [--bos TEXT] [--eos TEXT] [--now YYYY-MM-DD]",
+    .groups = CLI_GROUPS(k_template_groups),
+    .n_own = 1,
+    .notes = "  output: the rendered prompt on stdout, byte for byte\n",
+};
+
+void cmd_template_markdown(FILE *f) { cli_cmd_markdown(&k_template_cmd, f); }
 
 struct opts {
     const char *model, *template_path, *messages, *bos, *eos, *now, *tools;
@@ -39,19 +59,20 @@ struct opts {
 static int parse_args(int argc, char **argv, struct opts *o) {
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        const char *a = argv[i];
-        const char **dst = NULL;
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return 1; }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dst = &o->model;
-        else if (!strcmp(a, "--template")) dst = &o->template_path;
-        else if (!strcmp(a, "--messages")) dst = &o->messages;
-        else if (!strcmp(a, "--bos")) dst = &o->bos;
-        else if (!strcmp(a, "--eos")) dst = &o->eos;
-        else if (!strcmp(a, "--now")) dst = &o->now;
-        else if (!strcmp(a, "--tools")) dst = &o->tools;
-        else if (!strcmp(a, "--add-generation-prompt")) { o->add_gen = true; continue; }
-        else { cli_error("template: unknown argument '%s' (see kvllm template --help)", a); return 2; }
-        if (!(*dst = cli_arg(argc, argv, &i))) return 2;
+        const struct cli_opt *op;
+        const char *v;
+        if (cli_cmd_next(&k_template_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case TP_HELP: cli_cmd_usage(&k_template_cmd, stdout); return 1;
+        case TP_MODEL: o->model = v; break;
+        case TP_TEMPLATE: o->template_path = v; break;
+        case TP_MESSAGES: o->messages = v; break;
+        case TP_TOOLS: o->tools = v; break;
+        case TP_ADD_GEN: o->add_gen = true; break;
+        case TP_BOS: o->bos = v; break;
+        case TP_EOS: o->eos = v; break;
+        case TP_NOW: o->now = v; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if (!o->model && !o->template_path) { cli_error("template: give -m MODEL or --template FILE"); return 2; }

@@ -52,7 +52,7 @@ def test_help_lines_come_from_the_table(run, cmd):
 # the commands whose options are tables (cli_opts.h), each a section of the reference
 TABLE_COMMANDS = {"run", "chat", "serve", "bench model", "bench throughput", "bench prefix", "bench serve",
                   "bench membw", "bench plot", "info", "tokenize", "quantize", "convert", "eval", "batch",
-                  "template"}
+                  "template", "grammar"}
 
 
 def test_every_reference_section_is_its_help(run):

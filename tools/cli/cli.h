@@ -29,6 +29,7 @@ void cmd_eval_markdown(FILE *f);
 void cmd_tokenize_markdown(FILE *f);
 void cmd_batch_markdown(FILE *f);
 void cmd_template_markdown(FILE *f);
+void cmd_grammar_markdown(FILE *f);
 /* `kvllm bench serve` (cmd_bench_serve.c), dispatched from cmd_bench; its options (cli_opts.h). */
 int bench_serve_cmd(int argc, char **argv);
 extern const struct cli_cmd bench_serve_cli;

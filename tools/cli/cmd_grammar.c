@@ -6,27 +6,52 @@
  * byte b), so it judges the string itself, not one tokenization of it.
  * Exit status: 0 accepted (or nothing to check), 1 rejected, 2 error. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "grammar/grammar.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *k_usage =
-    "usage: kvllm grammar (--gbnf FILE | --json-schema FILE [--strict] | --json-object)\n"
-    "                     [--print-gbnf] [--check TEXT | --check-file FILE]\n"
-    "                     [--bench-mask MODEL [--text TEXT | --text-file FILE] [--reps N]]\n"
-    "  --gbnf FILE         llama.cpp GBNF grammar ('-': standard input); the start rule is root\n"
-    "  --json-schema FILE  JSON Schema; --strict: objects admit no properties beyond 'properties'\n"
-    "                      unless additionalProperties says so (OpenAI's strict mode)\n"
-    "  --json-object       any JSON object (response_format json_object)\n"
-    "  --print-gbnf        print the grammar's GBNF text (a JSON Schema's compiled rules)\n"
-    "  --check TEXT        is TEXT a complete string of the grammar?  exit 0 yes, 1 no (and where)\n"
-    "  --check-file FILE   the same for the bytes of FILE (exactly, no newline stripped)\n"
-    "  --bench-mask MODEL  time fill_mask + accept per token of TEXT tokenized by MODEL's vocabulary\n"
-    "                      (a fresh matcher per pass, as a request gets); median / p99 / max microseconds\n"
-    "  --reps N            passes over the text (default 20)\n"
-    "  exit status: 0 accepted, 1 rejected, 2 error\n";
+enum {
+    G_HELP = 1, G_GBNF, G_SCHEMA, G_STRICT, G_JSON_OBJECT, G_PRINT, G_CHECK, G_CHECK_FILE, G_BENCH, G_TEXT, G_TEXT_FILE,
+    G_REPS,
+};
+
+/* grammar's options: the parser, --help and docs/CLI.md's reference read this table */
+static const struct cli_opt k_grammar_opts[] = {
+    { G_GBNF, "--gbnf", "FILE", CLI_VALUE, "llama.cpp GBNF grammar ('-': standard input); the start rule is root" },
+    { G_SCHEMA, "--json-schema", "FILE", CLI_VALUE, "JSON Schema" },
+    { G_STRICT, "--strict", NULL, CLI_FLAG,
+      "with --json-schema: objects admit no properties beyond 'properties' unless\nadditionalProperties says so "
+      "(OpenAI's strict mode)" },
+    { G_JSON_OBJECT, "--json-object", NULL, CLI_FLAG, "any JSON object (response_format json_object)" },
+    { G_PRINT, "--print-gbnf", NULL, CLI_FLAG, "print the grammar's GBNF text (a JSON Schema's compiled rules)" },
+    { G_CHECK, "--check", "TEXT", CLI_VALUE, "is TEXT a complete string of the grammar?  exit 0 yes, 1 no (and where)" },
+    { G_CHECK_FILE, "--check-file", "FILE", CLI_VALUE, "the same for the bytes of FILE (exactly, no newline stripped)" },
+    { G_BENCH, "--bench-mask", "MODEL", CLI_VALUE,
+      "time fill_mask + accept per token of TEXT tokenized by MODEL's vocabulary\n(a fresh matcher per pass, as a "
+      "request gets); median / p99 / max microseconds" },
+    { G_TEXT, "--text", "TEXT", CLI_VALUE, "the text --bench-mask tokenizes" },
+    { G_TEXT_FILE, "--text-file", "FILE", CLI_VALUE, "that text from a file" },
+    { G_REPS, "--reps", "N", CLI_VALUE, "passes over the text (default 20)" },
+    { G_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
+};
+
+static const struct cli_opt_group k_grammar_group = CLI_GROUP(NULL, k_grammar_opts);
+static const struct cli_opt_group *const k_grammar_groups[] = { &k_grammar_group };
+
+static const struct cli_cmd k_grammar_cmd = {
+    .name = "grammar",
+    .synopsis = "(--gbnf FILE | --json-schema FILE [--strict] | --json-object)\n"
+                "                     [--print-gbnf] [--check TEXT | --check-file FILE]\n"
+                "                     [--bench-mask MODEL [--text TEXT | --text-file FILE] [--reps N]]",
+    .groups = CLI_GROUPS(k_grammar_groups),
+    .n_own = 1,
+    .notes = "  exit status: 0 accepted, 1 rejected, 2 error\n",
+};
+
+void cmd_grammar_markdown(FILE *f) { cli_cmd_markdown(&k_grammar_cmd, f); }
 
 static int check_text(const struct kvllm_grammar *g, const char *text, size_t len) {
     /* tokens 0..255: one byte each; 256: the end token */
@@ -165,22 +190,23 @@ int cmd_grammar(int argc, char **argv) {
     long reps = 20;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
-        const char *a = argv[i];
-        if (cli_is_help(a)) { fputs(k_usage, stdout); return 0; }
-        else if (!strcmp(a, "--gbnf")) { if (!(gbnf = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--json-schema")) { if (!(schema = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--json-object")) json_object = true;
-        else if (!strcmp(a, "--strict")) strict = true;
-        else if (!strcmp(a, "--print-gbnf")) print = true;
-        else if (!strcmp(a, "--check")) { if (!(check = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--check-file")) { if (!(check_file = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--bench-mask")) { if (!(bench = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--text")) { if (!(text = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--text-file")) { if (!(text_file = cli_arg(argc, argv, &i))) return 2; }
-        else if (!strcmp(a, "--reps")) {
-            const char *s = cli_arg(argc, argv, &i);
-            if (!s || !cli_int("--reps", s, 1, 100000, &reps)) return 2;
-        } else { cli_unknown("grammar", a, k_usage, NULL); return 2; }
+        const struct cli_opt *op;
+        const char *v;
+        if (cli_cmd_next(&k_grammar_cmd, argc, argv, &i, &op, &v) < 0) return 2;
+        switch (op->id) {
+        case G_HELP: cli_cmd_usage(&k_grammar_cmd, stdout); return 0;
+        case G_GBNF: gbnf = v; break;
+        case G_SCHEMA: schema = v; break;
+        case G_JSON_OBJECT: json_object = true; break;
+        case G_STRICT: strict = true; break;
+        case G_PRINT: print = true; break;
+        case G_CHECK: check = v; break;
+        case G_CHECK_FILE: check_file = v; break;
+        case G_BENCH: bench = v; break;
+        case G_TEXT: text = v; break;
+        case G_TEXT_FILE: text_file = v; break;
+        case G_REPS: if (!cli_int("--reps", v, 1, 100000, &reps)) return 2; break;
+        }
     }
     if (!cli_opt_end()) return 2;
     if ((gbnf != NULL) + (schema != NULL) + json_object != 1) {

@@ -34,7 +34,7 @@ static void usage(FILE *f) {
 static void (*const k_markdown[])(FILE *) = {
     cmd_run_markdown, cmd_chat_markdown, cmd_serve_markdown, cmd_bench_markdown, cmd_info_markdown,
     cmd_tokenize_markdown, cmd_quantize_markdown, cmd_convert_markdown, cmd_eval_markdown, cmd_batch_markdown,
-    cmd_template_markdown,
+    cmd_template_markdown, cmd_grammar_markdown,
 };
 
 /* kvllm help [--markdown]: the command list, or the options reference that scripts/cli-docs.sh puts

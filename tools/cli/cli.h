@@ -15,7 +15,7 @@ int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
-/* The options reference of the commands whose options are tables (cli_opts.h), as Markdown:
+/* Each command's options reference (its struct cli_cmd, cli_opts.h), as Markdown:
  * `kvllm help --markdown`, the generated section of docs/CLI.md. */
 #include <stdio.h>
 void cmd_run_markdown(FILE *f);

@@ -101,22 +101,22 @@ static const struct cli_opt_group k_chat_group = CLI_GROUP(NULL, k_chat_opts);
 static const struct cli_opt_group *const k_chat_groups[] = {
     &k_chat_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group,
 };
-#define N_CHAT_GROUPS (int)(sizeof k_chat_groups / sizeof *k_chat_groups)
 
-void cmd_chat_markdown(FILE *f) {
-    fputs("\n### `kvllm chat`\n", f);
-    cli_opts_markdown(f, k_chat_groups, N_CHAT_GROUPS);
-}
+static const struct cli_cmd k_chat_cmd = {
+    .name = "chat",
+    .synopsis = "-m MODEL [options]",
+    .groups = CLI_GROUPS(k_chat_groups),
+    .n_own = 1,
+    .gpu = true,
+    .notes =
+        "  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
+        "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
+        "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr);\n"
+        "  the turns kept stay in the KV cache, moved down (a context shift), unless --no-context-shift.\n"
+        "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n",
+};
 
-static void usage(void) {
-    fputs("usage: kvllm chat -m MODEL [options]\n", stdout);
-    cli_opts_usage(stdout, k_chat_groups, N_CHAT_GROUPS);
-    fputs("  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
-          "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"
-          "  A conversation that outgrows -c loses its oldest turns after the system message (noted on stderr);\n"
-          "  the turns kept stay in the KV cache, moved down (a context shift), unless --no-context-shift.\n"
-          "  With -p, or when stdin is not a terminal: one answer (to -p, or to all of stdin), then exit.\n", stdout);
-}
+void cmd_chat_markdown(FILE *f) { cli_cmd_markdown(&k_chat_cmd, f); }
 
 struct chat_opts {
     const char *model, *tokenizer, *template_arg, *prompt, *system, *file;
@@ -143,11 +143,9 @@ static int parse(int argc, char **argv, struct chat_opts *o) {
         if (so < 0) return 2;
         if (so > 0) continue;
         const struct cli_opt *op;
-        so = cli_opts_match(argc, argv, &i, k_chat_groups, 1, &op, &v);
-        if (so < 0) return 2;
-        if (so == 0) { cli_opts_unknown("chat", a, k_chat_groups, N_CHAT_GROUPS); return 2; }
+        if (cli_cmd_next(&k_chat_cmd, argc, argv, &i, &op, &v) < 0) return 2;
         switch (op->id) {
-        case C_HELP: usage(); return -1;
+        case C_HELP: cli_cmd_usage(&k_chat_cmd, stdout); return -1;
         case C_VERSION: cli_print_version(stdout); return -1;
         case C_MODEL: o->model = v; break;
         case C_TOKENIZER: o->tokenizer = v; break;

@@ -81,22 +81,21 @@ struct run_opts {
     struct cli_hf hf;       /* -hf REPO[:QUANT]: downloaded, then model points at it */
 };
 
-static void usage(void) {
-    fputs("usage: kvllm run -m MODEL [options]   (or -hf REPO[:QUANT])\n", stdout);
-    cli_opts_usage(stdout, k_run_groups, 5);
-    fputs(cli_gpu_usage, stdout);
-}
+static const struct cli_cmd k_run_cmd = {
+    .name = "run",
+    .synopsis = "-m MODEL [options]   (or -hf REPO[:QUANT])",
+    .groups = CLI_GROUPS(k_run_groups),
+    .n_own = 1,
+    .gpu = true,
+};
 
-void cmd_run_markdown(FILE *f) {
-    fputs("\n### `kvllm run`\n", f);
-    cli_opts_markdown(f, k_run_groups, 5);
-}
+void cmd_run_markdown(FILE *f) { cli_cmd_markdown(&k_run_cmd, f); }
 
 /* run's own options (the shared groups are handled before): 0 ok, -1 done (help, version), 2 error */
 static int run_opt(const struct cli_opt *op, const char *v, int argc, char **argv, int *i, struct run_opts *o) {
     long l;
     switch (op->id) {
-    case R_HELP: usage(); return -1;
+    case R_HELP: cli_cmd_usage(&k_run_cmd, stdout); return -1;
     case R_VERSION: cli_print_version(stdout); return -1;
     case R_MODEL: o->model = v; break;
     case R_TOKENIZER: o->tokenizer = v; break;
@@ -164,13 +163,7 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         if (m > 0) continue;
         const struct cli_opt *op;
         const char *v;
-        const char *a = argv[i];
-        m = cli_opts_match(argc, argv, &i, k_run_groups, 1, &op, &v);
-        if (m < 0) return 2;
-        if (m == 0) {
-            cli_opts_unknown("run", a, k_run_groups, 5);
-            return 2;
-        }
+        if (cli_cmd_next(&k_run_cmd, argc, argv, &i, &op, &v) < 0) return 2;
         int rc = run_opt(op, v, argc, argv, &i, o);
         if (rc) return rc;
     }

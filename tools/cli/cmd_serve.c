@@ -97,13 +97,16 @@ static const struct cli_opt_group k_serve_group = CLI_GROUP(NULL, k_serve_opts);
 static const struct cli_opt_group *const k_serve_groups[] = {
     &k_serve_group, &cli_hf_group, &cli_engine_group, &cli_spec_group,
 };
-#define N_SERVE_GROUPS (int)(sizeof k_serve_groups / sizeof *k_serve_groups)
 
-void cmd_serve_markdown(FILE *f) {
-    fputs("\n### `kvllm serve`\n", f);
-    cli_opts_markdown(f, k_serve_groups, N_SERVE_GROUPS);
-}
+static const struct cli_cmd k_serve_cmd = {
+    .name = "serve",
+    .synopsis = "[-m] MODEL [options]",
+    .groups = CLI_GROUPS(k_serve_groups),
+    .n_own = 1,
+    .gpu = true,
+};
 
+void cmd_serve_markdown(FILE *f) { cli_cmd_markdown(&k_serve_cmd, f); }
 /* The model id: --alias, else the file (or folder) name without .gguf / .bin. */
 static void model_id(const char *path, const char *alias, char *out, size_t cap) {
     if (alias) { snprintf(out, cap, "%s", alias); return; }
@@ -188,15 +191,9 @@ int cmd_serve(int argc, char **argv) {
         if (m < 0) return 2;
         if (m > 0) continue;
         const struct cli_opt *op;
-        m = cli_opts_match(argc, argv, &i, k_serve_groups, 1, &op, &v);
-        if (m < 0) return 2;
-        if (m == 0) { cli_opts_unknown("serve", a, k_serve_groups, N_SERVE_GROUPS); return 2; }
+        if (cli_cmd_next(&k_serve_cmd, argc, argv, &i, &op, &v) < 0) return 2;
         switch (op->id) {
-        case V_HELP:
-            fputs("usage: kvllm serve [-m] MODEL [options]\n", stdout);
-            cli_opts_usage(stdout, k_serve_groups, N_SERVE_GROUPS);
-            fputs(cli_gpu_usage, stdout);
-            return 0;
+        case V_HELP: cli_cmd_usage(&k_serve_cmd, stdout); return 0;
         case V_VERSION: cli_print_version(stdout); return 0;
         case V_VERBOSE: verbose = true; break;
         case V_JINJA: case V_PREFIX_CACHING: case V_AUTO_TOOL: break;

@@ -30,7 +30,7 @@ static void usage(FILE *f) {
                "activations;\n  KVLLM_BACKEND=cpu|cuda chooses the backend (cuda in a -DKVLLM_CUDA=ON build)\n");
 }
 
-/* The commands whose options are declared by tables (cli_opts.h): their reference in docs/CLI.md. */
+/* Every command's options reference in docs/CLI.md, the most used first. */
 static void (*const k_markdown[])(FILE *) = {
     cmd_run_markdown, cmd_chat_markdown, cmd_serve_markdown, cmd_bench_markdown, cmd_info_markdown,
     cmd_tokenize_markdown, cmd_quantize_markdown, cmd_convert_markdown, cmd_eval_markdown, cmd_batch_markdown,

@@ -2,7 +2,9 @@
 #   make          build the release binary (no network)
 #   make check    the contributor's loop (at most 5 minutes from a built tree): the release unit tests and
 #                 the engine, server and CLI Python suites (ctest -L 'unit|python' -LE slow; README.md)
-#   make test     bootstrap (packages + test venv), build, run the whole suite (CI's tier)
+#   make test     bootstrap (packages + test venv), build, run the whole per-commit suite (CI's tier)
+#   make nightly  make test, then what only repeats its coverage at greater length (ctest -L nightly:
+#                 KLD on every quantization type, more strict twins), make fuzz and make soak
 #   make demo     bootstrap, build, generate text from the default model, then answer one
 #                 chat turn with SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh;
 #                 skipped with a note when it cannot be downloaded)
@@ -19,8 +21,9 @@ FUZZ_BUILD ?= build-fuzz
 CUDA_BUILD ?= build-cuda
 NVCC       ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 FUZZ_SECONDS ?= 60
-# make test's share of fuzzing: seconds per target
-FUZZ_CI_SECONDS ?= 20
+# make test's share of fuzzing: seconds per target (the committed corpora are replayed in full first;
+# make fuzz, in make nightly, searches longer)
+FUZZ_CI_SECONDS ?= 10
 FUZZ_TARGETS := gguf hf tokenizer_json jinja openai http
 # the unit tests that run threads, built and run under ThreadSanitizer
 TSAN_TESTS := test_core_threadpool test_engine_threads test_engine_share test_engine_faults
@@ -34,7 +37,8 @@ JOBS       ?= $(shell nproc)
 # the tests' models, tokenizers and templates (tests/data/README.md); another copy of the same layout may stand in
 SHARED     ?= $(abspath tests/data)
 
-.PHONY: all build asan asan-rel tsan clang fuzz-build fuzz fuzz-ci soak soak-ci bootstrap check test demo clean cuda-ci
+.PHONY: all build asan asan-rel tsan clang fuzz-build fuzz fuzz-ci soak soak-ci bootstrap check test nightly demo clean \
+        cuda-ci
 
 all: build
 
@@ -114,13 +118,20 @@ test: bootstrap asan tsan build
 	# the threaded unit tests under ThreadSanitizer: any report fails the test
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) \
 	  -R '^unit_($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^nightly$$'
 	@$(MAKE) --no-print-directory soak-ci
 	@$(MAKE) --no-print-directory fuzz-ci
 	@$(MAKE) --no-print-directory clang
 	# the C unit tests of the clang build (its optimizer is not gcc's: docs/RELIABILITY.md)
 	cd $(CLANG_BUILD) && ASAN_OPTIONS=allocator_may_return_null=1 ctest --output-on-failure -j $(JOBS) -R '^unit_'
 	@$(MAKE) --no-print-directory cuda-ci
+
+# Not per commit (about an hour on 2 cores): make test's tier, then its nightly-labelled repeats, the
+# long fuzzing and the long soak.
+nightly: test
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L '^nightly$$'
+	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory soak
 
 # Where nvcc is: build the CUDA backend (-DKVLLM_CUDA=ON), link kvllm with it, and run the unit
 # tests that need no GPU (test_cuda_plan; test_cuda_errors, the error path on a faked runtime;

@@ -145,7 +145,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvllm", default=str(REPO / "build" / "kvllm"))
     ap.add_argument("--router", default="vllm-router")
-    ap.add_argument("--shared", default=str(REPO.parent / "shared"))
+    ap.add_argument("--shared", default=str(REPO / "tests" / "data"), help="the test data folder (stories260K)")
     ap.add_argument("--policies", default="round_robin,cache_aware,kv_aware")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--groups", type=int, default=6)

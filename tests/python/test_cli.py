@@ -70,10 +70,10 @@ def test_every_reference_section_is_its_help(run):
             for name in re.findall(r"`([^`]+)`", names):
                 listed.add(name)
                 assert re.search(rf"(^|[ ,]){re.escape(name)}([ ,]|$)", helptext, re.M), (cmd, name)
-        # an option line of --help: two spaces, then a spelling (the GPU note's lines list several at once)
+        # an option line of --help: two spaces, then a spelling
         for line in helptext.splitlines():
             m = re.match(r"^  (-[-\w]+)[ ,]", line)
-            if m and not line.startswith("  -ngl") and not line.startswith("  --gpu-memory"):
+            if m:
                 assert m.group(1) in listed, (cmd, line)
 
 

@@ -79,7 +79,7 @@ struct kvllm_engine_params;
 int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p);
 /* The shared option tables (cli_opts.h), and the engine's --help text made from them. */
 struct cli_opt_group;
-extern const struct cli_opt_group cli_engine_group, cli_spec_group, cli_sampling_group, cli_hf_group;
+extern const struct cli_opt_group cli_engine_group, cli_spec_group, cli_sampling_group, cli_hf_group, cli_gpu_group;
 extern const struct cli_opt_group *const cli_engine_groups[2];   /* engine, spec */
 const char *cli_engine_usage_text(void);
 #define cli_engine_usage (cli_engine_usage_text())
@@ -108,7 +108,6 @@ void cli_unknown(const char *cmd, const char *arg, const char *usage, const char
  * consumed with a one-line note on stderr.  Returns 1 if argv[*i] was one, 0 if not, -1 when
  * its value is missing (error printed). */
 int cli_gpu_opt(int argc, char **argv, int *i);
-extern const char *const cli_gpu_usage;
 /* Models by name (hub.h): llama.cpp's -hf/-hfr/--hf-repo REPO[:QUANT], -hff/--hf-file FILE,
  * -hft/--hf-token TOKEN.  cli_hf_opt: same return values as cli_engine_opt.  cli_hf_model: when a
  * repository was named (or *model is not a path but owner/name, and allow_name), downloads it and points

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether arg is one of names' ", "-separated spellings. */
-static bool spelled(const char *names, const char *arg) {
-    size_t n = strlen(arg);
+/* Whether arg[0..n) is one of names' ", "-separated spellings. */
+static bool spelled(const char *names, const char *arg, size_t n) {
     for (const char *p = names; p && *p;) {
         const char *end = strstr(p, ", ");
         size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -17,19 +16,22 @@ static bool spelled(const char *names, const char *arg) {
     return false;
 }
 
+const struct cli_opt *cli_opts_find(const struct cli_opt_group *const *g, int n_groups, const char *name, size_t n) {
+    for (int k = 0; k < n_groups; k++)
+        for (int j = 0; j < g[k]->n; j++)
+            if (spelled(g[k]->opts[j].names, name, n)) return &g[k]->opts[j];
+    return NULL;
+}
+
 int cli_opts_match(int argc, char **argv, int *i, const struct cli_opt_group *const *g, int n_groups,
                    const struct cli_opt **opt, const char **value) {
     *value = NULL;
-    for (int k = 0; k < n_groups; k++)
-        for (int j = 0; j < g[k]->n; j++) {
-            const struct cli_opt *o = &g[k]->opts[j];
-            if (!spelled(o->names, argv[*i])) continue;
-            *opt = o;
-            if (o->kind == CLI_OPTIONAL) *value = cli_opt_value();
-            else if (o->kind == CLI_VALUE && !(*value = cli_arg(argc, argv, i))) return -1;
-            return 1;
-        }
-    return 0;
+    const struct cli_opt *o = cli_opts_find(g, n_groups, argv[*i], strlen(argv[*i]));
+    if (!o) return 0;
+    *opt = o;
+    if (o->kind == CLI_OPTIONAL) *value = cli_opt_value();
+    else if (o->kind == CLI_VALUE && !(*value = cli_arg(argc, argv, i))) return -1;
+    return 1;
 }
 
 void cli_opts_usage(FILE *f, const struct cli_opt_group *const *g, int n_groups) {
@@ -101,7 +103,6 @@ void cli_opts_markdown(FILE *f, const struct cli_opt_group *const *g, int n_grou
 void cli_cmd_usage(const struct cli_cmd *c, FILE *f) {
     fprintf(f, "usage: kvllm %s %s\n", c->name, c->synopsis);
     cli_opts_usage(f, c->groups, c->n_groups);
-    if (c->gpu) fputs(cli_gpu_usage, f);
     if (c->notes) fputs(c->notes, f);
 }
 

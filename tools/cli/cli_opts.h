@@ -34,6 +34,8 @@ struct cli_opt_group {
  * argv[*i] against the groups: 1 when it is one of their options (*opt set; a CLI_VALUE option's
  * value in *value, *i advanced past a separate one; a CLI_OPTIONAL option's glued value or NULL),
  * 0 when it is none of them, -1 when a needed value is missing (printed). */
+/* The option of the groups spelled name[0..n), or NULL. */
+const struct cli_opt *cli_opts_find(const struct cli_opt_group *const *g, int n_groups, const char *name, size_t n);
 int cli_opts_match(int argc, char **argv, int *i, const struct cli_opt_group *const *g, int n_groups,
                    const struct cli_opt **opt, const char **value);
 /* The --help lines of the groups, each group under its title. */
@@ -55,13 +57,12 @@ struct cli_cmd {
     int n_own;              /* groups cli_cmd_next matches; the shared ones after them are parsed by their
                              * own helpers (cli_engine_opt, ...) and listed here for --help and "did you mean" */
     bool positional;        /* arguments not starting with '-' (and "-") are the command's; else refused */
-    bool gpu;               /* the GPU options (cli_gpu_opt) are accepted: --help ends with their note */
     const char *notes;      /* lines printed after the options by --help, or NULL */
 };
 
 #define CLI_GROUPS(array) (array), (int)(sizeof(array) / sizeof *(array))
 
-/* --help: the usage line, the options of every group, the GPU note, the notes. */
+/* --help: the usage line, the options of every group, the notes. */
 void cli_cmd_usage(const struct cli_cmd *c, FILE *f);
 /* The command's section of the reference: a "### `kvllm NAME`" heading and the groups' tables. */
 void cli_cmd_markdown(const struct cli_cmd *c, FILE *f);

@@ -342,21 +342,33 @@ void cli_unknown(const char *cmd, const char *arg, const char *usage, const char
         cli_error("%s: unexpected argument '%s' (see kvllm %s --help)", cmd, arg, cmd);
 }
 
-/* Options of llama.cpp and vLLM that only matter with a GPU: name and
- * whether a value follows (2: an optional on/off/auto value). */
-static const struct { const char *name; int value; } k_gpu_opts[] = {
-    { "-ngl", 1 }, { "--n-gpu-layers", 1 }, { "--gpu-layers", 1 }, { "-mg", 1 }, { "--main-gpu", 1 },
-    { "-sm", 1 }, { "--split-mode", 1 }, { "-ts", 1 }, { "--tensor-split", 1 }, { "-fa", 2 },
-    { "--flash-attn", 2 }, { "--no-kv-offload", 0 }, { "-nkvo", 0 }, { "-dev", 1 }, { "--device", 1 },
-    { "--gpu-memory-utilization", 1 }, { "-tp", 1 }, { "--tensor-parallel-size", 1 }, { "--enforce-eager", 0 },
-    { "--mlock", 0 }, { "--no-mmap", 0 },
+/* Options of llama.cpp and vLLM that only matter with a GPU: taken with a one-line note. */
+enum {
+    G_NGL = 1, G_MAIN_GPU, G_SPLIT_MODE, G_TENSOR_SPLIT, G_FLASH_ATTN, G_NO_KV_OFFLOAD, G_DEVICE, G_GPU_MEM, G_TP,
+    G_EAGER, G_MLOCK, G_NO_MMAP,
 };
 
-const char *const cli_gpu_usage =
+static const struct cli_opt k_gpu_opts[] = {
+    { G_NGL, "-ngl, --n-gpu-layers, --gpu-layers", "N", CLI_VALUE, "layers placed on the GPU (llama.cpp)" },
+    { G_MAIN_GPU, "-mg, --main-gpu", "N", CLI_VALUE, "the GPU for the whole model (llama.cpp)" },
+    { G_SPLIT_MODE, "-sm, --split-mode", "MODE", CLI_VALUE, "how layers split across GPUs (llama.cpp)" },
+    { G_TENSOR_SPLIT, "-ts, --tensor-split", "LIST", CLI_VALUE, "each GPU's share (llama.cpp)" },
+    { G_FLASH_ATTN, "-fa, --flash-attn", "[on|off|auto|1|0]", CLI_OPTIONAL,
+      "flash attention (llama.cpp; llama-bench's lists such as 0,1 too):\nattention is always fused here" },
+    { G_NO_KV_OFFLOAD, "--no-kv-offload, -nkvo", NULL, CLI_FLAG, "keep the KV cache off the GPU (llama.cpp)" },
+    { G_DEVICE, "-dev, --device", "DEV", CLI_VALUE, "the devices to use (llama.cpp)" },
+    { G_GPU_MEM, "--gpu-memory-utilization", "F", CLI_VALUE,
+      "share of GPU memory to take (vLLM); the KV pool is sized by --kv-mem / --kv-tokens" },
+    { G_TP, "-tp, --tensor-parallel-size", "N", CLI_VALUE, "GPUs to split the model over (vLLM)" },
+    { G_EAGER, "--enforce-eager", NULL, CLI_FLAG, "no CUDA graphs (vLLM)" },
+    { G_MLOCK, "--mlock", NULL, CLI_FLAG, "keep the weights in RAM (llama.cpp): the CPU backend always maps them" },
+    { G_NO_MMAP, "--no-mmap", NULL, CLI_FLAG, "read the weights instead of mapping them (llama.cpp): always mapped" },
+};
+
+const struct cli_opt_group cli_gpu_group = CLI_GROUP(
     "accepted for llama.cpp / vLLM habits, with a one-line note (they change nothing; the backend is chosen\n"
-    "by KVLLM_BACKEND=cpu|cuda, the CUDA one only in a -DKVLLM_CUDA=ON build; kvllm --version says which):\n"
-    "  -ngl N, --n-gpu-layers N, -mg N, -sm MODE, -ts LIST, -fa [on|off|auto|1|0], -dev DEV, --no-kv-offload,\n"
-    "  --gpu-memory-utilization F, -tp N, --enforce-eager, --mlock, --no-mmap\n";
+    "by KVLLM_BACKEND=cpu|cuda, the CUDA one only in a -DKVLLM_CUDA=ON build; kvllm --version says which)",
+    k_gpu_opts);
 
 /* Why a GPU placement option changes nothing, for this build. */
 static const char *gpu_why(void) {
@@ -368,26 +380,28 @@ static const char *gpu_why(void) {
 }
 
 int cli_gpu_opt(int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    for (size_t k = 0; k < sizeof k_gpu_opts / sizeof *k_gpu_opts; k++) {
-        const char *name = k_gpu_opts[k].name;
-        size_t n = strlen(name);
-        if (strncmp(a, name, n) || (a[n] && a[n] != '=')) continue;
-        const char *v = a[n] == '=' ? a + n + 1 : k_gpu_opts[k].value ? cli_opt_value() : NULL;
-        if (!v && k_gpu_opts[k].value == 1 && !(v = cli_arg(argc, argv, i))) return -1;
-        /* -fa's value: llama-cli's on|off|auto, llama-bench's 0|1 (or a list of them: 0,1) */
-        if (!v && k_gpu_opts[k].value == 2 && *i + 1 < argc &&
-            (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto") ||
-             (argv[*i + 1][0] && strspn(argv[*i + 1], "01,") == strlen(argv[*i + 1]))))
-            v = argv[++*i];
-        const char *why = !strcmp(name, "--mlock") || !strcmp(name, "--no-mmap")
-            ? "the CPU backend always maps the weights"
-            : !strcmp(name, "-fa") || !strcmp(name, "--flash-attn") ? "attention is always fused (paged, online softmax)"
-            : gpu_why();
-        fprintf(stderr, "kvllm: note: %s%s%s ignored: %s\n", name, v ? " " : "", v ? v : "", why);
-        return 1;
+    const struct cli_opt_group *const g[] = { &cli_gpu_group };
+    const char *a = argv[*i], *eq = strchr(a, '='), *v;
+    const struct cli_opt *o;
+    int n = (int)strlen(a);
+    /* a short spelling with its value glued on, "-ngl=99" (cli_opt_split cuts only long ones) */
+    if (a[0] == '-' && a[1] != '-' && eq && (o = cli_opts_find(g, 1, a, (size_t)(eq - a)))) {
+        n = (int)(eq - a);
+        v = eq + 1;
+    } else {
+        int m = cli_opts_match(argc, argv, i, g, 1, &o, &v);
+        if (m <= 0) return m;
     }
-    return 0;
+    /* -fa's separate value: llama-cli's on|off|auto, llama-bench's 0|1 (or a list of them: 0,1) */
+    if (!v && o->kind == CLI_OPTIONAL && *i + 1 < argc &&
+        (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto") ||
+         (argv[*i + 1][0] && strspn(argv[*i + 1], "01,") == strlen(argv[*i + 1]))))
+        v = argv[++*i];
+    const char *why = o->id == G_MLOCK || o->id == G_NO_MMAP ? "the CPU backend always maps the weights"
+                    : o->id == G_FLASH_ATTN ? "attention is always fused (paged, online softmax)"
+                    : gpu_why();
+    fprintf(stderr, "kvllm: note: %.*s%s%s ignored: %s\n", n, a, v ? " " : "", v ? v : "", why);
+    return 1;
 }
 
 #ifndef KVLLM_VERSION

@@ -51,14 +51,13 @@ static const struct cli_opt k_model_opts[] = {
 };
 
 static const struct cli_opt_group k_model_group = CLI_GROUP(NULL, k_model_opts);
-static const struct cli_opt_group *const k_model_groups[] = { &k_model_group };
+static const struct cli_opt_group *const k_model_groups[] = { &k_model_group, &cli_gpu_group };
 
 static const struct cli_cmd k_model_cmd = {
     .name = "bench model",
     .synopsis = "-m MODEL[,MODEL...] [options]   (llama-bench's short options work)",
     .groups = CLI_GROUPS(k_model_groups),
     .n_own = 1,
-    .gpu = true,
     .notes =
         "  one row per combination of -t, -b, -d and the tests (each -p; each -n with each --batch), in that nesting\n"
         "  columns: model, size (weight bytes), params, backend (kernel set, e.g. strict/avx512), type, threads,\n"

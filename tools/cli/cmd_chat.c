@@ -99,7 +99,7 @@ static const struct cli_opt k_chat_opts[] = {
 
 static const struct cli_opt_group k_chat_group = CLI_GROUP(NULL, k_chat_opts);
 static const struct cli_opt_group *const k_chat_groups[] = {
-    &k_chat_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group,
+    &k_chat_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group, &cli_gpu_group,
 };
 
 static const struct cli_cmd k_chat_cmd = {
@@ -107,7 +107,6 @@ static const struct cli_cmd k_chat_cmd = {
     .synopsis = "-m MODEL [options]",
     .groups = CLI_GROUPS(k_chat_groups),
     .n_own = 1,
-    .gpu = true,
     .notes =
         "  Without -p, on a terminal: one user turn per line; /help lists the commands (/clear, /exit), end of\n"
         "  input quits; Ctrl-C stops the answer being written, a second Ctrl-C at the prompt quits.\n"

@@ -62,7 +62,7 @@ static const struct cli_opt k_run_opts[] = {
 
 static const struct cli_opt_group k_run_group = CLI_GROUP(NULL, k_run_opts);
 static const struct cli_opt_group *const k_run_groups[] = {
-    &k_run_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group, &cli_spec_group,
+    &k_run_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group, &cli_spec_group, &cli_gpu_group,
 };
 
 struct run_opts {
@@ -86,7 +86,6 @@ static const struct cli_cmd k_run_cmd = {
     .synopsis = "-m MODEL [options]   (or -hf REPO[:QUANT])",
     .groups = CLI_GROUPS(k_run_groups),
     .n_own = 1,
-    .gpu = true,
 };
 
 void cmd_run_markdown(FILE *f) { cli_cmd_markdown(&k_run_cmd, f); }

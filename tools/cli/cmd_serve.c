@@ -95,7 +95,7 @@ static const struct cli_opt k_serve_opts[] = {
 
 static const struct cli_opt_group k_serve_group = CLI_GROUP(NULL, k_serve_opts);
 static const struct cli_opt_group *const k_serve_groups[] = {
-    &k_serve_group, &cli_hf_group, &cli_engine_group, &cli_spec_group,
+    &k_serve_group, &cli_hf_group, &cli_engine_group, &cli_spec_group, &cli_gpu_group,
 };
 
 static const struct cli_cmd k_serve_cmd = {
@@ -103,7 +103,6 @@ static const struct cli_cmd k_serve_cmd = {
     .synopsis = "[-m] MODEL [options]",
     .groups = CLI_GROUPS(k_serve_groups),
     .n_own = 1,
-    .gpu = true,
 };
 
 void cmd_serve_markdown(FILE *f) { cli_cmd_markdown(&k_serve_cmd, f); }

@@ -122,9 +122,11 @@ void cli_print_version(FILE *f);
 const char *cli_version_string(void);
 const char *cli_commit_string(void);
 
-/* Tensor parallelism (cli_tp.c): take --tp N and --tp-timeout S out of the arguments and join the MPI
- * job this process was started in; 0, or the exit status (reported). */
+/* Tensor parallelism (cli_tp.c): take --tp N and --tp-timeout S (cli_tp_group, which the --help of the
+ * commands that run tensor-parallel lists) out of the arguments and join the MPI job this process was started
+ * in; 0, or the exit status (reported). */
 int cli_tp_setup(int *argc, char **argv);
+extern const struct cli_opt_group cli_tp_group;
 int cli_tp_rank(void);
 int cli_tp_size(void);
 /* kvllm_model_load for run, serve and bench: under mpirun the model is this rank's share, and a rank

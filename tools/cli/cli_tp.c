@@ -4,6 +4,7 @@
  * cli_model_load, where the ranks > 0 stay to follow rank 0's engines and
  * then end the process. */
 #include "cli.h"
+#include "cli_opts.h"
 #include "kvllm.h"
 
 #include <stdio.h>
@@ -22,20 +23,32 @@ static void drop(int *argc, char **argv, int i, int n) {
     *argc -= n;
 }
 
+enum { TP_SIZE = 1, TP_TIMEOUT };
+
+static const struct cli_opt k_tp_opts[] = {
+    { TP_SIZE, "--tp", "N", CLI_VALUE, "the job's size, checked against mpirun's (default: mpirun's)" },
+    { TP_TIMEOUT, "--tp-timeout", "S", CLI_VALUE,
+      "seconds a rank waits for another before the job fails (default 60)" },
+};
+
+const struct cli_opt_group cli_tp_group =
+    CLI_GROUP("tensor parallelism (mpirun -np N kvllm ...: the model split over the ranks; docs/TP.md)", k_tp_opts);
+
 int cli_tp_setup(int *argc, char **argv) {
+    const struct cli_opt_group *const g[] = { &cli_tp_group };
     long want = 0;
     double timeout = 0;
     const char *cmd = *argc > 1 ? argv[1] : "";
+    /* taken out wherever they stand, before the command parses the rest */
     for (int i = 2; i < *argc;) {
-        const char *a = argv[i];
-        const bool tp = !strncmp(a, "--tp=", 5) || !strcmp(a, "--tp");
-        const bool to = !strncmp(a, "--tp-timeout=", 13) || !strcmp(a, "--tp-timeout");
-        if (!tp && !to) { i++; continue; }
-        const char *eq = strchr(a, '=');
+        const char *a = argv[i], *eq = strchr(a, '=');
+        const struct cli_opt *o = a[0] == '-' && a[1] == '-' ? cli_opts_find(g, 1, a, eq ? (size_t)(eq - a) : strlen(a))
+                                                             : NULL;
+        if (!o) { i++; continue; }
         const char *v = eq ? eq + 1 : i + 1 < *argc ? argv[i + 1] : NULL;
         if (!v) { cli_error("%s needs a value", a); return 2; }
-        if (tp && !cli_int("--tp", v, 1, 4096, &want)) return 2;
-        if (to && !cli_float("--tp-timeout", v, 0.1, 86400, &timeout)) return 2;
+        if (o->id == TP_SIZE && !cli_int("--tp", v, 1, 4096, &want)) return 2;
+        if (o->id == TP_TIMEOUT && !cli_float("--tp-timeout", v, 0.1, 86400, &timeout)) return 2;
         drop(argc, argv, i, eq ? 1 : 2);
     }
     if (kvllm_tp_init(timeout, &g_rank, &g_size)) return 1;

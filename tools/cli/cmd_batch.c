@@ -27,7 +27,7 @@ static const struct cli_opt k_batch_opts[] = {
 
 static const struct cli_opt_group k_batch_group = CLI_GROUP(NULL, k_batch_opts);
 static const struct cli_opt_group *const k_batch_groups[] = {
-    &k_batch_group, &cli_sampling_group, &cli_engine_group, &cli_spec_group,
+    &k_batch_group, &cli_sampling_group, &cli_engine_group, &cli_spec_group, &cli_tp_group,
 };
 
 static const struct cli_cmd k_batch_cmd = {

@@ -51,7 +51,7 @@ static const struct cli_opt k_model_opts[] = {
 };
 
 static const struct cli_opt_group k_model_group = CLI_GROUP(NULL, k_model_opts);
-static const struct cli_opt_group *const k_model_groups[] = { &k_model_group, &cli_gpu_group };
+static const struct cli_opt_group *const k_model_groups[] = { &k_model_group, &cli_gpu_group, &cli_tp_group };
 
 static const struct cli_cmd k_model_cmd = {
     .name = "bench model",
@@ -640,7 +640,9 @@ static const struct cli_opt k_tp_opts[] = {
 };
 
 static const struct cli_opt_group k_tp_group = CLI_GROUP(NULL, k_tp_opts);
-static const struct cli_opt_group *const k_tp_groups[] = { &k_tp_group, &cli_engine_group, &cli_spec_group };
+static const struct cli_opt_group *const k_tp_groups[] = {
+    &k_tp_group, &cli_engine_group, &cli_spec_group, &cli_tp_group,
+};
 
 static const struct cli_cmd k_tp_cmd = {
     .name = "bench throughput",
@@ -800,7 +802,9 @@ static const struct cli_opt k_prefix_opts[] = {
 };
 
 static const struct cli_opt_group k_prefix_group = CLI_GROUP(NULL, k_prefix_opts);
-static const struct cli_opt_group *const k_prefix_groups[] = { &k_prefix_group, &cli_engine_group, &cli_spec_group };
+static const struct cli_opt_group *const k_prefix_groups[] = {
+    &k_prefix_group, &cli_engine_group, &cli_spec_group, &cli_tp_group,
+};
 
 static const struct cli_cmd k_prefix_cmd = {
     .name = "bench prefix",

@@ -29,7 +29,7 @@ static const struct cli_opt k_eval_opts[] = {
 };
 
 static const struct cli_opt_group k_eval_group = CLI_GROUP(NULL, k_eval_opts);
-static const struct cli_opt_group *const k_eval_groups[] = { &k_eval_group };
+static const struct cli_opt_group *const k_eval_groups[] = { &k_eval_group, &cli_tp_group };
 
 static const struct cli_cmd k_eval_cmd = {
     .name = "eval",

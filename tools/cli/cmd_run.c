@@ -63,6 +63,7 @@ static const struct cli_opt k_run_opts[] = {
 static const struct cli_opt_group k_run_group = CLI_GROUP(NULL, k_run_opts);
 static const struct cli_opt_group *const k_run_groups[] = {
     &k_run_group, &cli_sampling_group, &cli_hf_group, &cli_engine_group, &cli_spec_group, &cli_gpu_group,
+    &cli_tp_group,
 };
 
 struct run_opts {

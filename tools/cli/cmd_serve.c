@@ -96,6 +96,7 @@ static const struct cli_opt k_serve_opts[] = {
 static const struct cli_opt_group k_serve_group = CLI_GROUP(NULL, k_serve_opts);
 static const struct cli_opt_group *const k_serve_groups[] = {
     &k_serve_group, &cli_hf_group, &cli_engine_group, &cli_spec_group, &cli_gpu_group,
+    &cli_tp_group,
 };
 
 static const struct cli_cmd k_serve_cmd = {

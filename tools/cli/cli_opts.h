@@ -31,11 +31,11 @@ struct cli_opt_group {
 #define CLI_GROUP(title, table) { title, table, (int)(sizeof table / sizeof *table) }
 
 /* The functions take an array of group pointers (a command's own group and shared ones).
- * argv[*i] against the groups: 1 when it is one of their options (*opt set; a CLI_VALUE option's
+ * The option of the groups spelled name[0..n), or NULL. */
+const struct cli_opt *cli_opts_find(const struct cli_opt_group *const *g, int n_groups, const char *name, size_t n);
+/* argv[*i] against the groups: 1 when it is one of their options (*opt set; a CLI_VALUE option's
  * value in *value, *i advanced past a separate one; a CLI_OPTIONAL option's glued value or NULL),
  * 0 when it is none of them, -1 when a needed value is missing (printed). */
-/* The option of the groups spelled name[0..n), or NULL. */
-const struct cli_opt *cli_opts_find(const struct cli_opt_group *const *g, int n_groups, const char *name, size_t n);
 int cli_opts_match(int argc, char **argv, int *i, const struct cli_opt_group *const *g, int n_groups,
                    const struct cli_opt **opt, const char **value);
 /* The --help lines of the groups, each group under its title. */

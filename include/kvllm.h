@@ -84,6 +84,16 @@ int kvllm_tp_worker(struct kvllm_model *model);
 /* Mark the job failed from any thread (why is logged): every engine fails
  * as kvllm_engine_failed says. */
 void kvllm_tp_fail(const char *why);
+/* What this rank's collectives cost since the job began (all zero outside
+ * a job): per kind, how many, the bytes received from the other ranks, and
+ * the seconds spent in them, waiting for the other ranks included.  Read it
+ * between steps (kvllm bench does, around a test). */
+struct kvllm_tp_stats {
+    uint64_t all_reduces, gathers, broadcasts;
+    uint64_t all_reduce_bytes, gather_bytes, broadcast_bytes;
+    double all_reduce_s, gather_s, broadcast_s;
+};
+void kvllm_tp_stats(struct kvllm_tp_stats *out);
 /* End this process's part of the job, after its engines and models are
  * freed: code 0 ends it cleanly (rank 0 first tells the other ranks to
  * leave kvllm_tp_worker); a non-zero code, or a failed job, ends every rank

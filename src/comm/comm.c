@@ -43,15 +43,23 @@ void comm_split(int64_t n, int size, int rank, int64_t *lo, int64_t *cnt) {
     *lo = (int64_t)rank * q + (rank < r ? rank : r);
 }
 
+/* One collective of kind k, begun at t0, that brought `in` bytes to this rank. */
+static void count(struct comm *cm, enum comm_kind k, double t0, size_t in) {
+    cm->stats.calls[k]++;
+    cm->stats.bytes_received[k] += in;
+    cm->stats.seconds[k] += time_now() - t0;
+}
+
 int comm_bcast(struct comm *cm, void *buf, size_t bytes, bool idle) {
     if (!cm || cm->size == 1) return 0;
     if (comm_failed(cm)) return KVLLM_ECOMM;
-    return cm->ops->bcast(cm, buf, bytes, idle);
+    const double t0 = time_now();
+    int rc = cm->ops->bcast(cm, buf, bytes, idle);
+    if (!rc && !idle) count(cm, COMM_BCAST, t0, cm->rank ? bytes : 0);
+    return rc;
 }
 
-int comm_all_reduce(struct comm *cm, struct backend_ctx *c, float *x, size_t n) {
-    if (!cm || cm->size == 1) return 0;
-    if (comm_failed(cm)) return KVLLM_ECOMM;
+static int all_reduce(struct comm *cm, struct backend_ctx *c, float *x, size_t n) {
     KV_ASSERT((size_t)(cm->size + 1) * n <= cm->cap_stage);
     float *own = cm->stage, *all = cm->stage + n;
     int rc = backend_sync(c);
@@ -72,9 +80,16 @@ int comm_all_reduce(struct comm *cm, struct backend_ctx *c, float *x, size_t n) 
     return rc ? rc : backend_sync(c);
 }
 
-int comm_gather_cols(struct comm *cm, struct backend_ctx *c, float *x, int rows, int64_t cols) {
+int comm_all_reduce(struct comm *cm, struct backend_ctx *c, float *x, size_t n) {
     if (!cm || cm->size == 1) return 0;
     if (comm_failed(cm)) return KVLLM_ECOMM;
+    const double t0 = time_now();
+    int rc = all_reduce(cm, c, x, n);
+    if (!rc) count(cm, COMM_ALL_REDUCE, t0, (size_t)(cm->size - 1) * n * sizeof *x);
+    return rc;
+}
+
+static int gather_cols(struct comm *cm, struct backend_ctx *c, float *x, int rows, int64_t cols) {
     int64_t lo, cnt;
     comm_split(cols, cm->size, cm->rank, &lo, &cnt);
     const size_t n_own = (size_t)rows * (size_t)cnt, n_all = (size_t)rows * (size_t)cols;
@@ -103,4 +118,17 @@ int comm_gather_cols(struct comm *cm, struct backend_ctx *c, float *x, int rows,
     }
     rc = c->ops->upload(c, x, out, n_all * sizeof *out);
     return rc ? rc : backend_sync(c);
+}
+
+int comm_gather_cols(struct comm *cm, struct backend_ctx *c, float *x, int rows, int64_t cols) {
+    if (!cm || cm->size == 1) return 0;
+    if (comm_failed(cm)) return KVLLM_ECOMM;
+    const double t0 = time_now();
+    int rc = gather_cols(cm, c, x, rows, cols);
+    if (!rc) {
+        int64_t lo, cnt;
+        comm_split(cols, cm->size, cm->rank, &lo, &cnt);
+        count(cm, COMM_GATHER, t0, cm->rank ? 0 : (size_t)rows * (size_t)(cols - cnt) * sizeof *x);
+    }
+    return rc;
 }

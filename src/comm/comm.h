@@ -32,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct comm;
 
@@ -55,9 +56,19 @@ struct comm_ops {
     void (*free)(struct comm *cm);
 };
 
+/* What this rank's collectives cost: counted by comm.c, read by kvllm_tp_stats.  Plain counters: the
+ * collectives run on one thread (the engine's), and a reader reads between its steps. */
+enum comm_kind { COMM_BCAST, COMM_ALL_REDUCE, COMM_GATHER, COMM_KINDS };
+struct comm_stats {
+    uint64_t calls[COMM_KINDS];
+    uint64_t bytes_received[COMM_KINDS];   /* from the other ranks, into this one */
+    double seconds[COMM_KINDS];            /* wall time inside them, waiting for the others included */
+};
+
 struct comm {
     const struct comm_ops *ops;
     int rank, size;
+    struct comm_stats stats;      /* but idle broadcasts' (a worker waiting for work) */
     double timeout_s;             /* deadline of a wait (but an idle bcast's) */
     atomic_bool failed;           /* set once; every later collective returns KVLLM_ECOMM */
     float *stage;                 /* host staging: comm_reserve's floats */

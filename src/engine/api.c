@@ -31,6 +31,19 @@ bool kvllm_tp_mpi_built(void) { return comm_mpi_built(); }
 
 void kvllm_tp_fail(const char *why) { comm_fail(g_comm, why); }
 
+void kvllm_tp_stats(struct kvllm_tp_stats *out) {
+    *out = (struct kvllm_tp_stats){ 0 };
+    if (!g_comm) return;
+    const struct comm_stats *s = &g_comm->stats;
+    *out = (struct kvllm_tp_stats){
+        .all_reduces = s->calls[COMM_ALL_REDUCE], .gathers = s->calls[COMM_GATHER], .broadcasts = s->calls[COMM_BCAST],
+        .all_reduce_bytes = s->bytes_received[COMM_ALL_REDUCE], .gather_bytes = s->bytes_received[COMM_GATHER],
+        .broadcast_bytes = s->bytes_received[COMM_BCAST],
+        .all_reduce_s = s->seconds[COMM_ALL_REDUCE], .gather_s = s->seconds[COMM_GATHER],
+        .broadcast_s = s->seconds[COMM_BCAST],
+    };
+}
+
 void kvllm_tp_end(int code) {
     if (!g_comm) return;
     if (code || comm_failed(g_comm)) comm_abort(g_comm, code ? code : 1);

@@ -139,6 +139,28 @@ def test_kv_and_weights_per_rank(mpi, models):
             assert w < w1 / n + 0.2, (name, w, w1)
 
 
+def test_bench_counts_the_collectives(mpi, models):
+    """`bench model` under mpirun reports what the collectives cost per token: at decode, two all-reduces of
+    n_embd floats per layer, each bringing (N - 1) * n_embd * 4 bytes to rank 0 (no logits are asked for), and
+    the time spent in them; one table, printed by rank 0 alone."""
+    n_embd, n_layer = 128, 2
+    for n in (2, 4):
+        res = mpirun(mpi, n, "bench", "model", "-m", models["q8"], "-p", "8", "-n", "4", "-r", "2", "-o", "jsonl")
+        assert res.returncode == 0, res.describe()
+        rows = [json.loads(line) for line in res.out.splitlines() if line.startswith("{")]
+        assert [r["test"] for r in rows] == ["pp8", "tg4"], res.out
+        for r in rows:
+            assert r["tp_ranks"] == n, r
+            assert r["comm_kib_per_token"] == pytest.approx(2 * n_layer * (n - 1) * n_embd * 4 / 1024), r
+            assert r["all_reduce_ms_per_token"] > 0 and r["all_reduce_us_per_layer"] > 0, r
+    md = mpirun(mpi, 2, "bench", "model", "-m", models["q8"], "-p", "8", "-n", "4", "-r", "1")
+    assert md.returncode == 0, md.describe()
+    assert md.out.count("| model ") == 1 and "all-reduce µs/layer" in md.out, md.out
+    alone = run_cli(mpi, "bench", "model", "-m", models["q8"], "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl",
+                    "-t", "1", env=MPI_ENV)
+    assert alone.returncode == 0 and "tp_ranks" not in alone.out, alone.describe()
+
+
 def test_unsplittable_shapes_refused(mpi, models):
     res = mpirun(mpi, 4, "run", "-m", models["kv2"], "-p", "hi", "-n", "2")
     assert res.returncode != 0

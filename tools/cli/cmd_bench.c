@@ -65,7 +65,9 @@ static const struct cli_cmd k_model_cmd = {
         "  generation rows report the share of the memory-bandwidth roofline: weight bytes read per\n"
         "  step x steps/s over the read bandwidth measured with the same thread count (\"in LLC\" when\n"
         "  the weights fit in the last-level cache; \"> probe\" past 100 %: decode read faster than the\n"
-        "  bandwidth probe); a run that preempts a sequence fails\n",
+        "  bandwidth probe); a run that preempts a sequence fails\n"
+        "  under mpirun -np N (tensor parallelism), rows at batch 1 add what rank 0's collectives cost per\n"
+        "  token: KiB received from the other ranks, all-reduce ms, and all-reduce us per layer\n",
 };
 
 enum bench_fmt { FMT_MD, FMT_JSON, FMT_JSONL, FMT_CSV };
@@ -160,8 +162,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Time one test: fill `depth` positions untimed, then either one prefill of
  * n tokens (pp) or n single-token decode steps (tg).  Returns seconds or < 0. */
+/* comm: what the timed part's collectives cost (tensor parallelism), or NULL. */
 static double run_once(struct kvllm_model *m, const struct bench_opts *o, long ubatch, long depth, long n, bool gen,
-                       unsigned *seed) {
+                       unsigned *seed, struct kvllm_tp_stats *comm) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
     struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv,
                                        .max_batch = (int)ubatch };
@@ -175,6 +178,8 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
         ids[i] = (int32_t)((*seed >> 8) % (unsigned)d->n_vocab);
     }
     int rc = depth ? kvllm_session_eval(s, ids, (int)depth, false, NULL) : 0;
+    struct kvllm_tp_stats c0;
+    kvllm_tp_stats(&c0);
     double t0 = cli_time();
     if (!gen) {
         rc = rc ? rc : kvllm_session_eval(s, ids + depth, (int)n, false, NULL);
@@ -182,6 +187,13 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
         for (long i = 0; !rc && i < n; i++) rc = kvllm_session_eval(s, ids + depth + i, 1, false, NULL);
     }
     double dt = cli_time() - t0;
+    if (comm) {
+        kvllm_tp_stats(comm);
+        comm->all_reduces -= c0.all_reduces, comm->gathers -= c0.gathers, comm->broadcasts -= c0.broadcasts;
+        comm->all_reduce_bytes -= c0.all_reduce_bytes, comm->gather_bytes -= c0.gather_bytes;
+        comm->broadcast_bytes -= c0.broadcast_bytes;
+        comm->all_reduce_s -= c0.all_reduce_s, comm->gather_s -= c0.gather_s, comm->broadcast_s -= c0.broadcast_s;
+    }
     free(ids);
     kvllm_session_free(s);
     return rc ? -1 : dt;
@@ -290,6 +302,11 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
+/* Under tensor parallelism (mpirun -np N ... bench model) each md row ends with what the ranks' collectives
+ * cost per token, as rank 0 counts them: the bytes it received, and its time in all-reduces (per token, and
+ * per layer: a layer makes two). */
+static bool tp_cols(void) { return cli_tp_size() > 1; }
+
 static void print_header(struct bench_opts *o) {
     if (o->fmt == FMT_JSON) { puts("["); return; }
     if (o->fmt == FMT_CSV) {
@@ -302,11 +319,13 @@ static void print_header(struct bench_opts *o) {
     int w = o->w_model < (int)sizeof dash - 3 ? o->w_model : (int)sizeof dash - 3;
     memset(dash, '-', (size_t)w + 2);
     dash[w + 2] = 0;
-    printf("| %-*s | %10s | %9s | %-16s | %-5s | %7s |%s %-6s | %5s | %5s | %4s | %24s | %10s | %8s |\n", w, "model",
+    printf("| %-*s | %10s | %9s | %-16s | %-5s | %7s |%s %-6s | %5s | %5s | %4s | %24s | %10s | %8s |", w, "model",
            "size", "params", "backend", "type", "threads", o->show_ubatch ? " n_batch |" : "", "test", "depth", "batch",
            "kv", "tokens/s (median ± sd)", "ms/token", "roofline");
-    printf("|%s|-----------:|----------:|------------------|-------|--------:|%s--------|------:|------:|------|"
-           "------------------------:|-----------:|---------:|\n", dash, o->show_ubatch ? "--------:|" : "");
+    if (tp_cols()) printf(" %14s | %19s | %19s |", "comm KiB/token", "all-reduce ms/token", "all-reduce µs/layer");
+    printf("\n|%s|-----------:|----------:|------------------|-------|--------:|%s--------|------:|------:|------|"
+           "------------------------:|-----------:|---------:|%s\n", dash, o->show_ubatch ? "--------:|" : "",
+           tp_cols() ? "---------------:|--------------------:|--------------------:|" : "");
 }
 
 static void print_footer(const struct bench_opts *o) {
@@ -320,6 +339,7 @@ struct row {
     double tps[64], ns[64];     /* tokens/s and nanoseconds of each sample */
     double med, sd, mean;       /* of tps: median and sample sd (kvllm's), mean (llama-bench's avg_ts) */
     double roofline;            /* percent; < 0: the weights fit in the last-level cache (no roofline) */
+    double comm_kib, ar_ms, ar_us_layer;   /* per token, under tensor parallelism (tp_cols) */
     char time[32];              /* when the test started, ISO 8601 UTC */
 };
 
@@ -399,6 +419,9 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
                "\"weights_in_llc\": %s",
                mc->type, r->threads, r->ubatch, test, pp, tg, r->depth, r->batch, o->no_kv ? "false" : "true", med, sd,
                1e3 / med, tg && roofline > 0 ? roofline : 0.0, roofline < 0 ? "true" : "false");
+        if (tp_cols() && !isnan(r->ar_ms))
+            printf(", \"tp_ranks\": %d, \"comm_kib_per_token\": %.3f, \"all_reduce_ms_per_token\": %.4f, "
+                   "\"all_reduce_us_per_layer\": %.2f", cli_tp_size(), r->comm_kib, r->ar_ms, r->ar_us_layer);
         print_llama_bench_keys(o, mc, size, params, r);
         printf("}\n");
     } else if (o->fmt == FMT_CSV) {
@@ -417,9 +440,12 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         fmt_params(pr, sizeof pr, mc->params_b);
         char nb[32] = "";
         if (o->show_ubatch) snprintf(nb, sizeof nb, " %7ld |", r->ubatch);
-        printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld |%s %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |\n",
+        printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld |%s %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |",
                o->w_model, mc->name, sz, pr, mc->backend, mc->type, r->threads, nb, test, r->depth, r->batch,
                o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
+        if (tp_cols() && isnan(r->ar_ms)) printf(" %14s | %19s | %19s |", "-", "-", "-");
+        else if (tp_cols()) printf(" %14.1f | %19.3f | %19.1f |", r->comm_kib, r->ar_ms, r->ar_us_layer);
+        putchar('\n');
     }
     o->n_rows++;
     fflush(stdout);
@@ -437,12 +463,22 @@ static int bench_row(struct bench_opts *o, struct kvllm_model *m, const struct m
     struct tm tm;
     strftime(r.time, sizeof r.time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
     unsigned seed = 1234;
+    struct kvllm_tp_stats one;
+    double comm_bytes = 0, ar_s = 0;
     for (long i = 0; i < o->reps; i++) {
-        double dt = B > 1 ? run_batch_tg(m, depth, n, B, &seed) : run_once(m, o, ubatch, depth, n, gen, &seed);
+        double dt = B > 1 ? run_batch_tg(m, depth, n, B, &seed) : run_once(m, o, ubatch, depth, n, gen, &seed, &one);
         if (dt < 0) return 1;
         r.ns[i] = dt * 1e9;
         r.tps[i] = (double)(n * B) / dt;
+        if (B > 1) continue;
+        comm_bytes += (double)(one.all_reduce_bytes + one.gather_bytes + one.broadcast_bytes);
+        ar_s += one.all_reduce_s;
     }
+    /* per token over every run (a batched row times part of the engine's work only: no figures there) */
+    const double toks = (double)(n * o->reps);
+    r.comm_kib = B == 1 ? comm_bytes / 1024.0 / toks : NAN;
+    r.ar_ms = B == 1 ? ar_s * 1e3 / toks : NAN;
+    r.ar_us_layer = B == 1 ? r.ar_ms * 1e3 / (md->n_layer > 0 ? md->n_layer : 1) : NAN;
     double var = 0, sorted[64];
     for (int i = 0; i < r.n; i++) r.mean += r.tps[i] / (double)r.n;
     for (int i = 0; i < r.n; i++) var += (r.tps[i] - r.mean) * (r.tps[i] - r.mean);
@@ -560,7 +596,7 @@ static int bench_model_cmd(int argc, char **argv) {
         int w = (int)strlen(base ? base + 1 : p);
         if (w > o.w_model) o.w_model = w;
     }
-    print_header(&o);
+    if (cli_tp_rank() == 0) print_header(&o);
     snprintf(list, sizeof list, "%s", o.models);
     int rc = 0;
     for (char *save = NULL, *p = strtok_r(list, ",", &save); p && !rc; p = strtok_r(NULL, ",", &save))

@@ -13,10 +13,12 @@
  * test_backend_paged_attn holds the two equal.
  *
  * Per step (n <= 64 positions, g query heads sharing one kv head):
- *  - K is widened to f32 (f16 by vcvtph2ps, bf16 by a shift, int8 / fp8
- *    codes converted without their scale) two rows to a register: lanes
- *    0..7 are row 2p's dims 8k .. 8k+7 (the AVX2 step's vector), 8..15 row
- *    2p+1's, stored in an L1-sized buffer.
+ *  - K is made f32 (f16 by vcvtph2ps, bf16 by a shift, int8 / fp8 codes
+ *    converted without their scale) two rows to a register: lanes 0..7 are
+ *    row 2p's dims 8k .. 8k+7 (the AVX2 step's vector), 8..15 row 2p+1's.
+ *    f16 K with at most 4 heads per kv head is converted inside the score
+ *    tile, read in place; otherwise 4 pairs at a time are widened into an
+ *    L1-sized buffer that every head tile reads.
  *  - scores: tiles of 4 heads x 4 pairs (16 accumulators; per 8 dims 4 K
  *    loads and 4 query broadcasts feed 16 FMAs, where the AVX2 step's 4 x 2
  *    tile spends 6 loads on 8 FMAs of half the width); each 8-lane half is
@@ -116,29 +118,48 @@ ALWAYS_INLINE __m512 load16(enum kv_type type, const void *base, size_t e0) {
     }
 }
 
-/* The next step's K then V rows, one cache line at a time: the step
- * requests them spread over its own work (a burst of 256 requests stalls
- * on the line-fill buffers: measured, the burst took a third of the step),
- * and flushes the rest at its end. */
+/* The next step's K then V rows, one request at a time: the step issues
+ * them spread over its own work (a burst of 256 requests stalls on the
+ * line-fill buffers: measured, the burst took a third of the step), and
+ * flushes the rest at its end.  The cursor keeps the next line's address,
+ * so a request costs an add and a compare (recomputing the address from
+ * the row index each time cost a quarter of an L2-resident step at
+ * head_dim 256; requesting every other line only, for the adjacent-line
+ * prefetch to bring the rest, was slower from DRAM: measured). */
 struct pf_cursor {
+    const char *p, *end;      /* next request, end of its row; p NULL when all are issued */
     const char *base, *v;     /* K until its rows are done, then V */
     const size_t *rows;
-    size_t rb, off;           /* bytes per row; next line's offset in its row */
+    size_t rb;                /* bytes per row */
     int n, row;
 };
 
+/* Move to the next row (K's, then V's), or finish. */
+static void pf_next_row(struct pf_cursor *c) {
+    if (++c->row >= c->n) {
+        if (c->base == c->v || c->n == 0) {
+            c->p = NULL;
+            return;
+        }
+        c->base = c->v;
+        c->row = 0;
+    }
+    c->p = c->base + c->rows[c->row] * c->rb;
+    c->end = c->p + c->rb;
+}
+
+static void pf_init(struct pf_cursor *c, const void *k, const void *v, const size_t *rows, int n, size_t rb) {
+    *c = (struct pf_cursor){ .base = (const char *)k, .v = (const char *)v, .rows = rows, .rb = rb, .n = n,
+                             .row = -1 };
+    pf_next_row(c);
+}
+
 /* The next k lines. */
 ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
-    for (; k > 0 && c->row < c->n; k--) {
-        _mm_prefetch(c->base + c->rows[c->row] * c->rb + c->off, _MM_HINT_T0);
-        c->off += 64;
-        if (c->off >= c->rb) {
-            c->off = 0;
-            if (++c->row == c->n && c->base != c->v) {
-                c->base = c->v;
-                c->row = 0;
-            }
-        }
+    for (; k > 0 && c->p; k--) {
+        _mm_prefetch(c->p, _MM_HINT_T0);
+        c->p += 64;
+        if (c->p >= c->end) pf_next_row(c);
     }
 }
 
@@ -206,26 +227,39 @@ ALWAYS_INLINE __m512 hadd512(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
 }
 
-/* Scores of RH (1..4) heads q (RH, hd) against RP (1..4) pairs of rows
- * from kp: sc[h * cap + p] = (q_h · k_p) * rs[p] for p < n.  The AVX2
+/* Dims k .. k+7 of f16 rows r0 (lanes 0..7) and r1 (8..15) as f32: a pair
+ * of load8x2 read in place. */
+ALWAYS_INLINE __m512 f16_pair(const uint16_t *r0, const uint16_t *r1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)r0)),
+                                                   _mm_loadu_si128((const __m128i *)r1), 1));
+}
+
+/* Scores of RH (1..4) heads q (RH, hd) against RP (1..4) pairs of rows:
+ * from kp (widened pairs) or, KF16, the f16 rows kr[2p], kr[2p + 1] read
+ * in place: sc[h * cap + p] = (q_h · k_p) * rs[p] for p < n.  The AVX2
  * step's arithmetic, two positions per register: each (head, position) has
  * an 8-lane accumulator over hd in ascending order (lanes 0..7 of a
  * register for the pair's first row, 8..15 for its second), reduced in
  * avx2_hsum4's order by the same hadds per 256-bit half. */
-ALWAYS_INLINE void score_tile(const int RH, const int RP, const float *q, int hd, const float *kp,
-                              const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {
+ALWAYS_INLINE void score_tile(const int RH, const int RP, const bool KF16, const float *q, int hd,
+                              const float *kp, const uint16_t *const *kr, const float *rs, int n, float *sc,
+                              int cap, struct pf_cursor *pf) {
     __m512 a[4][4];
     for (int h = 0; h < RH; h++)
         for (int p = 0; p < RP; p++) a[h][p] = _mm512_setzero_ps();
     const size_t pstride = (size_t)hd * 2;
     for (int k = 0; k < hd; k += 8) {
         __m512 kv[4];
-        for (int p = 0; p < RP; p++) kv[p] = reg512(_mm512_load_ps(kp + (size_t)p * pstride + 2 * (size_t)k));
+        for (int p = 0; p < RP; p++)
+            kv[p] = KF16 ? f16_pair(kr[2 * p] + k, kr[2 * p + 1] + k)
+                         : reg512(_mm512_load_ps(kp + (size_t)p * pstride + 2 * (size_t)k));
         for (int h = 0; h < RH; h++) {
             const __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q + (size_t)h * hd + k))));
             for (int p = 0; p < RP; p++) a[h][p] = _mm512_fmadd_ps(qv, kv[p], a[h][p]);
         }
-        pf_issue(pf, 1);
+        /* in place, the step has no widening pass to issue its share: two
+         * lines here leave the fewest to the flush at the end */
+        pf_issue(pf, KF16 ? 2 : 1);
     }
     /* Per pair, 128-bit lanes after two hadds: row 2p's sums of lanes 0..3
      * and of 4..7 of the four heads, then row 2p+1's; avx2_hsum4 adds the
@@ -267,25 +301,53 @@ ALWAYS_INLINE void score_tile(const int RH, const int RP, const float *q, int hd
 static void score_tile_any(int rh, int rp, const float *q, int hd, const float *kp, const float *rs, int n,
                            float *sc, int cap, struct pf_cursor *pf) {
     switch (rh * 4 + rp) {
-#define ST(H, P) case H * 4 + P: score_tile(H, P, q, hd, kp, rs, n, sc, cap, pf); break;
+#define ST(H, P) case H * 4 + P: score_tile(H, P, false, q, hd, kp, NULL, rs, n, sc, cap, pf); break;
     ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
     ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
     ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
     ST(1, 4) ST(1, 3) ST(1, 2)
 #undef ST
-    default: score_tile(1, 1, q, hd, kp, rs, n, sc, cap, pf); break;
+    default: score_tile(1, 1, false, q, hd, kp, NULL, rs, n, sc, cap, pf); break;
     }
 }
 
-/* All heads' scores, tiles of 4 heads x 4 pairs (8 positions). */
-static void scores(int g, const float *q, int hd, const float *kp, const float *rs, int n, float *sc, int cap,
-                   struct pf_cursor *pf) {
+static void score_tile_f16(int rh, int rp, const float *q, int hd, const uint16_t *const *kr, const float *rs,
+                           int n, float *sc, int cap, struct pf_cursor *pf) {
+    switch (rh * 4 + rp) {
+#define ST(H, P) case H * 4 + P: score_tile(H, P, true, q, hd, NULL, kr, rs, n, sc, cap, pf); break;
+    ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
+    ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
+    ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
+    ST(1, 4) ST(1, 3) ST(1, 2)
+#undef ST
+    default: score_tile(1, 1, true, q, hd, NULL, kr, rs, n, sc, cap, pf); break;
+    }
+}
+
+/* All heads' scores, 4 pairs (8 positions) at a time.  f16 K with at most
+ * 4 heads (one head tile: each element is converted once either way) is
+ * read in place; otherwise the 4 pairs are widened into kp (4 * 2 * hd
+ * floats, which stays in L1: a whole step's pairs at head_dim 256 were
+ * 64 KiB, past L1, and writing them out cost a third of the step) and
+ * every head tile reads them. */
+static void scores(enum kv_type type, const void *kbase, const size_t *rows, int g, const float *q, int hd,
+                   float *kp, const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {
+    static const uint16_t zero_row[MAX_HD];      /* the missing second row of an odd step's last pair */
     const int np = (n + 1) / 2;
-    for (int h = 0; h < g; h += 4) {
-        const int rh = g - h < 4 ? g - h : 4;
-        for (int p = 0; p < np; p += 4)
-            score_tile_any(rh, np - p < 4 ? np - p : 4, q + (size_t)h * hd, hd, kp + (size_t)p * hd * 2,
-                           rs + 2 * p, n - 2 * p, sc + (size_t)h * cap + 2 * p, cap, pf);
+    const bool in_place = type == KV_F16 && g <= 4;
+    for (int p = 0; p < np; p += 4) {
+        const int rp = np - p < 4 ? np - p : 4, left = n - 2 * p;
+        if (in_place) {
+            const uint16_t *kr[8];
+            for (int i = 0; i < 2 * rp; i++)
+                kr[i] = i < left ? (const uint16_t *)kbase + rows[2 * p + i] * (size_t)hd : zero_row;
+            score_tile_f16(g, rp, q, hd, kr, rs + 2 * p, left, sc + 2 * p, cap, pf);
+            continue;
+        }
+        widen_kp_any(type, kbase, rows + 2 * p, left < 8 ? left : 8, hd, kp, pf);
+        for (int h = 0; h < g; h += 4)
+            score_tile_any(g - h < 4 ? g - h : 4, rp, q + (size_t)h * hd, hd, kp, rs + 2 * p, left,
+                           sc + (size_t)h * cap + 2 * p, cap, pf);
     }
 }
 
@@ -431,16 +493,16 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
                          const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
-    _Alignas(64) float buf[MAX_N * MAX_HD];       /* K pairs, then the V rows */
+    _Alignas(64) float buf[MAX_N * MAX_HD];       /* 4 K pairs at a time, then the V rows */
     _Alignas(64) float rs[MAX_N];                 /* per position: score factor */
     _Alignas(64) float vs[MAX_N];                 /* per position: V scale (8-bit) */
     const void *r[MAX_N];
 
     const size_t rb = (size_t)hd * kv_elem_bytes(kv->type);
-    struct pf_cursor pfc = { (const char *)kv->k, (const char *)kv->v, pf, rb, 0, npf, 0 };
+    struct pf_cursor pfc;
+    pf_init(&pfc, kv->k, kv->v, pf, npf, rb);
     for (int jj = 0; jj < MAX_N; jj++) rs[jj] = jj < n ? (q8 ? kv->k_scale[rows[jj]] * scale : scale) : 0.0f;
-    widen_kp_any(kv->type, kv->k, rows, n, hd, buf, &pfc);
-    scores(g, q, hd, buf, rs, n, sc, cap, &pfc);
+    scores(kv->type, kv->k, rows, g, q, hd, buf, rs, n, sc, cap, &pfc);
     pa_softcap(sc, g, n, cap, softcap);
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;

@@ -236,6 +236,20 @@ def test_bench_lists_one_row_per_combination(run, stories):
                           "json").check_ok().out)[0]["n_batch"] == 512
 
 
+def test_bench_kv_type(run, stories):
+    """--kv-type picks the KV cache's type (the kv column and llama-bench's type_k / type_v say which); an unknown
+    type is a usage error that lists the known ones."""
+    args = ["bench", "model", "-m", stories["bin"], "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--kv-type", "int8"]
+    md = run(*args).check_ok().out.splitlines()
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    assert [c.strip() for c in md[2].strip("|").split("|")][head.index("kv")] == "int8", md
+    js = json.loads(run(*args, "-o", "json").check_ok().out)
+    assert js[0]["type_k"] == js[0]["type_v"] == "int8", js
+    assert json.loads(run(*args[:-2], "-o", "json").check_ok().out)[0]["type_k"] == "f16"
+    res = run(*args[:-1], "int9")
+    assert res.returncode == 2 and "int9" in res.err and "fp8" in res.err, res.describe()
+
+
 def test_bench_long_model_name_keeps_columns(run, stories, tmp_path):
     long = tmp_path / ("a-model-with-a-rather-long-file-name-for-the-table-" + "x" * 20 + ".bin")
     long.symlink_to(stories["bin"])

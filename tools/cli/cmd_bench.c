@@ -19,7 +19,7 @@
 #define MAX_LIST 16
 
 enum {
-    BM_HELP = 1, BM_MODEL, BM_PP, BM_TG, BM_THREADS, BM_DEPTH, BM_REPS, BM_UBATCH, BM_BATCH, BM_NO_KV, BM_OUTPUT,
+    BM_HELP = 1, BM_MODEL, BM_PP, BM_TG, BM_THREADS, BM_DEPTH, BM_REPS, BM_UBATCH, BM_BATCH, BM_NO_KV, BM_KV_TYPE, BM_OUTPUT,
     BM_SVG, BM_COMPARE, BM_COMPARE_LABEL,
 };
 
@@ -38,6 +38,7 @@ static const struct cli_opt k_model_opts[] = {
     { BM_BATCH, "--batch", "LIST", CLI_VALUE,
       "sequences decoding together in generation tests, e.g. 1,4,16 (aggregate tokens/s)" },
     { BM_NO_KV, "--no-kv-cache", NULL, CLI_FLAG, "recompute the prefix at every step (baseline)" },
+    { BM_KV_TYPE, "--kv-type", "T", CLI_VALUE, "KV cache type: f32, f16 (default), bf16, int8, fp8 (the kv column shows it)" },
     { BM_OUTPUT, "-o, --output", "md|json|jsonl|csv", CLI_VALUE,
       "output format (default md; json: one array, as llama-bench; json and jsonl rows\ncarry llama-bench's keys "
       "too: avg_ts, stddev_ts, samples_ts, n_prompt, n_gen, ...)" },
@@ -81,6 +82,7 @@ struct bench_opts {
     long threads[MAX_LIST], depth[MAX_LIST], batch[MAX_LIST], pp[MAX_LIST], tg[MAX_LIST], ubatch[MAX_LIST];
     int n_threads, n_depth, n_batch, n_pp, n_tg, n_ubatch;
     bool no_kv, show_ubatch;   /* show_ubatch: -b given, the md table gets an n_batch column */
+    const char *kv_type;       /* --kv-type; NULL: the session's default, f16 */
     const char *svg_dir, *compare, *compare_label;   /* --svg, --compare, --compare-label */
     struct plot_rows plot;     /* with --svg: every row measured, for the charts */
 };
@@ -167,7 +169,7 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
                        unsigned *seed, struct kvllm_tp_stats *comm) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
     struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv,
-                                       .max_batch = (int)ubatch };
+                                       .kv_type = o->kv_type, .max_batch = (int)ubatch };
     struct kvllm_session *s;
     if (kvllm_session_new(m, &sp, &s)) return -1;
     long total = depth + n;
@@ -362,6 +364,16 @@ static void cpu_name(char *out, size_t cap) {
 /* llama-bench's keys (tools/llama-bench: build, machine, model, parameters, test, timings), so its readers
  * (scripts/compare-llama-bench.py and the like) read kvllm's rows; the GPU ones say "no GPU".  Its n_batch
  * is kvllm's own key of the same meaning, written once. */
+/* The KV type a row ran with (llama-bench's type_k / type_v keys). */
+static const char *kv_type_name(const struct bench_opts *o) { return o->kv_type ? o->kv_type : "f16"; }
+
+static bool kv_type_known(const char *t) {
+    static const char *const k_types[] = { "f32", "f16", "bf16", "int8", "fp8" };
+    for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++)
+        if (!strcmp(t, k_types[i])) return true;
+    return false;
+}
+
 static void print_llama_bench_keys(const struct bench_opts *o, const struct model_cols *mc, uint64_t size,
                                    uint64_t params, const struct row *r) {
     char cpu[256];
@@ -377,11 +389,11 @@ static void print_llama_bench_keys(const struct bench_opts *o, const struct mode
     printf(", \"model_type\": ");
     json_str(type);
     printf(", \"model_size\": %llu, \"model_n_params\": %llu, \"n_ubatch\": %ld, "
-           "\"n_threads\": %ld, \"type_k\": \"f16\", \"type_v\": \"f16\", \"n_gpu_layers\": 0, "
+           "\"n_threads\": %ld, \"type_k\": \"%s\", \"type_v\": \"%s\", \"n_gpu_layers\": 0, "
            "\"flash_attn\": true, \"use_mmap\": true, \"embeddings\": false, \"n_prompt\": %ld, \"n_gen\": %ld, "
            "\"n_depth\": %ld, \"test_time\": \"%s\"",
-           (unsigned long long)size, (unsigned long long)params, r->ubatch, r->threads, r->pp, r->tg,
-           r->depth, r->time);
+           (unsigned long long)size, (unsigned long long)params, r->ubatch, r->threads, kv_type_name(o),
+           kv_type_name(o), r->pp, r->tg, r->depth, r->time);
     double avg_ns = 0, sd_ns = 0, sd_ts = 0;
     for (int i = 0; i < r->n; i++) avg_ns += r->ns[i] / r->n;
     for (int i = 0; i < r->n; i++) {
@@ -442,7 +454,7 @@ static void print_row(struct bench_opts *o, const struct model_cols *mc, uint64_
         if (o->show_ubatch) snprintf(nb, sizeof nb, " %7ld |", r->ubatch);
         printf("| %-*s | %10s | %9s | %-16s | %-5s | %7ld |%s %-6s | %5ld | %5ld | %4s | %12.2f ± %-8.2f | %10.3f | %8s |",
                o->w_model, mc->name, sz, pr, mc->backend, mc->type, r->threads, nb, test, r->depth, r->batch,
-               o->no_kv ? "off" : "on", med, sd, 1e3 / med, roof);
+               o->no_kv ? "off" : o->kv_type ? o->kv_type : "on", med, sd, 1e3 / med, roof);
         if (tp_cols() && isnan(r->ar_ms)) printf(" %14s | %19s | %19s |", "-", "-", "-");
         else if (tp_cols()) printf(" %14.1f | %19.3f | %19.1f |", r->comm_kib, r->ar_ms, r->ar_us_layer);
         putchar('\n');
@@ -547,6 +559,10 @@ static int model_opt(struct bench_opts *o, int id, const char *a, const char *v)
         o->show_ubatch = true;
         break;
     case BM_NO_KV: o->no_kv = true; break;
+    case BM_KV_TYPE:
+        if (!kv_type_known(v)) { cli_error("%s: expected f32, f16, bf16, int8 or fp8, got '%s'", a, v); return 2; }
+        o->kv_type = v;
+        break;
     case BM_SVG: o->svg_dir = v; break;
     case BM_COMPARE: o->compare = v; break;
     case BM_COMPARE_LABEL: o->compare_label = v; break;

@@ -16,9 +16,9 @@
  *  - K is made f32 (f16 by vcvtph2ps, bf16 by a shift, int8 / fp8 codes
  *    converted without their scale) two rows to a register: lanes 0..7 are
  *    row 2p's dims 8k .. 8k+7 (the AVX2 step's vector), 8..15 row 2p+1's.
- *    f16 K with at most 4 heads per kv head is converted inside the score
- *    tile, read in place; otherwise 4 pairs at a time are widened into an
- *    L1-sized buffer that every head tile reads.
+ *    f16, bf16 and int8 K with at most 4 heads per kv head are converted
+ *    inside the score tile, read in place; otherwise 4 pairs at a time are
+ *    widened into an L1-sized buffer that every head tile reads.
  *  - scores: tiles of 4 heads x 4 pairs (16 accumulators; per 8 dims 4 K
  *    loads and 4 query broadcasts feed 16 FMAs, where the AVX2 step's 4 x 2
  *    tile spends 6 loads on 8 FMAs of half the width); each 8-lane half is
@@ -29,8 +29,9 @@
  *    (5..8 heads) or 4 heads x 64 dims (1..4): 16 accumulators, per position
  *    2 (4) row loads and 8 (4) weight broadcasts feed 16 FMAs; each element
  *    is one FMA chain over the positions in order, as in the AVX2 step.  f16
- *    V is widened inside the tile, f32 read in place, bf16 / 8-bit rows
- *    widened into the buffer first.
+ *    V is widened inside the tile, f32 read in place, bf16 and int8 widened
+ *    inside the tile too for at most 8 heads per kv head, fp8 (and bf16 /
+ *    int8 with more heads) widened into a buffer first.
  *  - the next step's K and V rows (pf) are prefetched a cache line at a time
  *    between the tiles' FMAs: issued in one burst at the start, 256 requests
  *    stalled on the line-fill buffers for a third of the step.
@@ -163,35 +164,37 @@ ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
     }
 }
 
-/* Elements e0 .. e0+7 of K (8-bit types: codes, no scale) in lanes 0..7 and
- * e1 .. e1+7 in lanes 8..15 (0 unless two). */
-ALWAYS_INLINE __m512 load8x2(enum kv_type type, const void *base, size_t e0, size_t e1, bool two) {
+/* Dims k .. k+7 of K row r0 (8-bit types: codes, no scale) in lanes 0..7
+ * and of row r1 in lanes 8..15. */
+ALWAYS_INLINE __m512 load8x2(enum kv_type type, const void *r0, const void *r1, int k) {
     switch (type) {
     case KV_F32: {
-        const float *f = (const float *)base;
-        const __m256 hi = two ? _mm256_loadu_ps(f + e1) : _mm256_setzero_ps();
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(f + e0))),
+        const __m256 hi = _mm256_loadu_ps((const float *)r1 + k);
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps((const float *)r0 + k))),
                                                    _mm256_castps_pd(hi), 1));
     }
     case KV_F16:
     case KV_BF16: {
-        const uint16_t *h = (const uint16_t *)base;
-        const __m128i hi = two ? _mm_loadu_si128((const __m128i *)(h + e1)) : _mm_setzero_si128();
-        const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(h + e0))), hi, 1);
+        const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)r0 + k))),
+                                                  _mm_loadu_si128((const __m128i *)((const uint16_t *)r1 + k)), 1);
         return type == KV_F16 ? _mm512_cvtph_ps(x) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
     }
     case KV_INT8: {
-        const int8_t *c = (const int8_t *)base;
-        const __m128i hi = two ? _mm_loadl_epi64((const __m128i *)(c + e1)) : _mm_setzero_si128();
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + e0)), hi)));
+        const __m128i x = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)((const int8_t *)r0 + k)),
+                                             _mm_loadl_epi64((const __m128i *)((const int8_t *)r1 + k)));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
     }
     default: {
-        const uint8_t *c = (const uint8_t *)base;
-        const __m128i hi = two ? _mm_loadl_epi64((const __m128i *)(c + e1)) : _mm_setzero_si128();
-        return fp8_16(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + e0)), hi)));
+        const __m128i x = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)((const uint8_t *)r0 + k)),
+                                             _mm_loadl_epi64((const __m128i *)((const uint8_t *)r1 + k)));
+        return fp8_16(_mm512_cvtepu8_epi32(x));
     }
     }
 }
+
+/* Zero bits of every type: the missing second row of an odd step's last
+ * pair (its lanes are 0, as the AVX2 step's). */
+static const float k_zero_row[MAX_HD];
 
 /* K rows rows[0 .. n) into kp as pairs: for pair P and dims 8k .. 8k+7,
  * the 16 floats at kp + (P * hd / 8 + k) * 16 are row 2P's eight, then
@@ -199,11 +202,12 @@ ALWAYS_INLINE __m512 load8x2(enum kv_type type, const void *base, size_t e0, siz
  * register. */
 ALWAYS_INLINE void widen_kp(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *kp,
                             struct pf_cursor *pf) {
+    const size_t rb = (size_t)hd * kv_elem_bytes(type);
     for (int p = 0; p < n; p += 2) {
-        const bool two = p + 1 < n;
-        const size_t e0 = rows[p] * (size_t)hd, e1 = two ? rows[p + 1] * (size_t)hd : 0;
+        const void *r0 = (const char *)base + rows[p] * rb;
+        const void *r1 = p + 1 < n ? (const char *)base + rows[p + 1] * rb : (const void *)k_zero_row;
         float *dst = kp + (size_t)(p / 2) * (size_t)hd * 2;
-        for (int k = 0; k < hd; k += 8) _mm512_store_ps(dst + 2 * k, load8x2(type, base, e0 + (size_t)k, e1 + (size_t)k, two));
+        for (int k = 0; k < hd; k += 8) _mm512_store_ps(dst + 2 * k, load8x2(type, r0, r1, k));
         pf_issue(pf, 1);
     }
 }
@@ -227,23 +231,20 @@ ALWAYS_INLINE __m512 hadd512(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
 }
 
-/* Dims k .. k+7 of f16 rows r0 (lanes 0..7) and r1 (8..15) as f32: a pair
- * of load8x2 read in place. */
-ALWAYS_INLINE __m512 f16_pair(const uint16_t *r0, const uint16_t *r1) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)r0)),
-                                                   _mm_loadu_si128((const __m128i *)r1), 1));
-}
-
 /* Scores of RH (1..4) heads q (RH, hd) against RP (1..4) pairs of rows:
- * from kp (widened pairs) or, KF16, the f16 rows kr[2p], kr[2p + 1] read
- * in place: sc[h * cap + p] = (q_h · k_p) * rs[p] for p < n.  The AVX2
+ * from kp (widened pairs; KT KV_TYPE_COUNT_) or the rows kr[2p], kr[2p + 1]
+ * of type KT read in place: sc[h * cap + p] = (q_h · k_p) * rs[p] for
+ * p < n.  The AVX2
  * step's arithmetic, two positions per register: each (head, position) has
  * an 8-lane accumulator over hd in ascending order (lanes 0..7 of a
  * register for the pair's first row, 8..15 for its second), reduced in
  * avx2_hsum4's order by the same hadds per 256-bit half. */
-ALWAYS_INLINE void score_tile(const int RH, const int RP, const bool KF16, const float *q, int hd,
-                              const float *kp, const uint16_t *const *kr, const float *rs, int n, float *sc,
+ALWAYS_INLINE void score_tile(const int RH, const int RP, const enum kv_type KT, const float *q, int hd,
+                              const float *kp, const void *const *kr, const float *rs, int n, float *sc,
                               int cap, struct pf_cursor *pf) {
+    const bool in_place = KT != KV_TYPE_COUNT_;
+    const void *r[8];          /* kr in locals: the stores of pf_issue may alias kr[], which was reloaded per 8 dims */
+    for (int i = 0; i < 2 * RP; i++) r[i] = in_place ? kr[i] : NULL;
     __m512 a[4][4];
     for (int h = 0; h < RH; h++)
         for (int p = 0; p < RP; p++) a[h][p] = _mm512_setzero_ps();
@@ -251,15 +252,15 @@ ALWAYS_INLINE void score_tile(const int RH, const int RP, const bool KF16, const
     for (int k = 0; k < hd; k += 8) {
         __m512 kv[4];
         for (int p = 0; p < RP; p++)
-            kv[p] = KF16 ? f16_pair(kr[2 * p] + k, kr[2 * p + 1] + k)
-                         : reg512(_mm512_load_ps(kp + (size_t)p * pstride + 2 * (size_t)k));
+            kv[p] = in_place ? load8x2(KT, r[2 * p], r[2 * p + 1], k)
+                             : reg512(_mm512_load_ps(kp + (size_t)p * pstride + 2 * (size_t)k));
         for (int h = 0; h < RH; h++) {
             const __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q + (size_t)h * hd + k))));
             for (int p = 0; p < RP; p++) a[h][p] = _mm512_fmadd_ps(qv, kv[p], a[h][p]);
         }
         /* in place, the step has no widening pass to issue its share: two
          * lines here leave the fewest to the flush at the end */
-        pf_issue(pf, KF16 ? 2 : 1);
+        pf_issue(pf, in_place ? 2 : 1);
     }
     /* Per pair, 128-bit lanes after two hadds: row 2p's sums of lanes 0..3
      * and of 4..7 of the four heads, then row 2p+1's; avx2_hsum4 adds the
@@ -298,56 +299,50 @@ ALWAYS_INLINE void score_tile(const int RH, const int RP, const bool KF16, const
     }
 }
 
-static void score_tile_any(int rh, int rp, const float *q, int hd, const float *kp, const float *rs, int n,
-                           float *sc, int cap, struct pf_cursor *pf) {
-    switch (rh * 4 + rp) {
-#define ST(H, P) case H * 4 + P: score_tile(H, P, false, q, hd, kp, NULL, rs, n, sc, cap, pf); break;
-    ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
-    ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
-    ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
-    ST(1, 4) ST(1, 3) ST(1, 2)
-#undef ST
-    default: score_tile(1, 1, false, q, hd, kp, NULL, rs, n, sc, cap, pf); break;
+#define ST_CASES(T) ST(4, 4, T) ST(4, 3, T) ST(4, 2, T) ST(4, 1, T) ST(3, 4, T) ST(3, 3, T) ST(3, 2, T) ST(3, 1, T) \
+                    ST(2, 4, T) ST(2, 3, T) ST(2, 2, T) ST(2, 1, T) ST(1, 4, T) ST(1, 3, T) ST(1, 2, T)
+#define ST(H, P, T) case H * 4 + P: score_tile(H, P, T, q, hd, kp, kr, rs, n, sc, cap, pf); break;
+#define ST_FN(NAME, T)                                                                                            \
+    ALWAYS_INLINE void NAME(int rh, int rp, const float *q, int hd, const float *kp, const void *const *kr,    \
+                     const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {                        \
+        switch (rh * 4 + rp) {                                                                                     \
+        ST_CASES(T)                                                                                                \
+        default: score_tile(1, 1, T, q, hd, kp, kr, rs, n, sc, cap, pf); break;                                    \
+        }                                                                                                          \
     }
-}
-
-static void score_tile_f16(int rh, int rp, const float *q, int hd, const uint16_t *const *kr, const float *rs,
-                           int n, float *sc, int cap, struct pf_cursor *pf) {
-    switch (rh * 4 + rp) {
-#define ST(H, P) case H * 4 + P: score_tile(H, P, true, q, hd, NULL, kr, rs, n, sc, cap, pf); break;
-    ST(4, 4) ST(4, 3) ST(4, 2) ST(4, 1)
-    ST(3, 4) ST(3, 3) ST(3, 2) ST(3, 1)
-    ST(2, 4) ST(2, 3) ST(2, 2) ST(2, 1)
-    ST(1, 4) ST(1, 3) ST(1, 2)
+ST_FN(score_tile_kp, KV_TYPE_COUNT_)
+ST_FN(score_tile_f16, KV_F16)
+ST_FN(score_tile_bf16, KV_BF16)
+ST_FN(score_tile_int8, KV_INT8)
+#undef ST_FN
 #undef ST
-    default: score_tile(1, 1, true, q, hd, NULL, kr, rs, n, sc, cap, pf); break;
-    }
-}
+#undef ST_CASES
 
-/* All heads' scores, 4 pairs (8 positions) at a time.  f16 K with at most
- * 4 heads (one head tile: each element is converted once either way) is
- * read in place; otherwise the 4 pairs are widened into kp (4 * 2 * hd
- * floats, which stays in L1: a whole step's pairs at head_dim 256 were
- * 64 KiB, past L1, and writing them out cost a third of the step) and
- * every head tile reads them. */
+/* All heads' scores, 4 pairs (8 positions) at a time.  f16, bf16 and int8
+ * K with at most 4 heads (one head tile: each element is converted once
+ * either way) are read in place; otherwise the 4 pairs are widened into kp
+ * (4 * 2 * hd floats, which stays in L1: a whole step's pairs at head_dim
+ * 256 were 64 KiB, past L1, and writing them out cost a third of the step)
+ * and every head tile reads them. */
 static void scores(enum kv_type type, const void *kbase, const size_t *rows, int g, const float *q, int hd,
                    float *kp, const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {
-    static const uint16_t zero_row[MAX_HD];      /* the missing second row of an odd step's last pair */
+    const size_t rb = (size_t)hd * kv_elem_bytes(type);
     const int np = (n + 1) / 2;
-    const bool in_place = type == KV_F16 && g <= 4;
+    const bool in_place = (type == KV_F16 || type == KV_BF16 || type == KV_INT8) && g <= 4;
     for (int p = 0; p < np; p += 4) {
         const int rp = np - p < 4 ? np - p : 4, left = n - 2 * p;
         if (in_place) {
-            const uint16_t *kr[8];
+            const void *kr[8];
             for (int i = 0; i < 2 * rp; i++)
-                kr[i] = i < left ? (const uint16_t *)kbase + rows[2 * p + i] * (size_t)hd : zero_row;
-            score_tile_f16(g, rp, q, hd, kr, rs + 2 * p, left, sc + 2 * p, cap, pf);
+                kr[i] = i < left ? (const char *)kbase + rows[2 * p + i] * rb : (const void *)k_zero_row;
+            (type == KV_F16 ? score_tile_f16 : type == KV_BF16 ? score_tile_bf16 : score_tile_int8)(
+                g, rp, q, hd, NULL, kr, rs + 2 * p, left, sc + 2 * p, cap, pf);
             continue;
         }
         widen_kp_any(type, kbase, rows + 2 * p, left < 8 ? left : 8, hd, kp, pf);
         for (int h = 0; h < g; h += 4)
-            score_tile_any(g - h < 4 ? g - h : 4, rp, q + (size_t)h * hd, hd, kp, rs + 2 * p, left,
-                           sc + (size_t)h * cap + 2 * p, cap, pf);
+            score_tile_kp(g - h < 4 ? g - h : 4, rp, q + (size_t)h * hd, hd, kp, NULL, rs + 2 * p, left,
+                          sc + (size_t)h * cap + 2 * p, cap, pf);
     }
 }
 
@@ -355,10 +350,11 @@ static void scores(enum kv_type type, const void *kbase, const size_t *rows, int
 
 /* RH heads' accumulators acc[h] (16 RD floats from dim d0; RH * RD <= 16)
  * += Σ_p w[h * MAX_N + p] * V[p][d0 ..], p ascending, one FMA chain per
- * element.  V rows vr[p]: f16 (VF16, widened here: each element once when
- * the tile spans all heads) or f32.  Per position RD row loads and RH
- * weight broadcasts feed RH * RD FMAs. */
-ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float *const *acc, int d0,
+ * element.  V rows vr[p] of type VT: f32 read as they are, f16, bf16 and
+ * int8 (codes) widened here (each element once when the tile spans all
+ * heads).  Per position RD row loads and RH weight broadcasts feed RH * RD
+ * FMAs. */
+ALWAYS_INLINE void value_tile(const enum kv_type VT, const int RH, const int RD, float *const *acc, int d0,
                               const void *const *vr, const float *w, int n, struct pf_cursor *pf) {
     __m512 a[8][4];
     for (int h = 0; h < RH; h++)
@@ -366,8 +362,8 @@ ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float
     for (int p = 0; p < n; p++) {
         __m512 vv[4];
         for (int d = 0; d < RD; d++)
-            vv[d] = VF16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)vr[p] + d0 + 16 * d)))
-                         : reg512(_mm512_loadu_ps((const float *)vr[p] + d0 + 16 * d));
+            vv[d] = VT == KV_F32 ? reg512(_mm512_loadu_ps((const float *)vr[p] + d0 + 16 * d))
+                                 : load16(VT, vr[p], (size_t)(d0 + 16 * d));
         for (int h = 0; h < RH; h++) {
             const __m512 wv = _mm512_set1_ps(w[h * MAX_N + p]);
             for (int d = 0; d < RD; d++) a[h][d] = _mm512_fmadd_ps(wv, vv[d], a[h][d]);
@@ -378,28 +374,22 @@ ALWAYS_INLINE void value_tile(const bool VF16, const int RH, const int RD, float
         for (int d = 0; d < RD; d++) _mm512_storeu_ps(acc[h] + d0 + 16 * d, a[h][d]);
 }
 
-#define VT(H, D) case H * 8 + D: value_tile(VF16, H, D, acc, d0, vr, w, n, pf); break;
-#define VT_CASES VT(8, 2) VT(7, 2) VT(6, 2) VT(5, 2) VT(4, 2) VT(3, 2) VT(2, 2) VT(1, 2) \
-                 VT(8, 1) VT(7, 1) VT(6, 1) VT(5, 1) VT(4, 1) VT(3, 1) VT(2, 1)         \
-                 VT(4, 4) VT(3, 4) VT(2, 4) VT(1, 4) VT(4, 3) VT(3, 3) VT(2, 3) VT(1, 3)
-static void value_tile_f32(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
-                           int n, struct pf_cursor *pf) {
-    const bool VF16 = false;
-    switch (rh * 8 + rd) {
-    VT_CASES
-    default: value_tile(VF16, 1, 1, acc, d0, vr, w, n, pf); break;
+#define VT(H, D, T) case H * 8 + D: value_tile(T, H, D, acc, d0, vr, w, n, pf); break;
+#define VT_FN(NAME, T)                                                                                            \
+    static void NAME(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w, int n,   \
+                     struct pf_cursor *pf) {                                                                    \
+        switch (rh * 8 + rd) {                                                                                     \
+        VT(8, 2, T) VT(7, 2, T) VT(6, 2, T) VT(5, 2, T) VT(4, 2, T) VT(3, 2, T) VT(2, 2, T) VT(1, 2, T)            \
+        VT(8, 1, T) VT(7, 1, T) VT(6, 1, T) VT(5, 1, T) VT(4, 1, T) VT(3, 1, T) VT(2, 1, T)                        \
+        VT(4, 4, T) VT(3, 4, T) VT(2, 4, T) VT(1, 4, T) VT(4, 3, T) VT(3, 3, T) VT(2, 3, T) VT(1, 3, T)            \
+        default: value_tile(T, 1, 1, acc, d0, vr, w, n, pf); break;                                                \
+        }                                                                                                          \
     }
-}
-
-static void value_tile_f16(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w,
-                           int n, struct pf_cursor *pf) {
-    const bool VF16 = true;
-    switch (rh * 8 + rd) {
-    VT_CASES
-    default: value_tile(VF16, 1, 1, acc, d0, vr, w, n, pf); break;
-    }
-}
-#undef VT_CASES
+VT_FN(value_tile_f32, KV_F32)
+VT_FN(value_tile_f16, KV_F16)
+VT_FN(value_tile_bf16, KV_BF16)
+VT_FN(value_tile_int8, KV_INT8)
+#undef VT_FN
 #undef VT
 
 /* Heads in groups of 8 x 32 dims (5..8 heads) or 4 x 64 dims (1..4).  The
@@ -407,8 +397,11 @@ static void value_tile_f16(int rh, int rd, float *const *acc, int d0, const void
  * with a row pointer per head GCC ran out of registers and reloaded them
  * from xmm spills every position), so a scratch stride cap < MAX_N (g >
  * 64) is copied first. */
-static void values(bool vf16, int g, float *part0, size_t pstride, int hd, const void *const *vr, const float *w,
-                   int n, int cap, struct pf_cursor *pf) {
+static void values(enum kv_type vt, int g, float *part0, size_t pstride, int hd, const void *const *vr,
+                   const float *w, int n, int cap, struct pf_cursor *pf) {
+    void (*const tile)(int, int, float *const *, int, const void *const *, const float *, int, struct pf_cursor *) =
+        vt == KV_F16 ? value_tile_f16 : vt == KV_BF16 ? value_tile_bf16 : vt == KV_INT8 ? value_tile_int8
+                                                                                         : value_tile_f32;
     _Alignas(64) float w8[8 * MAX_N];
     for (int h = 0; h < g;) {
         const int rh = g - h < 8 ? g - h : 8, dmax = rh > 4 ? 2 : 4;
@@ -421,7 +414,7 @@ static void values(bool vf16, int g, float *part0, size_t pstride, int hd, const
         }
         for (int d0 = 0; d0 < hd; d0 += 16 * dmax) {
             const int rd = (hd - d0) / 16 < dmax ? (hd - d0) / 16 : dmax;
-            (vf16 ? value_tile_f16 : value_tile_f32)(rh, rd, acc, d0, vr, wh, n, pf);
+            tile(rh, rd, acc, d0, vr, wh, n, pf);
         }
         h += rh;
     }
@@ -468,16 +461,21 @@ static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc,
     }
 }
 
-/* V rows: f32 and f16 in place (the value tiles read f16 themselves),
- * the others widened into buf (row stride hd). */
-static void widen_v(enum kv_type type, const void *base, const size_t *rows, int n, int hd, float *buf,
-                    const void **r) {
+/* V rows r[0 .. n): f32 and f16 in place, bf16 and int8 too for at most
+ * 8 heads per kv head (one head group: the value tiles widen each element
+ * once), the others widened into buf (row stride hd; a whole step's rows
+ * at head_dim 256 are 64 KiB, past L1).  Returns the rows' type (KV_F32
+ * when widened). */
+static enum kv_type widen_v(enum kv_type type, int g, const void *base, const size_t *rows, int n, int hd,
+                            float *buf, const void **r) {
+    const bool in_place = type == KV_F32 || type == KV_F16 || ((type == KV_BF16 || type == KV_INT8) && g <= 8);
+    const size_t rb = (size_t)hd * kv_elem_bytes(type);
     for (int jj = 0; jj < n; jj++) {
-        const size_t e0 = rows[jj] * (size_t)hd;
-        if (type == KV_F32 || type == KV_F16) {
-            r[jj] = (const char *)base + e0 * kv_elem_bytes(type);
+        if (in_place) {
+            r[jj] = (const char *)base + rows[jj] * rb;
             continue;
         }
+        const size_t e0 = rows[jj] * (size_t)hd;
         float *d = buf + (size_t)jj * hd;
         switch (type) {
         case KV_BF16: for (int i = 0; i < hd; i += 16) _mm512_store_ps(d + i, load16(KV_BF16, base, e0 + (size_t)i)); break;
@@ -486,6 +484,7 @@ static void widen_v(enum kv_type type, const void *base, const size_t *rows, int
         }
         r[jj] = d;
     }
+    return in_place ? type : KV_F32;
 }
 
 static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
@@ -507,8 +506,8 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
     softmax_step(g, part0, pstride, hd, sc, cap, n, q8 ? vs : NULL);
-    widen_v(kv->type, kv->v, rows, n, hd, buf, r);
-    values(kv->type == KV_F16, g, part0, pstride, hd, r, sc, n, cap, &pfc);
+    const enum kv_type vt = widen_v(kv->type, g, kv->v, rows, n, hd, buf, r);
+    values(vt, g, part0, pstride, hd, r, sc, n, cap, &pfc);
     pf_issue(&pfc, 1 << 30);
 }
 

@@ -322,7 +322,7 @@ ST_FN(score_tile_int8, KV_INT8)
  * K with at most 4 heads (one head tile: each element is converted once
  * either way) are read in place; otherwise the 4 pairs are widened into kp
  * (4 * 2 * hd floats, which stays in L1: a whole step's pairs at head_dim
- * 256 were 64 KiB, past L1, and writing them out cost a third of the step)
+ * 256 were 64 KiB, past L1, and writing them out cost a quarter of the step)
  * and every head tile reads them. */
 static void scores(enum kv_type type, const void *kbase, const size_t *rows, int g, const float *q, int hd,
                    float *kp, const float *rs, int n, float *sc, int cap, struct pf_cursor *pf) {

@@ -9,7 +9,7 @@ what the replicas report: sum of vllm:prefix_cache_hits_total / sum of vllm:pref
 on fresh replicas, and the median of the repeats is printed.
 
     bench/router-prefix.py --router build/router-venv/bin/vllm-router [--policies round_robin,cache_aware,kv_aware]
-        [--replicas 2] [--groups 6] [--per-group 8] [--clients 4] [--kv-tokens 256] [--repeats 3]
+        [--replicas 2] [--groups 6] [--per-group 8] [--clients 4] [--think 0] [--kv-tokens 256] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -113,6 +113,7 @@ def run_once(a, policy, reqs):
                          {"model": "stories", "prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0})
                 except OSError as e:
                     errors.append(str(e))
+                time.sleep(a.think)
 
         t0 = time.monotonic()
         threads = [threading.Thread(target=client) for _ in range(a.clients)]
@@ -153,6 +154,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--kv-tokens", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--think", type=float, default=0.0,
+                    help="seconds each client waits after an answer before its next request (users reading)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()

@@ -1,5 +1,5 @@
-"""gpt-oss (GGUF architecture "gpt-oss", llama.cpp's LLM_ARCH_OPENAI_MOE) against the numpy reference and,
-where its venv is installed, llama.cpp itself, on random files written by gen_model.py as llama.cpp's
+"""gpt-oss (GGUF architecture "gpt-oss", llama.cpp's LLM_ARCH_OPENAI_MOE) against the numpy reference and
+llama.cpp's logits (goldens), on random files written by gen_model.py as llama.cpp's
 converter writes the released models: Q/K/V/O biases, attention sinks, every other layer (the even ones)
 sliding over 128 positions, YaRN rope scaling, post_attention_norm as the FFN's norm, experts with router
 and expert biases behind gpt-oss's clamped SwiGLU, and (as released) experts stored MXFP4.
@@ -8,7 +8,7 @@ and expert biases behind gpt-oss's clamped SwiGLU, and (as released) experts sto
 prefill 7 then decode) and without it: max|kvllm - ref| / max|ref| <= 1e-4 per row (test_archs.py's TOL).
 The MXFP4 file's reference takes the generator's own codes, decoded in numpy (gguf-py of the test venv does
 not know the type).  Each gpt-oss feature is shown to change the reference's logits (test_features_matter),
-so a kvllm that ignored one could not pass.  llama.cpp (llama-cpp-python with f32 K/V) is fed the same ids:
+so a kvllm that ignored one could not pass.  llama.cpp (llama-cpp-python with f32 K/V, tests/golden/gpt-oss) was fed the same ids:
 mean KL divergence of the next-token distributions <= 1e-4 and top-1 agreement >= 99 %, for kvllm and the
 reference alike (on the MXFP4 file, where llama.cpp multiplies by 8-bit activations, 1e-2 and 90 %: see
 KLD_MAX_Q8).
@@ -16,9 +16,8 @@ KLD_MAX_Q8).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from kvtest import data_dir, eval_logits
 from test_archs import Case, check_info, check_logits
 
 N_TOKENS = 300
-LLAMACPP_PY = Path(os.environ.get("LLAMACPP_VENV", "/work/cache/llamacpp-venv")) / "bin" / "python"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "gpt-oss"
 KLD_MAX, TOP1_MIN = 1e-4, 0.99
 # llama.cpp multiplies MXFP4 weights by 8-bit activations (Q8_0 codes): on the MXFP4 file it sits at mean KLD
 # 2.7e-3 and 94 % top-1 from the reference, as kvllm's own KVLLM_ACT=q8 path does (3.3e-3, 93.7 %), while
@@ -63,13 +62,22 @@ def reference(path: Path, cfg: ModelConfig, seed: int) -> LlamaRef:
     return LlamaRef(LlamaRef.from_gguf(twin).hp, w)
 
 
+def case_file(d: Path, name: str) -> tuple[Path, list[int]]:
+    """Config name's file (written into d) and its token ids: the same bytes and ids on every machine, so
+    llama.cpp's goldens (bench/gpt-oss-goldens.py) are about this very file."""
+    i = list(CONFIGS).index(name)
+    cfg = CONFIGS[name]
+    path = write_model(d / f"{name}.gguf", cfg, seed=700 + i)
+    tokens = [1] + np.random.default_rng(70 + i).integers(3, cfg.n_vocab, size=N_TOKENS - 1).tolist()
+    return path, tokens
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, Case]:
     d = tmp_path_factory.mktemp("gpt_oss")
     out = {}
     for i, (name, cfg) in enumerate(CONFIGS.items()):
-        path = write_model(d / f"{name}.gguf", cfg, seed=700 + i)
-        tokens = [1] + np.random.default_rng(70 + i).integers(3, cfg.n_vocab, size=N_TOKENS - 1).tolist()
+        path, tokens = case_file(d, name)
         model = reference(path, cfg, 700 + i)
         out[name] = Case(path, tokens, model.forward(tokens), model)
     return out
@@ -148,16 +156,6 @@ def test_chat_renders_harmony(run, cases):
 
 # ---- llama.cpp -----------------------------------------------------------------------------------------------
 
-LLAMACPP_SCRIPT = r"""
-import json, sys, numpy as np, llama_cpp
-path, out, toks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-m = llama_cpp.Llama(model_path=path, n_ctx=len(toks) + 64, n_batch=512, logits_all=True, verbose=False,
-                    type_k=0, type_v=0)   # f32 K/V (GGML_TYPE_F32)
-m.eval(toks)
-np.save(out, np.asarray(m.scores[:len(toks)], dtype=np.float32))
-"""
-
-
 def _kld(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     """KL(P || Q) per row of two logit arrays (nats)."""
     lsm = lambda x: (x - x.max(-1, keepdims=True)) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -167,16 +165,16 @@ def _kld(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_llamacpp_agrees(kvllm, cases, tmp_path, config):
-    """llama.cpp on the same file and ids: its next-token distributions are the reference's and kvllm's
-    (mean KLD, top-1).  Without llama.cpp's venv (bench/build-llamacpp.sh) this machine cannot run it."""
-    if not LLAMACPP_PY.is_file():
-        pytest.skip(f"no llama.cpp here ({LLAMACPP_PY}; bench/build-llamacpp.sh installs it)")
+    """llama.cpp on the same file and ids (its logits are goldens, made by bench/gpt-oss-goldens.py with
+    llama-cpp-python and f32 K/V): its next-token distributions are the reference's and kvllm's (mean KLD,
+    top-1).  The golden names the file's sha256: a changed generator fails here, not a comparison with
+    figures of another file."""
     c = cases[config]
-    out = tmp_path / "lc.npy"
-    p = subprocess.run([str(LLAMACPP_PY), "-c", LLAMACPP_SCRIPT, str(c.path), str(out), json.dumps(c.tokens)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lc = np.load(out)
+    meta = json.loads((GOLDEN / "llamacpp.json").read_text())[config]
+    assert hashlib.sha256(c.path.read_bytes()).hexdigest() == meta["file_sha256"], \
+        f"{config}: the file differs from the one llama.cpp's golden was made on: rerun bench/gpt-oss-goldens.py"
+    assert meta["tokens"] == c.tokens, config
+    lc = np.load(GOLDEN / "llamacpp.npz")[config]
     got = eval_logits(kvllm, c.path, c.tokens, tmp_path / "logits.bin")
     kld_max, top1_min = (KLD_MAX_Q8, TOP1_MIN_Q8) if CONFIGS[config].mxfp4_experts else (KLD_MAX, TOP1_MIN)
     for what, logits in (("kvllm", got), ("reference", c.ref)):

@@ -164,9 +164,18 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Time one test: fill `depth` positions untimed, then either one prefill of
  * n tokens (pp) or n single-token decode steps (tg).  Returns seconds or < 0. */
-/* comm: what the timed part's collectives cost (tensor parallelism), or NULL. */
+/* What a timed part's collectives cost under tensor parallelism (kvllm_tp_stats), as bench shows it. */
+struct comm_cost { double bytes, all_reduce_s; };
+
+static struct comm_cost comm_now(void) {
+    struct kvllm_tp_stats t;
+    kvllm_tp_stats(&t);
+    return (struct comm_cost){ (double)(t.all_reduce_bytes + t.gather_bytes + t.broadcast_bytes), t.all_reduce_s };
+}
+
+/* *comm: what the timed part's collectives cost. */
 static double run_once(struct kvllm_model *m, const struct bench_opts *o, long ubatch, long depth, long n, bool gen,
-                       unsigned *seed, struct kvllm_tp_stats *comm) {
+                       unsigned *seed, struct comm_cost *comm) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
     struct kvllm_session_params sp = { .n_ctx = (int)(depth + n + 1), .no_kv_cache = o->no_kv,
                                        .kv_type = o->kv_type, .max_batch = (int)ubatch };
@@ -180,8 +189,7 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
         ids[i] = (int32_t)((*seed >> 8) % (unsigned)d->n_vocab);
     }
     int rc = depth ? kvllm_session_eval(s, ids, (int)depth, false, NULL) : 0;
-    struct kvllm_tp_stats c0;
-    kvllm_tp_stats(&c0);
+    const struct comm_cost c0 = comm_now();
     double t0 = cli_time();
     if (!gen) {
         rc = rc ? rc : kvllm_session_eval(s, ids + depth, (int)n, false, NULL);
@@ -189,13 +197,8 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
         for (long i = 0; !rc && i < n; i++) rc = kvllm_session_eval(s, ids + depth + i, 1, false, NULL);
     }
     double dt = cli_time() - t0;
-    if (comm) {
-        kvllm_tp_stats(comm);
-        comm->all_reduces -= c0.all_reduces, comm->gathers -= c0.gathers, comm->broadcasts -= c0.broadcasts;
-        comm->all_reduce_bytes -= c0.all_reduce_bytes, comm->gather_bytes -= c0.gather_bytes;
-        comm->broadcast_bytes -= c0.broadcast_bytes;
-        comm->all_reduce_s -= c0.all_reduce_s, comm->gather_s -= c0.gather_s, comm->broadcast_s -= c0.broadcast_s;
-    }
+    const struct comm_cost c1 = comm_now();
+    *comm = (struct comm_cost){ c1.bytes - c0.bytes, c1.all_reduce_s - c0.all_reduce_s };
     free(ids);
     kvllm_session_free(s);
     return rc ? -1 : dt;
@@ -475,21 +478,20 @@ static int bench_row(struct bench_opts *o, struct kvllm_model *m, const struct m
     struct tm tm;
     strftime(r.time, sizeof r.time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
     unsigned seed = 1234;
-    struct kvllm_tp_stats one;
-    double comm_bytes = 0, ar_s = 0;
+    struct comm_cost one, comm = { 0, 0 };
     for (long i = 0; i < o->reps; i++) {
         double dt = B > 1 ? run_batch_tg(m, depth, n, B, &seed) : run_once(m, o, ubatch, depth, n, gen, &seed, &one);
         if (dt < 0) return 1;
         r.ns[i] = dt * 1e9;
         r.tps[i] = (double)(n * B) / dt;
         if (B > 1) continue;
-        comm_bytes += (double)(one.all_reduce_bytes + one.gather_bytes + one.broadcast_bytes);
-        ar_s += one.all_reduce_s;
+        comm.bytes += one.bytes;
+        comm.all_reduce_s += one.all_reduce_s;
     }
     /* per token over every run (a batched row times part of the engine's work only: no figures there) */
     const double toks = (double)(n * o->reps);
-    r.comm_kib = B == 1 ? comm_bytes / 1024.0 / toks : NAN;
-    r.ar_ms = B == 1 ? ar_s * 1e3 / toks : NAN;
+    r.comm_kib = B == 1 ? comm.bytes / 1024.0 / toks : NAN;
+    r.ar_ms = B == 1 ? comm.all_reduce_s * 1e3 / toks : NAN;
     r.ar_us_layer = B == 1 ? r.ar_ms * 1e3 / (md->n_layer > 0 ? md->n_layer : 1) : NAN;
     double var = 0, sorted[64];
     for (int i = 0; i < r.n; i++) r.mean += r.tps[i] / (double)r.n;

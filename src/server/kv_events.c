@@ -64,7 +64,7 @@ struct kv_events {
     bool started;
     struct kve_queue work;
     uint64_t seq;
-    bool cleared_once;
+    bool subscribed;               /* a subscription arrived: batches go out (until then they wait queued) */
     struct kve_kept *ring;         /* (KVE_RING_BATCHES) circular: oldest at ring_head */
     size_t ring_head, ring_n, ring_bytes;
 };
@@ -349,13 +349,32 @@ static void serve_replay(struct kv_events *k) {
     for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&part[i]);
 }
 
+/* Read what subscribers sent the XPUB socket (a byte 1 or 0, then the topic).
+ * The first subscription releases the batches held since start. */
+static void read_subscriptions(struct kv_events *k) {
+    unsigned char b[1];
+    int n;
+    while ((n = zmq_recv(k->pub, b, sizeof b, ZMQ_DONTWAIT)) >= 0)
+        if (n >= 1 && b[0] == 1) k->subscribed = true;
+}
+
+/* Nothing is sent before someone subscribes: a replica that restarted says
+ * AllBlocksCleared first, and a subscriber that reconnects only after ZMQ's
+ * reconnect interval would miss it (and go on crediting the dead process's
+ * blocks, as vllm-router does while the new sequence numbers are not lower
+ * than the old).  Held, the first batch — AllBlocksCleared and whatever was
+ * stored meanwhile — goes to the first subscriber; the queue's bound still
+ * holds (past it, the held events are dropped and stay untold). */
 static void *publisher_main(void *arg) {
     struct kv_events *k = arg;
-    publish(k, true); /* a process starts with nothing cached: whatever a subscriber knew of it is gone */
+    bool first = true;
     for (;;) {
-        zmq_pollitem_t it[2] = { { NULL, k->wake_fd, ZMQ_POLLIN, 0 }, { k->replay, 0, ZMQ_POLLIN, 0 } };
-        if (zmq_poll(it, k->replay ? 2 : 1, KVE_POLL_MS) > 0) {
-            if (it[1].revents & ZMQ_POLLIN) serve_replay(k);
+        zmq_pollitem_t it[3] = { { NULL, k->wake_fd, ZMQ_POLLIN, 0 },
+                                 { k->pub, 0, ZMQ_POLLIN, 0 },
+                                 { k->replay, 0, ZMQ_POLLIN, 0 } };
+        if (zmq_poll(it, k->replay ? 3 : 2, KVE_POLL_MS) > 0) {
+            if (it[1].revents & ZMQ_POLLIN) read_subscriptions(k);
+            if (it[2].revents & ZMQ_POLLIN) serve_replay(k);
             if (it[0].revents & ZMQ_POLLIN) {
                 uint64_t n;
                 ssize_t r = read(k->wake_fd, &n, sizeof n);
@@ -363,16 +382,23 @@ static void *publisher_main(void *arg) {
             }
         }
         pthread_mutex_lock(&k->mu);
-        struct kve_queue t = k->q;
-        k->q = k->work;
-        k->q.n = k->q.n_tok = 0;
-        k->work = t;
-        bool cleared = k->overflow, stop = k->stop;
-        k->overflow = false;
+        bool stop = k->stop, cleared = false;
+        if (k->subscribed) {
+            struct kve_queue t = k->q;
+            k->q = k->work;
+            k->q.n = k->q.n_tok = 0;
+            k->work = t;
+            cleared = k->overflow;
+            k->overflow = false;
+        }
         pthread_mutex_unlock(&k->mu);
-        if (cleared) LOG_WARN("kv events: the publisher fell behind; events were dropped and subscribers told "
-                              "AllBlocksCleared");
-        if (k->work.n || cleared) publish(k, cleared);
+        if (cleared && !first)
+            LOG_WARN("kv events: the publisher fell behind; events were dropped and subscribers told "
+                     "AllBlocksCleared");
+        if (k->subscribed && (k->work.n || cleared || first)) {
+            publish(k, cleared || first); /* a process starts with nothing cached */
+            first = false;
+        }
         if (stop) break;
     }
     return NULL;
@@ -416,7 +442,7 @@ int kv_events_new(const struct kv_events_params *p, struct kv_events **out) {
     k->zctx = zmq_ctx_new();
     int rc = !k->p.endpoint || !k->p.topic || !k->ring || (p->replay_endpoint && *p->replay_endpoint && !k->p.replay_endpoint)
              ? KVLLM_ENOMEM : !k->zctx ? KVLLM_EIO : 0;
-    if (!rc) rc = bind_socket(k->zctx, ZMQ_PUB, k->p.endpoint, "--kv-events", &k->pub);
+    if (!rc) rc = bind_socket(k->zctx, ZMQ_XPUB, k->p.endpoint, "--kv-events", &k->pub);
     if (!rc && k->p.replay_endpoint) rc = bind_socket(k->zctx, ZMQ_ROUTER, k->p.replay_endpoint, "--kv-events-replay", &k->replay);
     if (rc) { kv_events_free(k); return rc; }
     *out = k;

@@ -5,7 +5,7 @@
  * or evicts (kvllm_engine_set_kv_events, on the engine thread); this module
  * names each block by a hash of its whole token prefix and queues the
  * event; after each engine step a publisher thread sends the step's
- * events as one batch on a ZMQ PUB socket, framed as vLLM's
+ * events as one batch on a ZMQ PUB socket (XPUB, to see subscriptions), framed as vLLM's
  * ZmqEventPublisher frames it: [topic,
  * sequence number (8 bytes, big-endian), msgpack payload].  The payload is
  * vLLM's KVEventBatch: [ts, [event...], data_parallel_rank 0], each event
@@ -15,7 +15,9 @@
  * them today and vllm-router reads them, or with `array` the positional
  * arrays [NAME, field...] of vLLM up to 0.11 (msgspec's array_like).  The
  * first batch of a process is [AllBlocksCleared]: a replica that restarted
- * tells its subscribers that what it held is gone.
+ * tells its subscribers that what it held is gone.  Nothing goes out before
+ * the first subscription arrives (the events wait queued), so a subscriber
+ * that reconnects to a restarted replica cannot miss that first batch.
  *
  * The hash published is not the prefix cache's own: that one is keyed with
  * a per-process secret so that no one can forge a collision, and stays in
@@ -65,7 +67,8 @@ struct kv_events;
 int kv_events_new(const struct kv_events_params *p, struct kv_events **out);
 /* Start publishing what `e` stores and evicts: sizes the per-block table
  * from the engine's stats, registers with kvllm_engine_set_kv_events and
- * starts the publisher thread, whose first batch is [AllBlocksCleared].
+ * starts the publisher thread, whose first batch is [AllBlocksCleared]
+ * (sent when someone subscribes).
  * Call before the engine's thread starts stepping.  0 or KVLLM_ENOMEM. */
 int kv_events_attach(struct kv_events *k, struct kvllm_engine *e);
 /* The engine thread finished a step: its events (if any) go out now as

@@ -74,11 +74,13 @@ class Events:
         self.ctx.destroy(0)
 
 
-def start(kvllm, stories, *extra, ports=None):
+def start(kvllm, stories, *extra, ports=None, subscribe=True):
+    """A server with events on, and (subscribe) a subscriber to them."""
     http, pub, rep = ports or free_ports(3)
     s = Server(kvllm, *stories_args(stories), "--alias", "stories", "--kv-events", f"tcp://127.0.0.1:{pub}",
                "--kv-events-replay", f"tcp://127.0.0.1:{rep}", *extra)
-    return s, Events(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"), (pub, rep)
+    ev = Events(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}") if subscribe else None
+    return s, ev, (pub, rep)
 
 
 def complete(s: Server, prompt: str, max_tokens: int = 2) -> dict:
@@ -120,8 +122,11 @@ def test_frames_schema_and_chain(pub):
     time.sleep(0.3)  # the subscription reaches the publisher
     ids = tokens(s, PROMPT)
     complete(s, PROMPT)
+    # batch 0 waited for a subscriber, so this one, subscribed before any request, gets it live
+    first = ev.recv()
+    assert int.from_bytes(first[1], "big") == 0 and events_of(first[2]) == [{"type": "AllBlocksCleared"}]
     frames = ev.recv()
-    assert len(frames) == 3 and frames[0] == b"" and len(frames[1]) == 8
+    assert len(frames) == 3 and frames[0] == b"" and int.from_bytes(frames[1], "big") == 1
     payload = frames[2]
     # [ts (float 64), [one event], 0]: fixarray 3, float64 marker
     assert payload[0] == 0x93 and payload[1] == 0xCB
@@ -170,7 +175,7 @@ def test_hashes_agree_across_replicas(kvllm, stories, pub):
 
 
 def test_sequence_numbers_and_replay(pub):
-    """Sequence numbers count batches from 0 (AllBlocksCleared, published before anyone listened); a late
+    """Sequence numbers count batches from 0 (AllBlocksCleared, sent when the first subscriber came); a late
     subscriber gets everything it missed from the replay socket, in order, then the end mark."""
     s, ev = pub
     time.sleep(0.3)
@@ -237,6 +242,8 @@ def test_array_layout_and_topic(kvllm, stories):
         time.sleep(0.3)
         ids = tokens(s, PROMPT)
         complete(s, PROMPT)
+        first = ev.recv()  # batch 0, held for this subscriber
+        assert first[0] == b"kv" and events_of(first[2]) == [["AllBlocksCleared"]]
         frames = ev.recv()
         assert frames[0] == b"kv"
         (e,) = events_of(frames[2])
@@ -520,8 +527,8 @@ def test_fallen_behind_publisher_forgets_what_it_told(kvllm, stories):
 
 def test_sigkill_restart_starts_with_all_blocks_cleared(kvllm, stories):
     """A replica killed (SIGKILL) under load and restarted on the same endpoints: its sequence starts again at
-    0 with AllBlocksCleared, which a subscriber that stayed connected gets live or, having missed it while
-    ZMQ reconnected, from the replay socket — and what that subscriber then believes is what the new process
+    0 with AllBlocksCleared, which a subscriber that stayed connected gets live (the new process holds its
+    first batch until a subscription arrives, however late ZMQ reconnects) — and what that subscriber then believes is what the new process
     holds; a subscriber that joins late rebuilds the same set from the replay alone, the restarted replica's
     new prefixes in it."""
     import json
@@ -559,7 +566,8 @@ def test_sigkill_restart_starts_with_all_blocks_cleared(kvllm, stories):
         believed = len(stayed.blocks)
         assert believed > 0
 
-        s, _, _ = start(kvllm, stories, ports=ports)
+        # no second subscriber: batch 0 goes to the first subscription the new process sees
+        s, _, _ = start(kvllm, stories, ports=ports, subscribe=False)
         got = []
         for k in range(20):  # until the subscriber has reconnected (ZMQ retries every 100 ms)
             complete(s, f"{k} " + PROMPT)
@@ -567,11 +575,15 @@ def test_sigkill_restart_starts_with_all_blocks_cleared(kvllm, stories):
             if got:
                 break
         assert got, "no batch from the restarted replica"
+        # it held batch 0 until this subscriber had reconnected: AllBlocksCleared arrives live
+        assert int.from_bytes(got[0][1], "big") == 0, int.from_bytes(got[0][1], "big")
+        assert events_of(got[0][2])[0] == {"type": "AllBlocksCleared"}
         complete(s, PROMPT, max_tokens=8)
         got += ev.drain(0.3)
-        # the new process's sequence: batch 0 is AllBlocksCleared (live, or from the replay if missed)
+        # the new process's sequence: batch 0 begins with AllBlocksCleared (then what was stored before
+        # the subscription arrived)
         batches = every_batch(ev, got)
-        assert batches[0][0] == 0 and events_of(batches[0][1]) == [{"type": "AllBlocksCleared"}]
+        assert batches[0][0] == 0 and events_of(batches[0][1])[0] == {"type": "AllBlocksCleared"}
         for _, payload in batches:
             for e in events_of(payload):
                 stayed.apply(e)

@@ -2,7 +2,7 @@
 scripts/test_router.sh, which makes its venv): requests sharing a prefix go to the replica that holds it,
 under kv_aware (routing on kvllm's KV events) and cache_aware (the router's own prefix tree); a replica
 killed under load is routed around, and once restarted its events begin with AllBlocksCleared, so the
-router forgets what the old process held.
+router forgets what the old process held, and learns what the new one caches.
 
 Model: stories260K on one thread per replica, block size 16.  VLLM_ROUTER names the vllm-router
 executable (scripts/test_router.sh sets it).
@@ -173,10 +173,36 @@ def test_replica_killed_and_restarted(fleet):
             results.append((t, st))
             k += 1
 
+    streams = []
+
+    def stream():
+        """A long stream continuing PREFIX (so routed to replica 1), cut by the kill: how it ends."""
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", fleet.router_port, timeout=30)
+        try:
+            c.request("POST", "/v1/completions", json.dumps({"model": "stories", "prompt": PREFIX + " far away",
+                      "max_tokens": 450, "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = b""
+            try:
+                while chunk := r.read1(65536):
+                    body += chunk
+                end = "closed"
+            except (http.client.IncompleteRead, OSError) as e:
+                end = type(e).__name__
+            streams.append((r.status, end, body[-300:]))
+        finally:
+            c.close()
+
     threads = [threading.Thread(target=load) for _ in range(3)]
     for t in threads:
         t.start()
     time.sleep(1.0)
+    cut = [threading.Thread(target=stream) for _ in range(2)]
+    for t in cut:
+        t.start()
+    threads += cut
+    time.sleep(0.1)
     t_kill = time.monotonic()
     fleet.reps[1].proc.send_signal(signal.SIGKILL)
     fleet.reps[1].proc.wait()
@@ -186,7 +212,16 @@ def test_replica_killed_and_restarted(fleet):
         t.join()
     late = [st for t, st in results if t > t_kill + 1.5]
     assert late and all(st == 200 for st in late), results
-    # restart in place: the router re-subscribes; the new process says AllBlocksCleared first
+    # a stream the kill cut is never passed off as a whole answer: it ends in a transport error (the
+    # router forwards the truncated chunked body), not in a clean close without [DONE]
+    assert len(streams) == 2, streams
+    for st, end, tail in streams:
+        assert st == 200 and (end == "closed") == tail.endswith(b"data: [DONE]\n\n"), (st, end, tail)
+    early = [st for t, st in results if t_kill - 0.5 < t <= t_kill + 1.5]
+    print("streams at the kill:", [end for _, end, _ in streams], "; requests sent from 0.5 s before to 1.5 s "
+          f"after: {early.count(200)} of {len(early)} succeeded; later: {len(late)} of {len(late)}")
+    # restart in place: the router re-subscribes; the new process holds its first batch (AllBlocksCleared)
+    # until that subscription arrives, so the router purges what the old process held
     fleet.reps[1] = fleet.start_replica(1)
     deadline = time.monotonic() + 20
     log = ""
@@ -202,3 +237,14 @@ def test_replica_killed_and_restarted(fleet):
     # replica 1 lost PREFIX with its process: the request goes where PREFIX is cached now (replica 0)
     assert after[0] - before[0] == 1 and after[1] == before[1], (before, after)
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+    # hits come back on the restarted replica: OTHER cached there directly is told to the router, which then
+    # sends OTHER's continuations to it, served from its cache
+    st, _, _ = fleet.reps[1].request("POST", "/v1/completions", {"model": "stories", "prompt": OTHER, "max_tokens": 1})
+    assert st == 200
+    time.sleep(0.5)
+    before = fleet.served()
+    for k in range(3):
+        r = fleet.complete(OTHER + f" {k} times")
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48, r["usage"]
+    after = fleet.served()
+    assert [after[0] - before[0], after[1] - before[1]] == [0, 3], (before, after)

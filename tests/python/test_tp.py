@@ -7,6 +7,8 @@
 - each rank's KV pool stores only its heads (1/N of the bytes per token) and its weights are ~1/N;
 - faults: a rank killed (SIGKILL) or hung (SIGSTOP) during serve ends the running request with an
   error event, /health answers "failed" (hung case), and the job exits non-zero within a bound;
+- stopping serve: SIGUSR1 to mpirun, or SIGTERM to rank 0 itself, drains (a running stream finishes) and the
+  job exits 0; SIGTERM to mpirun fails the running request and the job exits non-zero;
 - a shape that cannot be split is refused at start with the reason.
 """
 from __future__ import annotations
@@ -289,4 +291,40 @@ def test_lost_rank_fails_the_job(mpi, models, fault):
                 os.kill(victim, signal.SIGCONT)
             except (OSError, UnboundLocalError):
                 pass
+        srv.kill()
+
+
+@pytest.mark.parametrize("how", ["usr1_mpirun", "term_rank0", "term_mpirun"])
+def test_stop_signals(mpi, models, how):
+    """The drain signal under mpirun (docs/TP.md, "Stopping serve"): SIGUSR1 to mpirun (forwarded to every
+    rank) or SIGTERM to rank 0's process lets a running stream finish and every rank exit 0; SIGTERM to mpirun,
+    which kills the job a second later, ends the stream with an error and the job non-zero."""
+    import threading
+    port, = free_ports(1)
+    srv = MpiServer(mpi, models["f32"], 2, "--shutdown-timeout", "60", port=port)
+    try:
+        target = srv.ranks()[0] if how == "term_rank0" else srv.proc.pid
+        sig = signal.SIGUSR1 if how == "usr1_mpirun" else signal.SIGTERM
+        hit = threading.Event()
+        out = {}
+
+        def started():
+            os.kill(target, sig)
+            hit.set()
+        t = threading.Thread(target=lambda: out.update(r=stream_until_error(port, started)))
+        t.start()
+        rc = srv.proc.wait(timeout=60)
+        t.join(timeout=10)
+        assert hit.is_set(), srv.text()
+        status, events = out["r"]
+        if how == "term_mpirun":
+            assert rc != 0, srv.text()
+            assert status == 0 or any('"error"' in e for e in events), events[-3:]
+            return
+        assert rc == 0, srv.text()
+        assert "draining" in srv.text(), srv.text()
+        # the stream ran to its end: the last choice says "length" (3500 tokens), then [DONE]
+        assert status == 200 and events[-1] == "[DONE]", events[-3:]
+        assert '"finish_reason":"length"' in events[-2] and not any('"error"' in e for e in events), events[-3:]
+    finally:
         srv.kill()

@@ -1,12 +1,15 @@
 /* cmd_serve.c — `kvllm serve`: the OpenAI-compatible HTTP server.
  *
  * HTTP comes up before the model loads so that /health can say 503 while it
- * does.  SIGINT / SIGTERM are blocked in every thread and taken by sigwait()
- * here, so shutdown runs in plain code (no async-signal-safety puzzles):
- * drain (no new completions, /health says "draining") while running
+ * does.  SIGINT / SIGTERM / SIGUSR1 are blocked in every thread and taken by
+ * sigwaitinfo() here, so shutdown runs in plain code (no async-signal-safety
+ * puzzles): drain (no new completions, /health says "draining") while running
  * requests finish, for up to --shutdown-timeout seconds or until a second
  * signal; then end what remains (streams get an error event and [DONE],
- * whole responses 503), stop HTTP, join the engine thread, free everything. */
+ * whole responses 503), stop HTTP, join the engine thread, free everything.
+ *
+ * Under mpirun (tensor parallelism) rank 0 drains the same way and then lets
+ * the other ranks go; which signals drain there is job_killed's story. */
 #include "cli.h"
 #include "cli_opts.h"
 #include "kvllm.h"
@@ -19,6 +22,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 enum {
     V_HELP = 1, V_VERSION, V_MODEL, V_TOKENIZER, V_ALIAS, V_HOST, V_PORT, V_API_KEY, V_METRICS_PUBLIC, V_MAX_QUEUE,
@@ -50,7 +54,8 @@ static const struct cli_opt k_serve_opts[] = {
     { V_BODY_TIMEOUT, "--body-timeout", "S", CLI_VALUE, "seconds to send the request body (default 30)" },
     { V_IDLE_TIMEOUT, "--idle-timeout", "S", CLI_VALUE, "seconds a connection may stay silent (default 30)" },
     { V_SHUTDOWN_TIMEOUT, "--shutdown-timeout", "S", CLI_VALUE,
-      "on SIGTERM / SIGINT, seconds running requests get to finish (default 10)" },
+      "on SIGTERM / SIGINT / SIGUSR1, seconds running requests get to finish (default\n10); under mpirun signal "
+      "mpirun with SIGUSR1 (docs/TP.md)" },
     { V_TEMPLATE, "--chat-template", "NAME", CLI_VALUE,
       "chat template (default: the model's own): a llama.cpp built-in name kvllm has\n(chatml, llama3, gemma, phi3, "
       "zephyr) or Jinja text" },
@@ -154,20 +159,69 @@ static double mono_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static const char *sig_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
+/* Whether a stop signal says the tensor-parallel job is being killed rather than asked to drain.  Under
+ * mpirun the launcher (mpirun, or its daemon on another machine: this process's parent) sends SIGTERM
+ * when it ends the job, because it was signalled itself or because a rank died, and SIGKILLs every rank a
+ * second later (Open MPI's odls_base_sigkill_timeout; raising it only delays the SIGTERM as much): no
+ * drain can finish, and the other ranks may be gone, so the job fails at once.  SIGUSR1, which mpirun
+ * forwards to every rank without ending the job, and SIGTERM or SIGINT sent to rank 0 by any other
+ * process, drain as in one process; the other ranks ignore SIGUSR1 and follow rank 0 to the end. */
+static bool job_killed(const siginfo_t *si) {
+    return cli_tp_size() > 1 && si->si_signo != SIGUSR1 && si->si_pid == getppid();
+}
+
 /* After the first signal: let running requests finish for up to grace
- * seconds; a second signal cuts it short. */
-static void drain(struct server *srv, const sigset_t *sigs, double grace) {
+ * seconds; a second SIGINT or SIGTERM cuts it short (a SIGUSR1 does not: the
+ * drain signal may come twice, from mpirun and from whoever signalled both
+ * it and its ranks).  Returns that signal's number (its sender in *si), or 0
+ * when the drain ended by itself. */
+static int drain(struct server *srv, const sigset_t *sigs, double grace, siginfo_t *si) {
     server_drain(srv);
     const double until = mono_now() + grace;
+    int sig = 0;
     while (server_running(srv) > 0 || server_failed(srv)) {
         double left = until - mono_now();
         if (left <= 0) break;
         if (left > 0.02) left = 0.02;
         struct timespec ts = { 0, (long)(left * 1e9) };
-        if (sigtimedwait(sigs, NULL, &ts) > 0) break;
+        if ((sig = sigtimedwait(sigs, si, &ts)) > 0 && sig != SIGUSR1) break;
+        sig = 0;
     }
     int n = server_running(srv);
     if (n) server_log(srv, KVLLM_LOG_INFO, "ending %d request%s still running", n, n == 1 ? "" : "s");
+    return sig;
+}
+
+/* The tensor-parallel job is being killed (job_killed): the running requests cannot finish and end with
+ * an error now, while the process still can tell their clients. */
+static void fail_job(const siginfo_t *si) {
+    kvllm_tp_fail(si->si_signo == SIGINT ? "SIGINT from mpirun: the job is being stopped"
+                                         : "SIGTERM from mpirun: the job is being stopped");
+}
+
+/* From the first stop signal to the end: drain, or fail at once when the job is being killed or the
+ * engine failed.  0, or KVLLM_ECOMM when the engine failed (the process then exits non-zero). */
+static int serve_until_stopped(struct server *srv, struct kvllm_engine *e, const sigset_t *sigs, double grace) {
+    siginfo_t si;
+    while (sigwaitinfo(sigs, &si) < 0) {}   /* EINTR: a stray handler's signal */
+    if (job_killed(&si) && !server_failed(srv)) fail_job(&si);
+    if (!kvllm_engine_failed(e)) {
+        server_log(srv, KVLLM_LOG_INFO, "%s: draining (up to %g s; SIGINT or SIGTERM to stop now)",
+                   sig_name(si.si_signo), grace);
+        if (!drain(srv, sigs, grace, &si) || !job_killed(&si)) return 0;
+        /* killed while draining (a rank died, or mpirun was told to stop): a step may wait on a rank
+         * that is gone, so the job fails rather than stopping */
+        fail_job(&si);
+    }
+    /* the running requests were ended with errors; /health answers "failed" a moment (for whoever polls
+     * it), then the process exits non-zero */
+    server_log(srv, KVLLM_LOG_ERROR, "the engine failed: stopping in %g s", FAILED_LINGER_S);
+    drain(srv, sigs, FAILED_LINGER_S, &si);
+    return KVLLM_ECOMM;
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -283,13 +337,17 @@ int cmd_serve(int argc, char **argv) {
     mp.n_threads = (int)threads;
     struct kvllm_model *m = NULL;
     /* a tensor-parallel rank > 0 serves no HTTP: it follows rank 0's engine (and exits there) */
-    if (cli_tp_rank() > 0) return cli_model_load(model, &mp, &m) ? 1 : 0;
+    if (cli_tp_rank() > 0) {
+        signal(SIGUSR1, SIG_IGN);   /* mpirun forwards the drain signal to every rank: rank 0 drains */
+        return cli_model_load(model, &mp, &m) ? 1 : 0;
+    }
 
     /* every thread created from here on inherits the blocked set */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
@@ -314,24 +372,7 @@ int cmd_serve(int argc, char **argv) {
     if (!rc) {
         server_log(srv, KVLLM_LOG_INFO, "ready: %s on http://%s:%d (context %d, max %d sequences)", id, sp.host,
                 server_port(srv), ep.n_ctx, ep.max_seqs);
-        int sig = 0;
-        sigwait(&sigs, &sig);
-        if (cli_tp_size() > 1 && !server_failed(srv)) {
-            /* under mpirun a signal reaches every rank (or follows one rank's death): the other ranks
-             * are gone or going, so running requests cannot finish and end with an error now */
-            kvllm_tp_fail(sig == SIGINT ? "SIGINT: the job is being stopped" : "SIGTERM: the job is being stopped");
-        }
-        if (kvllm_engine_failed(e)) {
-            /* the running requests were ended with errors; /health answers "failed" a moment (for
-             * whoever polls it), then the process exits non-zero */
-            server_log(srv, KVLLM_LOG_ERROR, "the engine failed: stopping in %g s", FAILED_LINGER_S);
-            drain(srv, &sigs, FAILED_LINGER_S);
-            rc = KVLLM_ECOMM;
-        } else {
-            server_log(srv, KVLLM_LOG_INFO, "%s: draining (up to %g s; signal again to stop now)",
-                       sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
-            drain(srv, &sigs, grace);
-        }
+        rc = serve_until_stopped(srv, e, &sigs, grace);
     }
     server_stop(srv);
     kvllm_engine_free(e);

@@ -298,10 +298,15 @@ def test_lost_rank_fails_the_job(mpi, models, fault):
 def test_stop_signals(mpi, models, how):
     """The drain signal under mpirun (docs/TP.md, "Stopping serve"): SIGUSR1 to mpirun (forwarded to every
     rank) or SIGTERM to rank 0's process lets a running stream finish and every rank exit 0; SIGTERM to mpirun,
-    which kills the job a second later, ends the stream with an error and the job non-zero."""
+    which kills the job a second later, ends the stream with an error and the job non-zero.  The model is
+    server_util's GQA one: its 3500 tokens take seconds, so the stream still runs when the job is killed."""
     import threading
+    from server_util import write_gqa_model   # noqa: PLC0415
     port, = free_ports(1)
-    srv = MpiServer(mpi, models["f32"], 2, "--shutdown-timeout", "60", port=port)
+    gqa = models["d"] / "gqa.gguf"
+    if not gqa.is_file():
+        write_gqa_model(models["d"])
+    srv = MpiServer(mpi, gqa, 2, "--shutdown-timeout", "60", port=port)
     try:
         target = srv.ranks()[0] if how == "term_rank0" else srv.proc.pid
         sig = signal.SIGUSR1 if how == "usr1_mpirun" else signal.SIGTERM

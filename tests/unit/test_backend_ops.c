@@ -7,9 +7,11 @@
  * SIMD sets with 8-bit activations ("avx2+act=q8", "avx512+act=q8",
  * "amx+act=q8" where the CPU has AMX-INT8, bit-identical to avx512's: kvllm's
  * default, KVLLM_ACT=q8; the others here are pinned to f32) and avx2 with
- * 13-bit ones ("avx2+act=int", KVLLM_ACT=int), and "cuda"
- * where this build has the CUDA backend and the machine a CUDA device
- * (otherwise a SKIP line saying which is missing).  A future backend joins
+ * 13-bit ones ("avx2+act=int", KVLLM_ACT=int), and "cuda" (f32
+ * activations) and "cuda+act=q8" (its default: matmul_q8.cu's 8-bit path,
+ * held to the same bound as the CPU's q8 sets) where this build has the
+ * CUDA backend and the machine a CUDA device (otherwise a SKIP line saying
+ * which is missing).  A future backend joins
  * the list in main() and must pass the same table.  A device backend finds
  * some errors only on the device (a row id, a position: device memory), so
  * its op may return 0 and backend_sync KVLLM_ERANGE.
@@ -159,9 +161,10 @@ static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0
 /* ---- backends ---- */
 
 #define MAX_BE 12
-#define MAX_TOKENS 40         /* tokens per step: contexts are sized for it */
+#define MAX_TOKENS 40         /* tokens per step that the random cases draw */
+#define CTX_TOKENS 72         /* tokens per step the contexts are sized for: the fixed matmul cases' 65 */
 #define MAX_CTX 2200          /* longest attention context */
-#define MAX_COLS 1024         /* longest weight row */
+#define MAX_COLS 5120         /* longest weight row: the fixed matmul cases' 4,864 */
 #define MAX_HEADS 32
 #define MAX_HEAD_DIM 128
 
@@ -413,14 +416,37 @@ static const struct { int64_t K, M; int n; } k_large_mm[] = {
 };
 #define N_LARGE_MM ((int)(sizeof k_large_mm / sizeof *k_large_mm))
 
+/* Fixed cases for the CUDA 8-bit path's types (matmul_q8.cu: a block per row and tile of 8 tokens,
+ * 128 threads each taking blocks of 32 or super-blocks of 256 in turn): 1, 2, 9 and 65 tokens (one
+ * token, a part tile, a full tile and one more, 8 full tiles and one more), each at a short row (fewer
+ * blocks than threads) and a long one whose blocks are no multiple of what the 128 threads take per
+ * step (4,256 = 133 blocks of 32; 4,864 = 19 super-blocks, 16 per step). */
+static bool q8_gpu_type(uint32_t t) {
+    return t == DTYPE_Q8_0 || t == DTYPE_Q4_0 || t == DTYPE_Q4_1 || t == DTYPE_Q5_0 || t == DTYPE_Q5_1 ||
+           t == DTYPE_IQ4_NL || t == DTYPE_MXFP4 || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K;
+}
+static const int k_fixed_mm_tokens[] = { 1, 2, 9, 65 };
+#define N_FIXED_MM (2 * (int)(sizeof k_fixed_mm_tokens / sizeof *k_fixed_mm_tokens))
+
 static void test_matmul(void) {
     uint32_t types[N_WTYPES];
     const int nt = selected_wtypes(types), first = rnd(N_LARGE_MM);
-    const int nc = g_large ? nt : nt * CASES(N_MM_PER_TYPE);
+    int n_q8 = 0;
+    for (int i = 0; i < nt; i++) n_q8 += q8_gpu_type(types[i]);
+    const int n_rand = g_large ? nt : nt * CASES(N_MM_PER_TYPE), nc = n_rand + (g_large ? 0 : n_q8 * N_FIXED_MM);
     if (nc == 0) return;
     struct tensor *w = tu_xnew((size_t)nc * sizeof *w), *placed[MAX_BE];
     int *ns = tu_xnew((size_t)nc * sizeof *ns);
-    for (int i = 0; i < nc; i++) {
+    for (int i = n_rand, ti = 0; i < nc; ti++) {
+        if (!q8_gpu_type(types[ti])) continue;
+        const int be = dtype_block_elems(types[ti]);
+        for (int f = 0; f < N_FIXED_MM; f++, i++) {
+            const int64_t K = f % 2 == 0 ? be * rnd_in(1, 3) : be == 32 ? 4256 : 4864;
+            w[i] = rand_weight(types[ti], K, rnd_in(1, 37));
+            ns[i] = k_fixed_mm_tokens[f / 2];
+        }
+    }
+    for (int i = 0; i < n_rand; i++) {
         const uint32_t type = types[i % nt];
         if (g_large) {
             const int k = (first + i) % N_LARGE_MM;
@@ -1572,11 +1598,11 @@ static void test_copy_blocks(int nc) {
 
 static void test_errors(struct tbe *t) {
     /* a pool of one sequence: 4 positions of f32, one kv head of 8 */
-    const int hd = 8, bs = 4, n = MAX_TOKENS + 1;
+    const int hd = 8, bs = 4, n = CTX_TOKENS + 1;
     struct pool_img img;
     pool_init(&img, KV_F32, 1, bs, 1, hd);
     pool_fill(&img, 0);
-    float kv[4 * 8], *q = tu_xnew((size_t)n * hd * sizeof *q), out[MAX_TOKENS * 8];
+    float kv[4 * 8], *q = tu_xnew((size_t)n * hd * sizeof *q), out[CTX_TOKENS * 8];
     int32_t slots[4] = { 0, 1, 2, 3 }, table[1] = { 0 };
     int32_t *pos = tu_xnew((size_t)n * sizeof *pos), *seq = tu_xnew((size_t)n * 4);
     for (int e = 0; e < 4 * hd; e++) kv[e] = gauss();
@@ -1600,7 +1626,7 @@ static void test_errors(struct tbe *t) {
      * holds until backend_sync, and ops issued meanwhile do not run */
     int rc = BE_OP(t->c, paged_attention, &a);
     CHECK_MSG(rc == KVLLM_ERANGE, "%s paged_attention over %d tokens (max_tokens %d): returned %d", t->name, n,
-              MAX_TOKENS, rc);
+              CTX_TOKENS, rc);
     CHECK(t->c->status == KVLLM_ERANGE);
     CHECK_MSG(BE_OP(t->c, add, by.data, bx.data, 16) == KVLLM_ERANGE, "%s: an op after a failure ran", t->name);
     rc = backend_sync(t->c);
@@ -1621,13 +1647,13 @@ static void test_errors(struct tbe *t) {
 
     /* then a valid call succeeds: max_tokens tokens */
     CHECK(t->c->ops->upload(t->c, bp.data, pos, (size_t)n * 4) == 0);
-    a.n_tokens = MAX_TOKENS;
+    a.n_tokens = CTX_TOKENS;
     rc = BE_OP(t->c, paged_attention, &a);
     buf_down(t, out, &bo, sizeof out);
     sync_ok(t, rc, "paged_attention after the errors");
     int finite = 0;
-    for (int i = 0; i < MAX_TOKENS * hd; i++) finite += isfinite(out[i]) != 0;
-    CHECK_MSG(finite == MAX_TOKENS * hd, "%s: %d of %d outputs finite", t->name, finite, MAX_TOKENS * hd);
+    for (int i = 0; i < CTX_TOKENS * hd; i++) finite += isfinite(out[i]) != 0;
+    CHECK_MSG(finite == CTX_TOKENS * hd, "%s: %d of %d outputs finite", t->name, finite, CTX_TOKENS * hd);
 
     /* the fail hook: the third op fails with fail_code, later ones are not
      * run, backend_sync reports it once; exactly two adds reached y */
@@ -1646,11 +1672,11 @@ static void test_errors(struct tbe *t) {
     for (int i = 0; i < 16; i++) off += y[i] != (y0[i] + x0[i]) + x0[i];
     CHECK_MSG(off == 0, "%s: fail hook: %d of 16 values are not y + x + x", t->name, off);
     /* the first op failing, another code: attention's output stays as it was */
-    float before[MAX_TOKENS * 8];
+    float before[CTX_TOKENS * 8];
     memcpy(before, out, sizeof out);
     t->c->fail_after = 1;
     t->c->fail_code = KVLLM_ENOMEM;
-    CHECK(t->c->ops->upload(t->c, bq.data, q + hd, (size_t)MAX_TOKENS * hd * 4) == 0);
+    CHECK(t->c->ops->upload(t->c, bq.data, q + hd, (size_t)CTX_TOKENS * hd * 4) == 0);
     rc = BE_OP(t->c, paged_attention, &a);
     rs = backend_sync(t->c);
     CHECK_MSG(rc == KVLLM_ENOMEM && rs == KVLLM_ENOMEM, "%s: fail hook on paged_attention: %d, sync %d", t->name, rc, rs);
@@ -1685,7 +1711,7 @@ static int add_backend(const char *kind, bool strict, bool simd, const char *act
      * bit for bit against its definition by test_backend_matmul.c and
      * test_backend_qk.c) */
     setenv("KVLLM_ACT", act, 1);
-    t->c = tb_new(kind, strict, n_threads, g_large ? LARGE_COLS : MAX_COLS, g_large ? LARGE_TOKENS : MAX_TOKENS,
+    t->c = tb_new(kind, strict, n_threads, g_large ? LARGE_COLS : MAX_COLS, g_large ? LARGE_TOKENS : CTX_TOKENS,
                   g_large ? LARGE_CTX : MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
     unsetenv("KVLLM_ACT");
     CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);
@@ -1707,14 +1733,17 @@ static int add_backend(const char *kind, bool strict, bool simd, const char *act
     return g_nbe++;
 }
 
-/* The CUDA backend, where there is one: a context sized as tb_new sizes the CPU ones. */
-static void add_cuda_backend(void) {
+/* The CUDA backend, where there is one, with activations act ("f32": "cuda"; "q8", its default:
+ * "cuda+act=q8", the 8-bit path of matmul_q8.cu): a context sized as tb_new sizes the CPU ones. */
+static void add_cuda_backend(const char *act) {
     struct tbe *t = &g_be[g_nbe];
     struct backend *be = NULL;
-    const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS,
+    const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = g_large ? LARGE_TOKENS : CTX_TOKENS,
                                           .max_ctx = g_large ? LARGE_CTX : MAX_CTX, .n_head = MAX_HEADS,
                                           .head_dim = MAX_HEAD_DIM, .max_cols = g_large ? LARGE_COLS : MAX_COLS };
+    setenv("KVLLM_ACT", act, 1);   /* read when the backend is created */
     int rc = backend_cuda_new(&be);
+    unsetenv("KVLLM_ACT");
     if (!rc) rc = backend_ctx_new(be, &p, &t->c);
     CHECK_MSG(rc == 0, "backend cuda could not be created: %s", kvllm_strerror(rc));
     if (rc) {
@@ -1722,7 +1751,9 @@ static void add_cuda_backend(void) {
         t->c = NULL;
         return;
     }
-    *t = (struct tbe){ .name = "cuda", .c = t->c, .be = be, .simd = true, .act = "f32", .twin = -1, .device = true };
+    const bool q8 = strcmp(act, "q8") == 0;
+    *t = (struct tbe){ .name = q8 ? "cuda+act=q8" : "cuda", .c = t->c, .be = be, .simd = true, .act = act,
+                       .twin = -1, .device = true };
     g_nbe++;
 }
 
@@ -1779,7 +1810,10 @@ int main(void) {
     char why[256];
     if (!listed("KVLLM_TEST_BACKENDS", "cuda")) printf("  cuda: left out (KVLLM_TEST_BACKENDS)\n");
     else if (backend_cuda_probe(why, sizeof why) == 0) printf("SKIP cuda: %s\n", why);
-    else add_cuda_backend();
+    else {
+        add_cuda_backend("f32");
+        add_cuda_backend("q8");
+    }
     printf("  backends:");
     for (int b = 0; b < g_nbe; b++) printf(" %s", g_be[b].name);
     printf("\n");

@@ -36,6 +36,7 @@ struct cuda_backend {
     struct backend be;
     int device;
     size_t smem_attn;             /* dynamic shared memory the attention kernel may use */
+    bool act_q8;                  /* 8-bit activations for the types matmul_q8.cu takes (KVLLM_ACT) */
     pthread_mutex_t mu;           /* guards the weight allocations */
     void **weights;               /* cudaMalloc'd by place_weights, freed by backend_cuda_free */
     int n_weights, cap_weights;
@@ -48,6 +49,9 @@ struct cuda_ctx {
     int *h_err;                   /* pinned host copy, read at sync */
     float *partials;              /* attention partials: n_partials floats (NULL when no context splits) */
     uint64_t n_partials;
+    int8_t *act_q;                /* 8-bit activations: act_cap codes (max_tokens rows of max_cols) ... */
+    float *act_d;                 /* ... and act_cap / 32 block scales; NULL without act_q8 */
+    uint64_t act_cap;
     int max_tokens, max_ctx;
 };
 
@@ -175,6 +179,8 @@ static void cuda_ctx_free(struct backend_ctx *c) {
     if (cu_ok(cudaSetDevice(cb_of(c->be)->device))) {
         if (cc->stream) cudaStreamSynchronize(cc->stream);
         cudaFree(cc->partials);
+        cudaFree(cc->act_q);
+        cudaFree(cc->act_d);
         cudaFree(cc->d_err);
         cudaFreeHost(cc->h_err);
         if (cc->stream) cudaStreamDestroy(cc->stream);
@@ -188,7 +194,8 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
     const int max_tokens = p->max_tokens > 0 ? p->max_tokens : 1, max_ctx = p->max_ctx > 0 ? p->max_ctx : 1;
     const uint64_t n_part = cuda_attn_splits(max_ctx) > 1
                                 ? cuda_attn_partial_floats(max_tokens, p->n_head, p->head_dim, max_ctx) : 0;
-    if ((cuda_attn_splits(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8) {
+    const uint64_t act_cap = cb_of(be)->act_q8 && p->max_cols > 0 ? (uint64_t)max_tokens * (uint64_t)p->max_cols : 0;
+    if ((cuda_attn_splits(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8 || act_cap > SIZE_MAX / 8) {
         LOG_ERR("cuda: an execution context for %d tokens of up to %d positions (%d heads of %d) does not fit",
                 max_tokens, max_ctx, p->n_head, p->head_dim);
         return KVLLM_ERANGE;
@@ -199,6 +206,7 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
     cc->max_tokens = max_tokens;
     cc->max_ctx = max_ctx;
     cc->n_partials = n_part;
+    cc->act_cap = act_cap;
     cudaError_t e = cudaStreamCreate(&cc->stream);   /* blocking: ordered after cudaMemset of new buffers */
     const char *what = "cudaStreamCreate";
     if (e == cudaSuccess) {
@@ -216,6 +224,11 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
     if (e == cudaSuccess && n_part) {
         what = "cudaMalloc (attention partials)";
         e = cudaMalloc((void **)&cc->partials, (size_t)n_part * sizeof(float));
+    }
+    if (e == cudaSuccess && act_cap) {
+        what = "cudaMalloc (8-bit activations)";
+        e = cudaMalloc((void **)&cc->act_q, (size_t)act_cap);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&cc->act_d, (size_t)(act_cap / 32 + 1) * sizeof(float));
     }
     if (e != cudaSuccess) {
         int rc = cu_fail(e, what, __func__);
@@ -271,9 +284,27 @@ static int launched(cudaError_t e, const char *op) {
     return cu_fail(e, op, "cuda op");
 }
 
+/* Whether matmul takes w on 8-bit activations: the types matmul_q8.cu has, never the matrices the
+ * model keeps on f32 activations, nor those whose activations it wants finer than per 256 when
+ * the type's would be per 256 (the CPU's q8_takes, so both backends round the same activations).
+ * A property of w and the backend alone, never of n: a token's row is the same at every batch. */
+static bool q8_takes(const struct cuda_backend *b, const struct tensor *w) {
+    if (!b->act_q8 || (w->flags & TENSOR_F_F32_ACT)) return false;
+    const bool act_256 = w->type == DTYPE_Q4_K || w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
+    if ((w->flags & TENSOR_F_FINE_ACT) && act_256) return false;
+    return cuk_matmul_q8_takes(w->type, w->ne0);
+}
+
 static int cuda_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
+    struct cuda_ctx *cc = cc_of(c);
     CU_ENTER(c->be);
-    return launched(cuk_matmul(cc_of(c)->stream, y, w, x, n), "matmul");
+    if (!q8_takes(cb_of(c->be), w)) return launched(cuk_matmul(cc->stream, y, w, x, n), "matmul");
+    if (n > 0 && (uint64_t)n * (uint64_t)w->ne0 > cc->act_cap) {
+        LOG_ERR("cuda: matmul of %d rows of %lld on 8-bit activations: the context was sized for %llu values",
+                n, (long long)w->ne0, (unsigned long long)cc->act_cap);
+        return KVLLM_ERANGE;
+    }
+    return launched(cuk_matmul_q8(cc->stream, y, w, x, n, cc->act_q, cc->act_d), "matmul (8-bit activations)");
 }
 
 static int cuda_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n) {
@@ -496,6 +527,11 @@ int backend_cuda_new(struct backend **out) {
     b->be.ops = &k_cuda_ops;
     b->device = (int)dev;
     b->smem_attn = (size_t)smem;
+    /* the CPU's default and switch (backend_cpu_new): 8-bit activations unless KVLLM_ACT=f32 */
+    const char *act = getenv("KVLLM_ACT");
+    b->act_q8 = !(act && strcmp(act, "f32") == 0);
+    if (act && *act && strcmp(act, "f32") != 0 && strcmp(act, "q8") != 0)
+        LOG_WARN("KVLLM_ACT=%s: the CUDA backend has q8 and f32; using q8", act);
     pthread_mutex_init(&b->mu, NULL);
     LOG_INFO("cuda: device %ld: %s, compute capability %d.%d, %.1f GiB, %d SMs (CUDA backend not yet verified on "
              "hardware: docs/GPU.md)", dev, prop.name, prop.major, prop.minor,

@@ -31,6 +31,12 @@ enum cuda_dev_err {
 #define CUDA_ATTN_TILE 32
 
 cudaError_t cuk_matmul(cudaStream_t s, float *y, const struct tensor *w, const float *x, int n);
+/* The 8-bit path (matmul_q8.cu): whether it has weights of type with rows of K, and the matmul:
+ * x quantized into xq (n * K codes) and xd (n * K / 32 scales), then y (n, M) by __dp4a.
+ * Arithmetic, batch invariance: matmul_q8.cu's opening comment. */
+bool cuk_matmul_q8_takes(uint32_t type, int64_t K);
+cudaError_t cuk_matmul_q8(cudaStream_t s, float *y, const struct tensor *w, const float *x, int n, int8_t *xq,
+                          float *xd);
 cudaError_t cuk_get_rows(cudaStream_t s, int *err, float *y, const struct tensor *w, const int32_t *ids, int n);
 cudaError_t cuk_gather_rows(cudaStream_t s, float *y, const float *x, const int32_t *ids, int n, int dim);
 cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, int n, int dim);

@@ -55,10 +55,13 @@ void engine_request_free(struct request *r) {
 
 /* ---- creation: the memory plan ---- */
 
-/* The longest weight row: n_ff (down), n_embd (q, k, v, gate, up) or the query heads (wo). */
+/* The longest weight row: n_ff (down), an expert's n_ff_exp (its down), n_embd (q, k, v, gate, up, the
+ * router) or the query heads (wo). */
 static int64_t max_weight_cols(const struct model_hparams *hp) {
-    const int64_t q = (int64_t)hp->n_head * hp->head_dim, ef = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
-    return q > ef ? q : ef;
+    int64_t c = (int64_t)hp->n_head * hp->head_dim;
+    if (hp->n_ff > c) c = hp->n_ff;
+    if (hp->n_expert && hp->n_ff_exp > c) c = hp->n_ff_exp;
+    return hp->n_embd > c ? hp->n_embd : c;
 }
 
 void engine_kv_groups(const struct model *m, int *n_win, int *window) {

@@ -78,6 +78,11 @@ CONFIGS = {
     "qwen3moe_f32_8x2": ModelConfig(arch="qwen3moe", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
                                     key_length=32, n_ff=192, n_ff_exp=32, n_expert=8, n_expert_used=2,
                                     rope_theta=1e6, norm_eps=1e-6),
+    # an expert wider than everything else (feed_forward_length, n_embd, the query heads): its down rows are
+    # the longest any matmul reads
+    "qwen3moe_f32_wide_experts": ModelConfig(arch="qwen3moe", n_vocab=320, n_embd=32, n_layer=2, n_head=2,
+                                             n_head_kv=1, key_length=16, n_ff=24, n_ff_exp=96, n_expert=4,
+                                             n_expert_used=2),
     "qwen3moe_f16_7x3_tied": ModelConfig(arch="qwen3moe", n_vocab=330, n_embd=64, n_layer=3, n_head=4, n_head_kv=4,
                                          n_ff=96, n_ff_exp=40, n_expert=7, n_expert_used=3, dtype="f16", tied=True),
 }

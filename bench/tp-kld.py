@@ -6,7 +6,9 @@
 `kvllm eval` of the text's first TOKENS ids in one process (2 threads) and under `mpirun -np RANKS` (1
 thread each), with f32 activations (KVLLM_ACT=f32) and the default 8-bit ones; prints mean KLD / top-1 of
 TP against the single process for both, of each default run against the single f32 run, and whether two
-TP runs are bit-identical (bench/kldstats.py's definitions; docs/PERF.md, "A quiet machine again")."""
+TP runs are bit-identical (bench/kldstats.py's definitions; docs/PERF.md, "A quiet machine again").
+Any model the single process runs and docs/TP.md can split, mixtures of experts included; a random file of
+tests/python/gen_model.py works too (its vocabulary spells the text mostly byte by byte)."""
 from __future__ import annotations
 
 import argparse

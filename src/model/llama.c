@@ -144,7 +144,9 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
 }
 
 /* *h = the experts' FFN of b->xn for layer il: route each token to its
- * n_expert_used experts, then run them grouped by expert (backend_ops.moe). */
+ * n_expert_used experts, then run them grouped by expert (backend_ops.moe).
+ * Under tensor parallelism every rank routes alike (the router is whole and
+ * b->xn the same on every rank) and runs its slice of each expert. */
 static int experts(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, int il, int n,
                    float **h) {
     const struct model_hparams *hp = &m->hp;
@@ -165,7 +167,8 @@ static int experts(const struct model *m, struct backend_ctx *c, const struct fo
     };
     OP(moe, &a);
     *h = b->att;
-    return 0;
+    /* this rank's slice of every expert gives a partial sum, as a dense FFN's does (shard.c) */
+    return comm_all_reduce(m->comm, c, b->att, (size_t)n * hp->n_embd);
 }
 
 /* *h = ffn(b->xn) for layer il: the dense FFN (in place, in b->xn) or the experts. */

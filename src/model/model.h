@@ -136,7 +136,8 @@ struct model {
     uint64_t n_params, weight_bytes;
     uint64_t placed_bytes;        /* what the placed weights take where the backend keeps them */
     uint32_t main_type;           /* dtype holding most weight bytes */
-    /* tensor parallelism (shard.c): this rank's share of the heads, the FFN and the vocabulary */
+    /* tensor parallelism (shard.c): this rank's share of the heads, the FFN (or of every expert) and the
+       vocabulary */
     struct comm *comm;            /* not owned: the job's communicator; NULL: one process */
     int tp_rank, tp_size;         /* 0, 1 for one process */
     void **shard_copies;          /* (n_shard_copies) owned: column slices copied out of the mapping */
@@ -157,9 +158,9 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
  * (cm NULL or of one rank: the whole model): the weights are this rank's
  * views (shard.c), and model_forward meets the other ranks through cm,
  * which must outlive the model.  A shape that cannot be split is refused
- * with the reason (KVLLM_EUNSUPPORTED): KV heads or the FFN width not
- * divisible by the ranks, a slice that would cut a quantized block,
- * experts. */
+ * with the reason (KVLLM_EUNSUPPORTED): KV heads, the FFN width or an
+ * expert's width not divisible by the ranks, a slice that would cut a
+ * quantized block. */
 int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct comm *cm, struct model **out);
 void model_free(struct model *m);
 

@@ -9,10 +9,14 @@
   error event, /health answers "failed" (hung case), and the job exits non-zero within a bound;
 - stopping serve: SIGUSR1 to mpirun, or SIGTERM to rank 0 itself, drains (a running stream finishes) and the
   job exits 0; SIGTERM to mpirun fails the running request and the job exits non-zero;
-- a shape that cannot be split is refused at start with the reason.
+- a shape that cannot be split is refused at start with the reason;
+- mixtures of experts (Mixtral-style llama, qwen3moe, gpt-oss with MXFP4 experts) split inside every expert:
+  teacher-forced over real text, 2 ranks are within 1e-6 mean KLD and 99.9 % top-1 of the single process,
+  repeated runs and a sequence alone or batched are bit-identical, and each rank holds ~1/N of the experts.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +31,7 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from kvtest import read_logits, run_cli
+from kvtest import data_dir, read_logits, run_cli
 from ports import free_ports
 
 MPIRUN = shutil.which("mpirun")
@@ -176,6 +180,118 @@ def test_unsplittable_shapes_refused(mpi, models):
 def test_tp_without_mpirun_refused(mpi, models):
     res = run_cli(mpi, "run", "-m", models["f32"], "-p", "hi", "-n", "2", "--tp", "2")
     assert res.returncode == 2 and "mpirun -np 2" in res.err, res.describe()
+
+
+# ---- mixtures of experts -------------------------------------------------------------------------------------
+
+# Small files of each family with experts (tests/python/test_families.py, test_gpt_oss.py), shaped so that 2
+# ranks cut no quantized block: the Mixtral's Q8_0 experts are 64 wide (32 a rank), gpt-oss's MXFP4 experts
+# 64 (one 32-block a rank); the qwen3moe's f32 experts are the bulk of its file, so 1/N of them shows.
+MOE = {
+    "mixtral": ModelConfig(arch="llama", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=64,
+                           n_expert=4, n_expert_used=2, dtype="q8_0", n_ctx=2048),
+    "qwen3moe": ModelConfig(arch="qwen3moe", n_vocab=320, n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+                            key_length=32, n_ff=192, n_ff_exp=128, n_expert=8, n_expert_used=2, rope_theta=1e6,
+                            norm_eps=1e-6, n_ctx=2048),
+    # biases on the router and every expert, attention sinks, YaRN, even layers sliding over 128 positions
+    "gpt-oss": ModelConfig(arch="gpt-oss", n_vocab=400, n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
+                           key_length=64, n_ff=96, n_ff_exp=64, n_expert=8, n_expert_used=4, n_swa=128,
+                           n_ctx=2048, rope_theta=150000.0, rope_yarn=(8.0, 64), mxfp4_experts=True),
+}
+MOE_TOKENS = 1024   # of the GPL's text: the random vocabularies spell it mostly byte by byte
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp_moe")
+    out = {name: write_model(d / f"{name}.gguf", cfg, seed=40 + i) for i, (name, cfg) in enumerate(MOE.items())}
+    # an expert 35 wide splits over no even number of ranks
+    out["odd"] = write_model(d / "odd.gguf", ModelConfig(arch="qwen3moe", n_vocab=320, n_embd=64, n_layer=1,
+                             n_head=4, n_head_kv=2, key_length=16, n_ff=96, n_ff_exp=35, n_expert=4,
+                             n_expert_used=2), seed=45)
+    # MXFP4 experts 64 wide over 4 ranks: 16 columns each would cut the 32-element blocks
+    out["cut"] = write_model(d / "cut.gguf", dataclasses.replace(MOE["gpt-oss"], n_head_kv=4), seed=46)
+    out["d"] = d
+    return out
+
+
+def text_ids(kvllm, model) -> list[str]:
+    text = (data_dir() / "text" / "gpl-3.txt").read_text()[:4000]
+    res = run_cli(kvllm, "tokenize", "-m", model, "--ids", text)
+    assert res.returncode == 0, res.describe()
+    ids = res.out.split()[:MOE_TOKENS]
+    assert len(ids) == MOE_TOKENS, len(ids)
+    return ids
+
+
+def eval_ids(kvllm, model, n: int, out: Path, ids: list[str]) -> np.ndarray:
+    args = ["eval", "-m", model, "--tokens", " ".join(ids), "-o", out]
+    res = mpirun(kvllm, n, *args) if n > 1 else run_cli(kvllm, *args, "-t", "1", env=MPI_ENV)
+    assert res.returncode == 0, res.describe()
+    return read_logits(out, len(ids))
+
+
+def kld_mean_top1(p_logits: np.ndarray, q_logits: np.ndarray) -> tuple[float, float]:
+    """Mean KL(P || Q) over the positions (nats, f64) and the fraction whose argmax agrees (bench/kldstats.py)."""
+    def logsm(x):
+        x = x - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    lp, lq = logsm(p_logits.astype(np.float64)), logsm(q_logits.astype(np.float64))
+    k = np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0)
+    return float(k.mean()), float((p_logits.argmax(-1) == q_logits.argmax(-1)).mean())
+
+
+@pytest.mark.parametrize("which", list(MOE))
+def test_moe_teacher_forced_matches_single_process(mpi, moe_models, which):
+    """Every rank routes each token alike (the router is whole, the residual stream the same everywhere) and
+    runs its slice of each chosen expert; the sum of the slices differs from the single process's products
+    by rounding only (f32 activations: MPI_ENV), and two TP runs are bit-identical."""
+    d, model = moe_models["d"], moe_models[which]
+    ids = text_ids(mpi, model)
+    one = eval_ids(mpi, model, 1, d / f"{which}-1.bin", ids)
+    two = eval_ids(mpi, model, 2, d / f"{which}-2.bin", ids)
+    again = eval_ids(mpi, model, 2, d / f"{which}-2b.bin", ids)
+    kld, top1 = kld_mean_top1(one, two)
+    print(f"{which}: {len(ids)} tokens, 2 ranks vs 1: mean KLD {kld:.3e}, top-1 {100 * top1:.2f} %")
+    assert kld <= 1e-6 and top1 >= 0.999, (which, kld, top1)
+    assert np.array_equal(two, again), f"{which}: two runs of 2 ranks differ"
+
+
+@pytest.mark.parametrize("which", list(MOE))
+def test_moe_batch_invariance(mpi, moe_models, which):
+    """Under 2 ranks a sequence's logits are the same bits alone as batched with others (the experts group
+    tokens of every sequence), and its greedy tokens are the single process's."""
+    d, model = moe_models["d"], moe_models[which]
+    ref_ids, _, _ = batch(mpi, d, model, 1, PROMPTS, f"moe-{which}-single")
+    ids, lg, _ = batch(mpi, d, model, 2, PROMPTS, f"moe-{which}-all")
+    assert ids == ref_ids, f"{which}: greedy tokens of 2 ranks differ from the single process"
+    for i in (0, 3):
+        a_ids, a_lg, _ = batch(mpi, d, model, 2, [PROMPTS[i]], f"moe-{which}-alone{i}")
+        assert a_ids[0] == ids[i] and np.array_equal(a_lg[0], lg[i]), (which, i)
+
+
+def test_moe_weights_per_rank(mpi, moe_models):
+    """The experts are most of the qwen3moe file: each of 2 ranks holds about half of it (the embedding,
+    routers and norms whole)."""
+    args = ("run", "-m", moe_models["qwen3moe"], "-p", "hi", "-n", "2", "--kv-tokens", "64")
+    one = run_cli(mpi, *args, "-t", "1", env=MPI_ENV)
+    assert one.returncode == 0, one.describe()
+    (w1,) = [float(m[2]) for m in PLAN.finditer(one.err)]
+    res = mpirun(mpi, 2, *args)
+    assert res.returncode == 0, res.describe()
+    ws = [float(m[2]) for m in PLAN.finditer(res.err)]
+    assert len(ws) == 2 and w1 >= 1.5, (ws, w1)
+    assert all(w <= w1 / 2 + 0.1 for w in ws), (ws, w1)   # embedding 0.08 MiB, routers 4 KiB a layer
+
+
+def test_moe_unsplittable_shapes_refused(mpi, moe_models):
+    res = mpirun(mpi, 2, "run", "-m", moe_models["odd"], "-p", "hi", "-n", "2")
+    assert res.returncode != 0
+    assert "an expert's FFN width 35" in res.err and "not divisible by 2 ranks" in res.err, res.describe()
+    res = mpirun(mpi, 4, "run", "-m", moe_models["cut"], "-p", "hi", "-n", "2")
+    assert res.returncode != 0
+    assert "ffn_down_exps (MXFP4, blocks of 32)" in res.err and "would cut a quantized block" in res.err, \
+        res.describe()
 
 
 class MpiServer:

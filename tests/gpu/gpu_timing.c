@@ -3,7 +3,9 @@
  *
  *   gpu_timing [REPS]
  *
- * One batch-1 mat-vec of a 4096 x 14336 weight (Llama-3-8B's gate projection) per weight type, and
+ * One batch-1 mat-vec of a 4096 x 14336 weight (Llama-3-8B's gate projection) per weight type, on
+ * the backend's default path (8-bit activations and __dp4a for the types matmul_q8.cu has: "q8") and
+ * with KVLLM_ACT=f32 (the dequantizing f32 kernel: "f32"), and
  * decode attention (one token, 32 query heads, 8 KV heads, head_dim 128, f16 KV in blocks of 16,
  * scattered) at contexts of 1k and 8k.  Each line: microseconds per call (median of REPS timed calls
  * after a warm-up), the bytes the call must read, and those bytes per second as a share of the
@@ -54,7 +56,29 @@ static void report(const char *what, double us, double bytes) {
            100 * bw / g_roof);
 }
 
-static int time_matmul(struct backend *be, struct backend_ctx *c, uint32_t type, int reps) {
+/* Time the matmul of (host) weight w0 on backend be with context c; label: its activations. */
+static int time_matmul_on(struct backend *be, struct backend_ctx *c, const struct tensor *w0, const float *x,
+                          const char *label, int reps) {
+    struct tensor t = *w0;
+    struct tensor *ts[] = { &t };
+    uint64_t placed = 0;
+    struct backend_buf bx, by;
+    const int64_t K = t.ne0, M = t.ne1;
+    if (be->ops->place_weights(be, ts, 1, &placed) || be->ops->buf_alloc(be, (size_t)K * 4, &bx) ||
+        be->ops->buf_alloc(be, (size_t)M * 4, &by) || c->ops->upload(c, bx.data, x, (size_t)K * 4))
+        return 1;
+    double us = 0;
+    TIME_CALLS(reps, BE_OP(c, matmul, by.data, &t, bx.data, 1), us);
+    char what[64];
+    snprintf(what, sizeof what, "matmul %s %s 4096x14336, 1 token", dtype_name(t.type), label);
+    report(what, us, (double)t.row_bytes * M);
+    be->ops->buf_free(be, &bx);
+    be->ops->buf_free(be, &by);
+    return 0;
+}
+
+/* be[0], c[0]: the default backend; be[1], c[1]: KVLLM_ACT=f32. */
+static int time_matmul(struct backend *const *be, struct backend_ctx *const *c2, uint32_t type, int reps) {
     const int64_t K = 4096, M = 14336;
     uint64_t rb = 0;
     if (!dtype_row_bytes(type, (uint64_t)K, &rb)) return 1;
@@ -66,23 +90,13 @@ static int time_matmul(struct backend *be, struct backend_ctx *c, uint32_t type,
         for (int64_t k = 0; k < K; k++) row[k] = (float)rand() / (float)RAND_MAX - 0.5f;
         dtype_from_f32(type, row, w + (size_t)r * rb, K);
     }
-    struct tensor t = { .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = w };
-    struct tensor *ts[] = { &t };
-    uint64_t placed = 0;
-    struct backend_buf bx, by;
-    if (be->ops->place_weights(be, ts, 1, &placed) || be->ops->buf_alloc(be, (size_t)K * 4, &bx) ||
-        be->ops->buf_alloc(be, (size_t)M * 4, &by) || c->ops->upload(c, bx.data, row, (size_t)K * 4))
-        return 1;
-    double us = 0;
-    TIME_CALLS(reps, BE_OP(c, matmul, by.data, &t, bx.data, 1), us);
-    char what[64];
-    snprintf(what, sizeof what, "matmul %s 4096x14336, 1 token", dtype_name(type));
-    report(what, us, (double)rb * M);
-    be->ops->buf_free(be, &bx);
-    be->ops->buf_free(be, &by);
+    const struct tensor t = { .type = type, .ne0 = K, .ne1 = M, .row_bytes = (size_t)rb, .data = w };
+    const bool q8 = type != DTYPE_F16;   /* the types timed here that matmul_q8.cu has */
+    int rc = time_matmul_on(be[0], c2[0], &t, row, q8 ? "q8" : "f32", reps);
+    if (!rc && q8) rc = time_matmul_on(be[1], c2[1], &t, row, "f32", reps);
     free(w);
     free(row);
-    return 0;
+    return rc;
 }
 
 static int time_attention(struct backend *be, struct backend_ctx *c, int L, int reps) {
@@ -130,14 +144,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: gpu_timing [REPS 1..256]\n");
         return 2;
     }
-    struct backend *be = NULL;
-    struct backend_ctx *c = NULL;
+    struct backend *bes[2] = { NULL, NULL };
+    struct backend_ctx *cs[2] = { NULL, NULL };
     const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = 1, .max_ctx = 8192, .n_head = 32,
                                           .head_dim = 128, .max_cols = 14336 };
-    if (backend_cuda_new(&be) || backend_ctx_new(be, &p, &c)) {
+    int rc = backend_cuda_new(&bes[0]);
+    if (!rc) rc = backend_ctx_new(bes[0], &p, &cs[0]);
+    setenv("KVLLM_ACT", "f32", 1);   /* read when the backend is created */
+    if (!rc) rc = backend_cuda_new(&bes[1]);
+    unsetenv("KVLLM_ACT");
+    if (!rc) rc = backend_ctx_new(bes[1], &p, &cs[1]);
+    if (rc) {
         fprintf(stderr, "gpu_timing: no CUDA backend\n");
         return 1;
     }
+    struct backend *be = bes[0];
+    struct backend_ctx *c = cs[0];
     int clock_khz = 0, bus_bits = 0;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, 0);
     cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
@@ -146,12 +168,13 @@ int main(int argc, char **argv) {
            bus_bits, g_roof / 1e9, reps);
     if (g_roof <= 0) g_roof = 1;
     static const uint32_t types[] = { DTYPE_F16, DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_K, DTYPE_Q6_K };
-    int rc = 0;
-    for (size_t i = 0; i < sizeof types / sizeof *types && !rc; i++) rc = time_matmul(be, c, types[i], reps);
+    for (size_t i = 0; i < sizeof types / sizeof *types && !rc; i++) rc = time_matmul(bes, cs, types[i], reps);
     if (!rc) rc = time_attention(be, c, 1024, reps);
     if (!rc) rc = time_attention(be, c, 8192, reps);
     if (rc) fprintf(stderr, "gpu_timing: a call failed\n");
-    backend_ctx_free(c);
-    backend_free(be);
+    for (int i = 0; i < 2; i++) {
+        backend_ctx_free(cs[i]);
+        backend_free(bes[i]);
+    }
     return rc;
 }

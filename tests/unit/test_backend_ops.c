@@ -17,7 +17,8 @@
  * its op may return 0 and backend_sync KVLLM_ERANGE.
  * Shapes: row lengths not a multiple of 8 for float weights, 1-40 tokens,
  * GQA ratios 1/2/3/4/6/8, head_dim 8-128 (multiples of 8, odd ones among
- * them, and any size now and then), block sizes 1/5/16/32, every KV type,
+ * them, and any size now and then; fixed cases at 64/128/256 for the CUDA
+ * head-size kernels), block sizes 1/5/16/32, every KV type,
  * every weight type the loader accepts, contexts across the 1024-position
  * split, sliding windows, attention sinks, rope neox or not with freq factors, scales and YaRN.
  * Every case draws fresh random inputs of random shapes and goes through
@@ -166,7 +167,7 @@ static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0
 #define MAX_CTX 2200          /* longest attention context */
 #define MAX_COLS 5120         /* longest weight row: the fixed matmul cases' 4,864 */
 #define MAX_HEADS 32
-#define MAX_HEAD_DIM 128
+#define MAX_HEAD_DIM 256       /* the fixed attention cases' largest */
 
 struct tbe {
     const char *name;         /* the ops table's name, or a label ("avx2+act=int") */
@@ -1305,37 +1306,58 @@ static void ref_attention(const double *K, const double *V, int nkv, int hd, int
 
 #define PA_MAX_SEQS 4
 
+/* Fixed cases for the CUDA head-size kernels (attention.cu: head_dim 64, 128, 256, partitions of
+ * 256 positions from the start of a token's span): every KV type at each head size, blocks of 16
+ * and of 5 (KV blocks across the 32-position tiles), 1, 2 or 9 tokens (a decode token each of two
+ * sequences, a 7-token chunk of a third), a first context of 256 (one partition), 257 and 512 (two:
+ * one position over, and exactly), 1,025 and 2,100 (five and nine), every fourth case a window of
+ * 300 (two partitions not aligned to 256), sinks and soft-caps now and then. */
+static const int k_pa_fixed_hd[] = { 64, 128, 256 };
+static const int k_pa_fixed_L[] = { 257, 512, 1025, 2100, 256 };
+#define N_PA_FIXED ((int)(sizeof k_pa_fixed_hd / sizeof *k_pa_fixed_hd) * KV_TYPE_COUNT_)
+
 /* kv_store then paged attention: 1-4 sequences, each with a decode token
  * or a prefill chunk ending at its last position, tokens in random order;
  * shuffled blocks, a dense block table padded with a block never stored
- * (NaN bytes: reading it, or any slot not stored, poisons the output). */
+ * (NaN bytes: reading it, or any slot not stored, poisons the output).
+ * Then (not at large shapes) the N_PA_FIXED fixed cases above. */
 static void test_paged_attention(int nc) {
     static const int gs[6] = { 1, 2, 3, 4, 6, 8 };
-    for (int ci = 0; ci < nc; ci++) {
-        const enum kv_type type = (enum kv_type)(ci % KV_TYPE_COUNT_);
+    const int n_all = nc + (g_large ? 0 : N_PA_FIXED);
+    for (int ci = 0; ci < n_all; ci++) {
+        const bool fixed = ci >= nc;
+        const int fi = ci - nc;
+        const enum kv_type type = (enum kv_type)((fixed ? fi : ci) % KV_TYPE_COUNT_);
         /* large: Llama-3-8B's 32 heads on 8 KV heads or Qwen2.5-7B's 28 on 4, head_dim 128, blocks of 16,
          * a first sequence of 1k-8k positions, chunks of 1 or 65 tokens */
-        const int g = g_large ? (rnd(2) ? 4 : 7) : gs[rnd(6)];
-        const int nkv = g_large ? (g == 4 ? 8 : 4) : rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
-        const int hd = g_large ? 128 : rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128);
-        const int bs = g_large ? 16 : k_block_sizes[rnd(4)], w = nkv * hd;
+        const int g = fixed ? 4 : g_large ? (rnd(2) ? 4 : 7) : gs[rnd(6)];
+        const int nkv = fixed ? 2 : g_large ? (g == 4 ? 8 : 4) : rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
+        const int hd = fixed ? k_pa_fixed_hd[fi / KV_TYPE_COUNT_] : g_large ? 128 : rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128);
+        const int bs = fixed ? (fi % 2 ? 5 : 16) : g_large ? 16 : k_block_sizes[rnd(4)], w = nkv * hd;
         const bool long_ctx = g_large || rnd(6) == 0, outliers = rnd(4) == 0;
-        const int n_seqs = rnd_in(1, g_large ? 2 : PA_MAX_SEQS), max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS;
+        const int n_seqs = fixed ? 1 + fi % 3 : rnd_in(1, g_large ? 2 : PA_MAX_SEQS);
+        const int max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS;
         int L[PA_MAX_SEQS], chunk[PA_MAX_SEQS], n = 0, max_L = 0;
         for (int s = 0; s < n_seqs; s++) {
             L[s] = long_ctx && s == 0 ? (g_large ? rnd_in(1024, LARGE_CTX - 100) : rnd_in(1000, MAX_CTX - 100))
                                       : rnd_in(1, rnd(3) ? 64 : 300);
             const int left = max_tokens - n - (n_seqs - s - 1), cap = long_ctx && s == 0 && !g_large ? 4 : left;
             chunk[s] = g_large ? (rnd(2) ? 1 : 65) : rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            if (fixed) {
+                if (s == 0) L[s] = k_pa_fixed_L[fi % (int)(sizeof k_pa_fixed_L / sizeof *k_pa_fixed_L)];
+                else L[s] = rnd_in(7, 300);
+                chunk[s] = s < 2 ? 1 : 7;
+            }
             chunk[s] = chunk[s] < L[s] ? chunk[s] : L[s];
             n += chunk[s];
             max_L = L[s] > max_L ? L[s] : max_L;
         }
-        const int window = rnd(3) == 0 ? rnd_in(1, max_L) : 0;
+        const int window = fixed ? (fi % 4 == 1 ? 300 : 0) : rnd(3) == 0 ? rnd_in(1, max_L) : 0;
         const float scale = 1.0f / sqrtf((float)hd) * (rnd(4) ? 1.0f : 0.5f + rng_f32(&g_rng));
-        const float softcap = rnd(4) == 0 ? 0.5f + rng_f32(&g_rng) * 4 : 0.0f;   /* small: it must bite */
+        const float softcap = fixed ? (fi % 5 == 3 ? 2.0f : 0.0f)
+                                    : rnd(4) == 0 ? 0.5f + rng_f32(&g_rng) * 4 : 0.0f;   /* small: it must bite */
         /* sinks: from well below to well above the scores, so that they weigh from nothing to nearly all */
-        float *sinks = rnd(3) == 0 ? tu_xnew((size_t)n_head * sizeof *sinks) : NULL;
+        float *sinks = (fixed ? fi % 3 == 2 : rnd(3) == 0) ? tu_xnew((size_t)n_head * sizeof *sinks) : NULL;
         for (int h = 0; sinks && h < n_head; h++) sinks[h] = gauss() * 4;
 
         /* blocks: shuffled; the last one is the poison block */

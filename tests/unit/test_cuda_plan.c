@@ -80,12 +80,41 @@ static void test_attn(void) {
     CHECK(cuda_attn_splits(0) == 0 && cuda_attn_splits(1) == 1 && cuda_attn_splits(PAGED_ATTN_SPLIT) == 1);
     CHECK(cuda_attn_splits(PAGED_ATTN_SPLIT + 1) == 2 && cuda_attn_splits(131072) == 131072 / PAGED_ATTN_SPLIT);
     CHECK(cuda_attn_splits(INT32_MAX) == (INT32_MAX - 1) / PAGED_ATTN_SPLIT + 1);
-    /* 40 tokens of 32 heads of 128 over 2200 positions: 3 splits of (m, l, acc[128]) */
-    CHECK(cuda_attn_partial_floats(40, 32, 128, 2200) == 40ull * 32 * 3 * 130);
+    /* 40 tokens of 32 heads of 128 over 2200 positions: 9 partitions of 256 (the generic kernel's 3
+     * splits of 1024 fit in them) of (m, l, acc[128]) */
+    CHECK(cuda_attn_slots(2200) == 9 && cuda_attn_slots(1) == 1 && cuda_attn_slots(0) == 0);
+    CHECK(cuda_attn_partial_floats(40, 32, 128, 2200) == 40ull * 32 * 9 * 130);
     CHECK(cuda_attn_partial_floats(0, 32, 128, 2200) == 0 && cuda_attn_partial_floats(1, 1, 1, 0) == 0);
     CHECK(cuda_attn_partial_floats(INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX) == 0);   /* overflow */
     /* g = 4 heads of 128, tile 32, 4 warps */
     CHECK(cuda_attn_smem_bytes(4, 128, 32, 4) == 4 * (2 * 4 * 128 + 2 * 4 + 2 * 32 * 129 + 2 * 32 + 4 * 32));
+    CHECK(cuda_attn_hd_smem_bytes(4, 128, 32, 4) == cuda_attn_smem_bytes(4, 128, 32, 4) + 8 * 32);
+}
+
+/* The head-size kernels' partitions, against their definition position by position: for every
+ * span, partitions of cuda_attn_part(span) from the span's start cover it exactly, the last one
+ * non-empty; at most CUDA_ATTN_MAX_SPLITS; the grid for ctx_hi covers every span up to it and is
+ * reached by one of them. */
+static void test_attn_partitions(void) {
+    CHECK(cuda_attn_hd_kernel(64) && cuda_attn_hd_kernel(128) && cuda_attn_hd_kernel(256));
+    CHECK(!cuda_attn_hd_kernel(8) && !cuda_attn_hd_kernel(96) && !cuda_attn_hd_kernel(512));
+    CHECK(cuda_attn_part(1) == CUDA_ATTN_PART && cuda_attn_nsplit(1) == 1);
+    CHECK(cuda_attn_nsplit(CUDA_ATTN_PART) == 1 && cuda_attn_nsplit(CUDA_ATTN_PART + 1) == 2);
+    const int knee = CUDA_ATTN_PART * CUDA_ATTN_MAX_SPLITS;
+    CHECK(cuda_attn_part(knee) == CUDA_ATTN_PART && cuda_attn_nsplit(knee) == CUDA_ATTN_MAX_SPLITS);
+    CHECK(cuda_attn_part(knee + 1) == 2 * CUDA_ATTN_PART && cuda_attn_nsplit(knee + 1) == CUDA_ATTN_MAX_SPLITS / 2 + 1);
+    CHECK(cuda_attn_part(INT32_MAX) % CUDA_ATTN_PART == 0 && cuda_attn_nsplit(INT32_MAX) <= CUDA_ATTN_MAX_SPLITS);
+    int grid = 0, bad = 0;
+    for (int span = 1; span <= 3 * knee + 7; span++) {
+        const int part = cuda_attn_part(span), ns = cuda_attn_nsplit(span);
+        /* partition s: [s part, min(span, (s + 1) part)), as the kernel cuts it */
+        bad += part % CUDA_ATTN_PART != 0 || ns < 1 || ns > CUDA_ATTN_MAX_SPLITS || (ns - 1) * part >= span ||
+               ns * part < span;
+        if (ns > grid) grid = ns;
+        bad += cuda_attn_grid_splits(span) != grid;
+    }
+    CHECK_MSG(bad == 0, "%d spans with a partition plan off its definition", bad);
+    CHECK(cuda_attn_grid_splits(0) == 0 && cuda_attn_grid_splits(INT32_MAX) == CUDA_ATTN_MAX_SPLITS);
 }
 
 static struct cuda_mem_in llama8b(void) {
@@ -106,7 +135,7 @@ static void test_mem_plan(void) {
     CHECK(p.fits && p.total <= p.budget && p.kv_bytes == p.kv_blocks * 16 * 131072);
     CHECK(p.total + 16 * 131072 > p.budget);                  /* one more block would not fit */
     const uint64_t act = 512ull * 4 * (3 * 4096 + 2 * 32 * 128 + 2 * 8 * 128 + 2 * 14336) + 32ull * 4 * 128256 +
-                         4ull * 512 * 32 * 8 * 130;
+                         4ull * 512 * 32 * 32 * 130 + 512ull * (14336 + 14336 / 8);
     CHECK(p.activations > act && p.activations < act + (1 << 20));   /* plus the packed step inputs */
 
     /* int8 KV: 1 byte per element plus a float scale per row */
@@ -161,6 +190,7 @@ int main(void) {
     test_graph_sizes();
     test_step_layout();
     test_attn();
+    test_attn_partitions();
     test_mem_plan();
     return check_report("test_cuda_plan");
 }

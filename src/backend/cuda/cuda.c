@@ -192,10 +192,10 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
     *out = NULL;
     CU_ENTER(be);
     const int max_tokens = p->max_tokens > 0 ? p->max_tokens : 1, max_ctx = p->max_ctx > 0 ? p->max_ctx : 1;
-    const uint64_t n_part = cuda_attn_splits(max_ctx) > 1
+    const uint64_t n_part = cuda_attn_slots(max_ctx) > 1
                                 ? cuda_attn_partial_floats(max_tokens, p->n_head, p->head_dim, max_ctx) : 0;
     const uint64_t act_cap = cb_of(be)->act_q8 && p->max_cols > 0 ? (uint64_t)max_tokens * (uint64_t)p->max_cols : 0;
-    if ((cuda_attn_splits(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8 || act_cap > SIZE_MAX / 8) {
+    if ((cuda_attn_slots(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8 || act_cap > SIZE_MAX / 8) {
         LOG_ERR("cuda: an execution context for %d tokens of up to %d positions (%d heads of %d) does not fit",
                 max_tokens, max_ctx, p->n_head, p->head_dim);
         return KVLLM_ERANGE;
@@ -299,7 +299,7 @@ static int cuda_matmul(struct backend_ctx *c, float *y, const struct tensor *w, 
     struct cuda_ctx *cc = cc_of(c);
     CU_ENTER(c->be);
     if (!q8_takes(cb_of(c->be), w)) return launched(cuk_matmul(cc->stream, y, w, x, n), "matmul");
-    if (n > 0 && (uint64_t)n * (uint64_t)w->ne0 > cc->act_cap) {
+    if (n > 0 && ((uint64_t)n * (uint64_t)w->ne0 > cc->act_cap || n > 65535)) {   /* 65535: a grid's y */
         LOG_ERR("cuda: matmul of %d rows of %lld on 8-bit activations: the context was sized for %llu values",
                 n, (long long)w->ne0, (unsigned long long)cc->act_cap);
         return KVLLM_ERANGE;
@@ -400,14 +400,16 @@ static int cuda_paged_attention(struct backend_ctx *c, const struct paged_attn_a
         LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
         return KVLLM_ERANGE;
     }
-    const int splits = cuda_attn_splits(cc->max_ctx);
+    const int splits = cuda_attn_slots(cc->max_ctx);
     const uint64_t need = splits > 1 ? cuda_attn_partial_floats(a->n_tokens, a->n_head, a->head_dim, cc->max_ctx) : 0;
     if (need > cc->n_partials) {
         LOG_ERR("cuda: paged attention of %d heads of %d: the context was sized for fewer (%llu partial floats, "
                 "%llu needed)", a->n_head, a->head_dim, (unsigned long long)cc->n_partials, (unsigned long long)need);
         return KVLLM_ERANGE;
     }
-    const size_t smem = cuda_attn_smem_bytes(a->n_head / a->n_head_kv, a->head_dim, CUDA_ATTN_TILE, CUDA_ATTN_WARPS);
+    const int g = a->n_head / a->n_head_kv;
+    const size_t smem = cuk_attention_hd_takes(a) ? cuda_attn_hd_smem_bytes(g, a->head_dim, CUDA_ATTN_TILE, CUDA_ATTN_WARPS)
+                                                  : cuda_attn_smem_bytes(g, a->head_dim, CUDA_ATTN_TILE, CUDA_ATTN_WARPS);
     if (smem > b->smem_attn) {
         LOG_ERR("cuda: paged attention of %d query heads per kv head of %d needs %zu bytes of shared memory; "
                 "the device gives %zu", a->n_head / a->n_head_kv, a->head_dim, smem, b->smem_attn);

@@ -59,7 +59,11 @@ cudaError_t cuk_kv_store(cudaStream_t s, const struct kv_layer_view *kv, const i
  * cuda_attn_smem_bytes fits). */
 cudaError_t cuk_paged_attention(cudaStream_t s, int *err, const struct paged_attn_args *a, float *partials,
                                 int max_ctx);
-/* Allow the attention kernel smem_bytes of dynamic shared memory (once per backend). */
+/* Whether paged attention of a takes a head-size kernel (head_dim 64, 128, 256 on 16-byte aligned
+ * storage: cuda_attn_hd_smem_bytes of shared memory) rather than the generic one
+ * (cuda_attn_smem_bytes); a property of the model and its KV storage, never of the batch. */
+bool cuk_attention_hd_takes(const struct paged_attn_args *a);
+/* Allow the attention kernels smem_bytes of dynamic shared memory (once per backend). */
 cudaError_t cuk_attention_setup(size_t smem_bytes);
 
 #ifdef __cplusplus

@@ -75,11 +75,23 @@ int cuda_attn_splits(int ctx_len) {
     return ctx_len <= 0 ? 0 : (ctx_len - 1) / PAGED_ATTN_SPLIT + 1;
 }
 
+/* Spans up to PART * MAX_SPLITS take partitions of PART, ceil(span / PART) of them, growing
+ * with the span; longer ones never more than MAX_SPLITS, which the span PART * MAX_SPLITS has. */
+int cuda_attn_grid_splits(int ctx_hi) {
+    if (ctx_hi <= 0) return 0;
+    return ctx_hi >= CUDA_ATTN_PART * CUDA_ATTN_MAX_SPLITS ? CUDA_ATTN_MAX_SPLITS : cuda_attn_nsplit(ctx_hi);
+}
+
+int cuda_attn_slots(int max_ctx) {
+    const int a = cuda_attn_splits(max_ctx), b = cuda_attn_grid_splits(max_ctx);
+    return a > b ? a : b;
+}
+
 uint64_t cuda_attn_partial_floats(int max_tokens, int n_head, int head_dim, int max_ctx) {
     if (max_tokens <= 0 || n_head <= 0 || head_dim <= 0 || max_ctx <= 0) return 0;
     uint64_t r;
     if (!ckd_mul_u64(&r, (uint64_t)max_tokens, (uint64_t)n_head) ||
-        !ckd_mul_u64(&r, r, (uint64_t)cuda_attn_splits(max_ctx)) || !ckd_mul_u64(&r, r, (uint64_t)head_dim + 2))
+        !ckd_mul_u64(&r, r, (uint64_t)cuda_attn_slots(max_ctx)) || !ckd_mul_u64(&r, r, (uint64_t)head_dim + 2))
         return 0;
     return r;
 }
@@ -89,6 +101,10 @@ size_t cuda_attn_smem_bytes(int g, int head_dim, int tile, int n_warps) {
      * weights (n_warps, tile) */
     return sizeof(float) * ((size_t)2 * g * head_dim + (size_t)2 * g + (size_t)2 * tile * (head_dim + 1) +
                             (size_t)2 * tile + (size_t)n_warps * tile);
+}
+
+size_t cuda_attn_hd_smem_bytes(int g, int head_dim, int tile, int n_warps) {
+    return cuda_attn_smem_bytes(g, head_dim, tile, n_warps) + sizeof(int64_t) * (size_t)tile;
 }
 
 /* ---- memory plan ---- */
@@ -111,7 +127,11 @@ int cuda_mem_plan(const struct cuda_mem_in *in, struct cuda_mem_plan *p) {
     /* activations: the forward's per-token buffers (x, two norms' outputs, q and attention output,
      * k and v, gate and up), logits rows for every sequence, step inputs, attention partials */
     const uint64_t mt = (uint64_t)in->max_tokens, nh = (uint64_t)in->n_head;
-    const uint64_t per_act = 4 * (3 * (uint64_t)in->n_embd + 2 * nh * hd + 2 * nkv * hd + 2 * (uint64_t)in->n_ff);
+    uint64_t cols = (uint64_t)in->n_embd > (uint64_t)in->n_ff ? (uint64_t)in->n_embd : (uint64_t)in->n_ff;
+    if (nh * hd > cols) cols = nh * hd;
+    /* + the 8-bit activations of the widest matmul input: a code and 1/32 of a float scale per value */
+    const uint64_t per_act = 4 * (3 * (uint64_t)in->n_embd + 2 * nh * hd + 2 * nkv * hd + 2 * (uint64_t)in->n_ff) +
+                             cols + cols / 8;
     const uint64_t parts = cuda_attn_partial_floats(in->max_tokens, in->n_head, in->head_dim, in->max_ctx);
     const uint64_t max_blocks = ((uint64_t)in->max_ctx + (uint64_t)in->block_size - 1) / (uint64_t)in->block_size;
     uint64_t act, t1, t2, t3;

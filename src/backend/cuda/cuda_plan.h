@@ -51,17 +51,56 @@ void cuda_step_pack(const struct cuda_step_layout *l, void *dst, const int32_t *
 
 /* ---- paged attention: splits and scratch ---- */
 
-/* Splits of a context of ctx_len positions (cut at multiples of
- * PAGED_ATTN_SPLIT, as the CPU backend cuts them); 0 for ctx_len <= 0. */
+/* Two kernels (attention.cu).  The generic one (any head_dim) cuts a
+ * context at multiples of PAGED_ATTN_SPLIT, as the CPU backend does:
+ * cuda_attn_splits(ctx_len) splits, 0 for ctx_len <= 0.
+ *
+ * The head-size kernels (head_dim 64, 128, 256: cuda_attn_hd_kernel) cut
+ * the span of positions a token attends (span = its context, or its window)
+ * into partitions of cuda_attn_part(span) positions from the span's start:
+ * CUDA_ATTN_PART, widened by whole multiples of it for spans past
+ * CUDA_ATTN_PART * CUDA_ATTN_MAX_SPLITS so that a token never has more than
+ * CUDA_ATTN_MAX_SPLITS partials.  A token's partitions depend on its own
+ * span alone, never on the batch (batch invariance); the launch sizes its
+ * grid for the longest span it may meet (cuda_attn_grid_splits), and the
+ * blocks past a token's own cuda_attn_nsplit(span) return at once.  The
+ * same inline functions run on the host and on the device. */
+#define CUDA_ATTN_PART 256
+#define CUDA_ATTN_MAX_SPLITS 128
+#ifdef __CUDACC__
+#define CUDA_PLAN_HD __host__ __device__
+#else
+#define CUDA_PLAN_HD
+#endif
+/* Positions per partition of a span (span >= 1). */
+static inline CUDA_PLAN_HD int cuda_attn_part(int span) {
+    return CUDA_ATTN_PART * ((span - 1) / (CUDA_ATTN_PART * CUDA_ATTN_MAX_SPLITS) + 1);
+}
+/* Partitions of a span (span >= 1): 1 .. CUDA_ATTN_MAX_SPLITS. */
+static inline CUDA_PLAN_HD int cuda_attn_nsplit(int span) { return (span - 1) / cuda_attn_part(span) + 1; }
+/* Whether the head-size kernels take head_dim. */
+static inline CUDA_PLAN_HD bool cuda_attn_hd_kernel(int head_dim) {
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
 int cuda_attn_splits(int ctx_len);
+/* The head-size kernels' grid: the most partitions of any span of 1 ..
+ * ctx_hi positions; 0 for ctx_hi <= 0. */
+int cuda_attn_grid_splits(int ctx_hi);
+/* Partial slots per (token, head) that both kernels fit in for contexts up
+ * to max_ctx: the larger of cuda_attn_splits and cuda_attn_grid_splits. */
+int cuda_attn_slots(int max_ctx);
 /* Floats of the partials (m, l, acc[head_dim]) for max_tokens tokens of
- * n_head heads over contexts up to max_ctx: (max_tokens, n_head, splits,
- * head_dim + 2).  0 on overflow or a non-positive argument. */
+ * n_head heads over contexts up to max_ctx: (max_tokens, n_head,
+ * cuda_attn_slots(max_ctx), head_dim + 2).  0 on overflow or a
+ * non-positive argument. */
 uint64_t cuda_attn_partial_floats(int max_tokens, int n_head, int head_dim, int max_ctx);
 /* Shared memory (bytes) of one attention block: g = n_head / n_head_kv query
  * heads of head_dim (queries and accumulators), a tile of tile K and V rows
  * (rows padded by one float), per-position scales and per-warp weights. */
 size_t cuda_attn_smem_bytes(int g, int head_dim, int tile, int n_warps);
+/* The head-size kernels': the same plus the tile's row indices (tile int64). */
+size_t cuda_attn_hd_smem_bytes(int g, int head_dim, int tile, int n_warps);
 
 /* ---- device memory plan ---- */
 

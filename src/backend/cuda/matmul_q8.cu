@@ -311,10 +311,10 @@ extern "C" cudaError_t cuk_matmul_q8(cudaStream_t s, float *y, const struct tens
                                      int8_t *xq, float *xd) {
     if (n <= 0 || w->ne1 <= 0) return cudaSuccess;
     const int64_t K = w->ne0;
-    if (w->ne1 > 0x7fffffff || !cuk_matmul_q8_takes(w->type, K) || (K + 255) / 256 > 0x7fffffff || n > 65535 * MQ_TOK)
+    if (w->ne1 > 0x7fffffff || !cuk_matmul_q8_takes(w->type, K) || (K + 255) / 256 > 0x7fffffff || n > 65535)
         return cudaErrorInvalidValue;
     const bool kq = w->type == DTYPE_Q4_K || w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
-    const dim3 qgrid((unsigned)((K + 255) / 256), (unsigned)n);
+    const dim3 qgrid((unsigned)((K + 255) / 256), (unsigned)n);   /* grid.y: at most 65535 tokens */
     if (kq) k_quant_act<256><<<qgrid, 256, 0, s>>>(xq, xd, x, K);
     else k_quant_act<32><<<qgrid, 256, 0, s>>>(xq, xd, x, K);
     cudaError_t e = CU_LAUNCH_CHECK();

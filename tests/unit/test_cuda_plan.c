@@ -1,11 +1,16 @@
 /* test_cuda_plan.c — the CUDA backend's host-side arithmetic (cuda_plan.c),
  * on the CPU: padded CUDA-graph batch sizes, the packed step inputs, the
- * attention split plan and the device memory plan.  Needs no GPU and runs
- * in every build. */
+ * attention split plan and the device memory plan; and the 8-bit matmul's
+ * unpacking of packed codes (q8_codes.h, the code the kernel runs) against
+ * dtype.h's block formats, on random bytes.  Needs no GPU and runs in every
+ * build (on the device the byte operations are the CUDA intrinsics, whose
+ * documented meaning the host versions here spell out). */
 #include "check.h"
 
 #include "backend/cuda/cuda_plan.h"
+#include "backend/cuda/q8_codes.h"
 #include "core/core.h"
+#include "tensor/dtype.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +122,147 @@ static void test_attn_partitions(void) {
     CHECK(cuda_attn_grid_splits(0) == 0 && cuda_attn_grid_splits(INT32_MAX) == CUDA_ATTN_MAX_SPLITS);
 }
 
+/* ---- the 8-bit matmul's codes ---- */
+
+static uint64_t g_rs = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd32(void) {   /* xorshift64* */
+    g_rs ^= g_rs >> 12;
+    g_rs ^= g_rs << 25;
+    g_rs ^= g_rs >> 27;
+    return (uint32_t)((g_rs * 0x2545f4914f6cdd1dull) >> 32);
+}
+static void rnd_bytes(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd32();
+}
+static int lane_byte(int v, int k) { return (int8_t)(uint8_t)((uint32_t)v >> (8 * k)); }
+
+/* Weight code e (< 32) of a 32-block as qmm.h defines w, from dtype.h's layouts. */
+static int ref_code32(uint32_t type, const uint8_t *blk, int e) {
+    if (type == DTYPE_Q8_0) return ((const struct block_q8_0 *)(const void *)blk)->qs[e];
+    const uint8_t *qs = type == DTYPE_Q4_0     ? ((const struct block_q4_0 *)(const void *)blk)->qs
+                        : type == DTYPE_Q4_1   ? ((const struct block_q4_1 *)(const void *)blk)->qs
+                        : type == DTYPE_Q5_0   ? ((const struct block_q5_0 *)(const void *)blk)->qs
+                        : type == DTYPE_Q5_1   ? ((const struct block_q5_1 *)(const void *)blk)->qs
+                        : type == DTYPE_IQ4_NL ? ((const struct block_iq4_nl *)(const void *)blk)->qs
+                                               : ((const struct block_mxfp4 *)(const void *)blk)->qs;
+    int q = e < 16 ? qs[e] & 0xf : qs[e - 16] >> 4;
+    if (type == DTYPE_IQ4_NL) return kvalues_iq4nl[q];
+    if (type == DTYPE_MXFP4) return kvalues_mxfp4[q];
+    if (type == DTYPE_Q5_0 || type == DTYPE_Q5_1) {
+        const uint8_t *qh = type == DTYPE_Q5_0 ? ((const struct block_q5_0 *)(const void *)blk)->qh
+                                               : ((const struct block_q5_1 *)(const void *)blk)->qh;
+        q |= ((qh[e / 8] >> (e % 8)) & 1) << 4;
+    }
+    return q - (type == DTYPE_Q4_0 ? 8 : type == DTYPE_Q5_0 ? 16 : 0);
+}
+
+/* Code e (< 256, unsigned) of a Q4_K / Q5_K / Q6_K super-block, from dtype.h's layouts. */
+static int ref_code_k(uint32_t type, const uint8_t *blk, int e) {
+    if (type == DTYPE_Q6_K) {
+        const struct block_q6_K *b = (const struct block_q6_K *)(const void *)blk;
+        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        return ((b->ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0xf) | ((b->qh[32 * h + l] >> (2 * s)) & 3) << 4;
+    }
+    const int c = e / 64, hi = (e % 64) / 32, l = e % 32;
+    const uint8_t *qs = type == DTYPE_Q4_K ? ((const struct block_q4_K *)(const void *)blk)->qs
+                                           : ((const struct block_q5_K *)(const void *)blk)->qs;
+    int q = hi ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xf;
+    if (type == DTYPE_Q5_K) q |= ((((const struct block_q5_K *)(const void *)blk)->qh[l] >> (2 * c + hi)) & 1) << 4;
+    return q;
+}
+
+static void test_q8_ops(void) {
+    int bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        const uint32_t a = rnd32(), b = rnd32(), c = (rnd32() >> 8) - (1u << 23);   /* |c| < 2^23: no overflow */
+        int dot = (int)c, sum = 0;
+        uint32_t sub = 0, perm = 0;
+        const uint32_t sel = rnd32() & 0x7777u;
+        for (int k = 0; k < 4; k++) {
+            dot += lane_byte((int)a, k) * lane_byte((int)b, k);
+            sum += lane_byte((int)b, k);
+            sub |= (uint32_t)(uint8_t)(((a >> (8 * k)) & 0xff) - ((b >> (8 * k)) & 0xff)) << (8 * k);
+            const int i = (int)(sel >> (4 * k)) & 7;
+            perm |= (uint32_t)(uint8_t)((i < 4 ? a : b) >> (8 * (i & 3))) << (8 * k);
+        }
+        const int x4[4] = { (int)b, 0, 0, 0 }, c4[4] = { (int)a, 0, 0, 0 };
+        bad += q8_dp4a((int)a, (int)b, (int)c) != dot || q8_vsub4(a, b) != sub || q8_byte_perm(a, b, sel) != perm ||
+               q8_dot4(c4, x4) != dot - (int)c || q8_sum4(x4) != sum;
+        /* four nibbles through the tables */
+        const uint32_t nib = rnd32() & 0x0f0f0f0fu;
+        uint32_t tbl[4];
+        for (int t = 0; t < 2; t++) {
+            q8_nl_table(t ? DTYPE_MXFP4 : DTYPE_IQ4_NL, tbl);
+            const uint32_t got = q8_nl_lookup(nib, tbl);
+            for (int k = 0; k < 4; k++)
+                bad += lane_byte((int)got, k) != (t ? kvalues_mxfp4 : kvalues_iq4nl)[(nib >> (8 * k)) & 0xf];
+        }
+    }
+    CHECK_MSG(bad == 0, "%d byte operations off their definition", bad);
+}
+
+/* Every unit's unpacked codes (and K-quant scales) equal dtype.h's, on random bytes. */
+static void test_q8_codes(void) {
+    static const uint32_t t32[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_IQ4_NL,
+                                    DTYPE_MXFP4 };
+    uint8_t *buf = malloc(64 * 256);   /* malloc: aligned for every block's loads */
+    for (size_t ti = 0; ti < sizeof t32 / sizeof *t32; ti++) {
+        const uint32_t type = t32[ti];
+        const int bb = q8_blk_bytes(type);
+        CHECK((size_t)bb == dtype_block_bytes(type));
+        int bad = 0;
+        uint32_t tbl[4];
+        q8_nl_table(type, tbl);
+        for (int it = 0; it < 50; it++) {
+            rnd_bytes(buf, 64 * (size_t)bb);
+            for (int b = 0; b < 64; b++) {
+                int c[8];
+                q8_unit32(type, buf + b * bb, tbl, c);
+                for (int e = 0; e < 32; e++) bad += lane_byte(c[e / 4], e % 4) != ref_code32(type, buf + b * bb, e);
+            }
+        }
+        CHECK_MSG(bad == 0, "%s: %d codes unpacked off the format", dtype_name(type), bad);
+    }
+    static const uint32_t tk[] = { DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+    for (size_t ti = 0; ti < sizeof tk / sizeof *tk; ti++) {
+        const uint32_t type = tk[ti];
+        const size_t bb = dtype_block_bytes(type);
+        int bad = 0;
+        for (int it = 0; it < 200; it++) {
+            rnd_bytes(buf, 16 * bb);
+            for (int b = 0; b < 16; b++) {
+                const uint8_t *blk = buf + (size_t)b * bb;
+                for (int li = 0; li < 8; li++) {
+                    int sc[2];
+                    if (type == DTYPE_Q6_K) {
+                        int c[8];
+                        q8_q6k_lane(blk, li, c, sc);
+                        for (int e = 0; e < 32; e++)
+                            bad += lane_byte(c[e / 4], e % 4) != ref_code_k(type, blk, 32 * li + e) - 32;
+                        const int8_t *scales = ((const struct block_q6_K *)(const void *)blk)->scales;
+                        bad += sc[0] != scales[2 * li] || sc[1] != scales[2 * li + 1];
+                        continue;
+                    }
+                    int lo[4], hi[4], m[2];
+                    q8_q4k_lane(type, blk, li, lo, hi, sc, m);
+                    const int cc = li / 2, hh = li % 2;
+                    for (int e = 0; e < 16; e++) {
+                        bad += lane_byte(lo[e / 4], e % 4) != ref_code_k(type, blk, 64 * cc + 16 * hh + e);
+                        bad += lane_byte(hi[e / 4], e % 4) != ref_code_k(type, blk, 64 * cc + 32 + 16 * hh + e);
+                    }
+                    for (int j = 0; j < 2; j++) {
+                        uint8_t rsc, rm;
+                        q4_K_scale_min(blk + 4, 2 * cc + j, &rsc, &rm);
+                        bad += sc[j] != rsc || m[j] != rm;
+                    }
+                }
+            }
+        }
+        CHECK_MSG(bad == 0, "%s: %d codes or scales unpacked off the format", dtype_name(type), bad);
+    }
+    free(buf);
+}
+
 static struct cuda_mem_in llama8b(void) {
     return (struct cuda_mem_in){ .weight_bytes = 16060522496ull, .free_bytes = 140ull << 30, .n_layer = 32,
                                  .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_embd = 4096, .n_ff = 14336,
@@ -191,6 +337,8 @@ int main(void) {
     test_step_layout();
     test_attn();
     test_attn_partitions();
+    test_q8_ops();
+    test_q8_codes();
     test_mem_plan();
     return check_report("test_cuda_plan");
 }

@@ -122,6 +122,46 @@ static void test_attn_partitions(void) {
     CHECK(cuda_attn_grid_splits(0) == 0 && cuda_attn_grid_splits(INT32_MAX) == CUDA_ATTN_MAX_SPLITS);
 }
 
+/* The head-size kernels' walk over KV blocks (cuda_attn_walk_*), run for 32 lanes as warp 0 runs it:
+ * every tile's position c + j (j < its count) gets KV block (c + j) / bs and offset (c + j) % bs, its
+ * id from a lane that read the table for that very block, and the table is read once per KV block
+ * a tile touches. */
+static void test_attn_walk(void) {
+    enum { TILE = 32 };
+    static const int bss[] = { 1, 2, 3, 5, 7, 16, 31, 32, 33, 64, 100 };
+    int bad = 0, reads_bad = 0;
+    for (size_t bi = 0; bi < sizeof bss / sizeof *bss; bi++) {
+        const int bs = bss[bi];
+        for (int p0 = 0; p0 < 300; p0 += 1 + p0 / 7) {
+            for (int len = 1; len <= 200; len += 1 + len / 5) {
+                const int p1 = p0 + len;
+                struct cuda_attn_walk w[TILE];
+                for (int j = 0; j < TILE; j++) w[j] = cuda_attn_walk_start(p0, j, bs);
+                for (int c = p0; c < p1; c += TILE) {
+                    const int nt = p1 - c < TILE ? p1 - c : TILE;
+                    int read_blk[TILE], n_reads = 0;
+                    for (int j = 0; j < TILE; j++) {
+                        read_blk[j] = -1;
+                        if (j < nt && cuda_attn_walk_reads(w[j], j)) {
+                            read_blk[j] = w[j].blk;   /* table[blk] stands for the id */
+                            n_reads++;
+                        }
+                    }
+                    for (int j = 0; j < nt; j++) {
+                        const int p = c + j, src = cuda_attn_walk_src(w[j], j);
+                        bad += w[j].blk != p / bs || w[j].off != p % bs || src < 0 || src > j ||
+                               read_blk[src] != p / bs;
+                    }
+                    reads_bad += n_reads != (c + nt - 1) / bs - c / bs + 1;
+                    for (int j = 0; j < TILE; j++) cuda_attn_walk_next(&w[j], TILE, bs);
+                }
+            }
+        }
+    }
+    CHECK_MSG(bad == 0, "%d positions walked to the wrong KV block, offset or table read", bad);
+    CHECK_MSG(reads_bad == 0, "%d tiles read the block table other than once per KV block", reads_bad);
+}
+
 /* ---- the 8-bit matmul's codes ---- */
 
 static uint64_t g_rs = 0x9e3779b97f4a7c15ull;
@@ -337,6 +377,7 @@ int main(void) {
     test_step_layout();
     test_attn();
     test_attn_partitions();
+    test_attn_walk();
     test_q8_ops();
     test_q8_codes();
     test_mem_plan();

@@ -264,30 +264,23 @@ __global__ void __launch_bounds__(WARPS * 32) k_attn_hd(struct paged_attn_args a
         l_s[i] = 0.0f;
     }
     const int32_t *table = a.block_table + (size_t)a.seq[t] * a.max_blocks;
-    /* warp 0, lane j: position c + j of the current tile as (KV block, offset); the only divisions */
-    const int step_blk = TILE / bs, step_off = TILE % bs;
-    int blk = (p0 + lane) / bs, off = (p0 + lane) % bs;
+    /* warp 0, lane j: position c + j of the current tile as (KV block, offset) (cuda_plan.h) */
+    struct cuda_attn_walk wk = cuda_attn_walk_start(p0, lane, bs);
     __syncthreads();
 
     for (int c = p0; c < p1; c += TILE) {
         const int nt = p1 - c < TILE ? p1 - c : TILE;
         if (warp == 0) {
-            /* the KV block of position c + j began at lane j - off (or before the tile: lane 0 has it) */
             int phys = 0;
-            if (lane < nt && (lane == 0 || off == 0)) phys = table[blk];
-            phys = __shfl_sync(0xffffffffu, phys, lane > off ? lane - off : 0);
+            if (lane < nt && cuda_attn_walk_reads(wk, lane)) phys = table[wk.blk];
+            phys = __shfl_sync(0xffffffffu, phys, cuda_attn_walk_src(wk, lane));
             if (lane < nt) {
-                const int64_t row = ((int64_t)phys * nkv + hk) * bs + off;
+                const int64_t row = ((int64_t)phys * nkv + hk) * bs + wk.off;
                 rows_s[lane] = row;
                 ks_s[lane] = kv_t<KVT>::scaled ? a.kv.k_scale[row] * a.scale : a.scale;
                 vs_s[lane] = kv_t<KVT>::scaled ? a.kv.v_scale[row] : 1.0f;
             }
-            blk += step_blk;
-            off += step_off;
-            if (off >= bs) {
-                off -= bs;
-                blk++;
-            }
+            cuda_attn_walk_next(&wk, TILE, bs);
         }
         __syncthreads();
 #pragma unroll 4

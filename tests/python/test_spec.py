@@ -19,7 +19,7 @@ import pytest
 
 from gen_model import ModelConfig, write_model
 from kvtest import run_batch as _run_batch
-from kvtest import run_cli
+from kvtest import mpi_np, run_cli
 
 N_PROMPTS = 32
 MAX_TOKENS = 24
@@ -181,8 +181,13 @@ def test_smollm2_greedy_identical(kvllm, smollm2, smol, mode):
         assert got[0] == refs[lay], f"{mode}, {lay}: speculation changed SmolLM2's greedy output"
         sp = got[2]["spec"]
         assert sp and sp["drafted"] > 0
-        if mode == "draft_self":
+        if mode == "draft_self" and mpi_np() == 1:
             assert sp["accepted"] == sp["drafted"], sp
+        elif mode == "draft_self":
+            # under tensor parallelism the draft runs whole on rank 0 and the target split over the ranks: two
+            # roundings of the same model (docs/TP.md, "Accuracy"), whose greedy choices differ where the top two
+            # logits are that close, so a few drafts are rejected (the output above is still the plain one)
+            assert sp["accepted"] >= 0.9 * sp["drafted"], sp
 
 
 @pytest.mark.parametrize("mode", ["--spec-ngram", "--draft-model"])

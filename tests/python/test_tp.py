@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from gen_model import ModelConfig, write_model
-from kvtest import data_dir, read_logits, run_cli
+from kvtest import data_dir, mpi_rank_pids, read_logits, run_cli
 from ports import free_ports
 
 MPIRUN = shutil.which("mpirun")
@@ -325,19 +325,7 @@ class MpiServer:
 
     def ranks(self) -> list[int]:
         """PIDs of the ranks (mpirun's children), indexed by their MPI rank (OMPI_COMM_WORLD_RANK)."""
-        kids = {}
-        for p in Path("/proc").iterdir():
-            if p.name.isdigit():
-                try:
-                    stat = (p / "stat").read_text()
-                    env = (p / "environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) != self.proc.pid:
-                    continue
-                for kv in env:
-                    if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
-                        kids[int(kv.split(b"=", 1)[1])] = int(p.name)
+        kids = mpi_rank_pids(self.proc.pid)
         return [kids[r] for r in sorted(kids)]
 
     def kill(self):

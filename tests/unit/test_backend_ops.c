@@ -417,15 +417,12 @@ static const struct { int64_t K, M; int n; } k_large_mm[] = {
 };
 #define N_LARGE_MM ((int)(sizeof k_large_mm / sizeof *k_large_mm))
 
-/* Fixed cases for the CUDA 8-bit path's types (matmul_q8.cu: a block per row and tile of 8 tokens,
+/* Fixed cases for the CUDA 8-bit path's types (every quantized type; matmul_q8.cu: a block per row and tile of 8 tokens,
  * 128 threads each taking blocks of 32 or super-blocks of 256 in turn): 1, 2, 9 and 65 tokens (one
  * token, a part tile, a full tile and one more, 8 full tiles and one more), each at a short row (fewer
  * blocks than threads) and a long one whose blocks are no multiple of what the 128 threads take per
- * step (4,256 = 133 blocks of 32; 4,864 = 19 super-blocks, 16 per step). */
-static bool q8_gpu_type(uint32_t t) {
-    return t == DTYPE_Q8_0 || t == DTYPE_Q4_0 || t == DTYPE_Q4_1 || t == DTYPE_Q5_0 || t == DTYPE_Q5_1 ||
-           t == DTYPE_IQ4_NL || t == DTYPE_MXFP4 || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K;
-}
+ * step (4,256 = 133 blocks of 32; 4,864 = 19 super-blocks, 16 per step, or IQ4_XS's 152 sub-blocks). */
+static bool q8_gpu_type(uint32_t t) { return t != DTYPE_F32 && t != DTYPE_F16 && t != DTYPE_BF16; }
 static const int k_fixed_mm_tokens[] = { 1, 2, 9, 65 };
 #define N_FIXED_MM (2 * (int)(sizeof k_fixed_mm_tokens / sizeof *k_fixed_mm_tokens))
 
@@ -443,7 +440,7 @@ static void test_matmul(void) {
         const int be = dtype_block_elems(types[ti]);
         for (int f = 0; f < N_FIXED_MM; f++, i++) {
             const int64_t K = f % 2 == 0 ? be * rnd_in(1, 3) : be == 32 ? 4256 : 4864;
-            w[i] = rand_weight(types[ti], K, rnd_in(1, 37));
+            w[i] = rand_weight(types[ti], K, f % 2 == 0 ? rnd_in(1, 37) : rnd_in(2, 9));   /* long rows: few */
             ns[i] = k_fixed_mm_tokens[f / 2];
         }
     }

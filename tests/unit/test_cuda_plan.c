@@ -211,6 +211,14 @@ static int ref_code_k(uint32_t type, const uint8_t *blk, int e) {
     return q;
 }
 
+/* Q2_K / Q3_K code e (< 256) as qmm_k.c uses it (Q2_K 0..3, Q3_K q - 4), from dtype.h's layouts. */
+static int ref_code_k2(uint32_t type, const uint8_t *blk, int e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    if (type == DTYPE_Q2_K) return (((const struct block_q2_K *)(const void *)blk)->qs[32 * h + l] >> (2 * s)) & 3;
+    const struct block_q3_K *b = (const struct block_q3_K *)(const void *)blk;
+    return (((b->qs[32 * h + l] >> (2 * s)) & 3) | ((b->hmask[l] >> (4 * h + s)) & 1) << 2) - 4;
+}
+
 static void test_q8_ops(void) {
     int bad = 0;
     for (int it = 0; it < 20000; it++) {
@@ -263,7 +271,7 @@ static void test_q8_codes(void) {
         }
         CHECK_MSG(bad == 0, "%s: %d codes unpacked off the format", dtype_name(type), bad);
     }
-    static const uint32_t tk[] = { DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K };
+    static const uint32_t tk[] = { DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K, DTYPE_Q2_K, DTYPE_Q3_K, DTYPE_IQ4_XS };
     for (size_t ti = 0; ti < sizeof tk / sizeof *tk; ti++) {
         const uint32_t type = tk[ti];
         const size_t bb = dtype_block_bytes(type);
@@ -274,6 +282,36 @@ static void test_q8_codes(void) {
                 const uint8_t *blk = buf + (size_t)b * bb;
                 for (int li = 0; li < 8; li++) {
                     int sc[2];
+                    if (type == DTYPE_IQ4_XS) {   /* li: the sub-block of 32 */
+                        const struct block_iq4_xs *x = (const struct block_iq4_xs *)(const void *)blk;
+                        uint32_t tbl[4];
+                        q8_nl_table(DTYPE_IQ4_NL, tbl);
+                        int c[8];
+                        q8_iq4xs_unit(blk, li, tbl, c, &sc[0]);
+                        for (int e = 0; e < 32; e++) {
+                            const uint8_t q = x->qs[16 * li + e % 16];
+                            bad += lane_byte(c[e / 4], e % 4) != kvalues_iq4nl[e < 16 ? q & 0xf : q >> 4];
+                        }
+                        bad += sc[0] != (((x->scales_l[li / 2] >> (4 * (li % 2))) & 0xf) |
+                                         ((x->scales_h >> (2 * li)) & 3) << 4) - 32;
+                        continue;
+                    }
+                    if (type == DTYPE_Q2_K || type == DTYPE_Q3_K) {
+                        int c[8], m[2];
+                        q8_q2k_lane(type, blk, li, c, sc, m);
+                        for (int e = 0; e < 32; e++) bad += lane_byte(c[e / 4], e % 4) != ref_code_k2(type, blk, 32 * li + e);
+                        for (int j = 0; j < 2; j++) {
+                            const int sb = 2 * li + j;
+                            if (type == DTYPE_Q2_K) {
+                                const uint8_t v = ((const struct block_q2_K *)(const void *)blk)->scales[sb];
+                                bad += sc[j] != (v & 0xf) || m[j] != v >> 4;
+                            } else {
+                                bad += sc[j] != q3_K_scale(((const struct block_q3_K *)(const void *)blk)->scales, sb) - 32 ||
+                                       m[j] != 0;
+                            }
+                        }
+                        continue;
+                    }
                     if (type == DTYPE_Q6_K) {
                         int c[8];
                         q8_q6k_lane(blk, li, c, sc);

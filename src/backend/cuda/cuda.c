@@ -290,7 +290,8 @@ static int launched(cudaError_t e, const char *op) {
  * A property of w and the backend alone, never of n: a token's row is the same at every batch. */
 static bool q8_takes(const struct cuda_backend *b, const struct tensor *w) {
     if (!b->act_q8 || (w->flags & TENSOR_F_F32_ACT)) return false;
-    const bool act_256 = w->type == DTYPE_Q4_K || w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
+    const bool act_256 = w->type == DTYPE_Q2_K || w->type == DTYPE_Q3_K || w->type == DTYPE_Q4_K ||
+                         w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
     if ((w->flags & TENSOR_F_FINE_ACT) && act_256) return false;
     return cuk_matmul_q8_takes(w->type, w->ne0);
 }

@@ -1,7 +1,8 @@
 /* matmul_q8.cu — y (n, M) = x (n, K) · wᵀ on 8-bit activations with
  * __dp4a over the weights' packed codes: the CPU's integer path (qmm.h,
- * qmm_k.c) on the GPU, for Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL MXFP4 (blocks of
- * 32) and Q4_K Q5_K Q6_K (super-blocks of 256).
+ * qmm_k.c) on the GPU, for every type that path has: Q8_0 Q4_0 Q4_1 Q5_0
+ * Q5_1 IQ4_NL MXFP4 (blocks of 32), IQ4_XS (its sub-blocks of 32) and Q2_K
+ * Q3_K Q4_K Q5_K Q6_K (super-blocks of 256).
  *
  * Model of the arithmetic.  k_quant_act quantizes each token row as
  * qmm_quantize_row / qmm_quantize_row_k do: per block of QB (32, or 256 for
@@ -10,7 +11,10 @@
  * each unit of work yields the CPU's exact integers:
  *   32-block types, one block:   P = Σ_32 w · x, (Q4_1, Q5_1: xs = Σ_32 x)
  *   Q4_K, Q5_K, one super-block: I = Σ_s sc[s] Σ_32 q · x, M = Σ_s m[s] xs32[s]
+ *   IQ4_XS, one sub-block of 32: P = Σ_32 w · x, scale (d · (sc - 32)) · dx
  *   Q6_K, one super-block:       I = Σ_s sc[s] Σ_16 (q - 32) · x
+ *   Q2_K, one super-block:       I = Σ_s sc[s] Σ_16 q · x, M = Σ_s m[s] xs16[s]
+ *   Q3_K, one super-block:       I = Σ_s (sc[s] - 32) Σ_16 (q - 4) · x
  * and folds them into a float accumulator with the CPU's two float steps
  * (acc = fma(P, dw · dx, acc), the offset / min term likewise).  The CPU
  * adds those terms in block order; here thread i of the row's 128 adds
@@ -105,7 +109,7 @@ __device__ __forceinline__ int group8_sum(int v) {
 template <int T>
 __global__ void __launch_bounds__(MQ_THREADS) k_matmul_q8(float *y, const uint8_t *w, size_t row_bytes, int64_t K,
                                                           int64_t M, const int8_t *xq, const float *xd, int n) {
-    constexpr bool kq = T == DTYPE_Q4_K || T == DTYPE_Q5_K || T == DTYPE_Q6_K;
+    constexpr bool kq = T == DTYPE_Q2_K || T == DTYPE_Q3_K || T == DTYPE_Q4_K || T == DTYPE_Q5_K || T == DTYPE_Q6_K;
     constexpr int lanes = kq ? MQ_KL : 1;              /* threads per unit */
     constexpr int groups = MQ_THREADS / lanes;         /* units in flight per row */
     __shared__ float part[MQ_WARPS][MQ_TOK];
@@ -119,10 +123,24 @@ __global__ void __launch_bounds__(MQ_THREADS) k_matmul_q8(float *y, const uint8_
 #pragma unroll
     for (int j = 0; j < MQ_TOK; j++) acc[j] = 0.0f;
     uint32_t tbl[4];
-    q8_nl_table(T, tbl);
+    q8_nl_table(T == DTYPE_IQ4_XS ? DTYPE_IQ4_NL : T, tbl);
 
     for (int64_t u = g; u < n_units; u += groups) {   /* uniform over a unit's lanes: shuffles are safe */
-        if (!kq) {
+        if (T == DTYPE_IQ4_XS) {   /* sub-block u % 8 of super-block u / 8 */
+            const uint8_t *p = row + (u / 8) * 136;
+            int c[8], sc;
+            q8_iq4xs_unit(p, (int)(u % 8), tbl, c, &sc);
+            const float ds = __fmul_rn(cu_f16_to_f32(cu_u16(p)), (float)sc);   /* exact: 11 by 6 bits */
+#pragma unroll
+            for (int j = 0; j < MQ_TOK; j++) {
+                if (j < nt) {
+                    int x[8];
+                    ld_act32(xq + (size_t)(t0 + j) * K + 32 * u, x);
+                    const float dx = xd[(size_t)(t0 + j) * xds + u];
+                    acc[j] = fmaf((float)(q8_dot4(c, x) + q8_dot4(c + 4, x + 4)), __fmul_rn(ds, dx), acc[j]);
+                }
+            }
+        } else if (!kq) {
             const uint8_t *p = row + u * q8_blk_bytes(T);
             int c[8];
             q8_unit32(T, p, tbl, c);
@@ -152,6 +170,27 @@ __global__ void __launch_bounds__(MQ_THREADS) k_matmul_q8(float *y, const uint8_
                     const int I = group8_sum(sc[0] * q8_dot4(c, x) + sc[1] * q8_dot4(c + 4, x + 4));
                     const float dx = xd[(size_t)(t0 + j) * xds + u];
                     acc[j] = fmaf((float)I, __fmul_rn(d, dx), acc[j]);
+                }
+            }
+        } else if (T == DTYPE_Q2_K || T == DTYPE_Q3_K) {
+            constexpr bool q2 = T == DTYPE_Q2_K;
+            const uint8_t *p = row + u * (q2 ? 84 : 110);
+            int c[8], sc[2], m[2];
+            q8_q2k_lane(T, p, li, c, sc, m);
+            const float d = cu_f16_to_f32(cu_u16(p + (q2 ? 80 : 108)));
+            const float dmin = q2 ? cu_f16_to_f32(cu_u16(p + 82)) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < MQ_TOK; j++) {
+                if (j < nt) {
+                    int x[8];
+                    ld_act32(xq + (size_t)(t0 + j) * K + 256 * u + 32 * li, x);
+                    const int I = group8_sum(sc[0] * q8_dot4(c, x) + sc[1] * q8_dot4(c + 4, x + 4));
+                    const float dx = xd[(size_t)(t0 + j) * xds + u];
+                    acc[j] = fmaf((float)I, __fmul_rn(d, dx), acc[j]);
+                    if (q2) {
+                        const int Mn = group8_sum(m[0] * q8_sum4(x) + m[1] * q8_sum4(x + 4));
+                        acc[j] = fmaf((float)Mn, -__fmul_rn(dmin, dx), acc[j]);
+                    }
                 }
             }
         } else {   /* Q4_K, Q5_K */
@@ -195,7 +234,8 @@ extern "C" bool cuk_matmul_q8_takes(uint32_t type, int64_t K) {
     switch (type) {
     case DTYPE_Q8_0: case DTYPE_Q4_0: case DTYPE_Q4_1: case DTYPE_Q5_0: case DTYPE_Q5_1: case DTYPE_IQ4_NL:
     case DTYPE_MXFP4: return K > 0 && K % 32 == 0;
-    case DTYPE_Q4_K: case DTYPE_Q5_K: case DTYPE_Q6_K: return K > 0 && K % 256 == 0;
+    case DTYPE_Q2_K: case DTYPE_Q3_K: case DTYPE_Q4_K: case DTYPE_Q5_K: case DTYPE_Q6_K: case DTYPE_IQ4_XS:
+        return K > 0 && K % 256 == 0;
     default: return false;
     }
 }
@@ -206,7 +246,9 @@ extern "C" cudaError_t cuk_matmul_q8(cudaStream_t s, float *y, const struct tens
     const int64_t K = w->ne0;
     if (w->ne1 > 0x7fffffff || !cuk_matmul_q8_takes(w->type, K) || (K + 255) / 256 > 0x7fffffff || n > 65535)
         return cudaErrorInvalidValue;
-    const bool kq = w->type == DTYPE_Q4_K || w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
+    /* activations per 256 for the K-quants, per 32 for the rest and IQ4_XS (qmm.h's qmm_act_k) */
+    const bool kq = w->type == DTYPE_Q2_K || w->type == DTYPE_Q3_K || w->type == DTYPE_Q4_K ||
+                    w->type == DTYPE_Q5_K || w->type == DTYPE_Q6_K;
     const dim3 qgrid((unsigned)((K + 255) / 256), (unsigned)n);   /* grid.y: at most 65535 tokens */
     if (kq) k_quant_act<256><<<qgrid, 256, 0, s>>>(xq, xd, x, K);
     else k_quant_act<32><<<qgrid, 256, 0, s>>>(xq, xd, x, K);
@@ -217,7 +259,8 @@ extern "C" cudaError_t cuk_matmul_q8(cudaStream_t s, float *y, const struct tens
 #define MQ(T) case T: k_matmul_q8<T><<<grid, MQ_THREADS, 0, s>>>(y, d, w->row_bytes, K, w->ne1, xq, xd, n); break
     switch (w->type) {
     MQ(DTYPE_Q8_0); MQ(DTYPE_Q4_0); MQ(DTYPE_Q4_1); MQ(DTYPE_Q5_0); MQ(DTYPE_Q5_1); MQ(DTYPE_IQ4_NL);
-    MQ(DTYPE_MXFP4); MQ(DTYPE_Q4_K); MQ(DTYPE_Q5_K); MQ(DTYPE_Q6_K);
+    MQ(DTYPE_MXFP4); MQ(DTYPE_IQ4_XS); MQ(DTYPE_Q2_K); MQ(DTYPE_Q3_K); MQ(DTYPE_Q4_K); MQ(DTYPE_Q5_K);
+    MQ(DTYPE_Q6_K);
     default: return cudaErrorInvalidValue;
     }
 #undef MQ

@@ -19,7 +19,11 @@
  *     elements 64 cc + 16 hh + 0..15 (sub-block 2 cc) and high ones those
  *     + 32 (sub-block 2 cc + 1), with those sub-blocks' scales and mins;
  *   Q6_K super-blocks, 8 lanes each: q8_q6k_lane, lane li takes elements
- *     32 li .. 32 li + 31 (sub-blocks 2 li, 2 li + 1) as q - 32. */
+ *     32 li .. 32 li + 31 (sub-blocks 2 li, 2 li + 1) as q - 32;
+ *   Q2_K, Q3_K super-blocks, 8 lanes each: q8_q2k_lane, the same elements
+ *     (Q2_K's codes 0..3, Q3_K's as q - 4) with their sub-blocks' scales;
+ *   IQ4_XS sub-blocks of 32: q8_iq4xs_unit, as a 32-block with its 6-bit
+ *     scale. */
 #ifndef KVLLM_Q8_CODES_H
 #define KVLLM_Q8_CODES_H
 
@@ -223,6 +227,50 @@ Q8_FN void q8_q6k_lane(const uint8_t *blk, int li, int c[8], int sc[2]) {
     }
     sc[0] = (int8_t)blk[192 + 2 * li];
     sc[1] = (int8_t)blk[192 + 2 * li + 1];
+}
+
+/* Q2_K / Q3_K super-block at blk (2-byte aligned), lane li (h = li / 4, s = li % 4): c[8] the codes of
+ * elements 32 li .. 32 li + 31, bits 2s, 2s + 1 of qs[32 h + l] (Q3_K: with bit 2 set where bit 4h + s
+ * of hmask[l] is, minus 4); sc[2], m[2] sub-blocks 2 li and 2 li + 1's scales and mins (Q2_K: the
+ * low and high nibbles of scales[j]; Q3_K: its 6-bit scale - 32, no min). */
+Q8_FN void q8_q2k_lane(uint32_t type, const uint8_t *blk, int li, int c[8], int sc[2], int m[2]) {
+    const bool q3 = type == DTYPE_Q3_K;
+    const int h = li / 4, s = li % 4;
+    const uint8_t *qs = blk + (q3 ? 32 : 16) + 32 * h;
+    Q8_UNROLL
+    for (int i = 0; i < 8; i++) {
+        uint32_t q = (q8_ld_a2(qs + 4 * i) >> (2 * s)) & 0x03030303u;
+        if (q3) q = q8_vsub4(q | ((q8_ld_a2(blk + 4 * i) >> (4 * h + s)) & 0x01010101u) << 2, 0x04040404u);
+        c[i] = (int)q;
+    }
+    Q8_UNROLL
+    for (int k = 0; k < 2; k++) {
+        const int j = 2 * li + k;
+        if (q3) {
+            const uint8_t *scales = blk + 96;
+            const int lo = j < 8 ? scales[j] & 0xf : scales[j - 8] >> 4;
+            sc[k] = (lo | ((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+            m[k] = 0;
+        } else {
+            sc[k] = blk[j] & 0xf;
+            m[k] = blk[j] >> 4;
+        }
+    }
+}
+
+/* IQ4_XS super-block at blk (2-byte aligned), sub-block j (< 8): c[8] its 32 codes' table values (as
+ * IQ4_NL's: tbl is q8_nl_table(DTYPE_IQ4_NL)), *sc its 6-bit scale - 32 (low 4 bits: nibble j % 2 of
+ * scales_l[j / 2]; high 2: bits 2j, 2j + 1 of scales_h). */
+Q8_FN void q8_iq4xs_unit(const uint8_t *blk, int j, const uint32_t tbl[4], int c[8], int *sc) {
+    const uint8_t *qs = blk + 8 + 16 * j;
+    Q8_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const uint32_t v = q8_ld_a2(qs + 4 * i);
+        c[i] = (int)q8_nl_lookup(v & 0x0f0f0f0fu, tbl);
+        c[4 + i] = (int)q8_nl_lookup((v >> 4) & 0x0f0f0f0fu, tbl);
+    }
+    const uint32_t sh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8;
+    *sc = (int)(((blk[4 + j / 2] >> (4 * (j % 2))) & 0xf) | ((sh >> (2 * j)) & 3) << 4) - 32;
 }
 
 #endif

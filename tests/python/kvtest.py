@@ -64,7 +64,7 @@ def mpi_launch(binary: str | Path) -> tuple[list[str], dict[str, str]]:
 def tp_splittable(path: Path) -> Path:
     """Under KVLLM_TEST_MPI_NP=N, a real model whose heads do not split over N ranks (SmolLM2: 3 KV heads) is
     served as tp_model.py's equivalent file (KV heads replicated, zero heads padded: the same function) of the
-    same name, kept in <repo>/models/tp/tp<N>; alone, the file itself."""
+    same name, kept under <repo>/models/tp; alone, the file itself."""
     from tp_model import splittable   # noqa: PLC0415
     return splittable(path, mpi_np(), REPO / "models" / "tp")
 

@@ -103,12 +103,16 @@ def rewrite(src: Path, dst: Path, n: int) -> None:
     w.close()
 
 
+# Bumped when rewrite() changes, so that files written by an older one are not reused.
+FORMAT = 1
+
+
 def splittable(src: Path, n: int, cache: Path) -> Path:
-    """src rewritten for n ranks (rewrite), kept as cache/tp<n>/<src's name> (the name a server's model id comes
-    from) and reused while newer than src; src itself when n is 1."""
+    """src rewritten for n ranks (rewrite), kept as cache/tp<n>.v<FORMAT>/<src's name> (the name a server's model
+    id comes from) and reused while newer than src; src itself when n is 1."""
     if n == 1:
         return src
-    cache = cache / f"tp{n}"
+    cache = cache / f"tp{n}.v{FORMAT}"
     dst = cache / src.name
     if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
         cache.mkdir(parents=True, exist_ok=True)

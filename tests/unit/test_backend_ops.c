@@ -421,7 +421,9 @@ static const struct { int64_t K, M; int n; } k_large_mm[] = {
  * 128 threads each taking blocks of 32 or super-blocks of 256 in turn): 1, 2, 9 and 65 tokens (one
  * token, a part tile, a full tile and one more, 8 full tiles and one more), each at a short row (fewer
  * blocks than threads) and a long one whose blocks are no multiple of what the 128 threads take per
- * step (4,256 = 133 blocks of 32; 4,864 = 19 super-blocks, 16 per step, or IQ4_XS's 152 sub-blocks). */
+ * step (4,256 = 133 blocks of 32; 4,864 = 19 super-blocks, 16 per step, or IQ4_XS's 152 sub-blocks).
+ * On every backend, tokens 0, n / 2 and n - 1 computed alone must give the batch's bytes (batch
+ * invariance: the hard rule the tile of 8 must keep). */
 static bool q8_gpu_type(uint32_t t) { return t != DTYPE_F32 && t != DTYPE_F16 && t != DTYPE_BF16; }
 static const int k_fixed_mm_tokens[] = { 1, 2, 9, 65 };
 #define N_FIXED_MM (2 * (int)(sizeof k_fixed_mm_tokens / sizeof *k_fixed_mm_tokens))
@@ -471,6 +473,19 @@ static void test_matmul(void) {
             int rc = BE_OP(t->c, matmul, by.data, &placed[b][i], bx.data, n);
             buf_down(t, outs[b], &by, (size_t)n * (size_t)M * 4);
             sync_ok(t, rc, desc);
+            /* batch invariance (the fixed cases): tokens 0, n / 2 and n - 1 alone give the batch's bytes */
+            for (int k = 0; i >= n_rand && n > 1 && k < 3; k++) {
+                const int tk = k == 0 ? 0 : k == 1 ? n / 2 : n - 1;
+                float *one = tu_xnew((size_t)M * sizeof *one);
+                struct backend_buf b1 = buf_up(t, NULL, (size_t)M * 4);
+                rc = BE_OP(t->c, matmul, b1.data, &placed[b][i], (const float *)bx.data + (size_t)tk * (size_t)K, 1);
+                buf_down(t, one, &b1, (size_t)M * 4);
+                sync_ok(t, rc, desc);
+                CHECK_MSG(memcmp(one, outs[b] + (size_t)tk * (size_t)M, (size_t)M * 4) == 0,
+                          "%s %s: token %d alone differs from the batch", t->name, desc, tk);
+                buf_drop(t, &b1);
+                free(one);
+            }
             buf_drop(t, &bx);
             buf_drop(t, &by);
         }

@@ -1323,7 +1323,8 @@ static void ref_attention(const double *K, const double *V, int nkv, int hd, int
  * and of 5 (KV blocks across the 32-position tiles), 1, 2 or 9 tokens (a decode token each of two
  * sequences, a 7-token chunk of a third), a first context of 256 (one partition), 257 and 512 (two:
  * one position over, and exactly), 1,025 and 2,100 (five and nine), every fourth case a window of
- * 300 (two partitions not aligned to 256), sinks and soft-caps now and then. */
+ * 300 (two partitions not aligned to 256), sinks and soft-caps now and then; on every backend each
+ * token computed alone must give the batch's bytes (batch invariance). */
 static const int k_pa_fixed_hd[] = { 64, 128, 256 };
 static const int k_pa_fixed_L[] = { 257, 512, 1025, 2100, 256 };
 #define N_PA_FIXED ((int)(sizeof k_pa_fixed_hd / sizeof *k_pa_fixed_hd) * KV_TYPE_COUNT_)
@@ -1475,6 +1476,25 @@ static void test_paged_attention(int nc) {
             buf_down(t, outs[b], &bo, len * 4);
             pool_down(t, &d, &img[b]);
             sync_ok(t, rc ? rc : rc2, desc);
+            /* batch invariance (the fixed cases): each token alone gives the batch's bytes */
+            for (int tk = 0; fixed && n > 1 && tk < n; tk++) {
+                const size_t row = (size_t)n_head * hd;
+                float *one = tu_xnew(row * sizeof *one);
+                struct backend_buf b1 = buf_up(t, NULL, row * 4);
+                struct paged_attn_args a1 = a;
+                a1.n_tokens = 1;
+                a1.q = (const float *)bq.data + (size_t)tk * row;
+                a1.pos = (const int32_t *)bp.data + tk;
+                a1.seq = (const int32_t *)bsq.data + tk;
+                a1.out = b1.data;
+                rc2 = BE_OP(t->c, paged_attention, &a1);
+                buf_down(t, one, &b1, row * 4);
+                sync_ok(t, rc2, desc);
+                CHECK_MSG(memcmp(one, outs[b] + (size_t)tk * row, row * 4) == 0,
+                          "%s %s: token %d alone differs from the batch", t->name, desc, tk);
+                buf_drop(t, &b1);
+                free(one);
+            }
             pool_drop(t, &d);
             struct backend_buf *all[] = { &bsl, &bk, &bv, &bq, &bp, &bsq, &bt, &bo, &bsk };
             for (size_t k = 0; k < sizeof all / sizeof *all; k++) buf_drop(t, all[k]);

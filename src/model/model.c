@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 struct loader {
     struct model *m;
@@ -601,8 +603,19 @@ static int load_tensors(struct loader *L) {
     return 0;
 }
 
+void model_release_mapped(const struct model *m, const void *p, size_t n) {
+    const uint8_t *lo = m->file->map.data, *a = p;
+    if (!lo || a < lo || a + n > lo + m->file->map.size) return;   /* not the file's mapping: owned memory */
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t b = ((uintptr_t)a + pg - 1) & ~(pg - 1), e = ((uintptr_t)a + n) & ~(pg - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
 /* Every tensor of the model, for the backend to place in one call; the
- * tied output is the embedding itself and is re-pointed afterwards. */
+ * tied output is the embedding itself and is re-pointed afterwards.  A
+ * tensor the backend copied (repacked for its integer kernels) is read
+ * from the copy only, so the file pages it was copied from are given back:
+ * kept mapped, they would count a second time in the process's memory. */
 static int place_weights(struct model *m) {
     const int per_layer = 28 + 3 * m->hp.n_expert, n_max = 6 + per_layer * m->hp.n_layer;
     struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
@@ -625,7 +638,16 @@ static int place_weights(struct model *m) {
     }
     (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_F32_ACT;   /* hints (tensor.h) */
     for (int il = 0; m->desc->fine_down && il < m->hp.n_layer; il++) m->layers[il].ffn_down.flags |= TENSOR_F_FINE_ACT;
+    struct { const void *data; size_t bytes; } *was = xmalloc((size_t)n * sizeof *was);
+    if (!was) { free(ts); return KVLLM_ENOMEM; }
+    for (int i = 0; i < n; i++) {
+        was[i].data = ts[i]->data;
+        was[i].bytes = (size_t)ts[i]->ne1 * ts[i]->row_bytes;
+    }
     int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
+    for (int i = 0; !rc && i < n; i++)
+        if (was[i].data && ts[i]->data != was[i].data) model_release_mapped(m, was[i].data, was[i].bytes);
+    free(was);
     free(ts);
     if (!rc && m->tied_output) m->output = m->tok_embd;
     return rc;

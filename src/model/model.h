@@ -169,6 +169,11 @@ void model_free(struct model *m);
  * backend no longer reads (after). */
 int model_shard(struct model *m, const char *path, int rank, int n);
 void model_shard_release(struct model *m);
+/* Give back the pages of the file's mapping wholly inside [p, p + n): they
+ * were read to copy weights out and nothing reads them now.  The mapping
+ * is private and read-only, so a page read again refaults from the page
+ * cache: nothing is lost.  Memory outside the mapping is left alone. */
+void model_release_mapped(const struct model *m, const void *p, size_t n);
 
 /* Whether contexts of n_ctx positions can be computed: learned-position
  * models (GPT-2) have n_ctx_train positions and no more.  Returns 0, or

@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 struct sharder {
@@ -48,17 +47,6 @@ static void elems(struct tensor *t, int64_t e0, int64_t ne) {
     t->data = (const float *)t->data + e0;
     t->ne0 = ne;
     t->row_bytes = (size_t)ne * sizeof(float);
-}
-
-/* Give back the mapped pages of [p, p + n) that were read to copy a slice
- * out: a private read-only file mapping refaults them from the page cache
- * if anything reads them again, so this never loses data. */
-static void release_mapped(const struct model *m, const void *p, size_t n) {
-    const uint8_t *lo = m->file->map.data, *a = p;
-    if (!lo || a < lo || a + n > lo + m->file->map.size) return;   /* not the file's mapping: owned memory */
-    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t b = ((uintptr_t)a + pg - 1) & ~(pg - 1), e = ((uintptr_t)a + n) & ~(pg - 1);
-    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
 /* Whether columns c0 .. c0 + nc of t fall on quantization-block
@@ -94,7 +82,7 @@ static void copy_cols(const struct model *m, struct tensor *t, int64_t c0, int64
     const int bs = dtype_block_elems(t->type);
     const size_t bb = dtype_block_bytes(t->type), off = (size_t)(c0 / bs) * bb, nb = (size_t)(nc / bs) * bb;
     for (int64_t r = 0; r < t->ne1; r++) memcpy(dst + (size_t)r * nb, (const uint8_t *)tensor_row(t, r) + off, nb);
-    release_mapped(m, t->data, (size_t)t->ne1 * t->row_bytes);
+    model_release_mapped(m, t->data, (size_t)t->ne1 * t->row_bytes);
     t->data = dst;
     t->ne0 = nc;
     t->row_bytes = nb;

@@ -107,6 +107,9 @@ struct paged_attn_args {
                                      denominator, weighing no value (gpt-oss's attention sinks); not scaled
                                      nor soft-capped */
     float *out;                   /* (n_tokens, n_head * head_dim) */
+    int ctx_hi;                   /* host: 1 + the largest pos[t], when the caller knows it: a backend may size
+                                     its work for it (a GPU's grid) rather than for the longest context it
+                                     allows; <= 0: unknown.  Never changes a token's arithmetic. */
 };
 
 /* The experts of a mixture-of-experts FFN (backend_ops.moe): for each token

@@ -701,10 +701,12 @@ int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
     if (!rc) rc = ops->upload(c, in->d_seq, seq, nk);
     if (!rc) rc = ops->upload(c, in->d_rows, rows, (size_t)nl * sizeof(int32_t));
     if (!rc && has_win) rc = ops->upload(c, in->d_win_slot, win_slot, nk);
+    int ctx_hi = 0;
+    for (int i = 0; i < k; i++) ctx_hi = pos[i] + 1 > ctx_hi ? pos[i] + 1 : ctx_hi;
     struct batch bt = { .n_tokens = k, .tokens = in->d_tok, .pos = in->d_pos, .slots = in->d_slot,
                         .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
                         .win_slots = in->d_win_slot, .win_block_table = in->d_win_table,
-                        .n_logits = nl, .logit_rows = in->d_rows };
+                        .n_logits = nl, .logit_rows = in->d_rows, .ctx_hi = ctx_hi };
     if (!rc) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
     /* a rank that leaves the step early leaves the others waiting in a collective: the job is over */
     if (rc && e->km->m->comm) comm_fail(e->km->m->comm, "a step's ops failed");

@@ -134,7 +134,7 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
         .pos = bt->pos, .seq = bt->seq, .block_table = own_pool ? bt->win_block_table : bt->block_table,
         .max_blocks = bt->max_blocks,
         .kv = kv[il], .scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = l->window,
-        .sinks = l->attn_sinks.data, .out = b->att,
+        .sinks = l->attn_sinks.data, .out = b->att, .ctx_hi = bt->ctx_hi,
     };
     OP(paged_attention, &a);
     OP(matmul, b->xn, &l->wo, b->att, n);

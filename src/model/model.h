@@ -202,6 +202,7 @@ struct batch {
     const int32_t *win_block_table;/* (n_seqs, max_blocks) their K/V live in a pool of their own */
     int n_logits;
     const int32_t *logit_rows;     /* (n_logits) ascending rows whose logits are wanted */
+    int ctx_hi;                    /* host: 1 + the largest pos (paged_attn_args.ctx_hi); 0: unknown */
 };
 
 /* Activation buffers (backend memory) for batches of up to n_max tokens,

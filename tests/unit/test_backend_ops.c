@@ -1466,10 +1466,13 @@ static void test_paged_attention(int nc) {
                                bsq = buf_up(t, seq, (size_t)n * 4),
                                bt = buf_up(t, table, (size_t)n_seqs * max_blocks * 4), bo = buf_up(t, NULL, len * 4),
                                bsk = buf_up(t, sinks, sinks ? (size_t)n_head * 4 : 4);
+            int hi = 0;   /* the batch's longest context: a GPU sizes its grid for it */
+            for (int tk = 0; tk < n; tk++) hi = pos[tk] + 1 > hi ? pos[tk] + 1 : hi;
             struct paged_attn_args a = {
                 .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd, .q = bq.data, .pos = bp.data,
                 .seq = bsq.data, .block_table = bt.data, .max_blocks = max_blocks, .kv = d.view, .scale = scale,
                 .softcap = softcap, .window = window, .sinks = sinks ? bsk.data : NULL, .out = bo.data,
+                .ctx_hi = hi,
             };
             int rc2 = BE_OP(t->c, paged_attention, &a);
             outs[b] = tu_xnew(len * sizeof(float));
@@ -1487,6 +1490,7 @@ static void test_paged_attention(int nc) {
                 a1.pos = (const int32_t *)bp.data + tk;
                 a1.seq = (const int32_t *)bsq.data + tk;
                 a1.out = b1.data;
+                a1.ctx_hi = pos[tk] + 1;   /* a smaller grid alone than in the batch: the same bytes */
                 rc2 = BE_OP(t->c, paged_attention, &a1);
                 buf_down(t, one, &b1, row * 4);
                 sync_ok(t, rc2, desc);

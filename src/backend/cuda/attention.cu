@@ -406,8 +406,12 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, int *err, const struc
                                            float *partials, int max_ctx) {
     if (a->n_tokens <= 0) return cudaSuccess;
     const int g = a->n_head / a->n_head_kv;
+    /* the grid is sized for the step's longest context when the caller says it (every token's partitions
+     * depend on its own span alone, so a smaller grid changes no result); positions past max_ctx are
+     * still reported by the kernels */
+    const int hi = a->ctx_hi > 0 && a->ctx_hi < max_ctx ? a->ctx_hi : max_ctx;
     if (cuk_attention_hd_takes(a)) {
-        const int s_grid = cuda_attn_grid_splits(max_ctx);
+        const int s_grid = cuda_attn_grid_splits(hi);
         const size_t smem = cuda_attn_hd_smem_bytes(g, a->head_dim, TILE, WARPS);
         const dim3 grid((unsigned)s_grid, (unsigned)a->n_head_kv, (unsigned)a->n_tokens);
         attn_hd_fn_for(a->head_dim, a->kv.type)<<<grid, WARPS * 32, smem, s>>>(*a, partials, s_grid, max_ctx, err);
@@ -417,7 +421,7 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, int *err, const struc
                                                                                           max_ctx);
         return CU_LAUNCH_CHECK();
     }
-    const int s_max = cuda_attn_splits(max_ctx);
+    const int s_max = cuda_attn_splits(hi);
     const size_t smem = cuda_attn_smem_bytes(g, a->head_dim, TILE, WARPS);
     const dim3 grid((unsigned)s_max, (unsigned)a->n_head_kv, (unsigned)a->n_tokens);
     k_attn<<<grid, WARPS * 32, smem, s>>>(*a, partials, s_max, max_ctx, err);

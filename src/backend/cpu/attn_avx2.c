@@ -11,6 +11,10 @@
  * three per four FMAs (the untiled step loaded an operand per FMA and
  * spent 1.4x as long on the same context).
  *
+ * int8 K and V with quantized queries (struct pa_q8, cpu_internal.h):
+ * integer scores (vpmaddubsw on |q| and k with q's sign) and value sums
+ * (vpmaddwd on pairs of positions), then struct pa_q8's floats.
+ *
  * Determinism: the arithmetic depends only on the step's arguments (fixed
  * lane layout and reduction order), so attention stays bit-identical for
  * any thread count and batch composition, as the scalar step is. */
@@ -20,6 +24,7 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "backend/cpu/avx2_util.h"
 #include <math.h>
+#include <string.h>
 
 #define MAX_HD 256        /* larger heads take the scalar step */
 #define MAX_N CPU_PA_CHUNK
@@ -101,6 +106,99 @@ static void scores(int g, const float *q, int hd, const float *const *kr, const 
         for (int p = 0; p < n; p += 2)
             score_tile_any(rh, n - p < 2 ? n - p : 2, q + (size_t)h * hd, hd, kr + p, rs + p,
                            sc + (size_t)h * cap + p, cap);
+    }
+}
+
+/* ---- scores with int8 K and quantized queries (struct pa_q8) ---- */
+
+/* Σ_d c[d] * k[d] over hd (a multiple of 8) int8s, exactly: |c| times k
+ * with c's sign (both within ±127, so vpmaddubsw's pairs stay below 2^15),
+ * pairs of pairs in 32 bits. */
+static int32_t dot_q8(const int8_t *c, const int8_t *k, int hd) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        const __m256i cv = _mm256_loadu_si256((const __m256i *)(c + d));
+        const __m256i kv = _mm256_loadu_si256((const __m256i *)(k + d));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(cv), _mm256_sign_epi8(kv, cv)),
+                                                      ones));
+    }
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    for (; d < hd; d += 8) {
+        const __m128i cv = _mm_loadl_epi64((const __m128i *)(c + d)), kv = _mm_loadl_epi64((const __m128i *)(k + d));
+        s = _mm_add_epi32(s, _mm_madd_epi16(_mm_maddubs_epi16(_mm_abs_epi8(cv), _mm_sign_epi8(kv, cv)),
+                                            _mm_set1_epi16(1)));
+    }
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void scores_q8(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const struct pa_q8 *qq,
+                      const float *rs, float *sc, int cap) {
+    const int hd = kv->head_dim;
+    for (int p = 0; p < n; p++) {
+        const int8_t *kr = (const int8_t *)kv->k + rows[p] * (size_t)hd;
+        for (int h = 0; h < g; h++)
+            sc[(size_t)h * cap + p] = (float)dot_q8(qq->code + (size_t)h * hd, kr, hd) * (qq->scale[h] * rs[p]);
+    }
+}
+
+/* ---- values with int8 V: struct pa_q8's integer sums ---- */
+
+/* RH (1..4) heads' int32 sums over dims d0 .. d0+15 of the position
+ * pairs: per pair, the two rows' codes widened to 16 bits and interleaved
+ * (unpack lo: dims 0..3 and 8..11, hi: 4..7 and 12..15), each head's
+ * (u[p], u[p+1]) broadcast as a dword, vpmaddwd; then onto acc in dim
+ * order by one FMA with ws. */
+ALWAYS_INLINE void vtile_q8(const int RH, const int8_t *const *vr, int n, const int16_t *u, const float *ws,
+                            float *const *acc, int d0) {
+    static const int8_t zero[16];
+    __m256i lo[4], hi[4];
+    for (int h = 0; h < RH; h++) lo[h] = hi[h] = _mm256_setzero_si256();
+    for (int p = 0; p < n; p += 2) {
+        const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vr[p] + d0)));
+        const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 1 < n ? vr[p + 1] + d0 : zero)));
+        const __m256i xl = _mm256_unpacklo_epi16(a, b), xh = _mm256_unpackhi_epi16(a, b);
+        for (int h = 0; h < RH; h++) {
+            int32_t pair;
+            memcpy(&pair, u + (size_t)h * (MAX_N + 1) + p, sizeof pair);
+            const __m256i wv = _mm256_set1_epi32(pair);
+            lo[h] = _mm256_add_epi32(lo[h], _mm256_madd_epi16(xl, wv));
+            hi[h] = _mm256_add_epi32(hi[h], _mm256_madd_epi16(xh, wv));
+        }
+    }
+    for (int h = 0; h < RH; h++) {
+        const __m256 w = _mm256_set1_ps(ws[h]);
+        float *o = acc[h] + d0;
+        const __m256 s0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[h], hi[h], 0x20));
+        const __m256 s1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[h], hi[h], 0x31));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(w, s0, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(w, s1, _mm256_loadu_ps(o + 8)));
+    }
+}
+
+/* acc of the g partials from the 16-bit weight codes u (rows MAX_N + 1
+ * apart) and factors ws (struct pa_q8); hd a multiple of 32. */
+static void values_q8(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int16_t *u,
+                      const float *ws, float *part0, size_t pstride) {
+    const int hd = kv->head_dim;
+    const int8_t *vr[MAX_N];
+    for (int p = 0; p < n; p++) vr[p] = (const int8_t *)kv->v + rows[p] * (size_t)hd;
+    for (int h = 0; h < g; h += 4) {
+        const int rh = g - h < 4 ? g - h : 4;
+        float *acc[4];
+        for (int i = 0; i < rh; i++) acc[i] = part0 + (size_t)(h + i) * pstride + 2;
+        const int16_t *uh = u + (size_t)h * (MAX_N + 1);
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            switch (rh) {
+            case 4: vtile_q8(4, vr, n, uh, ws + h, acc, d0); break;
+            case 3: vtile_q8(3, vr, n, uh, ws + h, acc, d0); break;
+            case 2: vtile_q8(2, vr, n, uh, ws + h, acc, d0); break;
+            default: vtile_q8(1, vr, n, uh, ws + h, acc, d0); break;
+            }
+        }
     }
 }
 
@@ -197,8 +295,8 @@ ALWAYS_INLINE void prefetch_row(const void *base, size_t row, size_t rb) {
 }
 
 static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                       float scale, float softcap, float *part0, size_t pstride, float *sc, int cap,
-                       const size_t *pf, int npf) {
+                       const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride, float *sc,
+                       int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     float buf[MAX_N * MAX_HD];
@@ -210,13 +308,26 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
      * requests fit in the miss queues; a step of lead hides the latency */
     for (int jj = 0; jj < n; jj++) {
         if (jj < npf) prefetch_row(kv->k, pf[jj], rb);
-        r[jj] = row_f32(kv->type, kv->k, rows[jj], hd, buf + (size_t)jj * hd);
+        if (!qq) r[jj] = row_f32(kv->type, kv->k, rows[jj], hd, buf + (size_t)jj * hd);
         rs[jj] = q8 ? kv->k_scale[rows[jj]] * scale : scale;
     }
     for (int jj = n; jj < npf; jj++) prefetch_row(kv->k, pf[jj], rb);
-    scores(g, q, hd, r, rs, n, sc, cap);
+    if (qq)
+        scores_q8(kv, rows, n, g, qq, rs, sc, cap);
+    else
+        scores(g, q, hd, r, rs, n, sc, cap);
     pa_softcap(sc, g, n, cap, softcap);
     softmax_step(g, part0, pstride, hd, sc, cap, n);
+    if (qq) {
+        for (int jj = 0; jj < npf; jj++) prefetch_row(kv->v, pf[jj], rb);
+        for (int i = 0; i < g; i++)
+            for (int jj = 0; jj < n; jj++) sc[(size_t)i * cap + jj] *= kv->v_scale[rows[jj]];
+        int16_t u[PA_Q8_MAX_G * (MAX_N + 1)];
+        float ws[PA_Q8_MAX_G];
+        pa_quant_w16(sc, g, n, cap, u, MAX_N + 1, ws);
+        values_q8(kv, rows, n, g, u, ws, part0, pstride);
+        return;
+    }
     for (int jj = 0; jj < n; jj++) {
         if (jj < npf) prefetch_row(kv->v, pf[jj], rb);
         r[jj] = row_f32(kv->type, kv->v, rows[jj], hd, buf + (size_t)jj * hd);

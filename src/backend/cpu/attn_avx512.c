@@ -48,7 +48,11 @@
  *    8-lane sum of the w in blocks of 8 ascending; 8-bit V: w *= v_scale[row]
  *    after that;
  *  - acc[h][d] = one FMA chain over p = 0 .. n-1 ascending, w[h][p] *
- *    V[p][d], onto the previous acc[h][d]. */
+ *    V[p][d], onto the previous acc[h][d].
+ * int8 K and V with quantized queries (struct pa_q8, cpu_internal.h) take
+ * integer scores and value sums instead (attn_q8_avx512.c, VNNI): exact
+ * integers, so any order gives the AVX2 step's; the floats made from them
+ * are struct pa_q8's, the softmax as above. */
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 
@@ -56,6 +60,7 @@
 #include "backend/cpu/avx2_util.h"
 #include <math.h>
 #include <string.h>
+#include <pthread.h>
 
 bool cpu_attn_avx512_built(void) { return true; }
 
@@ -487,9 +492,25 @@ static enum kv_type widen_v(enum kv_type type, int g, const void *base, const si
     return in_place ? type : KV_F32;
 }
 
+/* Whether cpu_pa_scores_q8_avx512 runs here, asked once (CPUID traps to
+ * the hypervisor in a VM: microseconds a call). */
+static bool g_q8_here;
+static pthread_once_t g_q8_once = PTHREAD_ONCE_INIT;
+
+static void q8_probe(void) {
+    struct cpu_features f;
+    cpu_features_get(&f);
+    g_q8_here = cpu_attn_q8_avx512_built() && f.avx512bw && f.avx512vl && f.avx512vnni;
+}
+
+static bool q8_scores_here(void) {
+    pthread_once(&g_q8_once, q8_probe);
+    return g_q8_here;
+}
+
 static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                         float scale, float softcap, float *part0, size_t pstride, float *sc, int cap,
-                         const size_t *pf, int npf) {
+                         const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride,
+                         float *sc, int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     _Alignas(64) float buf[MAX_N * MAX_HD];       /* 4 K pairs at a time, then the V rows */
@@ -499,8 +520,16 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
 
     const size_t rb = (size_t)hd * kv_elem_bytes(kv->type);
     struct pf_cursor pfc;
-    pf_init(&pfc, kv->k, kv->v, pf, npf, rb);
     for (int jj = 0; jj < MAX_N; jj++) rs[jj] = jj < n ? (q8 ? kv->k_scale[rows[jj]] * scale : scale) : 0.0f;
+    if (qq) {                    /* int8 with integer scores and values (struct pa_q8) */
+        cpu_pa_scores_q8_avx512((const int8_t *)kv->k, rows, n, g, qq, hd, rs, sc, cap, pf, npf);
+        pa_softcap(sc, g, n, cap, softcap);
+        for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
+        softmax_step(g, part0, pstride, hd, sc, cap, n, vs);
+        cpu_pa_values_q8_avx512((const int8_t *)kv->v, rows, n, g, hd, sc, cap, part0, pstride, pf, npf);
+        return;
+    }
+    pf_init(&pfc, kv->k, kv->v, pf, npf, rb);
     scores(kv->type, kv->k, rows, g, q, hd, buf, rs, n, sc, cap, &pfc);
     pa_softcap(sc, g, n, cap, softcap);
     if (q8)
@@ -513,6 +542,8 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
 
 int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_args *a) {
     if (a->head_dim % 16 != 0 || a->head_dim > MAX_HD) return cpu_paged_attention_avx2(c, a);
+    /* int8 K's integer scores need VNNI; the AVX2 step's are the same */
+    if (a->kv.type == KV_INT8 && !q8_scores_here()) return cpu_paged_attention_avx2(c, a);
     return cpu_paged_attention_with(c, a, chunk_avx512);
 }
 

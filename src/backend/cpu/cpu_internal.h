@@ -99,6 +99,64 @@ int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a);
 /* Most positions per online-softmax step. */
 #define CPU_PA_CHUNK 64
 
+/* x rounded to the nearest integer, ties to even, for |x| < 2^22 (adding
+ * and taking off 1.5 * 2^23 leaves no fraction bits): a libm call per
+ * element, roundf, cost as much as the scores of its query. */
+static inline float pa_round_even(float x) {
+    const float big = 12582912.0f;       /* without -ffast-math the compiler keeps both operations */
+    return (x + big) - big;
+}
+
+/* The queries of an item quantized to int8 as K rows are: per head, scale
+ * = amax / 127 and codes pa_round_even(q * (127 / amax)) in [-127, 127].
+ * With int8 K a score is then an exact integer dot product of codes, so
+ * every kernel set (scalar, AVX2, AVX-512 VNNI) gets the same integer and
+ * the same float from it:
+ *   score[h][p] = (float)Σ_d code[h][d] * k[p][d] * (scale[h] * rs[p]),
+ *   rs[p] = k_scale[row p] * the attention scale (each product rounded).
+ * Widening int8 K to f32 for FMAs cost more than the rest of the step; an
+ * integer dot takes a quarter of the instructions and adds the queries'
+ * rounding (about amax / 254 per element) to K's own.  Used when K is int8,
+ * head_dim a multiple of 32, g <= PA_Q8_MAX_G and g * head_dim <=
+ * PA_Q8_MAX_BYTES (the item keeps the codes on its stack); otherwise the
+ * step works in f32 as for the other types. */
+#define PA_Q8_MAX_G 64
+#define PA_Q8_MAX_BYTES 16384
+/* With those queries the V side is integer too: per head h, the step's weights times the
+ * rows' V scales, w[h][p], become 16-bit codes u = pa_round_even(w * (32767
+ * / mw)) with mw = max_p w[h][p] (a step whose mw < 2^-100, nothing against
+ * l >= 1, adds nothing), and
+ *   acc[h][d] = fma(mw / 32767, (float)Σ_p u[h][p] * v[p][d], acc[h][d]),
+ * the sum an exact int32 (64 * 32767 * 127 < 2^31).  The codes' rounding,
+ * 2^-16 of the step's largest weight, is far below int8 V's own. */
+struct pa_q8 {
+    const int8_t *code;       /* (g, head_dim) */
+    const float *scale;       /* (g) */
+    const int32_t *sum;       /* (g): Σ_d code[h][d] (an unsigned-times-signed product's offset) */
+};
+
+/* The 16-bit weight codes of a step (see struct pa_q8): u (g rows ustride
+ * apart, zero from n to the next even count) and the heads' factors ws =
+ * mw / 32767 (0: the head adds nothing this step).  w: (g, n), rows cap
+ * apart. */
+static inline void pa_quant_w16(const float *w, int g, int n, int cap, int16_t *u, int ustride, float *ws) {
+    for (int h = 0; h < g; h++) {
+        const float *x = w + (size_t)h * cap;
+        int16_t *c = u + (size_t)h * ustride;
+        float mw = 0;
+        for (int p = 0; p < n; p++) mw = x[p] > mw ? x[p] : mw;
+        const bool on = mw >= 0x1p-100f;
+        const float inv = on ? 32767.0f / mw : 0.0f;
+        ws[h] = on ? mw / 32767.0f : 0.0f;
+        for (int p = 0; p < n; p++) {
+            float r = pa_round_even(x[p] * inv);
+            r = r > 32767 ? 32767 : r > 0 ? r : 0;     /* NaN: 0 */
+            c[p] = (int16_t)r;
+        }
+        if (n % 2) c[n] = 0;
+    }
+}
+
 /* One online-softmax step of paged attention (the part SIMD kernels
  * replace): n <= cap positions whose K/V rows (indices into kv's (slot,
  * head) rows) are rows[0 .. n), for the g query heads q (g, head_dim) that
@@ -106,15 +164,16 @@ int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a);
  * consecutive in the context, wherever their blocks lie.  part holds g
  * partials [m, l, acc[head_dim]] pstride floats apart (m = -inf and l = 0
  * before the first step), updated in place: scores q·k * scale (times the
- * row's scale for 8-bit types), new max, acc and l rescaled, weights
+ * row's scale for 8-bit types; qq non-NULL: K is int8 and the scores are
+ * struct pa_q8's integer products), new max, acc and l rescaled, weights
  * exp(score - m) added to l and, times V, to acc.  sc: g * cap floats of
  * scratch.  pf[0 .. npf): the next step's rows, to prefetch (a hint: a
  * step may ignore it) spread over this step's own reads.  Must depend only
  * on its arguments (no thread or batch state), which keeps attention
  * batch-invariant. */
 typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
-                         const float *q, float scale, float softcap, float *part, size_t pstride, float *sc,
-                         int cap, const size_t *pf, int npf);
+                         const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part,
+                         size_t pstride, float *sc, int cap, const size_t *pf, int npf);
 
 /* Soft-capping of a step's scores sc (g, n; rows cap apart), when softcap
  * > 0: s -> softcap * tanh(s / softcap), after scaling and before the max,
@@ -140,6 +199,23 @@ int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args
  * AVX2 trio. */
 bool cpu_attn_avx512_built(void);
 int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_args *a);
+
+/* A step's scores with int8 K and quantized queries on AVX-512 VNNI
+ * (attn_q8_avx512.c): sc[h * cap + p] for h < g, p < n as struct pa_q8
+ * defines them, k the layer's K codes (rows of hd), rs[0 .. 64) the
+ * positions' factors; the next step's K rows pf[0 .. npf) are prefetched
+ * meanwhile.  Call only when cpu_attn_q8_avx512_built() and the CPU has
+ * AVX-512 F, BW, VL and VNNI. */
+bool cpu_attn_q8_avx512_built(void);
+void cpu_pa_scores_q8_avx512(const int8_t *k, const size_t *rows, int n, int g, const struct pa_q8 *qq, int hd,
+                             const float *rs, float *sc, int cap, const size_t *pf, int npf);
+/* A step's values with int8 V (struct pa_q8): acc of the g partials
+ * (part0, pstride apart) from the weights w (g, n; rows cap apart, times
+ * the rows' V scales), V the layer's codes (rows of hd, a multiple of 32);
+ * the next step's V rows pf[0 .. npf) are prefetched meanwhile.  Same
+ * conditions as cpu_pa_scores_q8_avx512. */
+void cpu_pa_values_q8_avx512(const int8_t *v, const size_t *rows, int n, int g, int hd, const float *w, int cap,
+                             float *part0, size_t pstride, const size_t *pf, int npf);
 
 /* Exact, branch-free (vectorizable) equivalents of f16_to_f32 and
  * fp8_e4m3_to_f32: no subnormal floating-point operands, so neither DAZ nor

@@ -242,10 +242,32 @@ static void pa_rows(const struct kv_layer_view *kv, const int32_t *table, int hk
     }
 }
 
+/* Item queries q (g, hd) as struct pa_q8 codes (cpu_internal.h), per head. */
+static void pa_quant_q8(const float *q, int g, int hd, int8_t *code, float *scale, int32_t *sum) {
+    for (int i = 0; i < g; i++) {
+        const float *x = q + (size_t)i * hd;
+        int8_t *d = code + (size_t)i * hd;
+        float m8[8] = { 0 };             /* 8 chains: one max after another waited on each */
+        for (int e = 0; e < hd; e++) m8[e % 8] = fabsf(x[e]) > m8[e % 8] ? fabsf(x[e]) : m8[e % 8];
+        float amax = 0;
+        for (int k = 0; k < 8; k++) amax = m8[k] > amax ? m8[k] : amax;
+        const float inv = amax != 0 ? 127.0f / amax : 0.0f;
+        int32_t t = 0;
+        for (int e = 0; e < hd; e++) {
+            float r = pa_round_even(x[e] * inv);
+            r = r > 127 ? 127 : r < -127 ? -127 : r;
+            d[e] = (int8_t)(r == r ? r : 0);     /* NaN input: 0 */
+            t += d[e];
+        }
+        scale[i] = amax / 127.0f;
+        sum[i] = t;
+    }
+}
+
 /* pa_chunk_fn, scalar: see cpu_internal.h. */
 static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
-                            const float *q, float scale, float softcap, float *part0, size_t pstride, float *sc,
-                            int cap, const size_t *pf, int npf) {
+                            const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0,
+                            size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
     (void)pf;
     (void)npf;
     const int hd = kv->head_dim;
@@ -254,8 +276,18 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
     /* scores (g, n) */
     for (int jj = 0; jj < n; jj++) {
         const size_t row = rows[jj];
-        const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
         const float ks = q8 ? kv->k_scale[row] * scale : scale;
+        if (qq) {
+            const int8_t *kr = (const int8_t *)kv->k + row * (size_t)hd;
+            for (int i = 0; i < g; i++) {
+                const int8_t *c = qq->code + (size_t)i * hd;
+                int32_t t = 0;
+                for (int e = 0; e < hd; e++) t += (int32_t)c[e] * kr[e];
+                sc[i * cap + jj] = (float)t * (qq->scale[i] * ks);
+            }
+            continue;
+        }
+        const float *kr = pa_row(kv->type, kv->k, row, hd, kbuf);
         for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
     }
     pa_softcap(sc, g, n, cap, softcap);
@@ -278,6 +310,23 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
             l += si[jj];
         }
         p[1] = l;
+    }
+    if (qq) {                            /* integer V: struct pa_q8 */
+        int16_t u[PA_Q8_MAX_G * (PA_CHUNK + 1)];
+        float ws[PA_Q8_MAX_G];
+        for (int i = 0; i < g; i++)
+            for (int jj = 0; jj < n; jj++) sc[i * cap + jj] *= kv->v_scale[rows[jj]];
+        pa_quant_w16(sc, g, n, cap, u, PA_CHUNK + 1, ws);
+        for (int i = 0; i < g; i++) {
+            float *acc = part0 + (size_t)i * pstride + 2;
+            for (int e = 0; e < hd; e++) {
+                int32_t t = 0;
+                for (int jj = 0; jj < n; jj++)
+                    t += (int32_t)u[i * (PA_CHUNK + 1) + jj] * ((const int8_t *)kv->v)[rows[jj] * (size_t)hd + e];
+                acc[e] = fmaf(ws[i], (float)t, acc[e]);
+            }
+        }
+        return;
     }
     /* accumulate V */
     for (int jj = 0; jj < n; jj++) {
@@ -304,6 +353,12 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const size_t pstride = (size_t)j->s_max * ((size_t)hd + 2);   /* next head's partial */
     float *part0 = pa_partial(j, t, hk * g, s);                     /* (g) x [m, l, acc[hd]] */
     float sc[PA_SCORES];                                            /* (g, cap): scores, then weights */
+    _Alignas(64) int8_t q8[PA_Q8_MAX_BYTES];                        /* int8 K: the queries' codes */
+    float q8s[PA_Q8_MAX_G];
+    int32_t q8sum[PA_Q8_MAX_G];
+    const struct pa_q8 qq = { q8, q8s, q8sum };
+    const bool use_q8 = kv->type == KV_INT8 && hd % 32 == 0 && g <= PA_Q8_MAX_G && g * hd <= PA_Q8_MAX_BYTES;
+    if (use_q8) pa_quant_q8(q, g, hd, q8, q8s, q8sum);
 
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride;
@@ -321,7 +376,8 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         /* the next step's rows, for the step to prefetch while it computes: blocks lie
          * anywhere in the pool, so the hardware prefetcher cannot guess them */
         if (nn > 0) pa_rows(kv, table, hk, c1, nn, rows[cur ^ 1]);
-        j->chunk(kv, rows[cur], n, g, q, a->scale, a->softcap, part0, pstride, sc, cap, rows[cur ^ 1], nn > 0 ? nn : 0);
+        j->chunk(kv, rows[cur], n, g, q, use_q8 ? &qq : NULL, a->scale, a->softcap, part0, pstride, sc, cap,
+                 rows[cur ^ 1], nn > 0 ? nn : 0);
         cur ^= 1;
         c0 = c1;
         n = nn;

@@ -341,7 +341,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
 
 int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a) {
     if (a->head_dim % 8 != 0 || a->head_dim > MAX_HD) return cpu_paged_attention(c, a);
-    return cpu_paged_attention_with(c, a, chunk_avx2);
+    return cpu_paged_attention_with(c, a, chunk_avx2, NULL);
 }
 
 #else /* not an x86-64 build with the AVX2 flags */

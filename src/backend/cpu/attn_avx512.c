@@ -544,7 +544,7 @@ int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_ar
     if (a->head_dim % 16 != 0 || a->head_dim > MAX_HD) return cpu_paged_attention_avx2(c, a);
     /* int8 K's integer scores need VNNI; the AVX2 step's are the same */
     if (a->kv.type == KV_INT8 && !q8_scores_here()) return cpu_paged_attention_avx2(c, a);
-    return cpu_paged_attention_with(c, a, chunk_avx512);
+    return cpu_paged_attention_with(c, a, chunk_avx512, q8_scores_here() ? cpu_pa_quant_q8_avx512 : NULL);
 }
 
 #else /* not an x86-64 build with the AVX-512 flags */

@@ -26,6 +26,37 @@
 
 bool cpu_attn_q8_avx512_built(void) { return true; }
 
+/* pa_quant_fn: kv_kernels.c's pa_quant_q8 bit for bit, 16 elements at a
+ * time (the max is exact in any order, NaN skipped as there; roundscale
+ * rounds the one product to nearest even as pa_round_even does; NaN codes
+ * 0).  The portable loop was a quarter of a sliding layer's step. */
+void cpu_pa_quant_q8_avx512(const float *q, int g, int hd, int8_t *code, float *scale, int32_t *sum) {
+    const __m512i sign = _mm512_set1_epi32(0x7fffffff);
+    for (int i = 0; i < g; i++) {
+        const float *x = q + (size_t)i * hd;
+        int8_t *d = code + (size_t)i * hd;
+        __m512 vm = _mm512_setzero_ps();
+        for (int e = 0; e < hd; e += 16) {      /* hd: a multiple of 32 here */
+            const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + e)), sign));
+            vm = _mm512_max_ps(a, vm);          /* a NaN gives the second operand: skipped */
+        }
+        const float amax = _mm512_reduce_max_ps(vm);
+        const __m512 inv = _mm512_set1_ps(amax != 0 ? 127.0f / amax : 0.0f);
+        __m512i t = _mm512_setzero_si512();
+        for (int e = 0; e < hd; e += 16) {
+            __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + e), inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);
+            r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+            const __m512i c = _mm512_cvtps_epi32(r);
+            t = _mm512_add_epi32(t, c);
+            _mm_storeu_si128((__m128i *)(d + e), _mm512_cvtepi32_epi8(c));
+        }
+        scale[i] = amax / 127.0f;
+        sum[i] = _mm512_reduce_add_epi32(t);
+    }
+}
+
 /* Lane i of the result: the sum of a[i]'s 16 lanes. */
 ALWAYS_INLINE __m512i hsum16(const __m512i *a) {
     __m512i t[8], u[4], v[2];
@@ -245,6 +276,11 @@ void cpu_pa_scores_q8_avx512(const int8_t *k, const size_t *rows, int n, int g, 
                              const float *rs, float *sc, int cap, const size_t *pf, int npf) {
     (void)k, (void)rows, (void)n, (void)g, (void)qq, (void)hd, (void)rs, (void)sc, (void)cap, (void)pf, (void)npf;
     KV_ASSERT(!"cpu_pa_scores_q8_avx512 without VNNI");
+}
+
+void cpu_pa_quant_q8_avx512(const float *q, int g, int hd, int8_t *code, float *scale, int32_t *sum) {
+    (void)q, (void)g, (void)hd, (void)code, (void)scale, (void)sum;
+    KV_ASSERT(!"cpu_pa_quant_q8_avx512 without VNNI");
 }
 
 void cpu_pa_values_q8_avx512(const int8_t *v, const size_t *rows, int n, int g, int hd, const float *w, int cap,

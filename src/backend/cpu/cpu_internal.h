@@ -185,9 +185,17 @@ static inline void pa_softcap(float *sc, int g, int n, int cap, float softcap) {
         for (int jj = 0; jj < n; jj++) sc[(size_t)i * cap + jj] = softcap * tanhf(sc[(size_t)i * cap + jj] / softcap);
 }
 
-/* paged_attention with a given step kernel (the item, split and merge
- * structure of kv_kernels.c around it). */
-int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk);
+/* An item's queries q (g, head_dim) as struct pa_q8 codes, scales and
+ * sums, called only where struct pa_q8 applies (head_dim a multiple of
+ * 32); every version gives the same bits (kv_kernels.c's pa_quant_q8 is
+ * the definition). */
+typedef void pa_quant_fn(const float *q, int g, int hd, int8_t *code, float *scale, int32_t *sum);
+
+/* paged_attention with a given step kernel and query quantizer (NULL: the
+ * portable one), inside the item, split and merge structure of
+ * kv_kernels.c. */
+int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk,
+                             pa_quant_fn *quant);
 
 /* paged_attention with the AVX2 step (attn_avx2.c); call only when
  * cpu_features_get() reports avx2, fma and f16c. */
@@ -207,6 +215,7 @@ int cpu_paged_attention_avx512(struct backend_ctx *c, const struct paged_attn_ar
  * meanwhile.  Call only when cpu_attn_q8_avx512_built() and the CPU has
  * AVX-512 F, BW, VL and VNNI. */
 bool cpu_attn_q8_avx512_built(void);
+pa_quant_fn cpu_pa_quant_q8_avx512;
 void cpu_pa_scores_q8_avx512(const int8_t *k, const size_t *rows, int n, int g, const struct pa_q8 *qq, int hd,
                              const float *rs, float *sc, int cap, const size_t *pf, int npf);
 /* A step's values with int8 V (struct pa_q8): acc of the g partials

@@ -192,6 +192,7 @@ struct pa_job {
     const struct paged_attn_args *a;
     int s_max;                /* splits of the longest context: partials stride */
     pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
+    pa_quant_fn *quant;       /* an item's queries for int8 K (struct pa_q8) */
     const long *item_off;     /* (n_tokens + 1): first item of each token */
     const int *merge_tok;     /* the tokens with more than one split, in order */
     float *partials;          /* the context's scratch */
@@ -242,18 +243,22 @@ static void pa_rows(const struct kv_layer_view *kv, const int32_t *table, int hk
     }
 }
 
-/* Item queries q (g, hd) as struct pa_q8 codes (cpu_internal.h), per head. */
+/* pa_quant_fn, portable: item queries q (g, hd) as struct pa_q8 codes
+ * (cpu_internal.h), per head. */
 static void pa_quant_q8(const float *q, int g, int hd, int8_t *code, float *scale, int32_t *sum) {
     for (int i = 0; i < g; i++) {
         const float *x = q + (size_t)i * hd;
         int8_t *d = code + (size_t)i * hd;
         float m8[8] = { 0 };             /* 8 chains: one max after another waited on each */
-        for (int e = 0; e < hd; e++) m8[e % 8] = fabsf(x[e]) > m8[e % 8] ? fabsf(x[e]) : m8[e % 8];
+        int e = 0;
+        for (; e + 8 <= hd; e += 8)
+            for (int k = 0; k < 8; k++) m8[k] = fabsf(x[e + k]) > m8[k] ? fabsf(x[e + k]) : m8[k];
+        for (; e < hd; e++) m8[0] = fabsf(x[e]) > m8[0] ? fabsf(x[e]) : m8[0];
         float amax = 0;
         for (int k = 0; k < 8; k++) amax = m8[k] > amax ? m8[k] : amax;
         const float inv = amax != 0 ? 127.0f / amax : 0.0f;
         int32_t t = 0;
-        for (int e = 0; e < hd; e++) {
+        for (e = 0; e < hd; e++) {
             float r = pa_round_even(x[e] * inv);
             r = r > 127 ? 127 : r < -127 ? -127 : r;
             d[e] = (int8_t)(r == r ? r : 0);     /* NaN input: 0 */
@@ -358,7 +363,7 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     int32_t q8sum[PA_Q8_MAX_G];
     const struct pa_q8 qq = { q8, q8s, q8sum };
     const bool use_q8 = kv->type == KV_INT8 && hd % 32 == 0 && g <= PA_Q8_MAX_G && g * hd <= PA_Q8_MAX_BYTES;
-    if (use_q8) pa_quant_q8(q, g, hd, q8, q8s, q8sum);
+    if (use_q8) j->quant(q, g, hd, q8, q8s, q8sum);
 
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride;
@@ -410,7 +415,8 @@ static void pa_merge_chunk(void *arg, long c, int ith) {
     for (int h = 0; h < j->a->n_head; h++) pa_merge(j, t, h, ns);
 }
 
-int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk) {
+int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk,
+                             pa_quant_fn *quant) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     KV_ASSERT(a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= PA_SCORES);
     KV_ASSERT(a->head_dim > 0 && a->head_dim <= CPU_PAGED_ATTN_MAX_HEAD_DIM && a->head_dim == a->kv.head_dim);
@@ -420,7 +426,7 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
         LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
         return KVLLM_ERANGE;
     }
-    struct pa_job j = { a, 1, chunk, NULL, NULL, cc->partials };
+    struct pa_job j = { a, 1, chunk, quant ? quant : pa_quant_q8, NULL, NULL, cc->partials };
     long *off = cc->pa_off;
     int *merge = cc->pa_merge;
     long n_merge = 0;
@@ -445,7 +451,7 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
 }
 
 int cpu_paged_attention(struct backend_ctx *c, const struct paged_attn_args *a) {
-    return cpu_paged_attention_with(c, a, pa_chunk_scalar);
+    return cpu_paged_attention_with(c, a, pa_chunk_scalar, NULL);
 }
 
 /* ---- kv_shift ---- */

@@ -288,10 +288,11 @@ static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc,
     }
 }
 
-/* The cache lines of K or V row `row` (rb bytes). */
+/* The cache lines of K or V row `row` (rb bytes), into L2 (as
+ * attn_q8_avx512.c's, which says why). */
 ALWAYS_INLINE void prefetch_row(const void *base, size_t row, size_t rb) {
     const char *p = (const char *)base + row * rb;
-    for (size_t o = 0; o < rb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < rb; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
 static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,

@@ -160,10 +160,10 @@ static void pf_init(struct pf_cursor *c, const void *k, const void *v, const siz
     pf_next_row(c);
 }
 
-/* The next k lines. */
+/* The next k lines, into L2 (as attn_q8_avx512.c's, which says why). */
 ALWAYS_INLINE void pf_issue(struct pf_cursor *c, int k) {
     for (; k > 0 && c->p; k--) {
-        _mm_prefetch(c->p, _MM_HINT_T0);
+        _mm_prefetch(c->p, _MM_HINT_T1);
         c->p += 64;
         if (c->p >= c->end) pf_next_row(c);
     }

@@ -301,11 +301,20 @@ static double g_tol_act_int = -1, g_tol_act_q8 = -1;
 /* Record case outputs outs[b] (n floats each) of op: each against the scalar
  * backend's (outs[0]), its twin's, and ref (double, NULL: none) within
  * tol_ref. */
-static void judge(enum op op, float *const *outs, size_t n, const double *ref, double tol_simd, double tol_ref,
-                  const char *desc) {
+/* judge, where a device backend computes in arithmetic of its own (ref_dev
+ * non-NULL): it is held to ref_dev with tol_ref, not to the scalar set. */
+static void judge_dev(enum op op, float *const *outs, size_t n, const double *ref, const double *ref_dev,
+                      double tol_simd, double tol_ref, const char *desc) {
     for (int i = 0; i < g_nbe; i++) {
         struct stat_ *s = &g_st[i][op];
         s->cases++;
+        if (g_be[i].device && ref_dev) {
+            const double er = rel_err_floor(outs[i], ref_dev, n, g_den_floor);
+            CHECK_MSG(er <= tol_ref, "%s %s vs its double reference: rel err %.3g > %.3g", g_be[i].name, desc, er,
+                      tol_ref);
+            s->vs_ref = dmax(s->vs_ref, er);
+            continue;
+        }
         const double e = rel_err_floor(outs[i], outs[0], n, g_den_floor);
         const double tol = !g_be[i].simd                                          ? 0
                            : !strcmp(g_be[i].act, "int") && g_tol_act_int >= 0 ? g_tol_act_int
@@ -323,6 +332,11 @@ static void judge(enum op op, float *const *outs, size_t n, const double *ref, d
             s->vs_ref = dmax(s->vs_ref, er);
         }
     }
+}
+
+static void judge(enum op op, float *const *outs, size_t n, const double *ref, double tol_simd, double tol_ref,
+                  const char *desc) {
+    judge_dev(op, outs, n, ref, NULL, tol_simd, tol_ref, desc);
 }
 
 /* ---- matmul and get_rows: every weight type the loader accepts ---- */
@@ -1319,12 +1333,18 @@ static void ref_attention(const double *K, const double *V, int nkv, int hd, int
     free(sc);
 }
 
-/* Query row x (hd) as the kernels see it against the stored K (struct
- * pa_q8 in cpu_internal.h): int8 K with head sizes that are a multiple of
- * 32, up to 64 query heads per kv head and 16384 of their elements takes
- * int8 codes (nearest, ties to even) times amax / 127; the rest x itself. */
+/* Whether the CPU kernel sets quantize the queries (struct pa_q8 in
+ * cpu_internal.h): int8 K with head sizes that are a multiple of 32, up to
+ * 64 query heads per kv head and 16384 of their elements. */
+static bool pa_q8_applies(enum kv_type type, int hd, int g) {
+    return type == KV_INT8 && hd % 32 == 0 && g <= 64 && g * hd <= 16384;
+}
+
+/* Query row x (hd) as the CPU kernels see it against the stored K: where
+ * pa_q8_applies, int8 codes (nearest, ties to even) times amax / 127; the
+ * rest x itself. */
 static void pa_query_as_kernels(const float *x, int hd, int g, enum kv_type type, float *out) {
-    if (type != KV_INT8 || hd % 32 != 0 || g > 64 || g * hd > 16384) {
+    if (!pa_q8_applies(type, hd, g)) {
         memcpy(out, x, (size_t)hd * sizeof *out);
         return;
     }
@@ -1532,6 +1552,9 @@ static void test_paged_attention(int nc) {
         }
         /* references: over the stored values (the scalar backend's storage) and over the inputs */
         double *ref_st = tu_xnew(len * sizeof *ref_st), *ref_in = tu_xnew(len * sizeof *ref_in);
+        /* the CPU sets quantize an int8-K item's queries (struct pa_q8); the CUDA kernels use them as they
+         * are, so a device is held to the reference over the stored values with the query unquantized */
+        double *ref_dev = pa_q8_applies(type, hd, g) ? tu_xnew(len * sizeof *ref_dev) : NULL;
         double *Ks[PA_MAX_SEQS], *Vs[PA_MAX_SEQS], *Ki[PA_MAX_SEQS], *Vi[PA_MAX_SEQS];
         for (int s = 0; s < n_seqs; s++) {
             const size_t m = (size_t)L[s] * w;
@@ -1559,13 +1582,16 @@ static void test_paged_attention(int nc) {
                           ref_st + (size_t)t * n_head * hd);
             ref_attention(Ki[s], Vi[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, sinks,
                           ref_in + (size_t)t * n_head * hd);
+            if (ref_dev)
+                ref_attention(Ks[s], Vs[s], nkv, hd, n_head, qr, lo, pos[t], scale, softcap, sinks,
+                              ref_dev + (size_t)t * n_head * hd);
         }
         free(qst);
-        judge(OP_PAGED_ATTN, outs, len, ref_st, k_pa_simd[type], k_pa_stored[type], desc);
+        judge_dev(OP_PAGED_ATTN, outs, len, ref_st, ref_dev, k_pa_simd[type], k_pa_stored[type], desc);
         const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
         for (int b = 0; b < g_nbe; b++) {
             const double e0 = rel_err_floor(outs[b], outs[0], len, g_den_floor);
-            const double e1 = rel_err_floor(outs[b], ref_st, len, g_den_floor);
+            const double e1 = rel_err_floor(outs[b], g_be[b].device && ref_dev ? ref_dev : ref_st, len, g_den_floor);
             const double e2 = rel_err_floor(outs[b], ref_in, len, g_den_floor);
             CHECK_MSG(e2 <= tol_in, "%s %s vs the unquantized inputs: rel err %.3g > %.3g", g_be[b].name, desc, e2,
                       tol_in);
@@ -1580,7 +1606,7 @@ static void test_paged_attention(int nc) {
         }
         for (int b = 0; b < g_nbe; b++) { free(outs[b]); pool_deinit(&img[b]); }
         pool_deinit(&img0);
-        free(ref_st); free(ref_in); free(perm); free(table); free(slots); free(ks); free(vs); free(order);
+        free(ref_st); free(ref_in); free(ref_dev); free(perm); free(table); free(slots); free(ks); free(vs); free(order);
         free(q); free(pos); free(seq); free(sinks);
     }
 }

@@ -17,38 +17,18 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from mpi_procs import mpi_rank_pids  # noqa: E402
+from ports import free_ports  # noqa: E402
+
 PLAN = re.compile(r"memory plan \(([^)]*(?:\([^)]*\))?[^)]*)\): weights ([\d.]+) MiB.*?KV pool ([\d.]+) MiB")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_pids(launcher: int) -> dict[int, int]:
-    """{rank: pid} of mpirun's children (OMPI_COMM_WORLD_RANK in their environment)."""
-    out = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = (p / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if ppid == launcher:
-            for kv in env:
-                if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    out[int(kv.split(b"=", 1)[1])] = int(p.name)
-    return out
 
 
 def status_kb(pid: int) -> dict[str, int]:
@@ -61,7 +41,7 @@ def status_kb(pid: int) -> dict[str, int]:
 
 
 def measure(binary: str, model: str, n: int, kv_tokens: int) -> list[dict]:
-    port = free_port()
+    port = free_ports(1)[0]
     model, _, tok = model.partition(",")
     cmd = [binary, "serve", "-m", model, *(["--tokenizer", tok] if tok else []), "-t", "1", "--kv-tokens",
            str(kv_tokens), "--port", str(port)]
@@ -86,7 +66,7 @@ def measure(binary: str, model: str, n: int, kv_tokens: int) -> list[dict]:
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             assert r.status == 200
-        pids = rank_pids(proc.pid) if n > 1 else {0: proc.pid}
+        pids = mpi_rank_pids(proc.pid) if n > 1 else {0: proc.pid}
         mem = {r: status_kb(p) for r, p in pids.items()}
     finally:
         proc.send_signal(signal.SIGUSR1 if n > 1 else signal.SIGINT)

@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import pytest
 
+from mpi_procs import mpi_rank_pids  # noqa: F401  (tests import it from here)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -67,25 +69,6 @@ def tp_splittable(path: Path) -> Path:
     same name, kept under <repo>/models/tp; alone, the file itself."""
     from tp_model import splittable   # noqa: PLC0415
     return splittable(path, mpi_np(), REPO / "models" / "tp")
-
-
-def mpi_rank_pids(launcher_pid: int) -> dict[int, int]:
-    """{MPI rank: PID} of the processes mpirun (launcher_pid) started on this machine."""
-    kids = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-            env = (p / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
-            continue
-        for kv in env:
-            if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
-                kids[int(kv.split(b"=", 1)[1])] = int(p.name)
-    return kids
 
 
 SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "runtime error", "UndefinedBehaviorSanitizer")

@@ -157,28 +157,15 @@ __global__ void __launch_bounds__(MQ_THREADS) k_matmul_q8(float *y, const uint8_
                         acc[j] = fmaf((float)(q8_sum4(x) + q8_sum4(x + 4)), __fmul_rn(mw, dx), acc[j]);
                 }
             }
-        } else if (T == DTYPE_Q6_K) {
-            const uint8_t *p = row + u * 210;
-            int c[8], sc[2];
-            q8_q6k_lane(p, li, c, sc);
-            const float d = cu_f16_to_f32(cu_u16(p + 208));
-#pragma unroll
-            for (int j = 0; j < MQ_TOK; j++) {
-                if (j < nt) {
-                    int x[8];
-                    ld_act32(xq + (size_t)(t0 + j) * K + 256 * u + 32 * li, x);
-                    const int I = group8_sum(sc[0] * q8_dot4(c, x) + sc[1] * q8_dot4(c + 4, x + 4));
-                    const float dx = xd[(size_t)(t0 + j) * xds + u];
-                    acc[j] = fmaf((float)I, __fmul_rn(d, dx), acc[j]);
-                }
-            }
-        } else if (T == DTYPE_Q2_K || T == DTYPE_Q3_K) {
+        } else if (T == DTYPE_Q2_K || T == DTYPE_Q3_K || T == DTYPE_Q6_K) {   /* codes times sub-block scales */
             constexpr bool q2 = T == DTYPE_Q2_K;
-            const uint8_t *p = row + u * (q2 ? 84 : 110);
-            int c[8], sc[2], m[2];
-            q8_q2k_lane(T, p, li, c, sc, m);
-            const float d = cu_f16_to_f32(cu_u16(p + (q2 ? 80 : 108)));
-            const float dmin = q2 ? cu_f16_to_f32(cu_u16(p + 82)) : 0.0f;
+            constexpr int ub = q2 ? 84 : T == DTYPE_Q3_K ? 110 : 210;   /* unit bytes: d (then Q2_K's dmin) last */
+            const uint8_t *p = row + u * ub;
+            int c[8], sc[2], m[2] = { 0, 0 };
+            if (T == DTYPE_Q6_K) q8_q6k_lane(p, li, c, sc);
+            else q8_q2k_lane(T, p, li, c, sc, m);
+            const float d = cu_f16_to_f32(cu_u16(p + ub - (q2 ? 4 : 2)));
+            const float dmin = q2 ? cu_f16_to_f32(cu_u16(p + ub - 2)) : 0.0f;
 #pragma unroll
             for (int j = 0; j < MQ_TOK; j++) {
                 if (j < nt) {

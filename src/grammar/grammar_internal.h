@@ -88,6 +88,22 @@ void gnames_free(struct gnames *t);
 /* Parse GBNF text into a new grammar (refs = 1).  err gets "line:col: what". */
 int gbnf_parse(const char *text, struct kvllm_grammar **out, char *err, size_t err_cap);
 
+/* A regular expression's language as one GBNF expression (regex.c),
+ * matching output text as it is (REGEX_TEXT), or the inside of a JSON
+ * string as JSON spells it (REGEX_JSON_STRING: a pattern's newline matches
+ * the two characters \n; "." and negated classes match only characters the
+ * string holds unescaped).  A leading '^' and a trailing '$' are taken off
+ * and reported in *anchors.  Appends to out; returns 0, or KVLLM_EINVAL /
+ * KVLLM_EUNSUPPORTED / KVLLM_ERANGE / KVLLM_ENOMEM with "regex offset N:
+ * what" in err. */
+struct strbuf;
+enum regex_target { REGEX_TEXT, REGEX_JSON_STRING };
+struct regex_anchors {
+    bool start, end;
+};
+int regex_gbnf_expr(const char *pattern, size_t n, enum regex_target target, struct strbuf *out,
+                    struct regex_anchors *anchors, char *err, size_t err_cap);
+
 /* Decode one UTF-8 byte into a running state.  n_remain: bytes still missing
  * (0: *cp holds a complete code point), -1: invalid. */
 struct gutf8 {

@@ -14,7 +14,13 @@
  * (or would follow wrongly), so they are refused with their offset, never
  * ignored.  The shorthands mean what PCRE2 gives them without UCP (\d is
  * [0-9], \w is [A-Za-z0-9_], \s is [\t\n\v\f\r ]), so tests can compare
- * against PCRE2 itself. */
+ * against PCRE2 itself.
+ *
+ * The same translator serves a JSON Schema's "pattern" (schema_string.c),
+ * whose text is the inside of a JSON string: there a character of the
+ * pattern matches the way JSON spells it (a newline is the two characters
+ * \n, a quote \"), and "." and negated classes match only what a JSON
+ * string holds unescaped (REGEX_JSON_STRING). */
 #include "grammar/grammar_internal.h"
 #include "core/strbuf.h"
 #include <stdarg.h>
@@ -30,6 +36,8 @@ struct rx {
     const char *s;        /* the pattern, n bytes */
     size_t i, n;
     struct strbuf *o;     /* the GBNF text being written */
+    bool json;            /* REGEX_JSON_STRING: characters as a JSON string spells them */
+    bool end_anchor;      /* the closing '$' was read */
     int depth;
     char *err;
     size_t err_cap;
@@ -123,6 +131,86 @@ static void put_set(struct strbuf *o, const struct cpset *s, bool neg) {
         if (s->hi[k] != s->lo[k]) { sb_putc(o, '-'); put_cp(o, s->hi[k]); }
     }
     sb_putc(o, ']');
+}
+
+/* ---- inside a JSON string ---- */
+
+/* What a JSON string cannot hold as itself, ascending; DEL may appear raw,
+ * but the schemas' "char" rule (llama.cpp's) takes it only escaped, so "."
+ * and negated classes leave it out too. */
+static const uint32_t k_json_escaped[][2] = { { 0, 0x1F }, { '"', '"' }, { '\\', '\\' } };
+#define N_JSON_ESCAPED 3
+
+static bool json_escaped(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
+
+/* cp as a GBNF literal of its spelling in the output. */
+static void put_lit(struct rx *r, uint32_t cp) {
+    sb_putc(r->o, '"');
+    if (r->json && json_escaped(cp)) {
+        static const char short_esc[] = { ['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r' };
+        char esc[8];
+        if (cp == '"' || cp == '\\') snprintf(esc, sizeof esc, "\\%c", (char)cp);
+        else if (cp < sizeof short_esc && short_esc[cp]) snprintf(esc, sizeof esc, "\\%c", short_esc[cp]);
+        else snprintf(esc, sizeof esc, "\\u%04x", cp);
+        for (const char *e = esc; *e; e++) put_cp(r->o, (unsigned char)*e);
+    } else {
+        put_cp(r->o, cp);
+    }
+    sb_putc(r->o, '"');
+}
+
+static bool set_has(const struct cpset *s, uint32_t cp) {
+    for (int k = 0; k < s->n; k++)
+        if (cp >= s->lo[k] && cp <= s->hi[k]) return true;
+    return false;
+}
+
+/* s's ranges less the code points JSON escapes, into *plain. */
+static bool set_unescaped(struct rx *r, const struct cpset *s, struct cpset *plain) {
+    for (int k = 0; k < s->n; k++) {
+        uint32_t lo = s->lo[k];
+        for (int j = 0; j < N_JSON_ESCAPED && lo <= s->hi[k]; j++) {
+            const uint32_t a = k_json_escaped[j][0], b = k_json_escaped[j][1];
+            if (b < lo) continue;
+            if (a > s->hi[k]) break;
+            if (a > lo && !set_add(r, plain, lo, a - 1)) return false;
+            lo = b + 1;
+        }
+        if (lo <= s->hi[k] && !set_add(r, plain, lo, s->hi[k])) return false;
+    }
+    return true;
+}
+
+/* A class as the output spells its members: in plain text the class
+ * itself; in a JSON string a positive class is its unescaped members or
+ * the escapes of the others, a negated one leaves out everything JSON
+ * escapes (it then matches only characters held as themselves). */
+static bool write_set(struct rx *r, const struct cpset *s, bool neg) {
+    if (!r->json) {
+        put_set(r->o, s, neg);
+        return true;
+    }
+    if (neg) {
+        struct cpset x = *s;
+        for (int j = 0; j < N_JSON_ESCAPED; j++)
+            if (!set_add(r, &x, k_json_escaped[j][0], k_json_escaped[j][1])) return false;
+        if (!set_add(r, &x, 0x7F, 0x7F)) return false;
+        put_set(r->o, &x, true);
+        return true;
+    }
+    struct cpset plain = { .n = 0 };
+    if (!set_unescaped(r, s, &plain)) return false;
+    int alts = 0;
+    sb_putc(r->o, '(');
+    if (plain.n) { put_set(r->o, &plain, false); alts++; }
+    for (int j = 0; j < N_JSON_ESCAPED; j++)
+        for (uint32_t cp = k_json_escaped[j][0]; cp <= k_json_escaped[j][1]; cp++) {
+            if (!set_has(s, cp)) continue;
+            if (alts++) sb_puts(r->o, " | ");
+            put_lit(r, cp);
+        }
+    sb_putc(r->o, ')');
+    return true;
 }
 
 static int hexval(char c) {
@@ -228,8 +316,7 @@ static bool rx_class(struct rx *r) {
         r->i = open;
         return rx_fail(r, KVLLM_EINVAL, "an empty class");
     }
-    put_set(r->o, &s, neg);
-    return true;
+    return write_set(r, &s, neg);
 }
 
 /* ---- atoms, sequences, alternatives ---- */
@@ -273,7 +360,11 @@ static bool rx_atom(struct rx *r, bool *nullable) {
     switch (ch) {
     case '(': return rx_group(r, nullable);
     case '[': return rx_class(r);
-    case '.': r->i++; sb_puts(r->o, "[^\\n]"); return true;
+    case '.': {
+        r->i++;
+        const struct cpset nl = { .lo = { '\n' }, .hi = { '\n' }, .n = 1 };
+        return write_set(r, &nl, true);
+    }
     case '^': case '$': return rx_fail(r, KVLLM_EUNSUPPORTED, "an anchor inside the pattern (the whole output "
                                        "matches: '^' may only open it and '$' close it)");
     case '*': case '+': case '?': return rx_fail(r, KVLLM_EINVAL, "a quantifier with nothing before it");
@@ -282,8 +373,7 @@ static bool rx_atom(struct rx *r, bool *nullable) {
             struct cpset s = { .n = 0 };
             if (!set_shorthand(r, &s, peek(r, 1))) return false;
             r->i += 2;
-            put_set(r->o, &s, false);
-            return true;
+            return write_set(r, &s, false);
         }
         break;
     default: break;
@@ -294,9 +384,7 @@ static bool rx_atom(struct rx *r, bool *nullable) {
     } else {
         cp = next_cp(r);
     }
-    sb_putc(r->o, '"');
-    put_cp(r->o, cp);
-    sb_putc(r->o, '"');
+    put_lit(r, cp);
     return true;
 }
 
@@ -372,7 +460,11 @@ static bool rx_seq(struct rx *r, bool *nullable) {
     bool any = false;
     *nullable = true;
     while (!at_end(r) && peek(r, 0) != '|' && peek(r, 0) != ')') {
-        if (peek(r, 0) == '$' && r->i + 1 == r->n && r->depth == 0) { r->i++; break; }   /* the closing anchor */
+        if (peek(r, 0) == '$' && r->i + 1 == r->n && r->depth == 0) {   /* the closing anchor */
+            r->i++;
+            r->end_anchor = true;
+            break;
+        }
         sb_puts(r->o, any ? " (" : "(");
         bool na;
         if (!rx_atom(r, &na)) return false;
@@ -398,19 +490,24 @@ static bool rx_alt(struct rx *r, bool *nullable) {
     return true;
 }
 
-/* The GBNF of the pattern (malloc'd), or NULL with r->rc set. */
-static char *regex_gbnf(struct rx *r) {
-    struct strbuf o = { 0 };
-    r->o = &o;
-    sb_puts(&o, "root ::= ");
-    if (peek(r, 0) == '^') r->i++;   /* the opening anchor */
+int regex_gbnf_expr(const char *pattern, size_t n, enum regex_target target, struct strbuf *out,
+                    struct regex_anchors *anchors, char *err, size_t err_cap) {
+    if (err && err_cap) *err = 0;
+    struct rx r = { .s = pattern, .n = n, .o = out, .json = target == REGEX_JSON_STRING, .err = err,
+                    .err_cap = err_cap };
+    anchors->start = anchors->end = false;
+    if (!utf8_valid(pattern, n)) {
+        rx_fail(&r, KVLLM_EINVAL, "the pattern is not valid UTF-8");
+        return r.rc;
+    }
+    anchors->start = peek(&r, 0) == '^';
+    if (anchors->start) r.i++;
     bool nullable;
-    bool ok = rx_alt(r, &nullable);
-    if (ok && !at_end(r)) ok = rx_fail(r, KVLLM_EINVAL, "an unmatched ')'");
-    sb_putc(&o, '\n');
-    if (o.oom && ok) ok = rx_fail(r, KVLLM_ENOMEM, "out of memory");
-    if (!ok) { sb_free(&o); return NULL; }
-    return sb_take(&o);
+    bool ok = rx_alt(&r, &nullable);
+    if (ok && !at_end(&r)) ok = rx_fail(&r, KVLLM_EINVAL, "an unmatched ')'");
+    if (ok && out->oom) ok = rx_fail(&r, KVLLM_ENOMEM, "out of memory");
+    anchors->end = r.end_anchor;
+    return ok ? 0 : r.rc;
 }
 
 static int compile(char *text, struct kvllm_grammar **out, char *err, size_t err_cap) {
@@ -421,11 +518,14 @@ static int compile(char *text, struct kvllm_grammar **out, char *err, size_t err
 
 int kvllm_grammar_from_regex(const char *pattern, struct kvllm_grammar **out, char *err, size_t err_cap) {
     *out = NULL;
-    if (err && err_cap) *err = 0;
-    struct rx r = { .s = pattern, .n = strlen(pattern), .err = err, .err_cap = err_cap };
-    if (!utf8_valid(pattern, r.n)) { rx_fail(&r, KVLLM_EINVAL, "the pattern is not valid UTF-8"); return r.rc; }
-    char *text = regex_gbnf(&r);
-    return text ? compile(text, out, err, err_cap) : r.rc;
+    struct strbuf o = { 0 };
+    struct regex_anchors an;   /* the whole output matches either way */
+    sb_puts(&o, "root ::= ");
+    int rc = regex_gbnf_expr(pattern, strlen(pattern), REGEX_TEXT, &o, &an, err, err_cap);
+    sb_putc(&o, '\n');
+    if (!rc && o.oom) rc = KVLLM_ENOMEM;
+    if (rc) { sb_free(&o); return rc; }
+    return compile(sb_take(&o), out, err, err_cap);
 }
 
 int kvllm_grammar_from_choices(const char *const *choices, int n, struct kvllm_grammar **out, char *err,

@@ -6,11 +6,15 @@
  *     alternation, every quantifier) and random strings, most of them built
  *     to be near the pattern's language, judged by both;
  *   - what is refused, with the offset in the message;
- *   - choices, including ones that are prefixes of each other. */
+ *   - choices, including ones that are prefixes of each other;
+ *   - the same random patterns read over JSON string text (a JSON Schema's
+ *     "pattern"): the grammar on a string's JSON spelling against PCRE2 on
+ *     the string, and hand-written cases of what JSON escapes. */
 #include "check.h"
 #include "grammar_util.h"
 #include "grammar/grammar_internal.h"
 #include "core/core.h"
+#include "core/strbuf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -216,6 +220,125 @@ static void test_random(void) {
     CHECK(n_pat > 300 && n_yes > 1000 && n_no > 1000);
 }
 
+/* ---- over JSON string text ---- */
+
+/* The pattern's grammar over the inside of a JSON string (NULL, err set, when refused). */
+static struct kvllm_grammar *compile_json(const char *pat, struct regex_anchors *an, char *err, size_t cap) {
+    struct strbuf o = { 0 };
+    struct kvllm_grammar *g = NULL;
+    sb_puts(&o, "root ::= ");
+    int rc = regex_gbnf_expr(pat, strlen(pat), REGEX_JSON_STRING, &o, an, err, cap);
+    sb_puts(&o, "\n");
+    if (!rc) rc = o.oom ? KVLLM_ENOMEM : gbnf_parse(o.s, &g, err, cap);
+    sb_free(&o);
+    return rc ? NULL : g;
+}
+
+/* s as JSON spells it inside a string (of the random alphabet, only the newline is escaped). */
+static size_t json_spell(const char *s, size_t n, char *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\n') { out[k++] = '\\'; out[k++] = 'n'; }
+        else out[k++] = s[i];
+    }
+    return k;
+}
+
+/* The pattern as PCRE2 must read it to judge JSON text: a negated class
+ * also leaves out what a JSON string escapes ("." already leaves out the
+ * alphabet's newline). */
+static void json_negated(const char *pat, char *out, size_t cap) {
+    size_t k = 0;
+    for (const char *p = pat; *p && k + 24 < cap; p++) {
+        out[k++] = *p;
+        if (p[0] == '[' && p[1] == '^' && (p == pat || p[-1] != '\\')) {
+            out[k++] = *++p;
+            const char *x = "\\x00-\\x1f\"\\\\\\x7f";
+            memcpy(out + k, x, strlen(x));
+            k += strlen(x);
+        }
+    }
+    out[k] = 0;
+}
+
+static void test_random_json(void) {
+    rng_seed(&g_rng, 20261204);
+    int n_pat = 0, n_yes = 0, n_no = 0;
+    for (int t = 0; t < 300; t++) {
+        struct pbuf b = { .n = 0 };
+        b.s[0] = 0;
+        gen_alt(&b, 0);
+        char pcre_pat[1024];
+        json_negated(b.s, pcre_pat, sizeof pcre_pat);
+        if (pcre_full(pcre_pat, "", 0) < 0) continue;
+        struct regex_anchors an;
+        char err[256] = "";
+        struct kvllm_grammar *g = compile_json(b.s, &an, err, sizeof err);
+        if (!g) {
+            CHECK_MSG(strstr(err, "can match the empty string"), "regex /%s/ refused over JSON: %s", b.s, err);
+            continue;
+        }
+        n_pat++;
+        char s[64], spelled[128];
+        for (int k = 0; k < 300; k++) {
+            size_t n = gen_string(s), m = json_spell(s, n, spelled);
+            int want = pcre_full(pcre_pat, s, n), got = matcher_accepts(g, spelled, m);
+            want ? n_yes++ : n_no++;
+            if (want != got) {
+                CHECK_MSG(0, "/%s/ over JSON on \"%.*s\": PCRE2 (as /%s/) %d, grammar %d\n%s", b.s, (int)m, spelled,
+                          pcre_pat, want, got, grammar_gbnf_text(g));
+                break;
+            }
+        }
+        kvllm_grammar_free(g);
+    }
+    printf("random over JSON text: %d patterns, %d matching and %d other strings compared\n", n_pat, n_yes, n_no);
+    CHECK(n_pat > 200 && n_yes > 1000 && n_no > 1000);
+}
+
+/* What JSON escapes: a pattern's character matches its JSON spelling, never the raw byte. */
+static void test_json_escapes(void) {
+    static const struct { const char *pat; const char *yes[6]; const char *no[6]; } cases[] = {
+        { "a\\nb", { "a\\nb" }, { "a\nb", "anb" } },
+        { "say \"hi\"", { "say \\\"hi\\\"" }, { "say \"hi\"" } },
+        { "[\\n\"x]+", { "\\n\\\"x", "x", "\\n" }, { "\"", "\n", "\\" } },
+        { "\\\\d", { "\\\\d" }, { "\\d", "\\\\", "5" } },
+        { ".", { "x", "\xc3\xa9", " " }, { "\"", "\\\"", "\n", "\\n", "\\" } },
+        { "[^a]", { "b", "\xc3\xa9" }, { "a", "\"", "\\n", "\x7f" } },
+        { "\\D", { "x", "\\\"", "\\u0001", "\\n" }, { "5", "\"", "\x01" } },
+        { "\\s", { " ", "\\t", "\\n", "\\u000b", "\\f", "\\r" }, { "\t", "\n", "x" } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct regex_anchors an;
+        char err[256] = "";
+        struct kvllm_grammar *g = compile_json(cases[i].pat, &an, err, sizeof err);
+        CHECK_MSG(g, "/%s/ over JSON refused: %s", cases[i].pat, err);
+        if (!g) continue;
+        for (int k = 0; k < 6 && cases[i].yes[k]; k++)
+            CHECK_MSG(matcher_accepts(g, cases[i].yes[k], strlen(cases[i].yes[k])) == 1, "/%s/ over JSON: '%s'",
+                      cases[i].pat, cases[i].yes[k]);
+        for (int k = 0; k < 6 && cases[i].no[k]; k++)
+            CHECK_MSG(matcher_accepts(g, cases[i].no[k], strlen(cases[i].no[k])) == 0, "/%s/ over JSON: not '%s'",
+                      cases[i].pat, cases[i].no[k]);
+        kvllm_grammar_free(g);
+    }
+    static const struct { const char *pat; bool start, end; } anchors[] = {
+        { "^ab$", true, true }, { "ab", false, false }, { "a\\$", false, false }, { "^(a|b$)", true, false },
+    };
+    for (size_t i = 0; i < sizeof anchors / sizeof *anchors; i++) {
+        struct regex_anchors an = { !anchors[i].start, !anchors[i].end };
+        char err[256] = "";
+        struct kvllm_grammar *g = compile_json(anchors[i].pat, &an, err, sizeof err);
+        if (!g) {   /* '$' inside a group is refused: an anchor inside the pattern */
+            CHECK_MSG(strstr(err, "anchor") && i == 3, "/%s/: %s", anchors[i].pat, err);
+            continue;
+        }
+        CHECK_MSG(an.start == anchors[i].start && an.end == anchors[i].end, "/%s/: anchors %d %d", anchors[i].pat,
+                  an.start, an.end);
+        kvllm_grammar_free(g);
+    }
+}
+
 static void test_choices(void) {
     const char *const ch[] = { "yes", "no", "yes!", "", "\"quoted\"\n", "\xc3\xa9t\xc3\xa9" };
     struct kvllm_grammar *g = NULL;
@@ -239,6 +362,8 @@ int main(void) {
     test_braced_hex();
     test_refused();
     test_random();
+    test_random_json();
+    test_json_escapes();
     test_choices();
     gvocab_free(g_vocab);
     tvocab_free(&tv);

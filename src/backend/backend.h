@@ -33,6 +33,7 @@
 #ifndef KVLLM_BACKEND_H
 #define KVLLM_BACKEND_H
 
+#include "sample/chain.h"
 #include "tensor/tensor.h"
 #include <stdbool.h>
 #include <stddef.h>
@@ -140,6 +141,22 @@ struct moe_args {
     float *xs, *ys;               /* scratch (n_tokens, n_embd) each: a group's gathered rows and results */
     float *g, *u;                 /* scratch (n_tokens, n_ff) each */
     float *out;                   /* (n_tokens, n_embd); must not alias x or the scratch */
+};
+
+/* Rows of logits sampled in the backend (backend_ops.sample).  rows[i] is
+ * row i's struct sample_chain, its u drawn on the host from the request's
+ * seeded RNG where the host sampler would draw it, uploaded with the step's
+ * inputs.  A GPU sums weights in another order than the CPU (in a tree,
+ * not one by one), so a draw within about 1e-6 of a CDF boundary, or a
+ * top-p / min-p cut as close to its threshold, may pick a neighbour of the
+ * CPU's token; the per-op harness allows exactly that on a device. */
+struct sample_args {
+    int n, dim;
+    const float *logits;          /* (n, dim) */
+    const struct sample_chain *rows;   /* (n) */
+    int32_t *ids;                 /* (n) */
+    void *scratch;                /* SAMPLE_CHAIN_SCRATCH(dim) bytes, the rows taken one at a time (the CPU's
+                                     candidates); a backend may leave it unused */
 };
 
 /* Rotary embedding settings (backend_ops.rope). */
@@ -295,6 +312,16 @@ struct backend_ops {
      * engine samples greedy rows that nothing else transforms here, so only
      * the token id leaves the backend, not the row of logits. */
     int (*argmax)(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim);
+    /* ids (n) = the token the host sampler's chain (sample/chain.h: top-k ->
+     * top-p -> min-p -> temperature -> softmax -> draw with the row's u)
+     * picks from each row of logits, so a row that needs nothing else (no
+     * penalties, bias, masks, logits on the host) is sampled here and only
+     * its id leaves the backend; -1 for a row of only NaN and -inf.  The CPU
+     * runs the host's own code (exactly its token); a GPU may differ where
+     * float sums in another order move a near-tie (struct sample_args).
+     * Optional: NULL where the backend lacks it (those rows are sampled on
+     * the host). */
+    int (*sample)(struct backend_ctx *c, const struct sample_args *a);
 };
 
 struct backend {

@@ -164,7 +164,8 @@ static int inputs_init(struct kvllm_engine *e) {
     in->max_blocks = (e->n_ctx + e->p.block_size - 1) / e->p.block_size;
     const size_t n_table = (size_t)e->p.max_seqs * (size_t)in->max_blocks;
     const size_t nl = (size_t)e->n_logits_max, n_win = e->win_pool.n_blocks ? 1 : 0;
-    int rc = be->ops->buf_alloc(be, ((5 + n_win) * nb + (1 + n_win) * n_table + nl) * sizeof(int32_t), &in->buf);
+    const size_t n_words = (5 + n_win) * nb + (1 + n_win) * n_table + nl;   /* then the sampled rows' chains */
+    int rc = be->ops->buf_alloc(be, n_words * sizeof(int32_t) + nl * sizeof(struct sample_chain), &in->buf);
     if (rc) return rc;
     in->d_tok = in->buf.data;   /* backend addresses: passed to ops, never dereferenced */
     in->d_pos = in->d_tok + nb;
@@ -177,7 +178,9 @@ static int inputs_init(struct kvllm_engine *e) {
         in->d_win_slot = in->d_ids + nl;
         in->d_win_table = in->d_win_slot + nb;
     }
-    if (!(in->h = xmalloc(((5 + n_win) * nb + nl) * sizeof *in->h))) return KVLLM_ENOMEM;
+    in->d_smp = (struct sample_chain *)(in->d_tok + n_words);
+    const size_t n_h = (5 + n_win) * nb + nl;
+    if (!(in->h = xmalloc(n_h * sizeof *in->h + nl * sizeof *in->h_smp))) return KVLLM_ENOMEM;
     in->h_tok = in->h;
     in->h_pos = in->h_tok + nb;
     in->h_slot = in->h_pos + nb;
@@ -185,6 +188,11 @@ static int inputs_init(struct kvllm_engine *e) {
     in->h_rows = in->h_seq + nb;
     in->h_ids = in->h_rows + nb;
     in->h_win_slot = n_win ? in->h_ids + nl : NULL;
+    in->h_smp = (struct sample_chain *)(in->h + n_h);
+    /* the sample op's scratch: one row's candidates at a time */
+    if (be->ops->sample &&
+        (rc = be->ops->buf_alloc(be, SAMPLE_CHAIN_SCRATCH(e->km->m->hp.n_vocab), &in->smp_scratch)))
+        return rc;
     /* the step message (engine_run_step): 6 counts, 5 (6) arrays of a token each, the logits rows, the
      * block copies of both pools, and per sequence its block count and table row(s) */
     e->cap_msg = 6 + (5 + n_win) * nb + nl + 4 * (size_t)e->p.max_seqs +
@@ -312,6 +320,7 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     free(e->text);
     free(e->in.h);
     be->ops->buf_free(be, &e->in.buf);
+    be->ops->buf_free(be, &e->in.smp_scratch);
     forward_buf_deinit(&e->fb);
     backend_ctx_free(e->ctx);
     sched_batch_deinit(&e->sb);
@@ -399,6 +408,18 @@ static bool greedy_on_backend(const struct kvllm_request *q) {
            q->n_logit_bias == 0;
 }
 
+/* A sampled request whose next token the chain alone decides (top-k,
+ * top-p, min-p, temperature, the seeded draw): the backend's sample op can
+ * draw it from logits that never leave the backend.  The same exclusions
+ * as greedy_on_backend; n > 1 too (its samples fork from one row of
+ * logits on the host). */
+static bool sampled_on_backend(const struct kvllm_request *q) {
+    const struct kvllm_sampling_params *p = &q->sampling;
+    return p->temperature > 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f && !q->want_logits && q->n == 1 && !q->grammar && q->min_tokens == 0 &&
+           q->n_logit_bias == 0;
+}
+
 int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, struct request **out) {
     const struct kvllm_model *km = e->km;
     const int V = km->m->hp.n_vocab;
@@ -436,6 +457,7 @@ int engine_build_request(struct kvllm_engine *e, const struct kvllm_request *q, 
     r->include_stop = q->include_stop_str;
     r->grammar = constrain_ref(q->grammar);
     r->backend_greedy = greedy_on_backend(q);
+    r->backend_sample = sampled_on_backend(q);
     r->greedy = !(q->sampling.temperature > 0.0f);
     r->seqs = xcalloc((size_t)q->n, sizeof *r->seqs);
     r->ctx = xcalloc((size_t)q->n, sizeof *r->ctx);
@@ -609,15 +631,29 @@ static void reap(struct kvllm_engine *e) {
     }
 }
 
+/* Where a sequence's rows of logits go this step: the backend's argmax
+ * (greedy_on_backend), its sample op (sampled_on_backend, when it has one
+ * and the sequence is not verifying drafts, whose draws depend on the
+ * verdicts), or the host (downloaded).  A session's rows are copied out,
+ * never picked. */
+enum row_route { ROUTE_ARGMAX, ROUTE_SAMPLE, ROUTE_HOST };
+
+static enum row_route route_of(const struct kvllm_engine *e, const struct seq *q) {
+    const struct request *r = ((const struct seq_ctx *)q->owner)->req;
+    if (r->eval) return ROUTE_HOST;
+    if (r->backend_greedy) return ROUTE_ARGMAX;
+    return r->backend_sample && !q->n_spec && e->ctx->ops->sample ? ROUTE_SAMPLE : ROUTE_HOST;
+}
+
 /* The rows of sequence q's chunk that need logits, appended to the logit
  * lists: a session's evaluation wants its new rows (or the last), a
  * request's sequence its last row once its known tokens are all computed.
- * Only the rows whose token the backend picks (backend_greedy) or only the
- * others, as `greedy` says: the step lists the former first. */
-static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int row0, int nl, bool greedy) {
+ * Only the rows of `route`: the step lists the argmax rows, then the
+ * sampled ones, then the host's. */
+static int logit_rows_of(struct kvllm_engine *e, struct seq *q, int n_new, int row0, int nl, enum row_route route) {
     const struct request *r = ((struct seq_ctx *)q->owner)->req;
     const int V = e->km->m->hp.n_vocab;
-    if ((r->backend_greedy && !r->eval) != greedy) return nl;   /* a session's rows are copied out, never picked */
+    if (route_of(e, q) != route) return nl;
     for (int j = 0; j < n_new; j++) {
         const int t = q->n_computed + j;
         if (r->eval) {
@@ -713,11 +749,35 @@ int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
     return rc;
 }
 
+/* The sampling stage in the backend: argmax rows [0, ng), sampled rows
+ * [ng, ns) (their chains and draws uploaded first), and one download of
+ * their token ids. */
+static int sample_in_backend(struct kvllm_engine *e, int ng, int ns) {
+    struct step_inputs *in = &e->in;
+    struct backend_ctx *c = e->ctx;
+    const int V = e->km->m->hp.n_vocab;
+    int rc = 0;
+    if (ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
+    if (!rc && ns > ng) {
+        for (int i = ng; i < ns; i++) {
+            const struct seq_ctx *sc = e->logit_seqs[i]->owner;
+            sampler_chain_next(sc->smp, &in->h_smp[i - ng]);   /* the draw the host sampler would take */
+        }
+        rc = c->ops->upload(c, in->d_smp, in->h_smp, (size_t)(ns - ng) * sizeof *in->h_smp);
+        const struct sample_args a = { .n = ns - ng, .dim = V, .logits = e->fb.logits + (size_t)ng * V,
+                                       .rows = in->d_smp, .ids = in->d_ids + ng, .scratch = in->smp_scratch.data };
+        if (!rc) rc = BE_OP(c, sample, &a);
+    }
+    if (!rc && ns) rc = c->ops->download(c, in->h_ids, in->d_ids, (size_t)ns * sizeof(int32_t));
+    return rc;
+}
+
 /* Build the step's inputs, send them to the other ranks (tensor
- * parallelism) and issue its ops; the downloads of the picked tokens
- * (rows 0 .. n_greedy) and of the other logits rows (n_greedy .. n_logits)
- * are issued too.  Returns the first error. */
-static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
+ * parallelism) and issue its ops; the downloads of the tokens the backend
+ * picks (argmax rows 0 .. n_greedy, sampled rows n_greedy .. n_sampled)
+ * and of the other logits rows (n_sampled .. n_logits) are issued too.
+ * Returns the first error. */
+static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy, int *n_sampled) {
     const struct sched_batch *b = &e->sb;
     struct step_inputs *in = &e->in;
     struct backend_ctx *c = e->ctx;
@@ -725,12 +785,15 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     const int bs = e->p.block_size, V = e->km->m->hp.n_vocab;
     int k = 0, nl = 0;
     for (int i = 0, row0 = 0; i < b->n_seqs; row0 += b->n_new[i], i++)
-        nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, true);
+        nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, ROUTE_ARGMAX);
     const int ng = nl;
+    for (int i = 0, row0 = 0; i < b->n_seqs; row0 += b->n_new[i], i++)
+        nl = logit_rows_of(e, b->seqs[i], b->n_new[i], row0, nl, ROUTE_SAMPLE);
+    const int ns = nl;
     for (int i = 0; i < b->n_seqs; i++) {
         struct seq *q = b->seqs[i];
         KV_ASSERT(q->n_blocks <= in->max_blocks);
-        nl = logit_rows_of(e, q, b->n_new[i], k, nl, false);
+        nl = logit_rows_of(e, q, b->n_new[i], k, nl, ROUTE_HOST);
         for (int j = 0; j < b->n_new[i]; j++, k++) {
             int t = q->n_computed + j;
             in->h_tok[k] = q->tokens[t];
@@ -746,14 +809,15 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy) {
     const int n_words = pack_step(e, k, nl);
     int rc = tp_step_send(e, e->step_msg, n_words);
     if (!rc) rc = engine_run_step(e, e->step_msg, n_words);
-    /* the sampling stage: greedy rows are picked in the backend and only
-     * their token ids leave it; the other rows go to the host sampler */
-    if (!rc && ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
-    if (!rc && ng) rc = ops->download(c, in->h_ids, in->d_ids, (size_t)ng * sizeof(int32_t));
-    for (int i = ng; !rc && i < nl; i++)
+    /* the sampling stage: greedy and plainly sampled rows are picked in the
+     * backend and only their token ids leave it; the other rows go to the
+     * host sampler */
+    if (!rc) rc = sample_in_backend(e, ng, ns);
+    for (int i = ns; !rc && i < nl; i++)
         rc = ops->download(c, e->logit_dst[i], e->fb.logits + (size_t)i * V, (size_t)V * sizeof(float));
     *n_logits = nl;
     *n_greedy = ng;
+    *n_sampled = ns;
     return rc;
 }
 
@@ -772,8 +836,8 @@ static void fail_batch(struct kvllm_engine *e, int rc) {
 static void run_batch(struct kvllm_engine *e) {
     const struct sched_batch *b = &e->sb;
     const int bs = e->p.block_size;
-    int nl = 0, ng = 0;
-    int rc = issue_batch(e, &nl, &ng);
+    int nl = 0, ng = 0, ns = 0;
+    int rc = issue_batch(e, &nl, &ng, &ns);
     int rs = backend_sync(e->ctx);     /* the one wait of the step */
     if (rc || rs) { fail_batch(e, rc ? rc : rs); return; }
     sched_commit(&e->sched, b);
@@ -794,15 +858,17 @@ static void run_batch(struct kvllm_engine *e) {
     e->st.kv_waste_ideal_sum += ideal ? (double)(ideal - used) / (double)ideal : 0.0;
 
     /* a speculating sequence's rows are consecutive in its group: its last token's, then one per
-     * draft; the greedy group's tokens were picked by the backend, the others are sampled here */
-    for (int i = 0; i < ng;) {
+     * draft; the greedy and sampled groups' tokens were picked by the backend (a sampled row never
+     * speculates), the others are sampled here */
+    for (int i = 0; i < ns;) {
         struct seq *q = e->logit_seqs[i];
         if (q->n_spec) { i += spec_verify(e, q, NULL, e->in.h_ids + i); continue; }
         output_on_token(e, q, e->in.h_ids[i]);
         i++;
     }
     e->n_backend_picked += (uint64_t)ng;
-    for (int i = ng; i < nl;) {
+    e->n_backend_sampled += (uint64_t)(ns - ng);
+    for (int i = ns; i < nl;) {
         struct seq *q = e->logit_seqs[i];
         if (q && q->n_spec) { i += spec_verify(e, q, e->logit_dst + i, NULL); continue; }
         if (q) output_on_logits(e, q, e->logit_dst[i]);

@@ -10,6 +10,7 @@
 #include "kv/paged_kv.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
+#include "sample/sampler.h"
 #include "tok/tokenizer.h"
 #include "grammar/grammar.h"
 
@@ -57,6 +58,7 @@ struct request {
     bool include_stop;            /* a matched stop string stays in the text (vLLM's include_stop_str_in_output) */
     bool failed;            /* a sequence ended with KVLLM_FINISH_ERROR */
     bool backend_greedy;    /* its tokens are picked by the backend's argmax (engine.c: greedy_on_backend) */
+    bool backend_sample;    /* its tokens may be drawn by the backend's sample op (engine.c: sampled_on_backend) */
     char **stop;
     int n_stop;
     size_t max_stop;        /* longest stop string */
@@ -90,6 +92,9 @@ struct step_inputs {
     int32_t *h_tok, *h_pos, *h_slot, *h_seq, *h_rows;
     int32_t *h_ids;                                      /* (n_logits_max) */
     int32_t *h_win_slot;                                 /* (max_batch_tokens) */
+    struct sample_chain *d_smp, *h_smp;                  /* (n_logits_max) the rows the backend samples: each
+                                                            one's truncations and draw (in buf, and in h) */
+    struct backend_buf smp_scratch;                      /* the sample op's scratch (empty without the op) */
     int max_blocks;
 };
 
@@ -117,6 +122,7 @@ struct kvllm_engine {
     char *text;                                /* event text scratch */
     const float *cur_logits;                   /* row being sampled, for events */
     uint64_t n_backend_picked;                 /* tokens the backend's argmax picked (tests) */
+    uint64_t n_backend_sampled;                /* tokens the backend's sample op drew (tests) */
     size_t cap_text;
     int mask_words;                            /* (n_vocab + 31) / 32: one allow-mask */
     int32_t end_ids[8];                        /* EOS and the chat end-of-turn tokens of the vocabulary */

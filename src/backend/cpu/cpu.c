@@ -153,6 +153,7 @@ static const struct backend_ops k_scalar_ops = {
     .paged_attention = cpu_paged_attention,
     .copy_blocks = cpu_copy_blocks,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
     .kv_shift = cpu_kv_shift,
 };
 

@@ -10,6 +10,7 @@ int cpu_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 int cpu_get_rows(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
 int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32_t *ids, int n, int dim);
 int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim);
+int cpu_sample(struct backend_ctx *c, const struct sample_args *a);   /* sample.c */
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim, float eps);
 int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, const struct tensor *b,
                   int n, int dim, float eps);

@@ -171,6 +171,7 @@ WALLED(kv_store, (struct backend_ctx *c, const struct kv_layer_view *kv, const i
                   const float *v, int n), (c, kv, slots, k, v, n))
 WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a), (c, a))
 WALLED(argmax, (struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim), (c, ids, x, n, dim))
+WALLED(sample, (struct backend_ctx *c, const struct sample_args *a), (c, a))
 WALLED(copy_blocks, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                      const int32_t (*pairs)[2], int n), (c, layers, n_layer, pairs, n))
 WALLED(kv_shift, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
@@ -205,5 +206,6 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->paged_attention = strict_paged_attention;
     o->copy_blocks = strict_copy_blocks;
     o->argmax = strict_argmax;
+    o->sample = strict_sample;
     o->kv_shift = strict_kv_shift;
 }

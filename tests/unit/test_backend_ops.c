@@ -72,6 +72,16 @@
  *                                 untouched
  * argmax           0      0       token ids exactly: ties (values on a coarse grid), NaN, +-inf,
  *                                 rows with no finite value (-1), vocabulary-sized rows
+ * sample           0      0       token ids exactly (the CPU runs the host sampler's own chain), vs a
+ *                                 reference written here (qsort in the total order, no heaps nor
+ *                                 mass buckets, sums in the chain's order): ties, NaN, +-inf, rows
+ *                                 with nothing valid (-1), greedy rows, top_k 1 / random / off,
+ *                                 top_p tiny / off, min_p up to 1, temperatures 1e-30 to 100, u at 0
+ *                                 and just under 1.  A device may differ only where the reference
+ *                                 finds a decision within SAMPLE_NEAR_TIE of its threshold (the
+ *                                 draw's r from a CDF boundary, a top-p cut from its target, both
+ *                                 relative to the mass, or a min-p ratio from min_p): it sums the
+ *                                 weights in another order and its expf is not glibc's
  * Also: the error returns (paged attention over more tokens than the
  * context's max_tokens or past its max_ctx, get_rows out of range:
  * KVLLM_ERANGE, kept as the context's status until backend_sync) and the
@@ -92,6 +102,7 @@
 #include "num_util.h"
 #include "tensor/dtype.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,7 +112,7 @@
 
 enum op {
     OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
-    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_MOE_ROUTE, OP_MOE, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_COUNT
+    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_MOE_ROUTE, OP_MOE, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_SAMPLE, OP_COUNT
 };
 
 static const struct {
@@ -128,7 +139,11 @@ static const struct {
     [OP_PAGED_ATTN] = { "paged_attention", 0, 0 }, /* per type: k_pa_* */
     [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
     [OP_ARGMAX] = { "argmax", 0, 0 },
+    [OP_SAMPLE] = { "sample", 0, 0 },
 };
+/* sample on a device: how close to its threshold a decision must be for another token to pass
+ * (the table) */
+#define SAMPLE_NEAR_TIE 1e-5
 #define MATMUL_SIMD_FEW 5e-5   /* outputs of fewer than 8 values */
 /* matmul with integer activations (KVLLM_ACT=int, the types it takes):
  * each block of 32 rounded to 13-bit codes, ~2e-4 relative on Gaussian
@@ -666,6 +681,171 @@ static void test_argmax(int nc) {
         for (int b = 0; b < g_nbe; b++) free(outs[b]);
         free(x);
         free(ref);
+    }
+}
+
+/* ---- sample: the chain from the math ---- */
+
+struct ref_cand {
+    float l;
+    int32_t id;
+};
+
+/* the total order: higher logit, then lower id */
+static int ref_cand_cmp(const void *pa, const void *pb) {
+    const struct ref_cand *a = pa, *b = pb;
+    if (a->l != b->l) return a->l > b->l ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static double dmin(double a, double b) { return a < b ? a : b; }
+
+/* The token chain.h's chain picks from row x (dim) under p, by the book:
+ * sort everything with qsort where the chain would have sorted.  *near:
+ * how close the closest decision came to its threshold (the table). */
+static int32_t ref_sample(const float *x, int dim, const struct sample_chain *p, double *near) {
+    struct ref_cand *c = tu_xnew((size_t)dim * sizeof *c);
+    float *w = tu_xnew((size_t)dim * sizeof *w);
+    int n = 0, pick = -1;
+    *near = INFINITY;
+    for (int i = 0; i < dim; i++)
+        if (!isnan(x[i]) && x[i] != -INFINITY) c[n++] = (struct ref_cand){ x[i] == INFINITY ? FLT_MAX : x[i], i };
+    float lmax = -INFINITY;
+    for (int i = 0; i < n; i++) lmax = c[i].l > lmax ? c[i].l : lmax;
+    if (n && !(p->temperature > 0)) {   /* greedy: the first of the largest, in id order */
+        pick = 0;
+        for (int i = 1; i < n; i++) pick = c[i].l > c[pick].l ? i : pick;
+    } else if (n) {
+        bool sorted = false;   /* else c is in id order, and so is the draw's walk */
+        if (p->top_k > 0 && p->top_k < n) {
+            qsort(c, (size_t)n, sizeof *c, ref_cand_cmp);
+            n = p->top_k;
+            sorted = true;
+        }
+        if (p->top_p < 1 && n > 1) {   /* the shortest sorted prefix holding top_p of the mass */
+            double z = 0, cum = 0;
+            for (int i = 0; i < n; i++) z += expf(c[i].l - lmax);
+            if (!sorted) qsort(c, (size_t)n, sizeof *c, ref_cand_cmp);
+            sorted = true;
+            const double target = (double)p->top_p * z;
+            for (int i = 0; i < n; i++) {
+                const double prev = cum;
+                cum += expf(c[i].l - lmax);
+                if (cum >= target) {
+                    *near = dmin(*near, dmin(cum - target, target - prev) / z);
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        if (p->min_p > 0 && n > 1) {   /* p_i >= min_p p_max */
+            int m = 0;
+            for (int i = 0; i < n; i++) {
+                const float r = expf(c[i].l - lmax);
+                *near = dmin(*near, fabs((double)r - p->min_p));
+                if (r >= p->min_p) c[m++] = c[i];
+            }
+            n = m;
+        }
+        double z = 0, cum = 0;
+        for (int i = 0; i < n; i++) z += w[i] = expf((c[i].l - lmax) / p->temperature);
+        const double r = (double)p->u * z;
+        for (int i = 0; i < n && pick < 0; i++) {
+            if (w[i] <= 0) continue;
+            const double prev = cum;
+            cum += w[i];
+            if (cum > r) {
+                pick = i;
+                *near = dmin(*near, dmin(r - prev, cum - r) / z);
+            }
+        }
+        for (int i = n - 1; pick < 0 && i >= 0; i--) pick = w[i] > 0 ? i : -1;   /* rounding: the last weighed */
+    }
+    const int32_t id = pick >= 0 ? c[pick].id : -1;
+    free(c);
+    free(w);
+    return id;
+}
+
+/* A random chain: greedy now and then, every truncation on or off, the extremes. */
+static struct sample_chain rand_chain(int dim) {
+    static const float temps[] = { 0, 1e-30f, 1e-3f, 0.3f, 0.8f, 1, 1.5f, 100 };
+    static const float tops[] = { 1, 1e-6f, 0.5f, 0.9f, 0.95f };
+    static const float mins[] = { 0, 0.05f, 0.2f, 1 };
+    struct sample_chain p = { .temperature = PICK(temps), .top_p = PICK(tops), .min_p = PICK(mins) };
+    const int k = rnd(4);
+    p.top_k = k == 0 ? 0 : k == 1 ? 1 : k == 2 ? rnd_in(1, dim) : dim + rnd_in(0, 5);
+    const int u = rnd(8);
+    p.u = u == 0 ? 0 : u == 1 ? 0x1.fffffep-1f : (urand() + 1) / 2 * 0x1.fffffep-1f;
+    if (rnd(3) == 0) p.top_k = 0, p.top_p = 1;   /* min-p alone or nothing: the draw walks ids in order */
+    return p;
+}
+
+/* The sampling stage's draw: ids against the reference, exactly on the CPU. */
+static void test_sample(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const int dim = g_large ? PICK(k_large_vocab) : rnd(8) ? rnd_in(1, 300) : rnd_in(1000, 50000);
+        const int n = draw_tokens();
+        const int mode = rnd(4);   /* 0 plain, 1 ties, 2 specials sprinkled, 3 some rows without a valid value */
+        float *x = tu_xnew((size_t)n * dim * sizeof *x), *outs[MAX_BE];
+        struct sample_chain *rows = tu_xnew((size_t)n * sizeof *rows);
+        double *ref = tu_xnew((size_t)n * sizeof *ref), *near = tu_xnew((size_t)n * sizeof *near);
+        const float amp = ldexpf(1, rnd_in(-3, 3));
+        for (int t = 0; t < n; t++) {
+            float *r = x + (size_t)t * dim;
+            const bool empty = mode == 3 && rnd(2);
+            for (int e = 0; e < dim; e++) {
+                float v = mode == 1 ? (float)(int)(gauss() * 2) : gauss() * amp;
+                if (mode >= 2 && !rnd(7)) v = rnd(3) == 0 ? NAN : rnd(2) ? -INFINITY : (mode == 2 && !rnd(4) ? INFINITY : -INFINITY);
+                r[e] = empty ? (rnd(2) ? NAN : -INFINITY) : v;
+            }
+            rows[t] = rand_chain(dim);
+            ref[t] = ref_sample(r, dim, &rows[t], &near[t]);
+        }
+        char desc[96];
+        snprintf(desc, sizeof desc, "sample dim=%d n=%d mode=%d", dim, n, mode);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            outs[b] = NULL;
+            if (!t->c->ops->sample) continue;   /* optional: such a backend samples on the host */
+            int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
+            outs[b] = tu_xnew((size_t)n * sizeof(float));
+            struct backend_buf bx = buf_up(t, x, (size_t)n * dim * 4), bi = buf_up(t, NULL, (size_t)n * 4),
+                               br = buf_up(t, rows, (size_t)n * sizeof *rows),
+                               bs = buf_up(t, NULL, SAMPLE_CHAIN_SCRATCH(dim));
+            const struct sample_args a = { .n = n, .dim = dim, .logits = bx.data, .rows = br.data, .ids = bi.data,
+                                           .scratch = bs.data };
+            int rc = BE_OP(t->c, sample, &a);
+            buf_down(t, ids, &bi, (size_t)n * 4);
+            sync_ok(t, rc, desc);
+            struct stat_ *s = &g_st[b][OP_SAMPLE];
+            s->cases++;
+            int off = 0;
+            for (int r = 0; r < n; r++) {
+                outs[b][r] = (float)ids[r];
+                if (ids[r] == (int32_t)ref[r]) continue;
+                off++;
+                CHECK_MSG(t->device && near[r] <= SAMPLE_NEAR_TIE,
+                          "%s %s row %d (T %g, top_k %d, top_p %g, min_p %g, u %.9g): token %d, the reference's "
+                          "%d (closest decision %.3g from its threshold)", t->name, desc, r,
+                          (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p,
+                          (double)rows[r].min_p, (double)rows[r].u, ids[r], (int)ref[r], near[r]);
+            }
+            s->vs_ref = dmax(s->vs_ref, (double)off / n);   /* the share of rows that differ */
+            if (t->twin >= 0 && outs[t->twin])
+                CHECK_MSG(memcmp(outs[b], outs[t->twin], (size_t)n * sizeof(float)) == 0, "%s %s: differs from %s",
+                          t->name, desc, g_be[t->twin].name);
+            free(ids);
+            buf_drop(t, &bx);
+            buf_drop(t, &bi);
+            buf_drop(t, &br);
+            buf_drop(t, &bs);
+        }
+        for (int b = 0; b < g_nbe; b++) free(outs[b]);
+        free(x);
+        free(rows);
+        free(ref);
+        free(near);
     }
 }
 
@@ -1871,7 +2051,7 @@ int main(void) {
     const char *large = getenv("KVLLM_TEST_LARGE");
     g_large = large && !strcmp(large, "1");
     if (g_large)
-        printf("  large shapes (KVLLM_TEST_LARGE=1): matmul get_rows rmsnorm rope elementwise argmax "
+        printf("  large shapes (KVLLM_TEST_LARGE=1): matmul get_rows rmsnorm rope elementwise argmax sample "
                "paged_attention\n");
 
     struct cpu_features f;
@@ -1942,6 +2122,7 @@ int main(void) {
     if (listed("KVLLM_TEST_OPS", "paged_attention")) test_paged_attention(g_large ? KV_TYPE_COUNT_ : CASES(150));
     if (!g_large && listed("KVLLM_TEST_OPS", "copy_blocks")) test_copy_blocks(CASES(60));
     if (listed("KVLLM_TEST_OPS", "argmax")) test_argmax(g_large ? big : CASES(60));
+    if (listed("KVLLM_TEST_OPS", "sample")) test_sample(g_large ? big : CASES(60));
     if (!g_large && listed("KVLLM_TEST_OPS", "errors")) {
         fprintf(stderr, "(the next paged attention errors are expected)\n");
         for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
@@ -1964,6 +2145,8 @@ int main(void) {
             else if (op == OP_PAGED_ATTN) snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_pa_stored[0]);
             else if (op == OP_COPY_BLOCKS) snprintf(tr, sizeof tr, "%.3g (exact)", s->vs_ref);
             else if (op == OP_LAYERNORM) snprintf(tr, sizeof tr, "%.3g (cond.)", s->vs_ref);
+            else if (op == OP_SAMPLE) snprintf(tr, sizeof tr, "%.3g rows (%s)", s->vs_ref,
+                                               g_be[b].device ? "near-ties" : "exact");
             else snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_tol[op].ref);
             printf("  %-18s %-16s %6ld  %-22s %-22s", g_be[b].name, k_tol[op].name, s->cases, ts, tr);
             if (op == OP_PAGED_ATTN) printf(" vs inputs %.3g", s->vs_input);

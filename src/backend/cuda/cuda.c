@@ -323,6 +323,11 @@ static int cuda_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int 
     return launched(cuk_argmax(cc_of(c)->stream, ids, x, n, dim), "argmax");
 }
 
+static int cuda_sample(struct backend_ctx *c, const struct sample_args *a) {
+    CU_ENTER(c->be);
+    return launched(cuk_sample(cc_of(c)->stream, a->ids, a->logits, a->rows, a->n, a->dim), "sample");
+}
+
 static int cuda_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim,
                         float eps) {
     CU_ENTER(c->be);
@@ -481,6 +486,7 @@ static const struct backend_ops k_cuda_ops = {
     .paged_attention = cuda_paged_attention,
     .copy_blocks = cuda_copy_blocks,
     .argmax = cuda_argmax,
+    .sample = cuda_sample,
 };
 
 /* ---- the backend ---- */

@@ -40,6 +40,9 @@ cudaError_t cuk_matmul_q8(cudaStream_t s, float *y, const struct tensor *w, cons
 cudaError_t cuk_get_rows(cudaStream_t s, int *err, float *y, const struct tensor *w, const int32_t *ids, int n);
 cudaError_t cuk_gather_rows(cudaStream_t s, float *y, const float *x, const int32_t *ids, int n, int dim);
 cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, int n, int dim);
+/* sample.cu: ids (n) drawn from x (n, dim) by chain.h's chain with rows (n) (device memory) */
+cudaError_t cuk_sample(cudaStream_t s, int32_t *ids, const float *x, const struct sample_chain *rows, int n,
+                       int dim);
 cudaError_t cuk_rmsnorm(cudaStream_t s, float *y, const float *x, const float *w, int n, int dim, float eps);
 cudaError_t cuk_layernorm(cudaStream_t s, float *y, const float *x, const float *w, const float *b, int n, int dim,
                           float eps);

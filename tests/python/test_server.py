@@ -92,6 +92,24 @@ def test_streaming_matches_nonstreaming(srv):
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
 
 
+def test_seeded_sampling_same_on_both_routes(srv):
+    """A request sampled with nothing but temperature, top-k, top-p, min-p and a seed is drawn by the
+    backend's sample op (only its ids leave the backend); asking for logprobs puts it on the host
+    sampler, which draws from the same seeded RNG: the same text either way, for every chain."""
+    oc = srv.client()
+    chains = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, extra_body={"top_k": 20, "min_p": 0.05}),
+              dict(temperature=1.5, top_p=1.0, extra_body={"top_k": 0, "min_p": 0.1})]
+    texts = set()
+    for chain in chains:
+        for seed in (3, 11):
+            args = dict(model="stories260K", prompt="Once upon a time", max_tokens=24, seed=seed, **chain)
+            dev = oc.completions.create(**args)
+            host = oc.completions.create(**args, logprobs=1)
+            assert host.choices[0].text == dev.choices[0].text, (chain, seed)
+            texts.add(dev.choices[0].text)
+    assert len(texts) > 1   # the seeds and chains matter
+
+
 def test_n_and_prompt_lists(srv):
     oc = srv.client()
     r = oc.completions.create(model="stories260K", prompt="Lily", max_tokens=12, n=3, temperature=1.0, seed=7)

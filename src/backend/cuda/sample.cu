@@ -28,8 +28,10 @@
  * in a fixed order, so a row's token never depends on the run or the batch.
  *
  * Cost per row: 2 passes (max, greedy), 8 for top-k, 33 plus a scan for
- * top-p, 33 plus a scan for the draw after a cut; each a read of the row
- * (L2-resident after the first) and a block reduction.  Unverified on a GPU
+ * top-p, 33 plus a scan for the draw after a cut; each a read of the set
+ * and a block reduction.  After a top-k of at most SMP_CAP the survivors
+ * are compacted into shared memory, in id order (the walks need it), so the
+ * later passes read k candidates, not the row.  Unverified on a GPU
  * (docs/GPU.md). */
 #include "backend/cuda/cuda_common.cuh"
 
@@ -38,6 +40,7 @@
 #include <math.h>
 
 #define SMP_THREADS 512
+#define SMP_CAP 2048   /* top-k survivors compacted into shared memory (8 bytes each) */
 #define SMP_WARPS (SMP_THREADS / 32)
 #define FULL_MASK 0xffffffffu
 
@@ -99,23 +102,32 @@ __device__ __forceinline__ uint64_t smp_ord(uint32_t key, int id) {
     return ((uint64_t)key << 32) | (uint64_t)(0xffffffffu - (uint32_t)id);
 }
 
-/* The set the chain holds so far: valid, ordinal >= cut, and (min-p) a ratio to the max >= min_p. */
+/* The set the chain holds so far: valid, ordinal >= cut, and (min-p) a ratio to the max >= min_p;
+ * its candidates are the row's, or after a small top-k its survivors compacted in id order. */
 struct smp_set {
-    const float *x;
-    int dim;
+    const float *x;      /* (len) the row, when cl is NULL */
+    const float *cl;     /* (len) the compacted survivors' logits (valid, clamped), in id order */
+    const int *cid;      /* (len) their ids */
+    int len;
     float lmax;
     uint64_t cut;
     bool minp;
     float min_p;
 };
 
-/* Whether candidate i is in s; its logit and key when it is. */
-__device__ __forceinline__ bool smp_in(const smp_set &s, int i, float *l, uint32_t *key) {
-    const float v = s.x[i];
-    if (!smp_valid(v)) return false;
-    *l = smp_clamp(v);
+/* Whether candidate j is in s; its logit, key and id when it is. */
+__device__ __forceinline__ bool smp_in(const smp_set &s, int j, float *l, uint32_t *key, int *id) {
+    if (s.cl) {
+        *l = s.cl[j];
+        *id = s.cid[j];
+    } else {
+        const float v = s.x[j];
+        if (!smp_valid(v)) return false;
+        *l = smp_clamp(v);
+        *id = j;
+    }
     *key = smp_key(*l);
-    if (smp_ord(*key, i) < s.cut) return false;
+    if (smp_ord(*key, *id) < s.cut) return false;
     return !s.minp || expf(*l - s.lmax) >= s.min_p;
 }
 
@@ -123,10 +135,10 @@ __device__ __forceinline__ bool smp_in(const smp_set &s, int i, float *l, uint32
 __device__ __forceinline__ float smp_w(const smp_set &s, float l, float t) { return expf((l - s.lmax) / t); }
 
 __device__ int smp_count(const smp_set &s, int *ired) {
-    int n = 0;
+    int n = 0, id;
     float l;
     uint32_t key;
-    for (int i = threadIdx.x; i < s.dim; i += SMP_THREADS) n += smp_in(s, i, &l, &key);
+    for (int j = threadIdx.x; j < s.len; j += SMP_THREADS) n += smp_in(s, j, &l, &key, &id);
     return blk_reduce(n, 0, ired, op_add());
 }
 
@@ -135,8 +147,9 @@ __device__ double smp_mass(const smp_set &s, uint32_t kmin, float t, double *dre
     double m = 0;
     float l;
     uint32_t key;
-    for (int i = threadIdx.x; i < s.dim; i += SMP_THREADS)
-        if (smp_in(s, i, &l, &key) && key >= kmin) m += smp_w(s, l, t);
+    int id;
+    for (int j = threadIdx.x; j < s.len; j += SMP_THREADS)
+        if (smp_in(s, j, &l, &key, &id) && key >= kmin) m += smp_w(s, l, t);
     return blk_reduce(m, 0.0, dred, op_add());
 }
 
@@ -151,34 +164,36 @@ __device__ uint32_t smp_key_at(const smp_set &s, float t, double thr, bool stric
     return k;
 }
 
-/* Walking the set in id order (only key `only` unless any_key), from mass base: the first candidate
- * where the running mass reaches thr (strict: exceeds it, and weighs something); when rounding leaves
- * it short, the last candidate walked that weighs something (any, for top-p). */
+/* Walking the set in id order (only key `only` unless any_key), from mass base: the id of the first
+ * candidate where the running mass reaches thr (strict: exceeds it, and weighs something); when
+ * rounding leaves it short, of the last candidate walked that weighs something (any, for top-p).
+ * Each thread walks a contiguous run, so thread order is id order. */
 __device__ int smp_walk(const smp_set &s, bool any_key, uint32_t only, float t, double base, double thr,
                         bool strict, double *dred, int *ired) {
-    const int chunk = (s.dim + SMP_THREADS - 1) / SMP_THREADS;
-    const int lo = threadIdx.x * chunk, hi = min(s.dim, lo + chunk);
+    const int chunk = (s.len + SMP_THREADS - 1) / SMP_THREADS;
+    const int lo = threadIdx.x * chunk, hi = min(s.len, lo + chunk);
     float l;
     uint32_t key;
+    int id;
     double part = 0;
-    for (int i = lo; i < hi; i++)
-        if (smp_in(s, i, &l, &key) && (any_key || key == only)) part += smp_w(s, l, t);
+    for (int j = lo; j < hi; j++)
+        if (smp_in(s, j, &l, &key, &id) && (any_key || key == only)) part += smp_w(s, l, t);
     double cum = base + blk_exscan(part, dred);
     int found = INT_MAX, last = -1;
-    for (int i = lo; i < hi && found == INT_MAX; i++) {
-        if (!smp_in(s, i, &l, &key) || !(any_key || key == only)) continue;
+    for (int j = lo; j < hi && found == INT_MAX; j++) {
+        if (!smp_in(s, j, &l, &key, &id) || !(any_key || key == only)) continue;
         const float w = smp_w(s, l, t);
         if (strict && w <= 0.0f) continue;
         cum += w;
-        last = i;
-        if (strict ? cum > thr : cum >= thr) found = i;
+        last = id;
+        if (strict ? cum > thr : cum >= thr) found = id;
     }
     found = blk_reduce(found, INT_MAX, ired, op_min());
     last = blk_reduce(last, -1, ired, op_max());
     return found != INT_MAX ? found : last;
 }
 
-/* The k-th largest ordinal of the valid candidates (1 <= k <= their count). */
+/* The k-th largest ordinal of the row's valid candidates (1 <= k <= their count). */
 __device__ uint64_t smp_kth(const smp_set &s, int k, unsigned *hist, uint64_t *bc, int *bk) {
     uint64_t prefix = 0;
     int rem = k;
@@ -186,7 +201,7 @@ __device__ uint64_t smp_kth(const smp_set &s, int k, unsigned *hist, uint64_t *b
         const uint64_t hi = shift == 56 ? 0 : ~((1ull << (shift + 8)) - 1);   /* the digits decided */
         for (int b = threadIdx.x; b < 256; b += SMP_THREADS) hist[b] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < s.dim; i += SMP_THREADS) {
+        for (int i = threadIdx.x; i < s.len; i += SMP_THREADS) {
             const float v = s.x[i];
             if (!smp_valid(v)) continue;
             const uint64_t o = smp_ord(smp_key(smp_clamp(v)), i);
@@ -208,6 +223,27 @@ __device__ uint64_t smp_kth(const smp_set &s, int k, unsigned *hist, uint64_t *b
     return prefix;
 }
 
+/* The set's members (n of them, at most SMP_CAP), from the row into cl / cid in id order. */
+__device__ void smp_compact(smp_set &s, int n, float *cl, int *cid, double *dred) {
+    const int chunk = (s.len + SMP_THREADS - 1) / SMP_THREADS;
+    const int lo = threadIdx.x * chunk, hi = min(s.len, lo + chunk);
+    float l;
+    uint32_t key;
+    int id, cnt = 0;
+    for (int j = lo; j < hi; j++) cnt += smp_in(s, j, &l, &key, &id);
+    int at = (int)blk_exscan((double)cnt, dred);   /* exact: counts far below 2^53 */
+    for (int j = lo; j < hi; j++)
+        if (smp_in(s, j, &l, &key, &id)) {
+            cl[at] = l;
+            cid[at] = id;
+            at++;
+        }
+    __syncthreads();
+    s.cl = cl;
+    s.cid = cid;
+    s.len = n;
+}
+
 __global__ void __launch_bounds__(SMP_THREADS) k_sample(int32_t *ids, const float *x,
                                                         const struct sample_chain *rows, int dim) {
     __shared__ double dred[SMP_WARPS];
@@ -216,8 +252,10 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(int32_t *ids, const floa
     __shared__ unsigned hist[256];
     __shared__ uint64_t bc;
     __shared__ int bk;
+    __shared__ float cl[SMP_CAP];
+    __shared__ int cid[SMP_CAP];
     const struct sample_chain p = rows[blockIdx.x];
-    smp_set s = { x + (size_t)blockIdx.x * dim, dim, -INFINITY, 0, false, p.min_p };
+    smp_set s = { x + (size_t)blockIdx.x * dim, NULL, NULL, dim, -INFINITY, 0, false, p.min_p };
 
     float m = -INFINITY;
     int n = 0;
@@ -245,6 +283,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(int32_t *ids, const floa
         s.cut = smp_kth(s, p.top_k, hist, &bc, &bk);
         n = p.top_k;
         sorted = true;
+        if (n <= SMP_CAP) smp_compact(s, n, cl, cid, dred);
     }
     if (p.top_p < 1.0f && n > 1) {
         const double target = (double)p.top_p * smp_mass(s, 0, 1.0f, dred);

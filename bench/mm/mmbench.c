@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
                 if (!c) continue;
                 struct tensor pw = w, *pp = &pw;   /* placed: repacked for the q8 kernels */
                 uint64_t placed;
-                if (paths[ip].rows && c->be->ops->place_weights(c->be, &pp, 1, &placed)) continue;
+                if (paths[ip].rows && c->be->ops->place_weights(c->be, &pp, 1, NULL, &placed)) continue;
                 double best = 1e30;
                 for (int r = 0; r < reps; r++) {
                     double t0 = cpu_now();

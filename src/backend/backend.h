@@ -208,6 +208,18 @@ struct backend_buf {
     size_t size;
 };
 
+/* Who place_weights tells of each tensor it copied, as soon as the copy is
+ * made: the caller gives back the memory it was read from (the file's
+ * pages) while later tensors are placed, so a load never holds every
+ * weight twice. */
+struct place_copied {
+    void (*fn)(void *user, const void *src, size_t bytes);
+    void *user;
+};
+static inline void place_copied_tell(const struct place_copied *pc, const void *src, size_t bytes) {
+    if (pc && pc->fn) pc->fn(pc->user, src, bytes);
+}
+
 struct backend;
 struct backend_ctx;
 
@@ -227,8 +239,11 @@ struct backend_ops {
     /* Place n weight tensors (data in host memory, e.g. the file mapping)
      * where the kernels want them: each ts[i]->data is rewritten to the
      * placed copy (or left as the mapping).  Tensors with data == NULL are
-     * skipped.  *placed_bytes: the bytes they take where they live. */
-    int (*place_weights)(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed_bytes);
+     * skipped.  A tensor copied is told to `copied` (may be NULL) as soon
+     * as its copy is made, with the host bytes it was read from.
+     * *placed_bytes: the bytes they take where they live. */
+    int (*place_weights)(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                         uint64_t *placed_bytes);
     /* Bytes of its memory the backend can still give (device memory for a
      * GPU); the engine's memory plan sizes the KV pool from it.  Optional:
      * NULL means host RAM (MemAvailable). */

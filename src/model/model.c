@@ -611,11 +611,13 @@ void model_release_mapped(const struct model *m, const void *p, size_t n) {
     if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
+/* A tensor the backend copied (repacked for its integer kernels, uploaded)
+ * is read from the copy only: the file pages it was copied from are given
+ * back at once, so the load never holds both copies of every weight. */
+static void release_copied(void *m, const void *src, size_t bytes) { model_release_mapped(m, src, bytes); }
+
 /* Every tensor of the model, for the backend to place in one call; the
- * tied output is the embedding itself and is re-pointed afterwards.  A
- * tensor the backend copied (repacked for its integer kernels) is read
- * from the copy only, so the file pages it was copied from are given back:
- * kept mapped, they would count a second time in the process's memory. */
+ * tied output is the embedding itself and is re-pointed afterwards. */
 static int place_weights(struct model *m) {
     const int per_layer = 28 + 3 * m->hp.n_expert, n_max = 6 + per_layer * m->hp.n_layer;
     struct tensor **ts = xmalloc((size_t)n_max * sizeof *ts);
@@ -638,16 +640,8 @@ static int place_weights(struct model *m) {
     }
     (m->tied_output ? &m->tok_embd : &m->output)->flags |= TENSOR_F_F32_ACT;   /* hints (tensor.h) */
     for (int il = 0; m->desc->fine_down && il < m->hp.n_layer; il++) m->layers[il].ffn_down.flags |= TENSOR_F_FINE_ACT;
-    struct { const void *data; size_t bytes; } *was = xmalloc((size_t)n * sizeof *was);
-    if (!was) { free(ts); return KVLLM_ENOMEM; }
-    for (int i = 0; i < n; i++) {
-        was[i].data = ts[i]->data;
-        was[i].bytes = (size_t)ts[i]->ne1 * ts[i]->row_bytes;
-    }
-    int rc = m->be->ops->place_weights(m->be, ts, n, &m->placed_bytes);
-    for (int i = 0; !rc && i < n; i++)
-        if (was[i].data && ts[i]->data != was[i].data) model_release_mapped(m, was[i].data, was[i].bytes);
-    free(was);
+    const struct place_copied copied = { release_copied, m };
+    int rc = m->be->ops->place_weights(m->be, ts, n, &copied, &m->placed_bytes);
     free(ts);
     if (!rc && m->tied_output) m->output = m->tok_embd;
     return rc;

@@ -64,7 +64,7 @@ static int time_matmul_on(struct backend *be, struct backend_ctx *c, const struc
     uint64_t placed = 0;
     struct backend_buf bx, by;
     const int64_t K = t.ne0, M = t.ne1;
-    if (be->ops->place_weights(be, ts, 1, &placed) || be->ops->buf_alloc(be, (size_t)K * 4, &bx) ||
+    if (be->ops->place_weights(be, ts, 1, NULL, &placed) || be->ops->buf_alloc(be, (size_t)K * 4, &bx) ||
         be->ops->buf_alloc(be, (size_t)M * 4, &by) || c->ops->upload(c, bx.data, x, (size_t)K * 4))
         return 1;
     double us = 0;

@@ -177,7 +177,7 @@ static int run_path(struct backend *be, const struct path *p) {
         struct tensor *ts[] = { &t };
         uint64_t placed = 0;
         g_fail = p->call;
-        rc = be->ops->place_weights(be, ts, 1, &placed);
+        rc = be->ops->place_weights(be, ts, 1, NULL, &placed);
     } else if (!strcmp(p->what, "mem_available")) {
         g_fail = p->call;
         (void)be->ops->mem_available(be);

@@ -221,7 +221,7 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
                         CHECK(backend_cpu_new("avx2", false, &pb) == 0);
                         unsetenv("KVLLM_ACT");
                         uint64_t placed = 0;
-                        CHECK(pb->ops->place_weights(pb, &tp, 1, &placed) == 0);
+                        CHECK(pb->ops->place_weights(pb, &tp, 1, NULL, &placed) == 0);
                         CHECK(tmp.layout == TENSOR_Q8X16 && placed >= qmm_packed_bytes(&w) && placed < qmm_packed_bytes(&w) + 64);
                         uint8_t *copy = malloc(qmm_packed_bytes(&w));
                         KV_ASSERT(copy);

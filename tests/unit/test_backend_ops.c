@@ -297,7 +297,7 @@ static struct tensor *place(struct tbe *b, const struct tensor *host, int n) {
         pp[i] = &ts[i];
         want += host[i].data ? (uint64_t)host[i].ne1 * host[i].row_bytes : 0;
     }
-    CHECK_MSG(b->be->ops->place_weights(b->be, pp, n, &placed) == 0, "%s: place_weights", b->name);
+    CHECK_MSG(b->be->ops->place_weights(b->be, pp, n, NULL, &placed) == 0, "%s: place_weights", b->name);
     CHECK_MSG(placed >= want, "%s: %llu bytes placed for %llu", b->name, (unsigned long long)placed,
               (unsigned long long)want);
     free(pp);

@@ -108,7 +108,7 @@ static struct tensor placed_copy(const struct tensor *w, uint64_t *placed) {
     KV_ASSERT(backend_cpu_new("avx2", false, &pb) == 0);
     unsetenv("KVLLM_ACT");
     *placed = 0;
-    CHECK(pb->ops->place_weights(pb, &tp, 1, placed) == 0);
+    CHECK(pb->ops->place_weights(pb, &tp, 1, NULL, placed) == 0);
     CHECK(tmp.layout == TENSOR_Q8X16);
     uint8_t *copy = malloc(qmm_packed_bytes(w));
     KV_ASSERT(copy);

@@ -43,7 +43,9 @@ static void cpu_buf_free(struct backend *be, struct backend_buf *b) {
 }
 
 /* The mapping is where the kernels read weights from: nothing to do. */
-static int cpu_place_weights(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+static int cpu_place_weights(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                             uint64_t *placed) {
+    (void)be, (void)copied;
     *placed = 0;
     for (int i = 0; i < n; i++)
         if (ts[i]->data) *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;

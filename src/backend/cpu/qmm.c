@@ -332,7 +332,8 @@ static void pack_chunk(void *arg, long u, int ith) {
                    (int)(t->ne1 - r0 < QMM_IL ? t->ne1 - r0 : QMM_IL), pr->dst + (size_t)(r0 / QMM_IL) * grp);
 }
 
-int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                         uint64_t *placed) {
     struct cpu_backend *b = cpu_backend_of(be);
     *placed = 0;
     size_t total = 0;
@@ -364,6 +365,7 @@ int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, ui
         const long chunks = (long)((t->ne1 + PACK_GROUPS * QMM_IL - 1) / (PACK_GROUPS * QMM_IL));
         if (pool) threadpool_run_chunks(pool, chunks, pack_chunk, &pr);
         else for (long u = 0; u < chunks; u++) pack_chunk(&pr, u, 0);
+        place_copied_tell(copied, t->data, (size_t)t->ne1 * t->row_bytes);
         t->data = at;
         t->layout = TENSOR_Q8X16;
         at += (qmm_packed_bytes(t) + 63) & ~(size_t)63;

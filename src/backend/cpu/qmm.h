@@ -200,6 +200,7 @@ bool cpu_mm_avx512_built(void);
 int cpu_get_rows_simd(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n);
 /* backend_ops.place_weights with ACT_Q8: the integer path's types repacked
  * to TENSOR_Q8X16 in one allocation the backend owns (freed with it). */
-int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed);
+int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                         uint64_t *placed);
 
 #endif

@@ -111,7 +111,8 @@ static void strict_buf_free(struct backend *be, struct backend_buf *b) {
 
 /* The weights are copied into one region of their own, so that nothing
  * outside an op can read them either. */
-static int strict_place_weights(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+static int strict_place_weights(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                                uint64_t *placed) {
     uint64_t total = 0;
     for (int i = 0; i < n; i++)
         if (ts[i]->data) total += ((uint64_t)ts[i]->ne1 * ts[i]->row_bytes + 63) / 64 * 64;
@@ -126,6 +127,7 @@ static int strict_place_weights(struct backend *be, struct tensor *const *ts, in
         if (!ts[i]->data) continue;
         size_t bytes = (size_t)ts[i]->ne1 * ts[i]->row_bytes;
         memcpy(at, ts[i]->data, bytes);
+        place_copied_tell(copied, ts[i]->data, bytes);
         ts[i]->data = at;
         at += (bytes + 63) / 64 * 64;
     }

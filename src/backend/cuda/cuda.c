@@ -134,7 +134,8 @@ static int keep_weight(struct cuda_backend *b, void *p) {
 
 /* Each tensor gets its own allocation and a synchronous copy; data is rewritten to it.  On
  * failure the tensors placed so far keep their device copies (freed with the backend). */
-static int cuda_place_weights(struct backend *be, struct tensor *const *ts, int n, uint64_t *placed) {
+static int cuda_place_weights(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
+                              uint64_t *placed) {
     struct cuda_backend *b = cb_of(be);
     *placed = 0;
     CU_ENTER(be);
@@ -165,6 +166,7 @@ static int cuda_place_weights(struct backend *be, struct tensor *const *ts, int 
             cudaFree(p);
             return rc;
         }
+        place_copied_tell(copied, t->data, bytes);
         t->data = p;
         *placed += bytes;
     }

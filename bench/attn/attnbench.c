@@ -8,7 +8,7 @@
  * wall time per token is printed beside it: a step that leaves a thread
  * idle shows there).  Other shapes: NH query heads, NKV kv heads, HD head
  * size, WINDOW > 0 a sliding window (Gemma 3 270M: 4 1 256, its sliding
- * layers 512).
+ * layers 512).  BS=N in the environment sets the block size (default 16).
  *   attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS [NH NKV HD [WINDOW]]]]]]]]] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     const enum kv_type type = argc > 4 ? (enum kv_type)atoi(argv[4]) : KV_F16;
     const int NL = argc > 6 ? atoi(argv[6]) : 22, nh = argc > 9 ? atoi(argv[7]) : 32,
               nkv = argc > 9 ? atoi(argv[8]) : 4, hd = argc > 9 ? atoi(argv[9]) : 64,
-              window = argc > 10 ? atoi(argv[10]) : 0, bs = 16, nb = (L + bs - 1) / bs;
+              window = argc > 10 ? atoi(argv[10]) : 0, bs = getenv("BS") ? atoi(getenv("BS")) : 16, nb = (L + bs - 1) / bs;
     if (L < 1 || nth < 1 || reps < 1 || rounds < 1 || NL < 1 || (int)type < 0 || type >= KV_TYPE_COUNT_ ||
         nkv < 1 || nh % nkv != 0 || hd < 1 || hd > CPU_PAGED_ATTN_MAX_HEAD_DIM || window < 0) {
         fprintf(stderr, "usage: attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS [NH NKV HD [WINDOW]]]]]]]]]\n");

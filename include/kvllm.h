@@ -357,7 +357,9 @@ struct kvllm_engine;
  * kernel is batch-invariant, so the logits of each position are bit-identical
  * to decoding one token at a time: the output is identical token for token
  * (greedy, and sampled too: the sampler is called exactly as often, in the
- * same order, on the same logits).  Only the speed changes. */
+ * same order, on the same logits).  Only the speed changes.  (On the CUDA
+ * backend this holds in its exact mode, KVLLM_ACT=f32; its fast default
+ * may round large verification steps differently: docs/GPU.md.) */
 enum kvllm_spec {
     KVLLM_SPEC_NONE = 0,    /* off */
     KVLLM_SPEC_NGRAM,       /* prompt lookup: the tokens that followed the latest earlier occurrence of the

@@ -24,7 +24,11 @@
  * Batch invariance: every kernel computes a row's result with arithmetic
  * that depends on that row alone (same reduction order for 1 token or 512,
  * no reduction split across threads), so a sequence's output never depends
- * on what else shares the batch or on the thread count.
+ * on what else shares the batch or on the thread count.  Exception: the CUDA
+ * backend's fast mode (its default, 8-bit activations) runs steps of >= 16
+ * tokens on tensor cores (prefill attention, cuBLAS matmuls), whose rounding
+ * differs from its small-step kernels; its exact mode (KVLLM_ACT=f32) keeps
+ * the rule (docs/GPU.md, "Batch invariance on CUDA").
  *
  * Adding a backend: fill a struct backend_ops (every member is required
  * unless marked optional),

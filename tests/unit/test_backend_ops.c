@@ -68,6 +68,11 @@
  *                                 k_pa_stored (vs double softmax over the stored values),
  *                                 k_pa_input (vs double softmax over the unquantized K/V:
  *                                 the quantization error, bounds from test_backend_paged_attn.c)
+ *                  CUDA, steps of >= CUDA_PF_MIN_TOKENS tokens at head_dim 64 / 128 / 256 (the
+ *                                 tensor-core kernel, 16-bit inputs): k_pa_prefill vs scalar and vs
+ *                                 the references, k_pa_input + k_pa_prefill vs the inputs
+ *                  matmul on CUDA by cuBLAS (cuda_gemm_pick: 8-bit activation mode, >= 32 / 64
+ *                                 tokens): CUDA_GEMM_TOL_F16 / _BF16, or the q8 bound where larger
  * copy_blocks      0      bytes   every byte of K, V and scales: dst blocks = src blocks, the rest
  *                                 untouched
  * argmax           0      0       token ids exactly: ties (values on a coarse grid), NaN, +-inf,
@@ -97,6 +102,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/qmm.h"
 #include "backend/backend_list.h"
+#include "backend/cuda/cuda_plan.h"
 #include "be_util.h"
 #include "core/core.h"
 #include "num_util.h"
@@ -175,6 +181,18 @@ static const double k_pa_stored[KV_TYPE_COUNT_] = { 2e-5, 2e-5, 2e-5, 3e-4, 2e-5
  * int8 and fp8).  K with outlier channels: its bounds (seen: 1.3e-3, 7.3e-3,
  * 4.8e-2, 4.4e-2).  A wrong scale or row gives ~1. */
 static const double k_pa_input[KV_TYPE_COUNT_] = { 1e-5, 1.5e-3, 1e-2, 4e-2, 0.15 };
+/* The CUDA prefill kernel (attention_prefill.cu) rounds the scaled query, the softmax weights and,
+ * for f32 / int8 / fp8 storage, K and V (times their scales) to 16 bits: f16 (u = 2^-11 relative)
+ * except for bf16 storage (bf16, u = 2^-8).  Each score moves by about u / sqrt(3) times its
+ * magnitude's sum of terms, each weight and value by u / sqrt(3): ~3e-4 norm-wise for f16 and
+ * ~2.5e-3 for bf16 on Gaussian data, larger with outlier channels and scales to 1.5 / sqrt(hd);
+ * the bounds are about 8x that.  A wrong row, mask or fragment gives ~1. */
+static const double k_pa_prefill[KV_TYPE_COUNT_] = { 3e-3, 3e-3, 2e-2, 3e-3, 3e-3 };
+/* The CUDA backend's cuBLAS matmuls (gemm.cu): activations (and dequantized weights) rounded to
+ * f16 (bf16 for BF16 weights), f32 accumulation: norm-wise ~u / sqrt(3) (2.8e-4 f16, 2.3e-3 bf16,
+ * sqrt(2) that with dequantized weights); bounds about 6x that. */
+#define CUDA_GEMM_TOL_F16 2e-3
+#define CUDA_GEMM_TOL_BF16 1.5e-2
 static const double k_pa_input_outl[KV_TYPE_COUNT_] = { 3e-5, 1e-2, 6e-2, 0.4, 0.4 };
 
 /* ---- backends ---- */
@@ -312,6 +330,12 @@ static struct tensor vec_tensor(const float *data, int n) {
 /* The SIMD bounds of the integer-activation backends (< 0: tol_simd), set
  * around judge() for the matmuls they compute on integer activations. */
 static double g_tol_act_int = -1, g_tol_act_q8 = -1;
+/* The bound of a device's tensor-core arithmetic for the case being judged (< 0: none): the CUDA
+ * backend's fast mode (8-bit activations) takes cuBLAS and the prefill attention kernel at large
+ * steps (cuda_plan.h) and is held to it vs scalar and vs the references alike. */
+static double g_tol_dev_q8 = -1;
+static bool fast_device(int i) { return g_be[i].device && !strcmp(g_be[i].act, "q8"); }
+static double dev_tol(int i) { return fast_device(i) ? g_tol_dev_q8 : -1; }
 
 /* Record case outputs outs[b] (n floats each) of op: each against the scalar
  * backend's (outs[0]), its twin's, and ref (double, NULL: none) within
@@ -323,6 +347,20 @@ static void judge_dev(enum op op, float *const *outs, size_t n, const double *re
     for (int i = 0; i < g_nbe; i++) {
         struct stat_ *s = &g_st[i][op];
         s->cases++;
+        const double td = dev_tol(i);
+        if (td >= 0) {   /* a device's tensor-core path: its own bound against everything */
+            const double e = rel_err_floor(outs[i], outs[0], n, g_den_floor);
+            CHECK_MSG(e <= td, "%s %s (tensor cores) vs scalar: rel err %.3g > %.3g", g_be[i].name, desc, e, td);
+            s->vs_scalar = dmax(s->vs_scalar, e);
+            const double *r = ref_dev ? ref_dev : ref;
+            if (r) {
+                const double er = rel_err_floor(outs[i], r, n, g_den_floor);
+                CHECK_MSG(er <= td, "%s %s (tensor cores) vs double reference: rel err %.3g > %.3g", g_be[i].name,
+                          desc, er, td);
+                s->vs_ref = dmax(s->vs_ref, er);
+            }
+            continue;
+        }
         if (g_be[i].device && ref_dev) {
             const double er = rel_err_floor(outs[i], ref_dev, n, g_den_floor);
             CHECK_MSG(er <= tol_ref, "%s %s vs its double reference: rel err %.3g > %.3g", g_be[i].name, desc, er,
@@ -505,8 +543,11 @@ static void test_matmul(void) {
             int rc = BE_OP(t->c, matmul, by.data, &placed[b][i], bx.data, n);
             buf_down(t, outs[b], &by, (size_t)n * (size_t)M * 4);
             sync_ok(t, rc, desc);
-            /* batch invariance (the fixed cases): tokens 0, n / 2 and n - 1 alone give the batch's bytes */
-            for (int k = 0; i >= n_rand && n > 1 && k < 3; k++) {
+            /* batch invariance (the fixed cases): tokens 0, n / 2 and n - 1 alone give the batch's bytes;
+             * not where a device takes cuBLAS for n tokens and its mat-vec path alone (docs/GPU.md) */
+            const bool gemm =
+                fast_device(b) && cuda_gemm_pick(w[i].type, w[i].flags, true, true, n) != CUDA_GEMM_NONE;
+            for (int k = 0; i >= n_rand && n > 1 && !gemm && k < 3; k++) {
                 const int tk = k == 0 ? 0 : k == 1 ? n / 2 : n - 1;
                 float *one = tu_xnew((size_t)M * sizeof *one);
                 struct backend_buf b1 = buf_up(t, NULL, (size_t)M * 4);
@@ -529,8 +570,11 @@ static void test_matmul(void) {
         double tol = few ? dmax(MATMUL_SIMD_FEW, r_abs) : k_tol[OP_MATMUL].simd;
         if (ia) g_tol_act_int = dmax(few ? MATMUL_INT_FEW : MATMUL_INT, r_int);   /* never flaky: a bound */
         if (iq) g_tol_act_q8 = r_q8;   /* the bound itself: a wrong scale or code exceeds it by far */
+        const enum cuda_gemm gk = cuda_gemm_pick(w[i].type, w[i].flags, true, true, n);
+        if (gk != CUDA_GEMM_NONE)
+            g_tol_dev_q8 = dmax(gk == CUDA_GEMM_BF16 ? CUDA_GEMM_TOL_BF16 : CUDA_GEMM_TOL_F16, iq ? r_q8 : 0);
         judge(OP_MATMUL, outs, (size_t)n * (size_t)M, NULL, tol, 0, desc);
-        g_tol_act_int = g_tol_act_q8 = -1;
+        g_tol_act_int = g_tol_act_q8 = g_tol_dev_q8 = -1;
         for (int b = 0; b < g_nbe; b++) free(outs[b]);
         free(x);
     }
@@ -1546,6 +1590,17 @@ static void pa_query_as_kernels(const float *x, int hd, int g, enum kv_type type
 static const int k_pa_fixed_hd[] = { 64, 128, 256 };
 static const int k_pa_fixed_L[] = { 257, 512, 1025, 2100, 256 };
 #define N_PA_FIXED ((int)(sizeof k_pa_fixed_hd / sizeof *k_pa_fixed_hd) * KV_TYPE_COUNT_)
+/* Fixed prefill cases for the CUDA tensor-core kernel (attention_prefill.cu: steps of >= 16 tokens,
+ * tiles of 64 query rows, K/V tiles of 64 or 32 positions): every KV type at each head size, a
+ * 65-token chunk of one sequence at a context of 65 (the whole prompt), 300 or 1,100, every other
+ * case with a 20-token chunk of a second sequence in the same step (query tiles of two sequences,
+ * tokens shuffled), g = 4, 7 or 1 query heads per kv head (tiles across tokens), blocks of 16 or 5,
+ * a window of 40 (inside the chunk) every fourth case, sinks and soft-caps now and then.  On the CPU
+ * sets and on CUDA's exact mode ("cuda", KVLLM_ACT=f32) tokens 0, n / 2 and n - 1 alone give the
+ * batch's bytes; CUDA's fast mode computes a token alone with the decode kernel: only the bounds. */
+static const int k_pa_prefill_L[] = { 65, 300, 1100 };
+static const int k_pa_prefill_g[] = { 4, 7, 1 };
+#define N_PA_PREFILL N_PA_FIXED
 
 /* kv_store then paged attention: 1-4 sequences, each with a decode token
  * or a prefill chunk ending at its last position, tokens in random order;
@@ -1554,41 +1609,52 @@ static const int k_pa_fixed_L[] = { 257, 512, 1025, 2100, 256 };
  * Then (not at large shapes) the N_PA_FIXED fixed cases above. */
 static void test_paged_attention(int nc) {
     static const int gs[6] = { 1, 2, 3, 4, 6, 8 };
-    const int n_all = nc + (g_large ? 0 : N_PA_FIXED);
+    const int n_all = nc + (g_large ? 0 : N_PA_FIXED + N_PA_PREFILL);
     for (int ci = 0; ci < n_all; ci++) {
-        const bool fixed = ci >= nc;
-        const int fi = ci - nc;
-        const enum kv_type type = (enum kv_type)((fixed ? fi : ci) % KV_TYPE_COUNT_);
+        const bool fixed = ci >= nc && ci < nc + N_PA_FIXED, pf = ci >= nc + N_PA_FIXED;
+        const int fi = ci - nc, pi = ci - nc - N_PA_FIXED;
+        const enum kv_type type = (enum kv_type)((pf ? pi : fixed ? fi : ci) % KV_TYPE_COUNT_);
         /* large: Llama-3-8B's 32 heads on 8 KV heads or Qwen2.5-7B's 28 on 4, head_dim 128, blocks of 16,
          * a first sequence of 1k-8k positions, chunks of 1 or 65 tokens */
-        const int g = fixed ? 4 : g_large ? (rnd(2) ? 4 : 7) : gs[rnd(6)];
-        const int nkv = fixed ? 2 : g_large ? (g == 4 ? 8 : 4) : rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
-        const int hd = fixed ? k_pa_fixed_hd[fi / KV_TYPE_COUNT_] : g_large ? 128 : rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128);
-        const int bs = fixed ? (fi % 2 ? 5 : 16) : g_large ? 16 : k_block_sizes[rnd(4)], w = nkv * hd;
+        const int g = pf ? k_pa_prefill_g[pi % 3] : fixed ? 4 : g_large ? (rnd(2) ? 4 : 7) : gs[rnd(6)];
+        const int nkv = fixed || pf ? 2 : g_large ? (g == 4 ? 8 : 4) : rnd_in(1, g >= 6 ? 2 : 4), n_head = g * nkv;
+        const int hd = pf ? k_pa_fixed_hd[pi / KV_TYPE_COUNT_] : fixed ? k_pa_fixed_hd[fi / KV_TYPE_COUNT_]
+                       : g_large ? 128 : rnd(4) ? 8 * rnd_in(1, 16) : rnd_in(8, 128);
+        const int bs = pf ? (pi % 2 ? 5 : 16) : fixed ? (fi % 2 ? 5 : 16) : g_large ? 16 : k_block_sizes[rnd(4)];
+        const int w = nkv * hd;
         const bool long_ctx = g_large || rnd(6) == 0, outliers = rnd(4) == 0;
-        const int n_seqs = fixed ? 1 + fi % 3 : rnd_in(1, g_large ? 2 : PA_MAX_SEQS);
+        const int n_seqs = pf ? 1 + pi % 2 : fixed ? 1 + fi % 3 : rnd_in(1, g_large ? 2 : PA_MAX_SEQS);
         const int max_tokens = g_large ? LARGE_TOKENS : MAX_TOKENS;
         int L[PA_MAX_SEQS], chunk[PA_MAX_SEQS], n = 0, max_L = 0;
         for (int s = 0; s < n_seqs; s++) {
             L[s] = long_ctx && s == 0 ? (g_large ? rnd_in(1024, LARGE_CTX - 100) : rnd_in(1000, MAX_CTX - 100))
                                       : rnd_in(1, rnd(3) ? 64 : 300);
             const int left = max_tokens - n - (n_seqs - s - 1), cap = long_ctx && s == 0 && !g_large ? 4 : left;
-            chunk[s] = g_large ? (rnd(2) ? 1 : 65) : rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            /* large: 1, 65 or 130 tokens (the prefill kernel's shapes), as many as the step has room for */
+            chunk[s] = g_large ? k_large_tokens[rnd(3)] : rnd(2) ? 1 : rnd_in(1, L[s] < cap ? L[s] : cap);
+            chunk[s] = chunk[s] < left ? chunk[s] : left;
             if (fixed) {
                 if (s == 0) L[s] = k_pa_fixed_L[fi % (int)(sizeof k_pa_fixed_L / sizeof *k_pa_fixed_L)];
                 else L[s] = rnd_in(7, 300);
                 chunk[s] = s < 2 ? 1 : 7;
             }
+            if (pf) {
+                L[s] = s == 0 ? k_pa_prefill_L[pi % 3] : rnd_in(20, 300);
+                chunk[s] = s == 0 ? 65 - 20 * (n_seqs - 1) : 20;
+            }
             chunk[s] = chunk[s] < L[s] ? chunk[s] : L[s];
             n += chunk[s];
             max_L = L[s] > max_L ? L[s] : max_L;
         }
-        const int window = fixed ? (fi % 4 == 1 ? 300 : 0) : rnd(3) == 0 ? rnd_in(1, max_L) : 0;
+        const int window = pf      ? (pi % 4 == 1 ? 40 : 0)
+                           : fixed ? (fi % 4 == 1 ? 300 : 0)
+                                   : rnd(3) == 0 ? rnd_in(1, max_L) : 0;
         const float scale = 1.0f / sqrtf((float)hd) * (rnd(4) ? 1.0f : 0.5f + rng_f32(&g_rng));
-        const float softcap = fixed ? (fi % 5 == 3 ? 2.0f : 0.0f)
+        const float softcap = pf ? (pi % 5 == 3 ? 2.0f : 0.0f) : fixed ? (fi % 5 == 3 ? 2.0f : 0.0f)
                                     : rnd(4) == 0 ? 0.5f + rng_f32(&g_rng) * 4 : 0.0f;   /* small: it must bite */
         /* sinks: from well below to well above the scores, so that they weigh from nothing to nearly all */
-        float *sinks = (fixed ? fi % 3 == 2 : rnd(3) == 0) ? tu_xnew((size_t)n_head * sizeof *sinks) : NULL;
+        const bool with_sinks = pf ? pi % 3 == 2 : fixed ? fi % 3 == 2 : rnd(3) == 0;
+        float *sinks = with_sinks ? tu_xnew((size_t)n_head * sizeof *sinks) : NULL;
         for (int h = 0; sinks && h < n_head; h++) sinks[h] = gauss() * 4;
 
         /* blocks: shuffled; the last one is the poison block */
@@ -1698,7 +1764,8 @@ static void test_paged_attention(int nc) {
             pool_down(t, &d, &img[b]);
             sync_ok(t, rc ? rc : rc2, desc);
             /* batch invariance (the fixed cases): each token alone gives the batch's bytes */
-            for (int tk = 0; fixed && n > 1 && tk < n; tk++) {
+            for (int tk = 0; (fixed || (pf && !fast_device(b))) && n > 1 && tk < n; tk++) {
+                if (pf && tk != 0 && tk != n / 2 && tk != n - 1) continue;   /* the prefill cases: three tokens */
                 const size_t row = (size_t)n_head * hd;
                 float *one = tu_xnew(row * sizeof *one);
                 struct backend_buf b1 = buf_up(t, NULL, row * 4);
@@ -1767,12 +1834,17 @@ static void test_paged_attention(int nc) {
                               ref_dev + (size_t)t * n_head * hd);
         }
         free(qst);
+        /* a GPU's tensor-core kernel, where it takes the step (cuda_plan.h) */
+        const double tol_pf = cuda_pf_takes(n, hd, true) ? k_pa_prefill[type] : 0;
+        g_tol_dev_q8 = tol_pf > 0 ? tol_pf : -1;
         judge_dev(OP_PAGED_ATTN, outs, len, ref_st, ref_dev, k_pa_simd[type], k_pa_stored[type], desc);
-        const double tol_in = outliers ? k_pa_input_outl[type] : k_pa_input[type];
+        g_tol_dev_q8 = -1;
+        const double tol_in0 = outliers ? k_pa_input_outl[type] : k_pa_input[type];
         for (int b = 0; b < g_nbe; b++) {
             const double e0 = rel_err_floor(outs[b], outs[0], len, g_den_floor);
             const double e1 = rel_err_floor(outs[b], g_be[b].device && ref_dev ? ref_dev : ref_st, len, g_den_floor);
             const double e2 = rel_err_floor(outs[b], ref_in, len, g_den_floor);
+            const double tol_in = tol_in0 + (fast_device(b) ? tol_pf : 0);
             CHECK_MSG(e2 <= tol_in, "%s %s vs the unquantized inputs: rel err %.3g > %.3g", g_be[b].name, desc, e2,
                       tol_in);
             g_st[b][OP_PAGED_ATTN].vs_input = dmax(g_st[b][OP_PAGED_ATTN].vs_input, e2);

@@ -410,12 +410,43 @@ static void test_mem_plan(void) {
     CHECK(cuda_mem_plan(&in, &p) == KVLLM_ERANGE);
 }
 
+/* Which steps take the prefill paths, and their scratch: the rules of cuda_plan.h spelled out. */
+static void test_prefill_rules(void) {
+    CHECK(!cuda_pf_takes(15, 128, true) && cuda_pf_takes(16, 128, true) && cuda_pf_takes(65, 64, true) &&
+          cuda_pf_takes(130, 256, true));
+    CHECK(!cuda_pf_takes(65, 96, true) && !cuda_pf_takes(65, 80, true) && !cuda_pf_takes(1, 64, true));
+    CHECK(!cuda_pf_takes(65, 128, false));   /* KVLLM_ACT=f32: the decode kernels for every step */
+    /* head_dim 128: tile rows (8 + 4 bytes each of 64), Q (64 x 136), K (64 x 136), Vt (128 x 72) 16-bit,
+     * scales (2 x 64 floats) and three ints per query row */
+    CHECK(cuda_pf_smem_bytes(128) == 12 * 64 + 2 * (64 * 136 + 64 * 136 + 128 * 72) + 8 * 64 + 12 * 64);
+    CHECK(cuda_pf_smem_bytes(256) == 12 * 32 + 2 * (64 * 264 + 32 * 264 + 256 * 40) + 8 * 32 + 12 * 64);
+    CHECK(cuda_pf_smem_bytes(96) == 0);
+    /* every instance fits the opt-in shared memory of sm_80 (163 KiB) and sm_90 (227 KiB) */
+    CHECK(cuda_pf_smem_bytes(64) < 163 * 1024 && cuda_pf_smem_bytes(256) < 163 * 1024);
+    /* GEMMs: 8-bit activation mode only, never the f32-activation matrices, thresholds by type */
+    CHECK(cuda_gemm_pick(DTYPE_F16, 0, true, false, 32) == CUDA_GEMM_F16);
+    CHECK(cuda_gemm_pick(DTYPE_F16, 0, true, false, 31) == CUDA_GEMM_NONE);
+    CHECK(cuda_gemm_pick(DTYPE_BF16, 0, true, false, 200) == CUDA_GEMM_BF16);
+    CHECK(cuda_gemm_pick(DTYPE_F16, 0, false, false, 200) == CUDA_GEMM_NONE);
+    CHECK(cuda_gemm_pick(DTYPE_F16, TENSOR_F_F32_ACT, true, false, 200) == CUDA_GEMM_NONE);
+    CHECK(cuda_gemm_pick(DTYPE_F32, 0, true, false, 200) == CUDA_GEMM_NONE);
+    CHECK(cuda_gemm_pick(DTYPE_Q4_0, 0, true, true, 64) == CUDA_GEMM_DEQUANT_F16);
+    CHECK(cuda_gemm_pick(DTYPE_Q4_0, 0, true, true, 63) == CUDA_GEMM_NONE);
+    CHECK(cuda_gemm_pick(DTYPE_Q4_K, 0, true, false, 500) == CUDA_GEMM_NONE);   /* kept on f32 activations */
+    /* slabs: whole rows of scratch, at least one; the output matrix of a 128k vocabulary in 32 slabs */
+    CHECK(cuda_gemm_slab_rows(4096, CUDA_GEMM_SCRATCH_HALFS) == 4096);
+    CHECK((128256 + 4095) / cuda_gemm_slab_rows(4096, CUDA_GEMM_SCRATCH_HALFS) == 32);
+    CHECK(cuda_gemm_slab_rows(14336, CUDA_GEMM_SCRATCH_HALFS) == 1170);
+    CHECK(cuda_gemm_slab_rows(0, 100) == 0 && cuda_gemm_slab_rows(101, 100) == 0 && cuda_gemm_slab_rows(100, 100) == 1);
+}
+
 int main(void) {
     test_graph_sizes();
     test_step_layout();
     test_attn();
     test_attn_partitions();
     test_attn_walk();
+    test_prefill_rules();
     test_q8_ops();
     test_q8_codes();
     test_mem_plan();

@@ -2,7 +2,9 @@
  * memory for buffers and placed weights, an execution context per engine
  * (a CUDA stream, the device error record, attention partials), transfers,
  * and the ops, each a check of its arguments on the host and a launcher of
- * kernels.cu / matmul.cu / attention.cu.
+ * kernels.cu / matmul.cu / matmul_q8.cu / attention.cu, and for large steps
+ * in the fast mode (8-bit activations) of gemm.cu (cuBLAS) and
+ * attention_prefill.cu (tensor cores): cuda_plan.h says which.
  *
  * Model of the world.  One device (KVLLM_CUDA_DEVICE, default 0).  Buffers
  * and weights are cudaMalloc'd (zeroed once with cudaMemset on the legacy
@@ -52,6 +54,10 @@ struct cuda_ctx {
     int8_t *act_q;                /* 8-bit activations: act_cap codes (max_tokens rows of max_cols) ... */
     float *act_d;                 /* ... and act_cap / 32 block scales; NULL without act_q8 */
     uint64_t act_cap;
+    struct cuk_blas *blas;        /* cuBLAS for the prefill GEMMs (gemm.cu); NULL when no step can take them */
+    uint16_t *gemm_x;             /* gemm_x_cap 16-bit activations (max_tokens rows of max_cols) */
+    uint16_t *gemm_w;             /* CUDA_GEMM_SCRATCH_HALFS: a dequantized slab of weight rows */
+    uint64_t gemm_x_cap;
     int max_tokens, max_ctx;
 };
 
@@ -183,6 +189,9 @@ static void cuda_ctx_free(struct backend_ctx *c) {
         cudaFree(cc->partials);
         cudaFree(cc->act_q);
         cudaFree(cc->act_d);
+        cuk_blas_free(cc->blas);
+        cudaFree(cc->gemm_x);
+        cudaFree(cc->gemm_w);
         cudaFree(cc->d_err);
         cudaFreeHost(cc->h_err);
         if (cc->stream) cudaStreamDestroy(cc->stream);
@@ -197,6 +206,8 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
     const uint64_t n_part = cuda_attn_slots(max_ctx) > 1
                                 ? cuda_attn_partial_floats(max_tokens, p->n_head, p->head_dim, max_ctx) : 0;
     const uint64_t act_cap = cb_of(be)->act_q8 && p->max_cols > 0 ? (uint64_t)max_tokens * (uint64_t)p->max_cols : 0;
+    /* the GEMM scratch, where a step can be large enough for cuda_gemm_pick */
+    const uint64_t gemm_cap = max_tokens >= CUDA_GEMM_MIN_TOKENS ? act_cap : 0;
     if ((cuda_attn_slots(max_ctx) > 1 && n_part == 0) || n_part > SIZE_MAX / 8 || act_cap > SIZE_MAX / 8) {
         LOG_ERR("cuda: an execution context for %d tokens of up to %d positions (%d heads of %d) does not fit",
                 max_tokens, max_ctx, p->n_head, p->head_dim);
@@ -232,10 +243,25 @@ static int cuda_ctx_new(struct backend *be, const struct backend_ctx_params *p, 
         e = cudaMalloc((void **)&cc->act_q, (size_t)act_cap);
         if (e == cudaSuccess) e = cudaMalloc((void **)&cc->act_d, (size_t)(act_cap / 32 + 1) * sizeof(float));
     }
+    if (e == cudaSuccess && gemm_cap) {
+        what = "cudaMalloc (GEMM scratch)";
+        e = cudaMalloc((void **)&cc->gemm_x, (size_t)gemm_cap * sizeof(uint16_t));
+        if (e == cudaSuccess && max_tokens >= CUDA_GEMM_MIN_TOKENS_Q)
+            e = cudaMalloc((void **)&cc->gemm_w, CUDA_GEMM_SCRATCH_HALFS * sizeof(uint16_t));
+        cc->gemm_x_cap = gemm_cap;
+    }
     if (e != cudaSuccess) {
         int rc = cu_fail(e, what, __func__);
         cuda_ctx_free(&cc->base);
         return rc;
+    }
+    if (gemm_cap) {
+        const int st = cuk_blas_new(cc->stream, &cc->blas);
+        if (st) {
+            LOG_ERR("cuda: %s: cublasCreate failed: %s", __func__, cuk_blas_status_name(st));
+            cuda_ctx_free(&cc->base);
+            return KVLLM_EBACKEND;
+        }
     }
     *out = &cc->base;
     return 0;
@@ -298,10 +324,40 @@ static bool q8_takes(const struct cuda_backend *b, const struct tensor *w) {
     return cuk_matmul_q8_takes(w->type, w->ne0);
 }
 
+/* Many tokens: cuBLAS on tensor cores where cuda_gemm_pick says (gemm.cu). */
+static int matmul_gemm(struct cuda_ctx *cc, enum cuda_gemm kind, float *y, const struct tensor *w, const float *x,
+                       int n) {
+    const bool rows16 = kind == CUDA_GEMM_F16 || kind == CUDA_GEMM_BF16;
+    const bool no_slab = kind == CUDA_GEMM_DEQUANT_F16 && !cc->gemm_w;
+    if ((uint64_t)n * (uint64_t)w->ne0 > cc->gemm_x_cap || !cc->blas || no_slab) {
+        LOG_ERR("cuda: matmul of %d rows of %lld by cuBLAS: the context was sized for %llu values", n,
+                (long long)w->ne0, (unsigned long long)cc->gemm_x_cap);
+        return KVLLM_ERANGE;
+    }
+    if (rows16 && w->row_bytes != (size_t)w->ne0 * 2) {
+        LOG_ERR("cuda: a %s weight with rows of %zu bytes for %lld values: not a dense matrix for cuBLAS",
+                dtype_name(w->type), w->row_bytes, (long long)w->ne0);
+        return KVLLM_EINVAL;
+    }
+    int st = 0;
+    const cudaError_t e = cuk_gemm(cc->blas, cc->stream, (int)kind, y, w, x, n, cc->gemm_x, cc->gemm_w,
+                                   CUDA_GEMM_SCRATCH_HALFS, &st);
+    if (st) {
+        (void)cudaGetLastError();
+        LOG_ERR("cuda: matmul (cuBLAS): cublasGemmEx failed: %s", cuk_blas_status_name(st));
+        return KVLLM_EBACKEND;
+    }
+    return launched(e, "matmul (cuBLAS)");
+}
+
 static int cuda_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     struct cuda_ctx *cc = cc_of(c);
+    struct cuda_backend *b = cb_of(c->be);
     CU_ENTER(c->be);
-    if (!q8_takes(cb_of(c->be), w)) return launched(cuk_matmul(cc->stream, y, w, x, n), "matmul");
+    const bool q8 = q8_takes(b, w);
+    const enum cuda_gemm kind = cuda_gemm_pick(w->type, w->flags, b->act_q8, q8, n);
+    if (kind != CUDA_GEMM_NONE) return matmul_gemm(cc, kind, y, w, x, n);
+    if (!q8) return launched(cuk_matmul(cc->stream, y, w, x, n), "matmul");
     if (n > 0 && ((uint64_t)n * (uint64_t)w->ne0 > cc->act_cap || n > 65535)) {   /* 65535: a grid's y */
         LOG_ERR("cuda: matmul of %d rows of %lld on 8-bit activations: the context was sized for %llu values",
                 n, (long long)w->ne0, (unsigned long long)cc->act_cap);
@@ -407,6 +463,11 @@ static int cuda_paged_attention(struct backend_ctx *c, const struct paged_attn_a
     if (a->n_tokens > cc->max_tokens || a->n_tokens > 65535) {
         LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
         return KVLLM_ERANGE;
+    }
+    /* many query tokens: the tensor-core kernel (no partials: a block walks its rows' whole spans) */
+    if (b->act_q8 && cuk_attention_prefill_takes(a) && cuda_pf_smem_bytes(a->head_dim) <= b->smem_attn) {
+        CU_ENTER(c->be);
+        return launched(cuk_attention_prefill(cc->stream, cc->d_err, a, cc->max_ctx), "paged_attention (prefill)");
     }
     const int splits = cuda_attn_slots(cc->max_ctx);
     const uint64_t need = splits > 1 ? cuda_attn_partial_floats(a->n_tokens, a->n_head, a->head_dim, cc->max_ctx) : 0;
@@ -533,6 +594,7 @@ int backend_cuda_new(struct backend **out) {
     int smem = 0;
     CU(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, (int)dev));
     CU(cuk_attention_setup((size_t)smem));
+    CU(cuk_attention_prefill_setup((size_t)smem));
     struct cuda_backend *b = xcalloc(1, sizeof *b);
     if (!b) return KVLLM_ENOMEM;
     b->be.ops = &k_cuda_ops;

@@ -69,6 +69,27 @@ bool cuk_attention_hd_takes(const struct paged_attn_args *a);
 /* Allow the attention kernels smem_bytes of dynamic shared memory (once per backend). */
 cudaError_t cuk_attention_setup(size_t smem_bytes);
 
+/* Paged attention of a step of many query tokens on tensor cores (attention_prefill.cu): whether a
+ * takes it in the fast mode (cuda_plan.h's cuda_pf_takes, a KV type it has, 16-byte aligned K, V and q, 8-byte
+ * aligned out; cuda_pf_smem_bytes of shared memory, which the caller checks), the launch, and the
+ * shared-memory allowance (once per backend).  Errors as cuk_paged_attention's. */
+bool cuk_attention_prefill_takes(const struct paged_attn_args *a);
+cudaError_t cuk_attention_prefill(cudaStream_t s, int *err, const struct paged_attn_args *a, int max_ctx);
+cudaError_t cuk_attention_prefill_setup(size_t smem_bytes);
+
+/* cuBLAS (gemm.cu), one handle per execution context, bound to its stream.  cuk_blas_new returns 0
+ * or a cublasStatus_t (cuk_blas_status_name names it); cuk_blas_free is NULL-safe. */
+struct cuk_blas;
+int cuk_blas_new(cudaStream_t s, struct cuk_blas **out);
+void cuk_blas_free(struct cuk_blas *b);
+const char *cuk_blas_status_name(int status);
+/* y (n, M) = x (n, K) · wᵀ by cublasGemmEx, kind an enum cuda_gemm other than NONE (cuda_plan.h).
+ * xh: n * K 16-bit values of scratch (the rounded activations); wh: wh_halfs of scratch for the
+ * dequantized slabs (CUDA_GEMM_DEQUANT_F16 only).  F16 / BF16 weights must be rows of exactly K
+ * values.  A cuBLAS failure returns cudaErrorUnknown with its status in *blas_status. */
+cudaError_t cuk_gemm(struct cuk_blas *b, cudaStream_t s, int kind, float *y, const struct tensor *w, const float *x,
+                     int n, uint16_t *xh, uint16_t *wh, size_t wh_halfs, int *blas_status);
+
 #ifdef __cplusplus
 }
 #endif

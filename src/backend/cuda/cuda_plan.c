@@ -107,6 +107,33 @@ size_t cuda_attn_hd_smem_bytes(int g, int head_dim, int tile, int n_warps) {
     return cuda_attn_smem_bytes(g, head_dim, tile, n_warps) + sizeof(int64_t) * (size_t)tile;
 }
 
+/* ---- prefill ---- */
+
+bool cuda_pf_takes(int n_tokens, int head_dim, bool act_q8) {
+    return act_q8 && n_tokens >= CUDA_PF_MIN_TOKENS && cuda_attn_hd_kernel(head_dim);
+}
+
+size_t cuda_pf_smem_bytes(int head_dim) {
+    if (!cuda_attn_hd_kernel(head_dim)) return 0;
+    const size_t hd = (size_t)head_dim, bn = (size_t)CUDA_PF_KV_TILE(head_dim), rows = CUDA_PF_ROWS;
+    const size_t qst = hd + CUDA_PF_PAD, vst = bn + CUDA_PF_PAD;
+    return sizeof(int64_t) * bn + sizeof(int32_t) * bn                 /* tile rows, table reads */
+           + sizeof(uint16_t) * (rows * qst + bn * qst + hd * vst)      /* Q, K, V transposed */
+           + sizeof(float) * 2 * bn + sizeof(int32_t) * 3 * rows;       /* scales; row pos, lo, seq */
+}
+
+enum cuda_gemm cuda_gemm_pick(uint32_t wtype, uint32_t wflags, bool act_q8, bool q8, int n) {
+    if (!act_q8 || (wflags & TENSOR_F_F32_ACT)) return CUDA_GEMM_NONE;
+    if (wtype == DTYPE_F16) return n >= CUDA_GEMM_MIN_TOKENS ? CUDA_GEMM_F16 : CUDA_GEMM_NONE;
+    if (wtype == DTYPE_BF16) return n >= CUDA_GEMM_MIN_TOKENS ? CUDA_GEMM_BF16 : CUDA_GEMM_NONE;
+    return q8 && n >= CUDA_GEMM_MIN_TOKENS_Q ? CUDA_GEMM_DEQUANT_F16 : CUDA_GEMM_NONE;
+}
+
+int64_t cuda_gemm_slab_rows(int64_t K, size_t scratch_halfs) {
+    if (K <= 0 || (uint64_t)K > scratch_halfs) return 0;
+    return (int64_t)(scratch_halfs / (uint64_t)K);
+}
+
 /* ---- memory plan ---- */
 
 int cuda_mem_plan(const struct cuda_mem_in *in, struct cuda_mem_plan *p) {

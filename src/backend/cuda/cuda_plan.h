@@ -130,6 +130,48 @@ size_t cuda_attn_smem_bytes(int g, int head_dim, int tile, int n_warps);
 /* The head-size kernels': the same plus the tile's row indices (tile int64). */
 size_t cuda_attn_hd_smem_bytes(int g, int head_dim, int tile, int n_warps);
 
+/* ---- prefill: tensor-core attention and cuBLAS GEMMs (which steps take them) ----
+ *
+ * Both are the backend's fast mode, 8-bit activations (act_q8, its default); with KVLLM_ACT=f32 it
+ * keeps f32 arithmetic and the same kernels for every step size (batch-invariant, docs/GPU.md).
+ *
+ * Paged attention of a step with at least CUDA_PF_MIN_TOKENS query tokens, head_dim 64 / 128 / 256,
+ * takes attention_prefill.cu's kernel: CUDA_PF_ROWS query rows (token, query head of the kv head)
+ * per block, K/V tiles of CUDA_PF_KV_TILE(head_dim) positions aligned to multiples of it, scores and
+ * P·V on tensor cores (16-bit inputs, f32 accumulation).  Below it, the decode kernels of
+ * attention.cu.  A row's arithmetic in either kernel depends on its own inputs alone; which kernel
+ * runs depends on the step's token count, so on CUDA a token computed in a step of >= 16 tokens
+ * differs by rounding from the same token computed in a smaller step (docs/GPU.md). */
+#define CUDA_PF_MIN_TOKENS 16
+#define CUDA_PF_ROWS 64
+#define CUDA_PF_WARPS 4
+#define CUDA_PF_PAD 8                 /* 16-bit values added to each shared-memory row: no bank conflicts */
+#define CUDA_PF_KV_TILE(hd) ((hd) == 256 ? 32 : 64)   /* 256: fewer score registers next to 128 of output */
+/* Whether a step of n_tokens with head_dim takes the prefill kernel (storage alignment aside). */
+bool cuda_pf_takes(int n_tokens, int head_dim, bool act_q8);
+/* Shared memory (bytes) of one prefill block: tile row indices, table reads, Q (CUDA_PF_ROWS rows),
+ * K (tile rows), V transposed (head_dim rows of tile positions), all 16-bit with CUDA_PF_PAD more
+ * per row, per-position scales and per-row position, window start and sequence. */
+size_t cuda_pf_smem_bytes(int head_dim);
+
+/* Matmul of n tokens by cuBLAS (cublasGemmEx, f32 accumulation) rather than the mat-vec kernels:
+ * only with 8-bit activations (the backend's default; KVLLM_ACT=f32 keeps f32 arithmetic
+ * everywhere), never for a matrix the model keeps on f32 activations (TENSOR_F_F32_ACT), and
+ *   - F16 / BF16 weights at n >= CUDA_GEMM_MIN_TOKENS: the activations rounded to the weight's type;
+ *   - the quantized types the 8-bit path takes (q8 true) at n >= CUDA_GEMM_MIN_TOKENS_Q: each slab
+ *     of rows dequantized into an f16 scratch, activations rounded to f16 (finer than 8-bit codes);
+ *   - nothing else (F32 weights, the types kept on f32 activations).
+ * The GEMM changes a row's rounding against the mat-vec path, so, as for attention, a token's
+ * result depends on whether its step reaches the threshold (docs/GPU.md). */
+#define CUDA_GEMM_MIN_TOKENS 32
+#define CUDA_GEMM_MIN_TOKENS_Q 64
+#define CUDA_GEMM_SCRATCH_HALFS ((size_t)16 << 20)   /* dequantized weights: 32 MiB a context */
+enum cuda_gemm { CUDA_GEMM_NONE = 0, CUDA_GEMM_F16, CUDA_GEMM_BF16, CUDA_GEMM_DEQUANT_F16 };
+enum cuda_gemm cuda_gemm_pick(uint32_t wtype, uint32_t wflags, bool act_q8, bool q8, int n);
+/* Rows of a K-long weight that one dequantized slab of scratch_halfs holds (>= 1; 0 for K <= 0 or
+ * K > scratch_halfs). */
+int64_t cuda_gemm_slab_rows(int64_t K, size_t scratch_halfs);
+
 /* ---- device memory plan ---- */
 
 struct cuda_mem_in {

@@ -12,7 +12,8 @@
  *
  * For decode (n = 1) this is a dequantizing GEMV reading each weight byte
  * once; for prefill every block rereads its token tile's activations from
- * L2 (a tensor-core / cuBLAS path for large n is the next step, docs/GPU.md). */
+ * L2; in the fast mode large n goes to cuBLAS instead (gemm.cu, cuda_plan.h's
+ * cuda_gemm_pick), KVLLM_ACT=f32 keeps this kernel for every n. */
 #include "backend/cuda/cuda_common.cuh"
 
 #define MM_THREADS 256

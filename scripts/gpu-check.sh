@@ -16,7 +16,9 @@
 #                             one fault cannot hide the rest: CUDA vs the scalar CPU reference on random
 #                             small shapes; ops.txt: OK / WRONG / CRASH / TIMEOUT per op
 #   timing.txt         gpu_timing: CUDA-event times of a 4096 x 14336 mat-vec per weight type and of
-#                      decode attention at 1k and 8k context, against the bandwidth roofline
+#                      decode attention at 1k and 8k context, against the bandwidth roofline; then the
+#                      prefill paths: 512-token cuBLAS matmuls (F16, Q4_0) and tensor-core attention
+#                      (512 tokens at 512 and at 8k) in TFLOP/s
 #   sanitize/TOOL.log  compute-sanitizer memcheck, racecheck, synccheck, initcheck on a short run
 #   large/OP.log, large.txt   the harness at Llama-3-8B / Qwen2.5-7B shapes (KVLLM_TEST_LARGE=1)
 # Environment: KVLLM_SHARED (the test data; default tests/data), KVLLM_GPU_BUILD (build dir, default
@@ -202,7 +204,8 @@ t0=$SECONDS
 T=$(budget 40)
 if [ "$T" -eq 0 ]; then step timing SKIP 0 "out of time"
 elif timeout "$T" "$BIN/gpu_timing" 50 >"$RES/timing.txt" 2>&1; then
-    step timing PASS $((SECONDS - t0)) "$(grep -m1 'Q4_0' "$RES/timing.txt" | sed 's/  */ /g')"
+    pf=$(grep -m1 'prefill attention' "$RES/timing.txt" | sed 's/  */ /g')
+    step timing PASS $((SECONDS - t0)) "$(grep -m1 'Q4_0' "$RES/timing.txt" | sed 's/  */ /g'); $pf"
 else step timing FAIL $((SECONDS - t0)) "see timing.txt"; fi
 
 # ---- compute-sanitizer: four tools at once on a short run (-lineinfo build) ----

@@ -367,6 +367,22 @@ enum kvllm_spec {
     KVLLM_SPEC_DRAFT,       /* a draft model (draft_model, same vocabulary) run greedily over its own paged KV */
 };
 
+/* Asynchronous scheduling (vLLM's --async-scheduling): while the backend
+ * runs step t, the host drains the inbox and plans step t+1 (admissions,
+ * chunked prefill, block allocation, preemption), each running sequence
+ * assumed to get its one token; once t's tokens are known, t+1 drops what
+ * finished and is issued.  Every sequence's tokens are the same as without
+ * it; what may differ is which step a request is admitted or preempted in.
+ * Steps with speculative decoding, the first token of n > 1 samples (the
+ * fork), sessions, no_kv_cache and tensor parallelism keep the synchronous
+ * order.  It pays only where the backend runs asynchronously (CUDA); the
+ * CPU backends compute inside each op, leaving nothing to overlap. */
+enum kvllm_async {
+    KVLLM_ASYNC_AUTO = 0,   /* on where the backend runs asynchronously (CUDA), off on the CPU */
+    KVLLM_ASYNC_ON,
+    KVLLM_ASYNC_OFF,
+};
+
 struct kvllm_engine_params {
     int n_ctx;              /* longest sequence (prompt + output); <= 0: the model's trained context */
     uint64_t kv_mem;        /* KV pool in bytes; 0: from kv_tokens */
@@ -386,6 +402,7 @@ struct kvllm_engine_params {
     int spec_tokens;        /* drafts per sequence and step (k); <= 0 with spec on: 5 */
     int spec_ngram_min, spec_ngram_max;  /* prompt lookup n-gram sizes; <= 0: 1 and 3 */
     struct kvllm_model *draft_model;     /* KVLLM_SPEC_DRAFT: the drafter (borrowed: outlives the engine) */
+    enum kvllm_async async_scheduling;   /* KVLLM_ASYNC_AUTO (default), _ON or _OFF (see above) */
 };
 struct kvllm_engine_params kvllm_engine_default_params(void);
 
@@ -506,6 +523,7 @@ struct kvllm_engine_stats {
     double kv_waste_ideal_sum;                 /* per-step sum of the waste if only last blocks were partial */
     uint64_t batch_seqs_sum;                   /* per-step sum of sequences in the batch */
     uint64_t failed_steps;                     /* steps whose ops failed (their requests got FINISH_ERROR) */
+    uint64_t steps_planned_ahead;              /* steps planned while the previous one ran (async_scheduling) */
     /* speculative decoding: drafts verified (those after a sequence's end, which no one compared, are
        not counted) and those accepted (acceptance rate = spec_accepted / spec_drafted); spec_verifies:
        sequence-steps that verified at least one draft;

@@ -221,6 +221,22 @@ static void find_end_tokens(struct kvllm_engine *e) {
     }
 }
 
+/* Whether steps are planned while the previous one runs (kvllm_engine_params.async_scheduling): asked
+ * for, or left to the default on a backend that runs asynchronously; never where a step's plan depends
+ * on the previous step's tokens (drafts are proposed from them), where blocks are dropped after every
+ * step (no_kv_cache: the plan would count K/V about to go), or where other ranks replay rank 0's steps. */
+static bool async_wanted(const struct kvllm_engine *e) {
+    const struct model *m = e->km->m;
+    const bool want = e->p.async_scheduling == KVLLM_ASYNC_ON ||
+                      (e->p.async_scheduling == KVLLM_ASYNC_AUTO && strncmp(m->be->ops->name, "cuda", 4) == 0);
+    const char *why_not = e->p.spec != KVLLM_SPEC_NONE ? "speculative decoding drafts from the last step's tokens"
+                          : e->p.no_kv_cache ? "no_kv_cache drops the K/V the plan would count on"
+                          : m->comm ? "tensor-parallel ranks replay rank 0's steps in order" : NULL;
+    if (want && why_not && e->p.async_scheduling == KVLLM_ASYNC_ON)
+        LOG_INFO("asynchronous scheduling is off: %s", why_not);
+    return want && !why_not;
+}
+
 int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max, int rollback,
                struct kvllm_engine **out) {
     return engine_new_planned(km, params, n_logits_max, rollback, 0, out);
@@ -279,6 +295,7 @@ int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params 
     if (!rc) rc = sched_init(&e->sched, &e->pool, &sc);
     if (!rc && e->win_pool.n_blocks) sched_set_window(&e->sched, &e->win_pool, e->window, rollback);
     if (!rc) rc = sched_batch_init(&e->sb, p.max_seqs);
+    if (!rc) rc = sched_batch_init(&e->sb_next, p.max_seqs);
     if (!rc) rc = backend_ctx_new(km->m->be, &cp, &e->ctx);
     if (!rc) rc = forward_buf_init(&e->fb, km->m->be, hp, p.max_batch_tokens, e->n_logits_max);
     if (!rc) rc = inputs_init(e);
@@ -297,6 +314,7 @@ int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params 
     if (!rc) rc = spec_start(e);
     if (!rc && km->m->comm && km->m->comm->rank == 0) rc = tp_engine_announce(e);
     if (rc) { kvllm_engine_free(e); return rc; }
+    e->async = async_wanted(e);
     *out = e;
     return 0;
 }
@@ -324,6 +342,7 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     forward_buf_deinit(&e->fb);
     backend_ctx_free(e->ctx);
     sched_batch_deinit(&e->sb);
+    sched_batch_deinit(&e->sb_next);
     sched_deinit(&e->sched);
     block_pool_deinit(&e->pool);
     paged_kv_deinit(&e->kv);
@@ -339,6 +358,15 @@ void kvllm_engine_free(struct kvllm_engine *e) {
 void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code) {
     e->ctx->fail_after = fail_after;
     e->ctx->fail_code = code;
+}
+
+void engine_test_trace(struct kvllm_engine *e, void (*fn)(void *user, char what), void *user) {
+    e->test_trace = fn;
+    e->test_trace_user = user;
+}
+
+static void trace(struct kvllm_engine *e, char what) {
+    if (e->test_trace) e->test_trace(e->test_trace_user, what);
 }
 
 /* ---- submission (any thread) ---- */
@@ -833,16 +861,9 @@ static void fail_batch(struct kvllm_engine *e, int rc) {
     e->st.failed_steps++;
 }
 
-static void run_batch(struct kvllm_engine *e) {
-    const struct sched_batch *b = &e->sb;
+/* Statistics sampled at every step that ran. */
+static void note_step(struct kvllm_engine *e, const struct sched_batch *b) {
     const int bs = e->p.block_size;
-    int nl = 0, ng = 0, ns = 0;
-    int rc = issue_batch(e, &nl, &ng, &ns);
-    int rs = backend_sync(e->ctx);     /* the one wait of the step */
-    if (rc || rs) { fail_batch(e, rc ? rc : rs); return; }
-    sched_commit(&e->sched, b);
-
-    /* statistics sampled at every step */
     uint64_t alloc = 0, used = 0, ideal = 0;
     for (int i = 0; i < e->sched.n_running; i++) {
         const struct seq *q = e->sched.running[i];
@@ -856,10 +877,12 @@ static void run_batch(struct kvllm_engine *e) {
     e->st.kv_util_sum += (double)block_pool_n_held(&e->pool) / e->pool.n_blocks;
     e->st.kv_waste_sum += alloc ? (double)(alloc - used) / (double)alloc : 0.0;
     e->st.kv_waste_ideal_sum += ideal ? (double)(ideal - used) / (double)ideal : 0.0;
+}
 
-    /* a speculating sequence's rows are consecutive in its group: its last token's, then one per
-     * draft; the greedy and sampled groups' tokens were picked by the backend (a sampled row never
-     * speculates), the others are sampled here */
+/* The step's tokens: a speculating sequence's rows are consecutive in its group: its last token's,
+ * then one per draft; the greedy and sampled groups' tokens were picked by the backend (a sampled row
+ * never speculates), the others are sampled here. */
+static void take_tokens(struct kvllm_engine *e, int nl, int ng, int ns) {
     for (int i = 0; i < ns;) {
         struct seq *q = e->logit_seqs[i];
         if (q->n_spec) { i += spec_verify(e, q, NULL, e->in.h_ids + i); continue; }
@@ -876,6 +899,77 @@ static void run_batch(struct kvllm_engine *e) {
     }
 }
 
+/* A request's prefix-cache hit is known once its prompt was admitted. */
+static void note_cached(const struct sched_batch *b) {
+    for (int i = 0; i < b->n_seqs; i++) {
+        struct seq *q = b->seqs[i];
+        struct seq_ctx *c = q->owner;
+        if (c->index == 0 && c->n_generated == 0 && q->n_preemptions == 0 && !c->req->cached_noted) {
+            c->req->n_cached = q->n_computed;   /* not a later chunk's start: what the cache served */
+            c->req->cached_noted = true;
+        }
+    }
+}
+
+/* Can the step after sb be planned before sb's tokens are known?  Not when one of its sequences forks
+ * n > 1 samples off its first token (the forks join the running set only then, sharing the blocks
+ * the plan would extend) or belongs to a session (its caller changes it between steps). */
+static bool can_plan_next(const struct kvllm_engine *e) {
+    if (!e->async) return false;
+    for (int i = 0; i < e->sb.n_seqs; i++) {
+        const struct request *r = ((const struct seq_ctx *)e->sb.seqs[i]->owner)->req;
+        if (r->eval || (r->n > 1 && !r->forked)) return false;
+    }
+    return true;
+}
+
+/* Will q, just computed in the step in flight, get a token from it (a last row of logits, and not
+ * the last token its limits allow)? */
+static bool will_sample(const struct seq *q) {
+    const struct seq_ctx *c = q->owner;
+    return q->status == SEQ_RUNNING && q->n_computed == q->n_tokens && !c->done &&
+           c->n_generated + 1 < c->req->max_tokens && q->n_tokens + 1 < q->max_len;
+}
+
+/* While the step in sb runs: take new requests and aborts, count sb's tokens computed, give each
+ * sequence that will sample a placeholder for its token, and plan the next step into sb_next. */
+static void plan_next(struct kvllm_engine *e) {
+    drain_inbox(e);
+    sched_advance(&e->sched, &e->sb);
+    for (int i = 0; i < e->sb.n_seqs; i++)
+        if (will_sample(e->sb.seqs[i])) sched_add_placeholder(e->sb.seqs[i]);
+    sched_schedule(&e->sched, &e->sb_next);
+    trace(e, 'S');
+    e->st.steps_planned_ahead++;
+    note_cached(&e->sb_next);
+}
+
+static void run_batch(struct kvllm_engine *e) {
+    int nl = 0, ng = 0, ns = 0;
+    int rc = issue_batch(e, &nl, &ng, &ns);
+    trace(e, 'I');
+    const bool ahead = !rc && can_plan_next(e);
+    if (ahead) plan_next(e);
+    int rs = backend_sync(e->ctx);     /* the one wait of the step */
+    trace(e, 'W');
+    for (int i = 0; ahead && i < e->sb.n_seqs; i++) sched_drop_placeholder(e->sb.seqs[i]);
+    if (rc || rs) fail_batch(e, rc ? rc : rs);
+    else {
+        if (ahead) sched_publish(&e->sched, &e->sb);
+        else sched_commit(&e->sched, &e->sb);
+        note_step(e, &e->sb);
+        take_tokens(e, nl, ng, ns);
+    }
+    if (!ahead) return;
+    /* the planned step becomes the next one; what finished at this one leaves it now, before reap
+     * frees them */
+    struct sched_batch t = e->sb;
+    e->sb = e->sb_next;
+    e->sb_next = t;
+    sched_batch_prune(&e->sched, &e->sb);
+    e->next_planned = true;
+}
+
 /* A tensor-parallel job that lost a rank computes nothing more: every request ends with an error. */
 static void fail_all(struct kvllm_engine *e) {
     for (struct request *r = e->live; r; r = r->next)
@@ -883,6 +977,10 @@ static void fail_all(struct kvllm_engine *e) {
             if (!r->ctx[k].done) output_finish_seq(e, r->seqs[k], -1, "", 0, KVLLM_FINISH_ERROR);
 }
 
+/* One step.  Synchronous order: drain the inbox, schedule, issue, wait, commit, take the tokens,
+ * reap.  Asynchronous (run_batch, plan_next): the step may have been planned while the previous one
+ * ran; it is pruned of what finished since (an abort drained here too), issued, and the next is
+ * planned before the wait. */
 int engine_step(struct kvllm_engine *e) {
     drain_inbox(e);
     if (comm_failed(e->km->m->comm)) {
@@ -890,18 +988,16 @@ int engine_step(struct kvllm_engine *e) {
         reap(e);
         return KVLLM_ECOMM;
     }
-    if (e->p.spec != KVLLM_SPEC_NONE) spec_propose(e);
-    sched_schedule(&e->sched, &e->sb);
-    int n = e->sb.n_tokens;
-    /* a request's prefix-cache hit is known once its prompt was admitted */
-    for (int i = 0; i < e->sb.n_seqs; i++) {
-        struct seq *q = e->sb.seqs[i];
-        struct seq_ctx *c = q->owner;
-        if (c->index == 0 && c->n_generated == 0 && q->n_preemptions == 0 && !c->req->cached_noted) {
-            c->req->n_cached = q->n_computed;   /* not a later chunk's start: what the cache served */
-            c->req->cached_noted = true;
-        }
+    const bool planned = e->next_planned;
+    e->next_planned = false;
+    if (planned) sched_batch_prune(&e->sched, &e->sb);
+    if (!planned || !e->sb.n_tokens) {   /* nothing planned, or all of it finished: schedule now */
+        if (e->p.spec != KVLLM_SPEC_NONE) spec_propose(e);
+        sched_schedule(&e->sched, &e->sb);
+        trace(e, 'S');
+        note_cached(&e->sb);
     }
+    int n = e->sb.n_tokens;
     if (n) run_batch(e);
     reap(e);
     return n;

@@ -111,7 +111,14 @@ struct kvllm_engine {
     int window;
     struct kv_layer_view *kv_layers;           /* (n_layer) each layer's view, in its group's storage */
     struct sched sched;
-    struct sched_batch sb;
+    struct sched_batch sb;                     /* the step being run */
+    /* asynchronous scheduling (kvllm_engine_params.async_scheduling): the next step, planned while sb
+       ran (plan_next); next_planned: sb holds it, to be pruned and issued by the next engine_step */
+    bool async;
+    bool next_planned;
+    struct sched_batch sb_next;
+    void (*test_trace)(void *user, char what);  /* engine_test_trace (NULL: off) */
+    void *test_trace_user;
     struct backend_ctx *ctx;                   /* this engine's execution context (stream) */
     struct forward_buf fb;
     struct step_inputs in;
@@ -174,6 +181,9 @@ int engine_step(struct kvllm_engine *e);
 /* Test hook: the fail_after-th op from now fails with code (an injected
  * device or kernel error). */
 void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code);
+/* Test hook: fn(user, what) at each point of the step loop: 'S' a step
+ * scheduled, 'I' its ops issued, 'W' the wait for them done (NULL: off). */
+void engine_test_trace(struct kvllm_engine *e, void (*fn)(void *user, char what), void *user);
 
 /* tp.c: tensor parallelism, rank 0's side (nothing is sent for a model of one rank) */
 int tp_engine_announce(struct kvllm_engine *e);   /* after creation: the ranks > 0 make its mirror */

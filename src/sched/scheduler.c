@@ -345,7 +345,7 @@ static void publish_win(struct sched *s, struct seq *q, int k) {
 /* Publish q's full blocks whose tokens are computed and verified (no draft). */
 static void publish_full(struct sched *s, struct seq *q) {
     const int bs = s->pool->block_size;
-    const int n_verified = q->n_tokens - q->n_spec;
+    const int n_verified = q->n_tokens - q->n_spec - q->n_pending;
     int n_full = (q->n_computed < n_verified ? q->n_computed : n_verified) / bs;
     hash_blocks(s, q, n_full);
     for (; q->n_published < n_full; q->n_published++) {
@@ -360,15 +360,60 @@ static void publish_full(struct sched *s, struct seq *q) {
     }
 }
 
-void sched_commit(struct sched *s, const struct sched_batch *b) {
+void sched_advance(struct sched *s, const struct sched_batch *b) {
+    (void)s;
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->seqs[i]->status == SEQ_RUNNING) b->seqs[i]->n_computed += b->n_new[i];
+}
+
+void sched_publish(struct sched *s, const struct sched_batch *b) {
     for (int i = 0; i < b->n_seqs; i++) {
         struct seq *q = b->seqs[i];
         if (q->status != SEQ_RUNNING) continue;
-        q->n_computed += b->n_new[i];
+        KV_ASSERT(q->n_pending == 0);
         if (s->cfg.no_kv_cache && q->n_computed == q->n_tokens) { release_blocks(s, q); continue; }
         if (s->cfg.prefix_caching) publish_full(s, q);   /* first: a slid-out block stays cached */
         slide(s, q);
     }
+}
+
+void sched_commit(struct sched *s, const struct sched_batch *b) {
+    sched_advance(s, b);
+    sched_publish(s, b);
+}
+
+void sched_add_placeholder(struct seq *q) {
+    KV_ASSERT(q->status == SEQ_RUNNING && q->n_tokens < q->max_len && q->n_spec == 0);
+    q->tokens[q->n_tokens++] = -1;
+    q->n_pending++;
+}
+
+void sched_drop_placeholder(struct seq *q) {
+    q->n_tokens -= q->n_pending;
+    q->n_pending = 0;
+}
+
+void sched_batch_prune(struct sched *s, struct sched_batch *b) {
+    int n = 0;
+    b->n_tokens = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        struct seq *q = b->seqs[i];
+        if (q->status != SEQ_RUNNING) continue;
+        /* a running sequence got the token its placeholder stood for (else it finished) */
+        KV_ASSERT(q->n_pending == 0 && q->n_computed + b->n_new[i] <= q->n_tokens);
+        b->seqs[n] = q;
+        b->n_new[n] = b->n_new[i];
+        b->n_tokens += b->n_new[n++];
+    }
+    b->n_seqs = n;
+    n = 0;
+    for (int i = 0; i < b->n_copies; i++)
+        if (s->pool->ref[b->copies[i][0]] > 0) memcpy(b->copies[n++], b->copies[i], sizeof *b->copies);
+    b->n_copies = n;
+    n = 0;
+    for (int i = 0; i < b->n_win_copies; i++)
+        if (s->win_pool->ref[b->win_copies[i][0]] > 0) memcpy(b->win_copies[n++], b->win_copies[i], sizeof *b->win_copies);
+    b->n_win_copies = n;
 }
 
 void sched_spec_resolve(struct sched *s, struct seq *q, int n_valid) {

@@ -107,8 +107,37 @@ int sched_add(struct sched *s, struct seq *q);
 void sched_schedule(struct sched *s, struct sched_batch *b);
 
 /* After the batch was computed: n_computed += n_new, publish full blocks
- * (only blocks whose tokens are all verified: never one holding a draft). */
+ * (only blocks whose tokens are all verified: never one holding a draft).
+ * sched_advance then sched_publish. */
 void sched_commit(struct sched *s, const struct sched_batch *b);
+/* The two halves of sched_commit.  sched_advance (n_computed += n_new) is
+ * bookkeeping only, so it may run as soon as the batch's ops are issued:
+ * ops run in issue order, so whatever a later step reads is written by
+ * then.  sched_publish (prefix-cache publication, sliding-window release)
+ * waits until the batch is known to have succeeded (a failed step's blocks
+ * must never be offered to the cache) and its placeholders are dropped. */
+void sched_advance(struct sched *s, const struct sched_batch *b);
+void sched_publish(struct sched *s, const struct sched_batch *b);
+
+/* Asynchronous scheduling: the engine plans step t+1 while step t runs.
+ * After issuing t it calls sched_advance(t), gives every sequence of t
+ * that will sample a token a placeholder (sched_add_placeholder: one more
+ * known token, value unknown), and calls sched_schedule for t+1, which
+ * treats a placeholder as any known token (t+1 computes it; its block is
+ * allocated now).  Once t's results are in, it drops the placeholders
+ * (sched_drop_placeholder), sched_publish(t), appends the sampled tokens,
+ * and sched_batch_prune(t+1) before issuing it.  A placeholder is never
+ * hashed (publish_full stops before it) and never admitted (only a running
+ * sequence holds one, and a preempted one loses it before any step could
+ * admit it again). */
+void sched_add_placeholder(struct seq *q);
+void sched_drop_placeholder(struct seq *q);
+/* Drop from b the sequences that finished (or were aborted, or failed)
+ * since it was planned: their blocks, those allocated for b included, were
+ * released by sched_finish.  Block copies into blocks nobody holds any more
+ * go with them.  Every sequence left must have its planned tokens known
+ * (asserted): a placeholder's sequence either got its token or finished. */
+void sched_batch_prune(struct sched *s, struct sched_batch *b);
 
 /* Speculative decoding.  A running sequence in decode (n_computed ==
  * n_tokens - 1) may carry drafts: the caller appends them to tokens[] and

@@ -22,6 +22,10 @@ struct seq {
     int n_spec;            /* the last n_spec of tokens[0, n_tokens) are unverified drafts (speculative
                               decoding): computed like any token, never hashed or published, dropped
                               on preemption, and resolved by sched_spec_resolve after the step */
+    int n_pending;         /* asynchronous scheduling: the last n_pending of tokens[0, n_tokens) are
+                              placeholders (-1) for the token the step in flight samples, counted as
+                              known while the next step is planned, never hashed or published, and
+                              dropped (sched_drop_placeholder) before the real token is appended */
     int32_t *blocks;       /* (max_blocks) block table, append-only while running */
     int n_blocks, max_blocks;
     int32_t *win_blocks;   /* (max_blocks) the sliding-window layers' table when they have a pool of their

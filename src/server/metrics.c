@@ -154,9 +154,12 @@ char *metrics_render(struct metrics *m, const struct kvllm_engine_stats *st, int
               "# HELP kvllm_prefix_cache_hit_ratio Prompt tokens served by the prefix cache / prompt tokens.\n"
               "# TYPE kvllm_prefix_cache_hit_ratio gauge\nkvllm_prefix_cache_hit_ratio %.6f\n"
               "# HELP kvllm_preemptions_total Sequences preempted to free KV blocks.\n"
-              "# TYPE kvllm_preemptions_total counter\nkvllm_preemptions_total %llu\n",
+              "# TYPE kvllm_preemptions_total counter\nkvllm_preemptions_total %llu\n"
+              "# HELP kvllm_steps_planned_ahead_total Steps planned while the previous one ran (asynchronous "
+              "scheduling).\n"
+              "# TYPE kvllm_steps_planned_ahead_total counter\nkvllm_steps_planned_ahead_total %llu\n",
               st->n_running, st->n_waiting, st->blocks_held, st->blocks_cached, st->blocks_free, hit,
-              (unsigned long long)st->preemptions);
+              (unsigned long long)st->preemptions, (unsigned long long)st->steps_planned_ahead);
     /* KV bytes, and the sliding-window layers' own pool when the model has one */
     sb_printf(&b,
               "# HELP kvllm_kv_bytes KV storage of every layer: allocated, and held by live sequences.\n"

@@ -220,7 +220,8 @@ def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[
               ) -> tuple[list[list[int]], np.ndarray | None, dict]:
     """`kvllm batch` over token-id prompts (files named `name` under d): the ids of every output, the logits of
     every step (n_outputs, max_tokens, n_vocab; f32 KV) unless logits=False, and the stats line as a dict
-    (preemptions, prompt, cached, held; spec: accepted and drafted when speculation ran, else None).  Fails on a
+    (preemptions, prompt, cached, held; spec: accepted and drafted when speculation ran, else None; planned_ahead:
+    the steps planned while the previous one ran, asynchronous scheduling).  Fails on a
     sanitizer report, a non-zero exit or a KV block still held at the end (a leak)."""
     pf = d / f"{name}.txt"
     pf.write_text("".join(" ".join(map(str, p)) + "\n" for p in prompts))
@@ -242,7 +243,8 @@ def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[
     sp = re.search(r"speculation \(([a-z ]+)\): (\d+) of (\d+) drafts accepted", res.err)
     stats = dict(preemptions=int(m[1]), prompt=int(m[2]), cached=int(m[3]), held=int(m[4]),
                  spec=dict(accepted=int(sp[2]), drafted=int(sp[3])) if sp else None,
-                 blocks=int(re.search(r"free \d+ of (\d+)", res.err)[1]), win_blocks=int(w[2]) if w else 0)
+                 blocks=int(re.search(r"free \d+ of (\d+)", res.err)[1]), win_blocks=int(w[2]) if w else 0,
+                 planned_ahead=int(re.search(r"planned ahead (\d+)", res.err)[1]))
     return ids, lg, stats
 
 

@@ -6,6 +6,8 @@ returns the exit status with everything the server wrote on stderr (for sanitize
 With KVLLM_TEST_MPI_NP=N the server is a tensor-parallel job (`mpirun -np N kvllm serve`, kvtest.mpi_launch),
 stopped with SIGUSR1 to mpirun: the signal mpirun forwards to every rank without ending the job, on which
 rank 0 drains (a SIGINT to mpirun would kill the job: docs/TP.md).
+KVLLM_TEST_SERVE_ARGS (whitespace-separated) is appended to every server's arguments: a whole suite run again
+with an engine setting, e.g. --async-scheduling (tests/CMakeLists.txt).
 request() is a tiny http.client wrapper that never raises on 4xx/5xx, so malformed-request
 tests can look at the status and the JSON error body directly.
 """
@@ -36,7 +38,8 @@ class Server:
                  ready_timeout: float = 60.0, port: int = 0):
         launch, mpi_env = mpi_launch(binary)
         self.mpi = len(launch) > 1
-        self.args = [*launch, "serve", *[str(a) for a in args], "--port", str(port)]
+        extra = os.environ.get("KVLLM_TEST_SERVE_ARGS", "").split()
+        self.args = [*launch, "serve", *[str(a) for a in args], *extra, "--port", str(port)]
         e = dict(os.environ, **mpi_env)
         e["ASAN_OPTIONS"] = "exitcode=86:abort_on_error=0:" + e.get("ASAN_OPTIONS", "")
         e["UBSAN_OPTIONS"] = "print_stacktrace=1:exitcode=87:" + e.get("UBSAN_OPTIONS", "")

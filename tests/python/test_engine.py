@@ -57,6 +57,13 @@ SETTINGS = {
     "preempt_no_prefix": ["--kv-tokens", "160", "--no-prefix-cache"],
     "preempt_chunk_7": ["--kv-tokens", "160", "--max-batch-tokens", "7"],
     "threads_1": ["-t", "1"],
+    # asynchronous scheduling (each step planned while the previous one runs): the same tokens and
+    # logits, also when it admits, chunks and preempts a step later than the synchronous order
+    "async": ["--async-scheduling"],
+    "async_chunk_7": ["--async-scheduling", "--max-batch-tokens", "7"],
+    "async_max_seqs_3": ["--async-scheduling", "--max-seqs", "3"],
+    "async_preempt": ["--async-scheduling", "--kv-tokens", "160"],
+    "async_preempt_chunk_7": ["--async-scheduling", "--kv-tokens", "160", "--max-batch-tokens", "7"],
 }
 
 
@@ -65,12 +72,13 @@ def test_batch_invariance(kvllm, setup, alone, name):
     d, model, _, prompts = setup
     ids, logits, stats = run_batch(kvllm, d, model, prompts, f"all_{name}", *SETTINGS[name])
     want_ids, want_logits = alone
+    assert (stats["planned_ahead"] > 0) == name.startswith("async"), stats
     assert ids == want_ids, f"{name}: greedy ids differ from the prompts run alone"
     diff = np.abs(logits - want_logits).max() / np.abs(want_logits).max()
     assert diff <= 1e-6, f"{name}: max|batched - alone| / max|alone| = {diff:.3g}"
     if name.startswith("preempt"):
         assert stats["preemptions"] > 0, "the small pool should have forced preemptions"
-    if name in ("max_seqs_3", "chunk_7"):
+    if name in ("max_seqs_3", "chunk_7", "async_max_seqs_3", "async_chunk_7"):
         # admitted after others computed the shared 41-token prefix: its full blocks are reused
         # (with everything admitted in the first step there is nothing cached yet to hit)
         assert stats["cached"] > 0, "prompts sharing a 41-token prefix should hit the prefix cache"
@@ -108,10 +116,14 @@ def test_never_fits_rejected(kvllm, setup):
     assert "never fit" in res.err and "blocks" in res.err, res.describe()
 
 
-def test_batch_under_asan(asan_bin, setup, alone):
+@pytest.mark.parametrize("order", ["sync", "async"])
+def test_batch_under_asan(asan_bin, setup, alone, order):
     d, model, _, prompts = setup
-    ids, _, stats = run_batch(asan_bin, d, model, prompts, "asan", "--kv-tokens", "160", "--max-batch-tokens", "7")
+    extra = ["--async-scheduling"] if order == "async" else []
+    ids, _, stats = run_batch(asan_bin, d, model, prompts, f"asan_{order}", "--kv-tokens", "160", "--max-batch-tokens",
+                              "7", *extra)
     assert ids == alone[0] and stats["preemptions"] > 0
+    assert (stats["planned_ahead"] > 0) == (order == "async")
 
 
 def test_bench_throughput_waste(kvllm, setup):

@@ -85,6 +85,24 @@ def test_window_equals_full_cache(kvllm, setup, mode):
     assert st["win_blocks"] > 0 and ref_st["win_blocks"] == 0   # run_batch checked none is held
 
 
+@pytest.mark.parametrize("mode", ["prefix", "sampled_n2", "preempt"])
+def test_async_scheduling_same(kvllm, setup, mode):
+    """Asynchronous scheduling over the sliding pool: each step planned while the previous one runs, the
+    window's blocks released only once the step is done, the same ids and logits as the synchronous order."""
+    d, target, _, prompts = setup
+    ids, lg, st = run_batch(kvllm, d, target, prompts, f"sync_{mode}", *COMMON, *MODES[mode])
+    a_ids, a_lg, a_st = run_batch(kvllm, d, target, prompts, f"async_{mode}", *COMMON, *MODES[mode],
+                                  "--async-scheduling")
+    assert a_st["planned_ahead"] > 0 and st["planned_ahead"] == 0
+    assert a_ids == ids
+    assert np.array_equal(a_lg, lg), "the logits differ from the synchronous order's"
+    if mode == "prefix":
+        assert a_st["cached"] > 0, a_st
+    if mode == "preempt":
+        assert a_st["preemptions"] > 0, a_st
+    assert a_st["win_blocks"] > 0   # run_batch checked none is held
+
+
 def test_window_memory_bounded(kvllm, setup):
     d, target, _, _ = setup
     prompt = [[1] + list(range(3, 11))]

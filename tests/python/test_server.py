@@ -277,6 +277,39 @@ def test_concurrent_equals_alone(which, srv, gqa_srv):
     assert together == alone
 
 
+def test_async_scheduling_same_answers(kvllm, stories):
+    """A server that plans each step while the previous one runs (--async-scheduling) answers 24 concurrent
+    requests (greedy and seeded sampling, n = 2, stop strings, a small KV pool that preempts) exactly as the
+    synchronous one does, and /metrics counts the steps it planned ahead."""
+    words = ["Once", "The cat", "Lily and Ben", "A big", "One day", "Tom", "The sun was", "She"]
+    reqs = [dict(model="stories260K", prompt=f"{words[i % 8]} {words[(i * 5) % 8].lower()}" + " x" * (i % 4),
+                 max_tokens=16 + i % 24, temperature=0 if i % 2 else 0.9, seed=100 + i, n=1 + (i % 3 == 2),
+                 stop=["."] if i % 4 == 1 else None) for i in range(24)]
+
+    def answers(s: Server) -> list:
+        oc = s.client()
+        with ThreadPoolExecutor(24) as ex:
+            rs = list(ex.map(lambda q: oc.completions.create(**q), reqs))
+        return [[(c.text, c.finish_reason) for c in sorted(r.choices, key=lambda c: c.index)] for r in rs]
+
+    pool = ["--kv-tokens", "512", "--max-batch-tokens", "64"]
+    on = Server(kvllm, *stories_args(stories), *pool, "--async-scheduling")
+    try:
+        got = answers(on)
+        assert on.metrics()["kvllm_steps_planned_ahead_total"] > 0
+    finally:
+        rc, err = on.stop()
+    assert rc == 0, err[-4000:]
+    off = Server(kvllm, *stories_args(stories), *pool, "--no-async-scheduling")
+    try:
+        want = answers(off)
+    finally:
+        rc, err = off.stop()
+    assert rc == 0, err[-4000:]
+    assert got == want
+    assert any(f == "stop" for a in want for _, f in a) and any(f == "length" for a in want for _, f in a)
+
+
 # ---- disconnects release KV blocks -----------------------------------------------
 
 KILLABLE_CLIENT = r"""

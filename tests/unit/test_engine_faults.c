@@ -34,11 +34,13 @@ static void add(struct kvllm_engine *e, int k, struct out *o) {
 
 static void drain(struct kvllm_engine *e) { while (!kvllm_engine_idle(e)) kvllm_engine_step(e); }
 
-static void check_fault(struct kvllm_model *m, int code, long after) {
+/* async: the failing step was planned while the one before it ran (asynchronous scheduling) */
+static void check_fault(struct kvllm_model *m, int code, long after, enum kvllm_async async) {
     struct kvllm_engine *e = NULL;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.kv_tokens = 256;
     ep.n_ctx = 64;
+    ep.async_scheduling = async;
     CHECK(kvllm_engine_new(m, &ep, &e) == 0);
     if (!e) return;
     struct out alone[3], o[3];
@@ -67,8 +69,9 @@ static void check_fault(struct kvllm_model *m, int code, long after) {
     CHECK(o[0].fin == KVLLM_FINISH_LENGTH && memcmp(o[0].ids, alone[0].ids, sizeof o[0].ids) == 0);
     kvllm_engine_get_stats(e, &st);
     CHECK(st.blocks_held == 0);
-    printf("  %s injected at op %ld: 2 requests ended with an error, the next one matched its solo run, "
-           "%d blocks held\n", kvllm_strerror(code), after, st.blocks_held);
+    if (async == KVLLM_ASYNC_ON) CHECK(st.steps_planned_ahead > 0);
+    printf("  %s injected at op %ld%s: 2 requests ended with an error, the next one matched its solo run, "
+           "%d blocks held\n", kvllm_strerror(code), after, async == KVLLM_ASYNC_ON ? " (async)" : "", st.blocks_held);
     kvllm_engine_free(e);
 }
 
@@ -96,8 +99,11 @@ int main(void) {
     struct kvllm_model *m = load_stories(1);
     if (!m) return check_report("test_engine_faults");
     fprintf(stderr, "(the step errors below are injected)\n");
-    check_fault(m, KVLLM_ENOMEM, 1);       /* the first op of the step: its uploads went, nothing ran */
-    check_fault(m, KVLLM_EBACKEND, 23);    /* a kernel error in the middle of the layers */
+    for (int a = 0; a < 2; a++) {
+        const enum kvllm_async async = a ? KVLLM_ASYNC_ON : KVLLM_ASYNC_OFF;
+        check_fault(m, KVLLM_ENOMEM, 1, async);       /* the first op of the step: its uploads went, nothing ran */
+        check_fault(m, KVLLM_EBACKEND, 23, async);    /* a kernel error in the middle of the layers */
+    }
     check_session(m);
     kvllm_model_free(m);
     return check_report("test_engine_faults");

@@ -3,7 +3,8 @@
  * counts calls to malloc, calloc, realloc and aligned allocations made by
  * any thread while an engine decodes in steady state (4 requests with stop
  * strings and text, after their prompts) and requires 0
- * (counted as alloc_count.h says). */
+ * (counted as alloc_count.h says), in the synchronous order and with
+ * asynchronous scheduling (the next step planned while one runs). */
 #include "check.h"
 #include "stories_util.h"
 #include "kvllm.h"
@@ -18,16 +19,14 @@ static void on_event(const struct kvllm_event *ev, void *user) {
     if (ev->token >= 0) g_tokens++;   /* no allocation here either */
 }
 
-int main(void) {
-    alloc_count_install();
-    struct kvllm_model *m = load_stories(2);
-    if (!m) return check_report("test_engine_noalloc");
+static void check_steady_state(struct kvllm_model *m, enum kvllm_async async) {
     struct kvllm_engine *e = NULL;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.n_ctx = 256;
     ep.kv_tokens = 1024;
+    ep.async_scheduling = async;
     CHECK(kvllm_engine_new(m, &ep, &e) == 0);
-    if (!e) return check_report("test_engine_noalloc");
+    if (!e) return;
     static const char *stops[] = { "zebra-never", "Once upon a time in a galaxy" };
     for (int k = 0; k < 4; k++) {
         char prompt[64];
@@ -55,8 +54,17 @@ int main(void) {
     const int n_alloc = atomic_load(&g_allocs);
     CHECK_MSG(n_alloc == 0, "%d allocations in %d steady-state decode steps", n_alloc, steps);
     CHECK(g_tokens - before >= 4 * steps);
-    printf("  %d decode steps, %d tokens: %d allocations\n", steps, g_tokens - before, n_alloc);
+    printf("  %s: %d decode steps, %d tokens: %d allocations\n", async == KVLLM_ASYNC_ON ? "async" : "sync", steps,
+           g_tokens - before, n_alloc);
     kvllm_engine_free(e);
+}
+
+int main(void) {
+    alloc_count_install();
+    struct kvllm_model *m = load_stories(2);
+    if (!m) return check_report("test_engine_noalloc");
+    check_steady_state(m, KVLLM_ASYNC_OFF);
+    check_steady_state(m, KVLLM_ASYNC_ON);
     kvllm_model_free(m);
     return check_report("test_engine_noalloc");
 }

@@ -113,7 +113,7 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
 }
 
 enum {
-    E_KV_MEM = 1, E_KV_TOKENS, E_KV_TYPE, E_BLOCK_SIZE, E_MAX_SEQS, E_MAX_BATCH_TOKENS, E_NO_PREFIX_CACHE, E_KV_FULL,
+    E_KV_MEM = 1, E_KV_TOKENS, E_KV_TYPE, E_BLOCK_SIZE, E_MAX_SEQS, E_MAX_BATCH_TOKENS, E_NO_PREFIX_CACHE, E_KV_FULL, E_ASYNC, E_NO_ASYNC,
     E_SPEC_NGRAM, E_DRAFT_MODEL, E_SPEC_TOKENS, E_SPEC_NGRAM_MAX,
 };
 
@@ -128,6 +128,9 @@ static const struct cli_opt k_engine_opts[] = {
     { E_NO_PREFIX_CACHE, "--no-prefix-cache", NULL, CLI_FLAG, "do not reuse cached blocks of identical prompt prefixes" },
     { E_KV_FULL, "--kv-full", NULL, CLI_FLAG,
       "sliding-window layers keep whole contexts too (a full cache, for comparisons)" },
+    { E_ASYNC, "--async-scheduling", NULL, CLI_FLAG,
+      "plan each step while the previous one runs (same tokens; default: on CUDA only)" },
+    { E_NO_ASYNC, "--no-async-scheduling", NULL, CLI_FLAG, "plan each step after the previous one finished" },
 };
 
 static const struct cli_opt k_spec_opts[] = {
@@ -181,6 +184,8 @@ int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p)
     switch (o->id) {
     case E_NO_PREFIX_CACHE: p->prefix_caching = false; break;
     case E_KV_FULL: p->kv_full = true; break;
+    case E_ASYNC: p->async_scheduling = KVLLM_ASYNC_ON; break;
+    case E_NO_ASYNC: p->async_scheduling = KVLLM_ASYNC_OFF; break;
     case E_SPEC_NGRAM: p->spec = KVLLM_SPEC_NGRAM; break;
     case E_DRAFT_MODEL: g_draft_path = v; p->spec = KVLLM_SPEC_DRAFT; break;
     case E_SPEC_TOKENS: if (!cli_int("--spec-tokens", v, 1, 64, &l)) return -1; p->spec_tokens = (int)l; break;

@@ -148,10 +148,12 @@ int cmd_batch(int argc, char **argv) {
         struct kvllm_engine_stats st;
         kvllm_engine_get_stats(e, &st);
         fprintf(stderr, "kvllm: stats: steps %llu, preemptions %llu, prompt tokens %llu, cached %llu, "
-                        "blocks held %d, cached %d, free %d of %d; sliding-window blocks held %d of %d\n",
+                        "blocks held %d, cached %d, free %d of %d; sliding-window blocks held %d of %d; "
+                        "planned ahead %llu\n",
                 (unsigned long long)st.steps, (unsigned long long)st.preemptions,
                 (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens, st.blocks_held,
-                st.blocks_cached, st.blocks_free, st.blocks_total, st.win_blocks_held, st.win_blocks_total);
+                st.blocks_cached, st.blocks_free, st.blocks_total, st.win_blocks_held, st.win_blocks_total,
+                (unsigned long long)st.steps_planned_ahead);
         cli_spec_report(e, &ep);
     }
     if (!rc && logits_path) {

@@ -109,16 +109,36 @@ struct kvllm_model_params {
     int n_threads;              /* <= 0: all online CPUs */
     bool tensor_parallel;       /* hold this rank's share of the model in the job kvllm_tp_init joined
                                    (a job of one rank: the whole model, as without) */
+    /* Where the model runs.  The library reads no environment variable to
+     * choose: kvllm's CLI fills these from KVLLM_BACKEND, KVLLM_CPU,
+     * KVLLM_ACT, KVLLM_CUDA_DEVICE and its flags (docs/CLI.md).  Zeroed or
+     * NULL, each is the default. */
+    const char *backend;        /* NULL, "" or "cpu": the CPU; "strict": the CPU kernels with backend memory
+                                   unreadable outside ops (tests: code that touches device memory from the
+                                   host crashes); "cuda": the CUDA backend (a -DKVLLM_CUDA=ON build) */
+    const char *cpu_kernels;    /* the CPU's kernel set: NULL or "": the best this CPU runs (avx512, then avx2,
+                                   then scalar); "scalar" (the f32 reference), "avx2", "avx512" or "amx"
+                                   (avx512 with the integer matmul on AMX-INT8 tiles; opt-in) */
+    const char *activations;    /* the matmul's arithmetic on quantized weights: NULL, "" or "q8": 8-bit
+                                   activations with integer dot products, as llama.cpp; "f32": f32 on the
+                                   dequantized weights; "int": the older 13-bit codes for Q8_0 / Q4_0 /
+                                   Q4_1 (CPU).  The scalar set is always f32 */
+    int device;                 /* the CUDA device's index (0: the first); the CPU backends ignore it */
 };
 
-/* Defaults: no tokenizer override, all threads. */
+/* Defaults: no tokenizer override, all threads, the CPU's best kernels on
+ * 8-bit activations. */
 struct kvllm_model_params kvllm_model_default_params(void);
 
 /* Load a GGUF file, a llama2.c checkpoint or a Hugging Face folder
- * (safetensors + config.json + tokenizer.json); the backend places the
- * weights (the CPU keeps them memory-mapped).  KVLLM_BACKEND=strict selects
- * the strict test backend, KVLLM_CPU the kernel set.  On error *out is NULL
- * and nothing is left open.
+ * (safetensors + config.json + tokenizer.json) on the backend params
+ * chooses, which places the weights (the CPU keeps them memory-mapped).
+ * A backend, kernel set or activation name not listed above fails with
+ * KVLLM_EINVAL, a kernel set this CPU or build lacks with KVLLM_ECPU, a
+ * CUDA backend this build or machine lacks with KVLLM_EUNSUPPORTED, a
+ * model needing an op the backend does not run (mixture-of-experts on
+ * CUDA) with KVLLM_EUNSUPPORTED; each is logged, naming the field or op
+ * and the valid choices.  On error *out is NULL and nothing is left open.
  *
  * Threads: a loaded model is immutable.  Any number of engines and
  * sessions, on any threads, may use one model at once, and kvllm_tokenize,
@@ -618,10 +638,11 @@ int kvllm_session_eval(struct kvllm_session *s, const int32_t *tokens, int n,
 /* What this binary holds.  Static strings, never NULL. */
 struct kvllm_build_info {
     const char *cpu_kernels_built;  /* CPU kernel sets compiled in: "scalar", "scalar, avx2" or
-                                       "scalar, avx2, avx512" (KVLLM_CPU names them) */
+                                       "scalar, avx2, avx512" (kvllm_model_params.cpu_kernels names them) */
     const char *cpu_kernels_here;   /* those this CPU can run, same spelling */
-    const char *cpu_kernels_default;/* the one a backend picks without KVLLM_CPU */
-    bool cuda_built;                /* the CUDA backend (-DKVLLM_CUDA=ON; KVLLM_BACKEND=cuda selects it) */
+    const char *cpu_kernels_default;/* the one a backend picks when cpu_kernels is NULL */
+    bool cuda_built;                /* the CUDA backend (-DKVLLM_CUDA=ON; kvllm_model_params.backend "cuda"
+                                       selects it) */
 };
 /* Fill *out.  Cheap (probes the CPU, allocates nothing that outlives the call); cannot fail. */
 void kvllm_build_info(struct kvllm_build_info *out);

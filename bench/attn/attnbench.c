@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     struct backend_ctx *c = NULL;
     const struct backend_ctx_params p = { .n_threads = nth, .max_tokens = 1, .max_ctx = L, .n_head = nh,
                                           .head_dim = hd, .max_cols = 64 };
-    if (backend_cpu_new("scalar", false, &be) || backend_ctx_new(be, &p, &c)) {
+    if (backend_cpu_new("scalar", false, BACKEND_ACT_F32, &be) || backend_ctx_new(be, &p, &c)) {
         fprintf(stderr, "attnbench: no backend context\n");
         return 1;
     }

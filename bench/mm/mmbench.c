@@ -3,7 +3,7 @@
  * processes take is not counted, though their cache pressure is).
  * Build and run: bench/mm/run.sh BUILD_DIR (links BUILD_DIR's static libs).
  * Prints, per (type, n): GFLOP/s and ns per weight byte for
- * KVLLM_ACT=f32 on avx2, q8 on avx2 (plain AVX2 rows and AVX-VNNI rows),
+ * f32 activations on avx2, q8 on avx2 (plain AVX2 rows and AVX-VNNI rows),
  * q8 on avx512 and on amx (where the CPU has it), each the best of --reps. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
@@ -23,9 +23,9 @@ static double cpu_now(void) {
 }
 
 static struct backend_ctx *mk(const char *kind, const char *act, int64_t K, int n) {
-    setenv("KVLLM_ACT", act, 1);
     struct backend *be = NULL;
-    if (backend_cpu_new(kind, false, &be)) return NULL;
+    enum backend_act a;
+    if (backend_act_parse(act, &a) || backend_cpu_new(kind, false, a, &be)) return NULL;
     struct backend_ctx_params p = { .n_threads = 1, .max_tokens = n, .max_ctx = 1, .n_head = 1, .head_dim = 1,
                                     .max_cols = K };
     struct backend_ctx *c = NULL;

@@ -6,13 +6,17 @@
  *                       immutable afterwards: any number of engines on any
  *                       threads share it.  It places the weights (keeps the
  *                       file mapping, repacks, or uploads) and allocates
- *                       buffers of its own memory.
+ *                       buffers of its own memory.  Which backend, device,
+ *                       kernel set and activation arithmetic: struct
+ *                       backend_params, filled by the caller (the model's
+ *                       kvllm_model_params); the library reads no
+ *                       environment variable to choose.
  *   struct backend_buf  memory owned by the backend (host RAM for the CPU,
  *                       device memory for a GPU).  Host code holds the
  *                       pointers into it and passes them to ops, uploads and
  *                       downloads, but never reads or writes through them:
- *                       the strict backend (KVLLM_BACKEND=strict) makes
- *                       every such access outside an op crash.
+ *                       the strict backend (BACKEND_STRICT) makes every
+ *                       such access outside an op crash.
  *   struct backend_ctx  an execution context, i.e. a stream: per-engine
  *                       mutable state (thread pool, scratch sized at
  *                       creation for the largest step).  Ops are issued in
@@ -31,9 +35,10 @@
  * the rule (docs/GPU.md, "Batch invariance on CUDA").
  *
  * Adding a backend: fill a struct backend_ops (every member is required
- * unless marked optional),
- * return a struct backend from a constructor, and run the per-op harness
- * (tests/unit/test_backend_ops.c) against the scalar reference. */
+ * unless marked optional; supports_op answers for the optional ones),
+ * return a struct backend from a constructor that backend_new calls, and
+ * run the per-op harness (tests/unit/test_backend_ops.c) against the
+ * scalar reference. */
 #ifndef KVLLM_BACKEND_H
 #define KVLLM_BACKEND_H
 
@@ -227,6 +232,21 @@ static inline void place_copied_tell(const struct place_copied *pc, const void *
 struct backend;
 struct backend_ctx;
 
+/* What a model may need that a backend may lack (backend_ops.supports_op):
+ * the optional ops, and the weight types an op reads.  The loader asks
+ * before placing anything, so a model a backend cannot run is refused at
+ * load with the op named, never halfway through a step. */
+enum backend_op {
+    BACKEND_OP_MATMUL,            /* matmul over weights of the given type (enum dtype) */
+    BACKEND_OP_GET_ROWS,          /* get_rows from weights of the given type */
+    BACKEND_OP_MOE,               /* moe_route and moe over experts of the given type */
+    BACKEND_OP_KV_SHIFT,          /* kv_shift (type unused: 0) */
+    BACKEND_OP_COUNT_
+};
+
+/* "matmul", "get_rows", ... for messages ("?" out of range). */
+const char *backend_op_name(enum backend_op op);
+
 /* All members are required unless marked optional.  Ops, uploads and
  * downloads on one context run in issue order; a backend may run them
  * asynchronously, so host memory
@@ -235,6 +255,13 @@ struct backend_ctx;
  * g, u, ids, pos, slots or inside an args struct is backend memory. */
 struct backend_ops {
     const char *name;             /* "scalar", "avx2", "strict/avx2", ... */
+    /* Free the backend, after every buffer and context it made is freed
+     * (backend_free calls it; be is never NULL here). */
+    void (*free)(struct backend *be);
+    /* Whether the backend runs op on tensors of type (enum dtype; ignored
+     * where enum backend_op says so).  Cheap, any thread; true for an
+     * optional op means its member is set. */
+    bool (*supports_op)(const struct backend *be, enum backend_op op, uint32_t type);
 
     /* ---- memory (any thread) ---- */
     /* A buffer of at least bytes (64-byte aligned, zeroed).  KVLLM_ENOMEM logged. */
@@ -293,7 +320,8 @@ struct backend_ops {
     /* x (n) = cap * tanh(x / cap) (logit soft-capping) */
     int (*softcap)(struct backend_ctx *c, float *x, long n, float cap);
     /* Mixture-of-experts routing (optional, with moe: NULL when the backend
-     * cannot run such models, which model_load then refuses): for each of n rows of logits (n,
+     * cannot run such models, as supports_op(BACKEND_OP_MOE) says, and
+     * model_load then refuses them): for each of n rows of logits (n,
      * n_expert), p = softmax(row); ids (n, n_used) = the n_used largest p
      * (lowest index first on ties), weights (n, n_used) = their p, divided by
      * their sum when norm. */
@@ -319,7 +347,8 @@ struct backend_ops {
      * delta < 0 moves positions back).  A K row goes through f32 and is
      * stored again (quantized anew for the 8-bit types); V rows and their
      * scales are copied as they are.  Optional: NULL when the backend cannot
-     * (the caller recomputes the positions instead). */
+     * (supports_op(BACKEND_OP_KV_SHIFT) is false; the caller recomputes the
+     * positions instead). */
     int (*kv_shift)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer, const int32_t *src,
                     const int32_t *dst, int n, int delta, const struct rope_params *p);
 
@@ -358,33 +387,66 @@ struct backend_ctx {
     int fail_code;
 };
 
-/* Create the CPU backend.  kind: NULL or "" picks the best the CPU offers
- * (avx512, then avx2, then scalar); otherwise "scalar", "avx2", "avx512"
- * (AVX-512 F/BW/VL + VNNI; its other ops are avx2's) or "amx" (the avx512
- * set with the integer matmul on AMX-INT8 tiles; opt-in).  strict: the same
- * kernels behind the wall described above (tests).  Fails with KVLLM_ECPU
- * (logged) for a kind this build or CPU lacks.
- *
- * Activations (SIMD sets; the scalar set, the oracle, is always f32): by
- * default (KVLLM_ACT=q8) activations are quantized per row to 8-bit codes
- * (blocks of 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4, of
- * 256 for the K-quants and IQ4_XS) and multiplied with integer dot
- * products (vpmaddubsw on AVX2, vpdpbusd where the CPU has AVX-VNNI or
- * AVX-512 VNNI), bit-identical across kernel sets, on weights repacked at
+/* Which backend a model runs on (kvllm_model_params names them; the
+ * CLI fills those from its flags and environment). */
+enum backend_kind {
+    BACKEND_CPU = 0,              /* the CPU kernels */
+    BACKEND_STRICT,               /* the same kernels behind the wall described above (tests) */
+    BACKEND_CUDA,                 /* the CUDA backend where built (-DKVLLM_CUDA=ON) */
+};
+
+/* Activation arithmetic of the matmul on quantized weights (SIMD CPU sets
+ * and CUDA; the scalar set, the oracle, is always f32).  BACKEND_ACT_Q8,
+ * the default: activations are quantized per row to 8-bit codes (blocks of
+ * 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4, of 256 for the
+ * K-quants and IQ4_XS) and multiplied with integer dot products
+ * (vpmaddubsw on AVX2, vpdpbusd where the CPU has AVX-VNNI or AVX-512
+ * VNNI), bit-identical across kernel sets, on weights repacked at
  * placement into 16-row interleaved blocks (src/backend/cpu/qmm.h); F32 /
  * F16 / BF16 weights, the matrices the model marks TENSOR_F_F32_ACT (the
  * logits'), and those it marks TENSOR_F_FINE_ACT (the FFN down projection
  * of families whose arch_desc asks) where their rows would be scaled per
- * 256, keep f32 arithmetic.  KVLLM_ACT=f32 keeps every weight in f32 arithmetic
- * on dequantized weights; KVLLM_ACT=int takes the older 13-bit codes for
- * Q8_0 / Q4_0 / Q4_1.  The choice is per backend, never per batch, so
- * results stay batch-invariant. */
-int backend_cpu_new(const char *kind, bool strict, struct backend **out);
-/* The backend KVLLM_BACKEND names ("cpu" or unset: the CPU with kernel set
- * kind; "strict": the strict CPU backend; "cuda": the CUDA backend where
- * built, refused clearly elsewhere) (backend.c). */
-int backend_new_from_env(const char *kind, struct backend **out);
-void backend_free(struct backend *be);   /* after every buffer and context it made is freed */
+ * 256, keep f32 arithmetic.  BACKEND_ACT_F32 keeps every weight in f32
+ * arithmetic on dequantized weights; BACKEND_ACT_INT takes the older
+ * 13-bit codes for Q8_0 / Q4_0 / Q4_1 (CPU only; CUDA takes q8 for it).
+ * The choice is per backend, never per batch, so results stay
+ * batch-invariant. */
+enum backend_act { BACKEND_ACT_Q8 = 0, BACKEND_ACT_F32, BACKEND_ACT_INT };
+
+/* A backend's choice; zeroed, it is the CPU's best kernel set on 8-bit
+ * activations. */
+struct backend_params {
+    enum backend_kind kind;
+    const char *cpu_kernels;      /* CPU and strict: NULL or "" picks the best the CPU offers (avx512,
+                                     then avx2, then scalar); otherwise "scalar", "avx2", "avx512"
+                                     (AVX-512 F/BW/VL + VNNI; its other ops are avx2's) or "amx" (the
+                                     avx512 set with the integer matmul on AMX-INT8 tiles; opt-in) */
+    enum backend_act act;
+    int device;                   /* CUDA: the device's index (0 .. count - 1); others ignore it */
+};
+
+/* Names as kvllm_model_params spells them, to the enums above: backend
+ * NULL, "" or "cpu", "strict", "cuda"; activations NULL, "" or "q8", "f32",
+ * "int".  KVLLM_EINVAL (logged, naming the field and the valid names) for
+ * another name; *out is left as it was then. */
+int backend_kind_parse(const char *name, enum backend_kind *out);
+int backend_act_parse(const char *name, enum backend_act *out);
+
+/* Create the backend p chooses.  Fails with KVLLM_ECPU (logged) for a
+ * kernel set this build or CPU lacks, KVLLM_EUNSUPPORTED where the build
+ * lacks CUDA or the machine a usable device, KVLLM_EINVAL for a device
+ * out of range, KVLLM_EBACKEND for other device failures; *out is NULL
+ * then (backend.c). */
+int backend_new(const struct backend_params *p, struct backend **out);
+/* The CPU backend alone (cpu.c): kernel set kind as backend_params'
+ * cpu_kernels, behind the strict wall when strict. */
+int backend_cpu_new(const char *kind, bool strict, enum backend_act act, struct backend **out);
+void backend_free(struct backend *be);   /* NULL-safe; after every buffer and context it made is freed */
+
+/* Whether be runs op on type (enum backend_op). */
+static inline bool backend_supports(const struct backend *be, enum backend_op op, uint32_t type) {
+    return be->ops->supports_op(be, op, type);
+}
 
 static inline int backend_ctx_new(struct backend *be, const struct backend_ctx_params *p, struct backend_ctx **out) {
     return be->ops->ctx_new(be, p, out);

@@ -76,7 +76,10 @@ int kvllm_model_load(const char *path, const struct kvllm_model_params *params, 
     struct kvllm_model *km = xcalloc(1, sizeof *km);
     if (!km) return KVLLM_ENOMEM;
     snprintf(km->path, sizeof km->path, "%s", path);
-    int rc = model_load_tp(path, getenv("KVLLM_CPU"), p.n_threads, p.tensor_parallel ? g_comm : NULL, &km->m);
+    struct backend_params bp = { .cpu_kernels = p.cpu_kernels, .device = p.device };
+    int rc = backend_kind_parse(p.backend, &bp.kind);
+    if (!rc) rc = backend_act_parse(p.activations, &bp.act);
+    if (!rc) rc = model_load_tp(path, &bp, p.n_threads, p.tensor_parallel ? g_comm : NULL, &km->m);
     if (!rc) rc = load_tokenizer(km, p.tokenizer_path);
     if (!rc && km->tok && tokenizer_n_vocab(km->tok) > km->m->hp.n_vocab) {
         LOG_ERR("%s: the vocabulary has %d tokens but the model only %d embedding rows",
@@ -167,7 +170,7 @@ void kvllm_build_info(struct kvllm_build_info *out) {
     /* the CPU backend's own choice of the best set: the same rules as every engine */
     struct backend *be = NULL;
     const char *best = "scalar";
-    if (backend_cpu_new(NULL, false, &be) == 0 && be->ops->name) best = be->ops->name;
+    if (backend_cpu_new(NULL, false, BACKEND_ACT_Q8, &be) == 0 && be->ops->name) best = be->ops->name;
     backend_free(be);
     int here = !strcmp(best, "amx") ? 3 : !strcmp(best, "avx512") ? 2 : !strcmp(best, "avx2") ? 1 : 0;
     out->cpu_kernels_built = sets[built];

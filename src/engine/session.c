@@ -126,7 +126,8 @@ int kvllm_session_discard(struct kvllm_session *s, int p0, int p1) {
     }
     struct rope_params rp;
     /* sliding layers hold their window only: the positions to move may be gone (the caller recomputes) */
-    if (s->no_kv_cache || e->win_pool.n_blocks || e->km->m->comm || model_rope_params(e->km->m, &rp) || !e->ctx->ops->kv_shift)
+    if (s->no_kv_cache || e->win_pool.n_blocks || e->km->m->comm || model_rope_params(e->km->m, &rp) ||
+        !backend_supports(e->km->m->be, BACKEND_OP_KV_SHIFT, 0))
         return KVLLM_EUNSUPPORTED;
     KV_ASSERT(q->n_computed == n);   /* a session is idle between evaluations */
     const int delta = p1 - p0, bs = e->kv.block_size, n_move = n - p1;

@@ -647,11 +647,46 @@ static int place_weights(struct model *m) {
     return rc;
 }
 
-int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out) {
-    return model_load_tp(path, cpu_kind, n_threads, NULL, out);
+/* Whether the backend runs op on each of the n tensors (absent ones
+ * pass); on the first it does not, logs the op, its weights' type and the
+ * backend, and returns false. */
+static bool backend_runs(const struct model *m, const char *path, enum backend_op op, const struct tensor *const *ts,
+                         int n) {
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]->data || backend_supports(m->be, op, ts[i]->type)) continue;
+        LOG_ERR("%s: the %s backend cannot run %s on %s weights%s", path, m->be->ops->name, backend_op_name(op),
+                dtype_name(ts[i]->type), op == BACKEND_OP_MOE ? " (a mixture-of-experts model)" : "");
+        return false;
+    }
+    return true;
 }
 
-int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct comm *cm, struct model **out) {
+/* Refuse, before anything is placed, a model that needs an op (or a
+ * weight type of one) the backend does not run: KVLLM_EUNSUPPORTED, with
+ * the op, the type and the backend named. */
+static int check_backend_ops(const struct model *m, const char *path) {
+    const struct tensor *const rows[] = { &m->tok_embd, &m->pos_embd };
+    const struct tensor *const head[] = { m->tied_output ? &m->tok_embd : &m->output };
+    bool ok = backend_runs(m, path, BACKEND_OP_GET_ROWS, rows, 2) && backend_runs(m, path, BACKEND_OP_MATMUL, head, 1);
+    for (int il = 0; ok && il < m->hp.n_layer; il++) {
+        const struct llama_layer *l = &m->layers[il];
+        const struct tensor *const mm[] = { &l->wq, &l->wk, &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down,
+                                            &l->ffn_gate_inp };
+        ok = backend_runs(m, path, BACKEND_OP_MATMUL, mm, (int)(sizeof mm / sizeof mm[0]));
+        for (int e = 0; ok && l->exp_gate && e < 3 * m->hp.n_expert; e++) {   /* gate, up, down */
+            const struct tensor *const ex[] = { &l->exp_gate[e] };
+            ok = backend_runs(m, path, BACKEND_OP_MOE, ex, 1);
+        }
+    }
+    return ok ? 0 : KVLLM_EUNSUPPORTED;
+}
+
+int model_load(const char *path, const struct backend_params *bp, int n_threads, struct model **out) {
+    return model_load_tp(path, bp, n_threads, NULL, out);
+}
+
+int model_load_tp(const char *path, const struct backend_params *bp, int n_threads, struct comm *cm,
+                  struct model **out) {
     *out = NULL;
     struct model *m = xcalloc(1, sizeof *m);
     if (!m) return KVLLM_ENOMEM;
@@ -677,11 +712,8 @@ int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct 
     for (uint32_t t = 0; t < DTYPE_COUNT_; t++)
         if (L.type_bytes[t] > L.type_bytes[m->main_type]) m->main_type = t;
     m->n_threads = n_threads > 0 ? n_threads : cpu_count();
-    if (!rc) rc = backend_new_from_env(cpu_kind, &m->be);
-    if (!rc && m->hp.n_expert && (!m->be->ops->moe || !m->be->ops->moe_route)) {
-        LOG_ERR("%s: a mixture-of-experts model, which the %s backend cannot run yet", path, m->be->ops->name);
-        rc = KVLLM_EUNSUPPORTED;
-    }
+    if (!rc) rc = backend_new(bp, &m->be);
+    if (!rc) rc = check_backend_ops(m, path);
     m->tp_size = 1;
     m->comm = cm && cm->size > 1 ? cm : NULL;
     if (!rc && m->comm) rc = model_shard(m, path, cm->rank, cm->size);

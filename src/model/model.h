@@ -145,15 +145,15 @@ struct model {
 };
 
 /* Open a GGUF file, llama2.c checkpoint or Hugging Face folder, validate
- * every key and tensor the architecture needs, and have the backend
- * (KVLLM_BACKEND, kernel set cpu_kind = KVLLM_CPU, NULL: best) place the
- * weights.  n_threads: the contexts' default (<= 0: all CPUs).  Errors are
- * logged with the path and the offending key/tensor: KVLLM_EIO,
- * KVLLM_EFORMAT, KVLLM_EUNSUPPORTED (an architecture or dtype kvllm does not
- * run), KVLLM_ENOMEM, or the backend's choice failing (KVLLM_EINVAL for an
- * unknown KVLLM_BACKEND / KVLLM_CPU, KVLLM_ECPU for a kernel set this CPU
- * cannot run); *out is NULL on error and nothing stays open. */
-int model_load(const char *path, const char *cpu_kind, int n_threads, struct model **out);
+ * every key and tensor the architecture needs, and have the backend bp
+ * chooses place the weights.  n_threads: the contexts' default (<= 0: all
+ * CPUs).  Errors are logged with the path and the offending key/tensor:
+ * KVLLM_EIO, KVLLM_EFORMAT, KVLLM_EUNSUPPORTED (an architecture or dtype
+ * kvllm does not run, or an op the backend does not: backend_ops.
+ * supports_op), KVLLM_ENOMEM, or the backend's creation failing
+ * (backend_new: KVLLM_ECPU for a kernel set this CPU cannot run, ...);
+ * *out is NULL on error and nothing stays open. */
+int model_load(const char *path, const struct backend_params *bp, int n_threads, struct model **out);
 /* model_load for rank cm->rank of a tensor-parallel job of cm->size ranks
  * (cm NULL or of one rank: the whole model): the weights are this rank's
  * views (shard.c), and model_forward meets the other ranks through cm,
@@ -161,7 +161,8 @@ int model_load(const char *path, const char *cpu_kind, int n_threads, struct mod
  * with the reason (KVLLM_EUNSUPPORTED): KV heads, the FFN width or an
  * expert's width not divisible by the ranks, a slice that would cut a
  * quantized block. */
-int model_load_tp(const char *path, const char *cpu_kind, int n_threads, struct comm *cm, struct model **out);
+int model_load_tp(const char *path, const struct backend_params *bp, int n_threads, struct comm *cm,
+                  struct model **out);
 void model_free(struct model *m);
 
 /* shard.c: cut the loaded views down to rank's share of n (before the

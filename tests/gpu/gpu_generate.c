@@ -9,8 +9,10 @@
  * on one line separated by spaces, as `kvllm run --temp 0 --ids` does.
  * MARGINS, a file, gets one line per generated token: its id, the runner-up
  * and the logit margin between them (where two backends part ways, the
- * margin says whether it was a near-tie).  The backend is KVLLM_BACKEND's
- * (cpu, strict, cuda).  Exit 0, or 1 with the error logged. */
+ * margin says whether it was a near-tie).  The backend is the one
+ * KVLLM_BACKEND names (cpu, strict, cuda; read here, as the CLI does) on
+ * device KVLLM_CUDA_DEVICE (default 0).  Exit 0, or 1 with the error
+ * logged. */
 #include "kvllm.h"
 
 #include <stdio.h>
@@ -30,6 +32,9 @@ int main(int argc, char **argv) {
     }
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = strcmp(argv[2], "-") == 0 ? NULL : argv[2];
+    mp.backend = getenv("KVLLM_BACKEND");
+    const char *dev = getenv("KVLLM_CUDA_DEVICE");
+    mp.device = dev && *dev ? atoi(dev) : 0;
     struct kvllm_model *m = NULL;
     if (kvllm_model_load(argv[1], &mp, &m)) return 1;
     const struct kvllm_model_desc *d = kvllm_model_describe(m);

@@ -5,7 +5,7 @@
  *
  * One batch-1 mat-vec of a 4096 x 14336 weight (Llama-3-8B's gate projection) per weight type, on
  * the backend's default path (8-bit activations and __dp4a for the types matmul_q8.cu has: "q8") and
- * with KVLLM_ACT=f32 (the dequantizing f32 kernel: "f32"), and
+ * with f32 activations (BACKEND_ACT_F32: the dequantizing f32 kernel: "f32"), and
  * decode attention (one token, 32 query heads, 8 KV heads, head_dim 128, f16 KV in blocks of 16,
  * scattered) at contexts of 1k and 8k.  Each line: microseconds per call (median of REPS timed calls
  * after a warm-up), the bytes the call must read, and those bytes per second as a share of the
@@ -90,8 +90,8 @@ static int time_matmul_on(struct backend *be, struct backend_ctx *c, const struc
     return 0;
 }
 
-/* be[0], c[0]: the default backend; be[1], c[1]: KVLLM_ACT=f32; n > 1: the default backend alone, n
- * tokens on context c2[2] (cuBLAS). */
+/* be[0], c[0]: the default backend (8-bit activations); be[1], c[1]: f32 activations; n > 1: the
+ * default backend alone, n tokens on context c2[2] (cuBLAS). */
 static int time_matmul(struct backend *const *be, struct backend_ctx *const *c2, uint32_t type, int n, int reps) {
     const int64_t K = 4096, M = 14336;
     uint64_t rb = 0;
@@ -180,12 +180,10 @@ int main(int argc, char **argv) {
                                           .head_dim = 128, .max_cols = 14336 };
     struct backend_ctx_params pp = p;
     pp.max_tokens = 512;
-    int rc = backend_cuda_new(&bes[0]);
+    int rc = backend_cuda_new(0, BACKEND_ACT_Q8, &bes[0]);
     if (!rc) rc = backend_ctx_new(bes[0], &p, &cs[0]);
     if (!rc) rc = backend_ctx_new(bes[0], &pp, &cs[2]);
-    setenv("KVLLM_ACT", "f32", 1);   /* read when the backend is created */
-    if (!rc) rc = backend_cuda_new(&bes[1]);
-    unsetenv("KVLLM_ACT");
+    if (!rc) rc = backend_cuda_new(0, BACKEND_ACT_F32, &bes[1]);
     if (!rc) rc = backend_ctx_new(bes[1], &p, &cs[1]);
     if (rc) {
         fprintf(stderr, "gpu_timing: no CUDA backend\n");

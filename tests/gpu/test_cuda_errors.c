@@ -201,7 +201,7 @@ static int run_path(struct backend *be, const struct path *p) {
 
 int main(void) {
     struct backend *be = NULL;
-    int rc = backend_cuda_new(&be);
+    int rc = backend_cuda_new(0, BACKEND_ACT_Q8, &be);
     CHECK(rc == 0 && be, "backend_cuda_new on the fake runtime: %d", rc);
     if (!be) return 1;
     for (size_t i = 0; i < sizeof k_paths / sizeof k_paths[0]; i++) {
@@ -223,14 +223,14 @@ int main(void) {
     for (size_t i = 0; i < sizeof k_new / sizeof k_new[0]; i++) {
         struct backend *b2 = NULL;
         g_fail = k_new[i];
-        rc = backend_cuda_new(&b2);
+        rc = backend_cuda_new(0, BACKEND_ACT_Q8, &b2);
         CHECK(rc != 0 && !b2, "backend_cuda_new with %s failing: %d", k_new[i], rc);
         CHECK(g_last == cudaSuccess, "backend_cuda_new with %s failing left the last error set", k_new[i]);
-        backend_cuda_free(b2);
+        backend_free(b2);
         g_last = cudaSuccess;
         g_fail = NULL;
     }
-    backend_cuda_free(be);
+    backend_free(be);
     printf("%s: %zu failure paths of the CUDA backend, %d checks failed\n", g_failed ? "FAIL" : "OK",
            sizeof k_paths / sizeof k_paths[0] + sizeof k_new / sizeof k_new[0], g_failed);
     return g_failed ? 1 : 0;

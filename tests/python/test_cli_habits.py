@@ -105,6 +105,32 @@ def test_gpu_flags_accepted_with_a_note(run, st):
     assert len(notes) == 3 and "-ngl 99 ignored" in notes[0] and "GPU" in notes[0], res.err
 
 
+def test_backend_chosen_by_environment_and_flags(run, st):
+    """The library reads no environment variable: the CLI turns KVLLM_BACKEND, KVLLM_CPU, KVLLM_ACT and the
+    device flags (llama.cpp's -dev / -mg, vLLM's --device) into the model's parameters; a flag wins over the
+    variable, and a choice the library refuses names the field, the valid choices and what set it."""
+    gen = ("run", *st, "-p", "Once", "-n", "2", "--temp", "0")
+    res = run(*gen, env={"KVLLM_BACKEND": "strict", "KVLLM_CPU": "scalar"}).check_ok()
+    assert "kernels strict/scalar" in res.err, res.describe()
+    res = run(*gen, "-dev", "none", env={"KVLLM_BACKEND": "strict", "KVLLM_CPU": "scalar"}).check_ok()
+    assert "kernels scalar" in res.err, res.describe()
+    for var, valid in (("KVLLM_BACKEND", "valid: cpu, strict, cuda"), ("KVLLM_ACT", "valid: q8, f32, int"),
+                       ("KVLLM_CPU", "valid: scalar, avx2, avx512, amx")):
+        res = run(*gen, env={var: "bogus"})
+        assert res.returncode == 1 and f"{var}=bogus" in res.err and valid in res.err, res.describe()
+    res = run(*gen, env={"KVLLM_CUDA_DEVICE": "first"})
+    assert res.returncode == 1 and "KVLLM_CUDA_DEVICE=first" in res.err, res.describe()
+    for flags, want in ((("-dev", "CUDA0,CUDA1"), "one device"), (("--device", "tpu"), "valid: none or cpu"),
+                        (("-mg", "x"), "a GPU's index")):
+        res = run(*gen, *flags)
+        assert res.returncode == 2 and want in res.err, res.describe()
+    res = run(*gen, "-mg", "1").check_ok()
+    assert "-mg 1 ignored: the model runs on the CPU" in res.err, res.describe()
+    if "CUDA backend built" not in run("--version").check_ok().out:
+        res = run(*gen, "-dev", "cuda:1")
+        assert res.returncode == 1 and "no CUDA backend" in res.err and "-dev cuda:1" in res.err, res.describe()
+
+
 @pytest.mark.parametrize("cmd,typo,want", [("run", "--tmep", "--temp"), ("run", "--top_k", "--top-k"),
                                            ("serve", "--prot", "--port"), ("chat", "--sytem", "--system"),
                                            ("bench", "--rpes", "--reps")])

@@ -16,12 +16,13 @@ static inline void *tu_xnew(size_t bytes) {
     return p;
 }
 
-/* A context of kernel set kind (strict: behind the wall) on a backend of its
- * own (backend_of() finds it; tb_free frees both); NULL on failure. */
-static inline struct backend_ctx *tb_new(const char *kind, bool strict, int n_threads, int64_t max_cols,
-                                         int max_tokens, int max_ctx, int n_head, int head_dim) {
+/* A context of kernel set kind (strict: behind the wall) with activation
+ * arithmetic act on a backend of its own (backend_of() finds it; tb_free
+ * frees both); NULL on failure. */
+static inline struct backend_ctx *tb_new(const char *kind, bool strict, enum backend_act act, int n_threads,
+                                         int64_t max_cols, int max_tokens, int max_ctx, int n_head, int head_dim) {
     struct backend *be = NULL;
-    if (backend_cpu_new(kind, strict, &be)) return NULL;
+    if (backend_cpu_new(kind, strict, act, &be)) return NULL;
     struct backend_ctx_params p = { .n_threads = n_threads, .max_tokens = max_tokens, .max_ctx = max_ctx,
                                     .n_head = n_head, .head_dim = head_dim, .max_cols = max_cols };
     struct backend_ctx *c = NULL;

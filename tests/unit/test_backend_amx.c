@@ -14,7 +14,7 @@
  *     5632, weights in rows (packed on the fly) and packed, 1 or 2 threads;
  *  3. the same on the real tiles (qmm_group_amx) where the CPU has AMX-TILE
  *     and AMX-INT8, the OS enables tile state and Linux grants the
- *     permission; and KVLLM_CPU=amx is refused, naming what is missing,
+ *     permission; and cpu_kernels "amx" is refused, naming what is missing,
  *     where not.
  * Each part the machine cannot run prints SKIP naming the capability. */
 #include "check.h"
@@ -244,12 +244,12 @@ static void test_kernel(struct backend_ctx *ctx[2], struct kset ks) {
            ks.name, cases, differ);
 }
 
-/* KVLLM_CPU=amx: a backend named amx where everything it needs is here,
+/* cpu_kernels "amx": a backend named amx where everything it needs is here,
  * else KVLLM_ECPU. */
 static void test_kind(bool amx_ok) {
     struct backend *be = NULL;
     if (!amx_ok) fprintf(stderr, "(the next error is expected)\n");
-    const int rc = backend_cpu_new("amx", false, &be);
+    const int rc = backend_cpu_new("amx", false, BACKEND_ACT_Q8, &be);
     if (amx_ok) CHECK(rc == 0 && be && strcmp(be->ops->name, "amx") == 0);
     else CHECK(rc == KVLLM_ECPU && be == NULL);
     backend_free(be);
@@ -271,10 +271,8 @@ int main(void) {
                "which its float step uses)\n");
         return check_report("test_backend_amx");
     }
-    setenv("KVLLM_ACT", "q8", 1);
-    struct backend_ctx *ctx[2] = { tb_new("avx512", false, 1, MAX_K, MAX_N, 1, 1, 1),
-                                   tb_new("avx512", false, 2, MAX_K, MAX_N, 1, 1, 1) };
-    unsetenv("KVLLM_ACT");
+    struct backend_ctx *ctx[2] = { tb_new("avx512", false, BACKEND_ACT_Q8, 1, MAX_K, MAX_N, 1, 1, 1),
+                                   tb_new("avx512", false, BACKEND_ACT_Q8, 2, MAX_K, MAX_N, 1, 1, 1) };
     CHECK(ctx[0] && ctx[1]);
     if (ctx[0] && ctx[1]) {
         if (cpu_q8_amx_emu_built()) test_kernel(ctx, (struct kset){ "AMX kernel on emulated tiles", qmm_group_amx_emu });

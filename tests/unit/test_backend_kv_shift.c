@@ -249,10 +249,10 @@ static void test_case(void) {
 }
 
 static void add(const char *kind, bool strict, const char *name) {
-    struct backend_ctx *c = tb_new(kind, strict, 2, 1024, 128, 256, 8, 128);
+    struct backend_ctx *c = tb_new(kind, strict, BACKEND_ACT_Q8, 2, 1024, 128, 256, 8, 128);
     if (!c) { printf("SKIP %s: this build or CPU lacks the %s kernel set\n", name, kind); return; }
-    CHECK_MSG(c->ops->kv_shift != NULL, "%s has no kv_shift", name);
-    if (!c->ops->kv_shift) { tb_free(c); return; }
+    CHECK_MSG(backend_supports(c->be, BACKEND_OP_KV_SHIFT, 0), "%s has no kv_shift", name);
+    if (!backend_supports(c->be, BACKEND_OP_KV_SHIFT, 0)) { tb_free(c); return; }
     g_be[g_nbe++] = (struct tbe){ name, c };
 }
 

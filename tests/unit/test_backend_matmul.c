@@ -3,15 +3,16 @@
  * invariance: a row's result is bit-identical whether computed alone, inside
  * a batch of 17 or 64, by 1 or 2 threads, or from a sub-range of weight
  * rows.  Q8_0 / Q4_0 / Q4_1 also go through the integer-activation path
- * (KVLLM_ACT=int), checked against the scalar reference loosely and
+ * (activations int), checked against the scalar reference loosely and
  * against an exact double-precision model of its own arithmetic tightly;
- * with 8-bit activations (KVLLM_ACT=q8, qmm.h) every kernel set (AVX2,
+ * with 8-bit activations (q8, qmm.h) every kernel set (AVX2,
  * AVX-VNNI, AVX-512 VNNI, wherever the CPU has it) must equal the plain-C
- * reference qmm_ref_dot bit for bit.  Also the KVLLM_CPU kind selection.  On a CPU without AVX2+FMA+F16C
+ * reference qmm_ref_dot bit for bit.  Also the kernel set selection (cpu_kernels).  On a CPU without AVX2+FMA+F16C
  * the AVX2 part prints SKIP and passes. */
 #include "check.h"
 
 #include "backend/backend.h"
+#include "backend/backend_list.h"
 #include "be_util.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/qmm.h"
@@ -217,9 +218,7 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
                         struct tensor tmp = w;
                         struct tensor *tp = &tmp;
                         struct backend *pb = NULL;
-                        setenv("KVLLM_ACT", "q8", 1);
-                        CHECK(backend_cpu_new("avx2", false, &pb) == 0);
-                        unsetenv("KVLLM_ACT");
+                        CHECK(backend_cpu_new("avx2", false, BACKEND_ACT_Q8, &pb) == 0);
                         uint64_t placed = 0;
                         CHECK(pb->ops->place_weights(pb, &tp, 1, NULL, &placed) == 0);
                         CHECK(tmp.layout == TENSOR_Q8X16 && placed >= qmm_packed_bytes(&w) && placed < qmm_packed_bytes(&w) + 64);
@@ -267,26 +266,24 @@ static void test_kinds(bool have_avx2, bool have_avx512, bool have_amx) {
     /* amx is opt-in (cpu.c says why) */
     const char *best = have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
     struct backend *be = (struct backend *)1;
-    CHECK(backend_cpu_new("scalar", false, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
+    CHECK(backend_cpu_new("scalar", false, BACKEND_ACT_Q8, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
     backend_free(be);
     be = (struct backend *)1;
-    CHECK(backend_cpu_new(NULL, false, &be) == 0 && be);
+    CHECK(backend_cpu_new(NULL, false, BACKEND_ACT_Q8, &be) == 0 && be);
     if (be) CHECK(strcmp(be->ops->name, best) == 0);
     backend_free(be);
-    CHECK(backend_cpu_new("", false, &be) == 0 && be);
+    CHECK(backend_cpu_new("", false, BACKEND_ACT_Q8, &be) == 0 && be);
     if (be) CHECK(strcmp(be->ops->name, best) == 0);
     backend_free(be);
     /* the avx2 table overrides matmul and attention and inherits the rest;
      * with 8-bit activations (the default) also get_rows, which reads the
      * weights repacked for the integer kernels */
     for (int q8 = 0; q8 < 2 && have_avx2; q8++) {
-        setenv("KVLLM_ACT", q8 ? "q8" : "f32", 1);
-        const int rc = backend_cpu_new("avx2", false, &be);
-        unsetenv("KVLLM_ACT");
+        const int rc = backend_cpu_new("avx2", false, q8 ? BACKEND_ACT_Q8 : BACKEND_ACT_F32, &be);
         CHECK(rc == 0);
         if (rc) break;
         struct backend *sc = NULL;
-        CHECK(backend_cpu_new("scalar", false, &sc) == 0);
+        CHECK(backend_cpu_new("scalar", false, BACKEND_ACT_Q8, &sc) == 0);
         CHECK(be->ops->matmul != sc->ops->matmul && be->ops->paged_attention != sc->ops->paged_attention);
         CHECK(be->ops->rope == sc->ops->rope && be->ops->kv_store == sc->ops->kv_store &&
               be->ops->swiglu == sc->ops->swiglu);
@@ -295,21 +292,53 @@ static void test_kinds(bool have_avx2, bool have_avx512, bool have_amx) {
         backend_free(be);
     }
     if (have_avx512) {
-        CHECK(backend_cpu_new("avx512", false, &be) == 0 && be && strcmp(be->ops->name, "avx512") == 0);
+        CHECK(backend_cpu_new("avx512", false, BACKEND_ACT_Q8, &be) == 0 && be && strcmp(be->ops->name, "avx512") == 0);
         backend_free(be);
     }
     if (have_amx) {
-        CHECK(backend_cpu_new("amx", false, &be) == 0 && be && strcmp(be->ops->name, "amx") == 0);
+        CHECK(backend_cpu_new("amx", false, BACKEND_ACT_Q8, &be) == 0 && be && strcmp(be->ops->name, "amx") == 0);
         backend_free(be);
     }
     fprintf(stderr, "(the next errors are expected)\n");
     /* a set the CPU (or build, or OS) lacks is refused */
     be = (struct backend *)1;
-    if (!have_avx512) CHECK(backend_cpu_new("avx512", false, &be) == KVLLM_ECPU && be == NULL);
-    if (!have_amx) CHECK(backend_cpu_new("amx", false, &be) == KVLLM_ECPU && be == NULL);
-    CHECK(backend_cpu_new("bogus", false, &be) == KVLLM_ECPU && be == NULL);
-    if (!have_avx2) CHECK(backend_cpu_new("avx2", false, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_avx512) CHECK(backend_cpu_new("avx512", false, BACKEND_ACT_Q8, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_amx) CHECK(backend_cpu_new("amx", false, BACKEND_ACT_Q8, &be) == KVLLM_ECPU && be == NULL);
+    CHECK(backend_cpu_new("bogus", false, BACKEND_ACT_Q8, &be) == KVLLM_ECPU && be == NULL);
+    if (!have_avx2) CHECK(backend_cpu_new("avx2", false, BACKEND_ACT_Q8, &be) == KVLLM_ECPU && be == NULL);
     backend_free(NULL);
+}
+
+/* The choice as kvllm_model_params names it: the names each field takes
+ * (NULL and "" the default), others refused; backend_new makes the kind
+ * asked for, and backend_free frees it through its table. */
+static void test_backend_new(void) {
+    enum backend_kind k = BACKEND_CUDA;
+    CHECK(backend_kind_parse(NULL, &k) == 0 && k == BACKEND_CPU);
+    CHECK(backend_kind_parse("strict", &k) == 0 && k == BACKEND_STRICT);
+    CHECK(backend_kind_parse("", &k) == 0 && k == BACKEND_CPU);
+    CHECK(backend_kind_parse("cuda", &k) == 0 && k == BACKEND_CUDA);
+    enum backend_act a = BACKEND_ACT_INT;
+    CHECK(backend_act_parse(NULL, &a) == 0 && a == BACKEND_ACT_Q8);
+    CHECK(backend_act_parse("f32", &a) == 0 && a == BACKEND_ACT_F32);
+    CHECK(backend_act_parse("int", &a) == 0 && a == BACKEND_ACT_INT);
+    CHECK(backend_act_parse("q8", &a) == 0 && a == BACKEND_ACT_Q8);
+    fprintf(stderr, "(the next errors are expected)\n");
+    CHECK(backend_kind_parse("gpu", &k) == KVLLM_EINVAL && k == BACKEND_CUDA);   /* left as it was */
+    CHECK(backend_act_parse("q4", &a) == KVLLM_EINVAL && a == BACKEND_ACT_Q8);
+    struct backend *be = (struct backend *)1;
+    CHECK(backend_new(&(struct backend_params){ .kind = BACKEND_STRICT, .cpu_kernels = "scalar" }, &be) == 0 && be);
+    if (be) CHECK(strcmp(be->ops->name, "strict/scalar") == 0 && backend_supports(be, BACKEND_OP_KV_SHIFT, 0));
+    backend_free(be);
+    CHECK(backend_new(&(struct backend_params){ .kind = BACKEND_CPU, .cpu_kernels = "scalar" }, &be) == 0 && be);
+    if (be) CHECK(strcmp(be->ops->name, "scalar") == 0 && backend_supports(be, BACKEND_OP_MOE, DTYPE_Q4_K));
+    backend_free(be);
+    be = (struct backend *)1;
+    CHECK(backend_new(&(struct backend_params){ .cpu_kernels = "bogus" }, &be) == KVLLM_ECPU && be == NULL);
+    if (!backend_cuda_built()) {
+        be = (struct backend *)1;
+        CHECK(backend_new(&(struct backend_params){ .kind = BACKEND_CUDA }, &be) == KVLLM_EUNSUPPORTED && be == NULL);
+    }
 }
 
 int main(void) {
@@ -322,16 +351,16 @@ int main(void) {
     const bool have_amx = have_avx512 && cpu_q8_amx_built() && f.amx_tile && f.amx_int8 && f.amx_os &&
                           cpu_amx_permit() == 0;
     test_kinds(have_avx2, have_avx512, have_amx);
+    test_backend_new();
     if (!have_avx2) {
         printf("SKIP: avx2 matmul (this CPU or build lacks AVX2+FMA+F16C)\n");
         return check_report("test_backend_matmul");
     }
     struct backends B = { 0 };
-    CHECK((B.scalar = tb_new("scalar", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-    setenv("KVLLM_ACT", "f32", 1);   /* first the f32 path; q8 (the default) and int below */
-    CHECK((B.avx2[0] = tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-    CHECK((B.avx2[1] = tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-    unsetenv("KVLLM_ACT");
+    CHECK((B.scalar = tb_new("scalar", false, BACKEND_ACT_Q8, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    /* first the f32 path; q8 (the default) and int below */
+    CHECK((B.avx2[0] = tb_new("avx2", false, BACKEND_ACT_F32, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+    CHECK((B.avx2[1] = tb_new("avx2", false, BACKEND_ACT_F32, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
     if (!B.scalar || !B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
     if (threadpool_size(cpu_ctx_of(B.avx2[1])->pool) < 2) printf("note: one CPU online, the 2-thread runs use 1\n");
 
@@ -346,19 +375,17 @@ int main(void) {
             if (Ks[ik] % dtype_block_elems(types[it])) continue;
             for (size_t im = 0; im < sizeof Ms / sizeof *Ms; im++) check_case(&B, types[it], Ks[ik], Ms[im]);
         }
-    /* the block types again with integer activations: KVLLM_ACT=int (13-bit,
-     * avx2) and KVLLM_ACT=q8 (8-bit, avx2 and avx512); the activations' buffer
-     * is sized at creation: new contexts */
-    static const struct { const char *act, *kind; enum act_mode mode; } runs[] = {
-        { "int", "avx2", ACT_INT }, { "q8", "avx2", ACT_Q8 }, { "q8", "avx512", ACT_Q8 } };
+    /* the block types again with integer activations: int (13-bit, avx2)
+     * and q8 (8-bit, avx2 and avx512); the activations' buffer is sized at
+     * creation: new contexts */
+    static const struct { enum backend_act act; const char *kind; enum act_mode mode; } runs[] = {
+        { BACKEND_ACT_INT, "avx2", ACT_INT }, { BACKEND_ACT_Q8, "avx2", ACT_Q8 }, { BACKEND_ACT_Q8, "avx512", ACT_Q8 } };
     for (size_t ir = 0; ir < sizeof runs / sizeof *runs; ir++) {
         if (!strcmp(runs[ir].kind, "avx512") && !have_avx512) { printf("SKIP: avx512 q8 matmul\n"); continue; }
         tb_free(B.avx2[0]);
         tb_free(B.avx2[1]);
-        setenv("KVLLM_ACT", runs[ir].act, 1);
-        CHECK((B.avx2[0] = tb_new(runs[ir].kind, false, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-        CHECK((B.avx2[1] = tb_new(runs[ir].kind, false, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
-        unsetenv("KVLLM_ACT");
+        CHECK((B.avx2[0] = tb_new(runs[ir].kind, false, runs[ir].act, 1, MAX_K, MAX_N, 1, 1, 1)) != NULL);
+        CHECK((B.avx2[1] = tb_new(runs[ir].kind, false, runs[ir].act, 2, MAX_K, MAX_N, 1, 1, 1)) != NULL);
         if (!B.avx2[0] || !B.avx2[1]) return check_report("test_backend_matmul");
         CHECK(cpu_ctx_of(B.avx2[0])->act == runs[ir].mode && cpu_ctx_of(B.avx2[1])->act == runs[ir].mode);
         for (size_t it = 0; it < sizeof types / sizeof *types; it++)

@@ -140,8 +140,8 @@ int main(void) {
         printf("SKIP: avx512 float matmul (this CPU or build lacks AVX-512 F/BW/VL/VNNI)\n");
         return check_report("test_backend_mm512");
     }
-    struct backend_ctx *be[2] = { tb_new("avx512", false, 1, MAX_K, MAX_N, 1, 1, 1),
-                                  tb_new("avx512", false, 2, MAX_K, MAX_N, 1, 1, 1) };
+    struct backend_ctx *be[2] = { tb_new("avx512", false, BACKEND_ACT_Q8, 1, MAX_K, MAX_N, 1, 1, 1),
+                                  tb_new("avx512", false, BACKEND_ACT_Q8, 2, MAX_K, MAX_N, 1, 1, 1) };
     CHECK(be[0] && be[1]);
     if (!be[0] || !be[1]) return check_report("test_backend_mm512");
     CHECK(strcmp(be[0]->ops->name, "avx512") == 0);
@@ -167,8 +167,8 @@ int main(void) {
      * fit the scratch (an overrun shows under KVLLM_SANITIZE / strict) */
     static const int64_t Kx[] = { 100, 1025, 1040, 2048 };
     for (size_t ki = 0; ki < sizeof Kx / sizeof *Kx; ki++) {
-        struct backend_ctx *bx[2] = { tb_new("avx512", false, 1, Kx[ki], MAX_N, 1, 1, 1),
-                                      tb_new("avx512", false, 2, Kx[ki], MAX_N, 1, 1, 1) };
+        struct backend_ctx *bx[2] = { tb_new("avx512", false, BACKEND_ACT_Q8, 1, Kx[ki], MAX_N, 1, 1, 1),
+                                      tb_new("avx512", false, BACKEND_ACT_Q8, 2, Kx[ki], MAX_N, 1, 1, 1) };
         CHECK(bx[0] && bx[1]);
         if (bx[0] && bx[1]) check_case(bx, DTYPE_F16, Kx[ki], 67, some_n, (int)(sizeof some_n / sizeof *some_n));
         tb_free(bx[0]);

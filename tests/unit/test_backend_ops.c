@@ -6,8 +6,8 @@
  * kernel sets behind the strict wall ("strict/scalar", "strict/avx2"), the
  * SIMD sets with 8-bit activations ("avx2+act=q8", "avx512+act=q8",
  * "amx+act=q8" where the CPU has AMX-INT8, bit-identical to avx512's: kvllm's
- * default, KVLLM_ACT=q8; the others here are pinned to f32) and avx2 with
- * 13-bit ones ("avx2+act=int", KVLLM_ACT=int), and "cuda" (f32
+ * default, activations q8; the others here are pinned to f32) and avx2 with
+ * 13-bit ones ("avx2+act=int", activations int), and "cuda" (f32
  * activations) and "cuda+act=q8" (its default: matmul_q8.cu's 8-bit path,
  * held to the same bound as the CPU's q8 sets) where this build has the
  * CUDA backend and the machine a CUDA device (otherwise a SKIP line saying
@@ -151,7 +151,7 @@ static const struct {
  * (the table) */
 #define SAMPLE_NEAR_TIE 1e-5
 #define MATMUL_SIMD_FEW 5e-5   /* outputs of fewer than 8 values */
-/* matmul with integer activations (KVLLM_ACT=int, the types it takes):
+/* matmul with integer activations (activations int, the types it takes):
  * each block of 32 rounded to 13-bit codes, ~2e-4 relative on Gaussian
  * activations (test_backend_matmul.c checks that this rounding is all);
  * or the rounding's own bound where larger (matmul_bounds) */
@@ -210,7 +210,7 @@ struct tbe {
     struct backend_ctx *c;    /* tb_new: the context on a backend of its own */
     struct backend *be;
     bool simd;                /* another kernel set than the scalar reference */
-    const char *act;          /* KVLLM_ACT: "f32", "int" (Q8_0 / Q4_0 / Q4_1 on 13-bit activations) or
+    const char *act;          /* activations: "f32", "int" (Q8_0 / Q4_0 / Q4_1 on 13-bit activations) or
                                  "q8" (qmm.h's types on 8-bit activations) */
     int twin;                 /* the same kernels without the wall, or -1 */
     bool device;              /* a GPU: errors seen only on the device come from backend_sync alone */
@@ -1190,7 +1190,7 @@ static void ref_moe_token(const float *x, const int32_t *ids, const float *w, in
  * and each token computed alone against the batch (bit for bit). */
 static void test_moe(int nc) {
     const int nbe_all = g_nbe;
-    while (g_nbe > 1 && !g_be[g_nbe - 1].be->ops->moe) {   /* devices come last */
+    while (g_nbe > 1 && !backend_supports(g_be[g_nbe - 1].be, BACKEND_OP_MOE, DTYPE_F32)) {   /* devices come last */
         printf("SKIP moe on %s: the backend has no mixture-of-experts ops\n", g_be[g_nbe - 1].name);
         g_nbe--;
     }
@@ -2052,6 +2052,26 @@ static void test_errors(struct tbe *t) {
     free(seq);
 }
 
+/* supports_op answers for the table: an optional op is supported exactly
+ * when its member is set, and every weight type kvllm reads has a matmul
+ * and get_rows (both backends dequantize what they lack a kernel for). */
+static void check_supports_op(const struct tbe *t) {
+    const struct backend_ops *o = t->be->ops;
+    CHECK_MSG(o->free && o->supports_op, "%s: free and supports_op are required", t->name);
+    if (!o->supports_op) return;
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_MOE, DTYPE_F32) == (o->moe && o->moe_route),
+              "%s: supports_op(moe) disagrees with its table", t->name);
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_KV_SHIFT, 0) == (o->kv_shift != NULL),
+              "%s: supports_op(kv_shift) disagrees with its table", t->name);
+    for (uint32_t ty = 0; ty < DTYPE_COUNT_; ty++) {
+        CHECK_MSG(backend_supports(t->be, BACKEND_OP_MATMUL, ty) == dtype_supported(ty), "%s: matmul on %s",
+                  t->name, dtype_name(ty));
+        CHECK_MSG(backend_supports(t->be, BACKEND_OP_GET_ROWS, ty) == dtype_supported(ty), "%s: get_rows on %s",
+                  t->name, dtype_name(ty));
+    }
+    CHECK(!backend_supports(t->be, BACKEND_OP_COUNT_, DTYPE_F32));
+}
+
 /* ---- main ---- */
 
 static int add_backend(const char *kind, bool strict, bool simd, const char *act, int twin, int n_threads) {
@@ -2064,13 +2084,12 @@ static int add_backend(const char *kind, bool strict, bool simd, const char *act
         printf("  %s: left out (KVLLM_TEST_BACKENDS)\n", label);
         return -1;
     }
-    /* read when the backend is created (the 8-bit path, q8, is also checked
-     * bit for bit against its definition by test_backend_matmul.c and
-     * test_backend_qk.c) */
-    setenv("KVLLM_ACT", act, 1);
-    t->c = tb_new(kind, strict, n_threads, g_large ? LARGE_COLS : MAX_COLS, g_large ? LARGE_TOKENS : CTX_TOKENS,
+    /* the 8-bit path, q8, is also checked bit for bit against its definition
+     * by test_backend_matmul.c and test_backend_qk.c */
+    enum backend_act a = BACKEND_ACT_F32;
+    CHECK(backend_act_parse(act, &a) == 0);
+    t->c = tb_new(kind, strict, a, n_threads, g_large ? LARGE_COLS : MAX_COLS, g_large ? LARGE_TOKENS : CTX_TOKENS,
                   g_large ? LARGE_CTX : MAX_CTX, MAX_HEADS, MAX_HEAD_DIM);
-    unsetenv("KVLLM_ACT");
     CHECK_MSG(t->c != NULL, "backend %s%s could not be created", strict ? "strict/" : "", kind);
     if (!t->c) return -1;
     t->be = t->c->be;
@@ -2098,9 +2117,7 @@ static void add_cuda_backend(const char *act) {
     const struct backend_ctx_params p = { .n_threads = 1, .max_tokens = g_large ? LARGE_TOKENS : CTX_TOKENS,
                                           .max_ctx = g_large ? LARGE_CTX : MAX_CTX, .n_head = MAX_HEADS,
                                           .head_dim = MAX_HEAD_DIM, .max_cols = g_large ? LARGE_COLS : MAX_COLS };
-    setenv("KVLLM_ACT", act, 1);   /* read when the backend is created */
-    int rc = backend_cuda_new(&be);
-    unsetenv("KVLLM_ACT");
+    int rc = backend_cuda_new(0, strcmp(act, "q8") == 0 ? BACKEND_ACT_Q8 : BACKEND_ACT_F32, &be);
     if (!rc) rc = backend_ctx_new(be, &p, &t->c);
     CHECK_MSG(rc == 0, "backend cuda could not be created: %s", kvllm_strerror(rc));
     if (rc) {
@@ -2129,7 +2146,6 @@ int main(void) {
     struct cpu_features f;
     cpu_features_get(&f);
     const bool avx2 = f.avx2 && f.fma && f.f16c;
-    unsetenv("KVLLM_ACT");   /* f32 activations unless a backend asks */
     add_backend("scalar", false, false, "f32", -1, 1);
     if (g_nbe != 1) return check_report("test_backend_ops");
     int i_avx2 = -1;
@@ -2174,6 +2190,7 @@ int main(void) {
     printf("  backends:");
     for (int b = 0; b < g_nbe; b++) printf(" %s", g_be[b].name);
     printf("\n");
+    for (int b = 0; b < g_nbe; b++) check_supports_op(&g_be[b]);
 
     /* the ops (KVLLM_TEST_OPS selects; "elementwise" stands for add..softcap, "errors" for the error paths);
      * large mode runs those with large shapes, a few cases each */

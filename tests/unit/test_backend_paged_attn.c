@@ -176,7 +176,7 @@ static void seq_make(struct seq *q, struct store *s, int L, bool outliers) {
         }
     int32_t *slots = malloc((size_t)L * sizeof *slots);
     for (int p = 0; p < L; p++) slots[p] = q->table[p / bs] * bs + p % bs;
-    struct backend_ctx *be = tb_new("scalar", false, 1, 64, 300, 1, 1, 1);
+    struct backend_ctx *be = tb_new("scalar", false, BACKEND_ACT_Q8, 1, 64, 300, 1, 1, 1);
     KV_ASSERT(be);
     /* store in uneven pieces, like prefill chunks then decode */
     for (int p = 0; p < L;) {
@@ -270,7 +270,7 @@ static void run_pa(int nth, const struct store *s, int n_head, int n, struct seq
         .q = q, .pos = pos, .seq = seq, .block_table = table, .max_blocks = max_blocks, .kv = s->v,
         .scale = 1.0f / sqrtf((float)hd), .out = out,
     };
-    struct backend_ctx *c = tb_new("scalar", false, nth, 64, n, max_ctx, n_head, hd);
+    struct backend_ctx *c = tb_new("scalar", false, BACKEND_ACT_Q8, nth, 64, n, max_ctx, n_head, hd);
     KV_ASSERT(c);
     CHECK(g_pa(c, &a) == 0);
     tb_free(c);
@@ -579,7 +579,7 @@ static void test_store(int nth) {
         int32_t slots[12];
         for (int i = 0; i < n; i++) slots[i] = (i * 7) % (4 * bs);          /* scattered */
         slots[5] = -1;                                                       /* padding: skipped */
-        struct backend_ctx *be = tb_new("scalar", false, nth, 64, n, 1, 1, 1);
+        struct backend_ctx *be = tb_new("scalar", false, BACKEND_ACT_Q8, nth, 64, n, 1, 1, 1);
         KV_ASSERT(be);
         cpu_kv_store(be, &s.v, slots, k, v, n);
         tb_free(be);

@@ -104,9 +104,7 @@ static void test_definition(void) {
 static struct tensor placed_copy(const struct tensor *w, uint64_t *placed) {
     struct tensor tmp = *w, *tp = &tmp, out = *w;
     struct backend *pb = NULL;
-    setenv("KVLLM_ACT", "q8", 1);
-    KV_ASSERT(backend_cpu_new("avx2", false, &pb) == 0);
-    unsetenv("KVLLM_ACT");
+    KV_ASSERT(backend_cpu_new("avx2", false, BACKEND_ACT_Q8, &pb) == 0);
     *placed = 0;
     CHECK(pb->ops->place_weights(pb, &tp, 1, NULL, placed) == 0);
     CHECK(tmp.layout == TENSOR_Q8X16);
@@ -226,10 +224,8 @@ int main(void) {
         printf("SKIP: K-quant integer kernels (this CPU or build lacks AVX2+FMA+F16C)\n");
         return check_report("test_backend_qk");
     }
-    setenv("KVLLM_ACT", "q8", 1);
-    struct backend_ctx *ctx[2] = { tb_new("avx2", false, 1, MAX_K, MAX_N, 1, 1, 1),
-                                   tb_new("avx2", false, 2, MAX_K, MAX_N, 1, 1, 1) };
-    unsetenv("KVLLM_ACT");
+    struct backend_ctx *ctx[2] = { tb_new("avx2", false, BACKEND_ACT_Q8, 1, MAX_K, MAX_N, 1, 1, 1),
+                                   tb_new("avx2", false, BACKEND_ACT_Q8, 2, MAX_K, MAX_N, 1, 1, 1) };
     CHECK(ctx[0] && ctx[1]);
     if (ctx[0] && ctx[1]) {
         CHECK(cpu_ctx_of(ctx[0])->act == ACT_Q8);

@@ -92,7 +92,7 @@ int main(void) {
     printf("test_comm_collectives: %s, rank %d of %d\n", cm->ops->name, cm->rank, cm->size);
     struct backend *be = NULL;
     struct backend_ctx *c = NULL;
-    CHECK(backend_new_from_env(NULL, &be) == 0);
+    CHECK(backend_cpu_new(NULL, false, BACKEND_ACT_Q8, &be) == 0);
     struct backend_ctx_params cp = { .n_threads = 1, .max_tokens = 4, .max_ctx = 16, .n_head = 1, .head_dim = 8,
                                      .max_cols = 64 };
     CHECK(backend_ctx_new(be, &cp, &c) == 0);

@@ -92,10 +92,11 @@ static int write_model(const char *path, const char *arch) {
 }
 
 static struct kvllm_model *load(const char *path) {
-    struct kvllm_model_params mp = kvllm_model_default_params();
+    struct kvllm_model_params mp = test_model_params();
     mp.n_threads = 2;
     struct kvllm_model *m = NULL;
     CHECK_MSG(kvllm_model_load(path, &mp, &m) == 0, "%s", path);
+    if (m) CHECK_MSG(test_model_on_backend(m, &mp), "model on %s", kvllm_model_backend(m));
     return m;
 }
 

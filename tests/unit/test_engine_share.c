@@ -7,6 +7,7 @@
  * threads per context so that the thread pools really run in parallel. */
 #include "check.h"
 #include "kvllm.h"
+#include "stories_util.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -102,11 +103,12 @@ static void *session_thread(void *arg) {
 }
 
 static void check_model(const char *path, const char *tok) {
-    struct kvllm_model_params mp = kvllm_model_default_params();
+    struct kvllm_model_params mp = test_model_params();
     mp.tokenizer_path = tok;
     mp.n_threads = 2;
     CHECK(kvllm_model_load(path, &mp, &g_m) == 0);
     if (!g_m) return;
+    CHECK_MSG(test_model_on_backend(g_m, &mp), "model on %s", kvllm_model_backend(g_m));
     g_vocab = kvllm_model_describe(g_m)->n_vocab;
 
     /* engines: each alone first, then all at once on their own threads */

@@ -4,6 +4,7 @@
  * blocks within one step, and the pool ends with nothing held. */
 #include "check.h"
 #include "kvllm.h"
+#include "stories_util.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,12 +46,13 @@ int main(void) {
     snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", check_shared_dir());
     char tok[512];
     snprintf(tok, sizeof tok, "%s/models/stories260K/tok512.bin", check_shared_dir());
-    struct kvllm_model_params mp = kvllm_model_default_params();
+    struct kvllm_model_params mp = test_model_params();
     mp.tokenizer_path = tok;
     mp.n_threads = 1;
     struct kvllm_model *m = NULL;
     CHECK(kvllm_model_load(path, &mp, &m) == 0);
     if (!m) return check_report("test_engine_threads");
+    CHECK_MSG(test_model_on_backend(m, &mp), "model on %s", kvllm_model_backend(m));
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.max_seqs = 8;
     ep.kv_tokens = 256; /* small: admission waits, preemption happens */

@@ -10,7 +10,7 @@
 int main(void) {
     struct paged_kv c;
     struct backend *be = NULL;
-    CHECK(backend_cpu_new("scalar", false, &be) == 0);
+    CHECK(backend_cpu_new("scalar", false, BACKEND_ACT_Q8, &be) == 0);
     if (!be) return check_report("test_kvstore_paged");
     struct backend_ctx_params cp = { .n_threads = 1, .max_tokens = 1, .max_ctx = 1, .n_head = 1, .head_dim = 1,
                                      .max_cols = 1 };

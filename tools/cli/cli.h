@@ -104,9 +104,10 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Report an unknown option of `cmd`, naming the closest option found in the
  * usage texts (more may be NULL): "did you mean --temp?". */
 void cli_unknown(const char *cmd, const char *arg, const char *usage, const char *more);
-/* llama.cpp / vLLM options that only matter on a GPU (-ngl, -fa, --gpu-memory-utilization, ...):
- * consumed with a one-line note on stderr.  Returns 1 if argv[*i] was one, 0 if not, -1 when
- * its value is missing (error printed). */
+/* llama.cpp / vLLM options that only matter on a GPU: -dev/--device and -mg/--main-gpu choose the
+ * device (cli_device_flag, cli_main_gpu_flag); the others (-ngl, -fa, --gpu-memory-utilization, ...)
+ * are consumed with a one-line note on stderr.  Returns 1 if argv[*i] was one, 0 if not, -1 when
+ * its value is missing or refused (error printed). */
 int cli_gpu_opt(int argc, char **argv, int *i);
 /* Models by name (hub.h): llama.cpp's -hf/-hfr/--hf-repo REPO[:QUANT], -hff/--hf-file FILE,
  * -hft/--hf-token TOKEN.  cli_hf_opt: same return values as cli_engine_opt.  cli_hf_model: when a
@@ -129,10 +130,20 @@ int cli_tp_setup(int *argc, char **argv);
 extern const struct cli_opt_group cli_tp_group;
 int cli_tp_rank(void);
 int cli_tp_size(void);
-/* kvllm_model_load for run, serve and bench: under mpirun the model is this rank's share, and a rank
+/* cli_model_open for run, serve and bench: under mpirun the model is this rank's share, and a rank
  * > 0 never returns (it follows rank 0's engines, then exits). */
 struct kvllm_model;
 struct kvllm_model_params;
 int cli_model_load(const char *path, struct kvllm_model_params *mp, struct kvllm_model **out);
+
+/* Where a model runs (cli_backend.c).  cli_model_open: kvllm_model_load with mp's backend fields
+ * filled from KVLLM_BACKEND, KVLLM_CPU, KVLLM_ACT, KVLLM_CUDA_DEVICE and the device flags (a flag
+ * wins); every command loads its models through it.  Its result is kvllm_model_load's; a
+ * KVLLM_CUDA_DEVICE that is not an index is KVLLM_EINVAL (printed).  cli_device_flag (-dev,
+ * --device: none, cpu, cuda, CUDA<N>, cuda:<N>) and cli_main_gpu_flag (-mg, --main-gpu N) record a
+ * flag's value: 0, or 2 (printed) for one they refuse. */
+int cli_model_open(const char *path, const struct kvllm_model_params *mp, struct kvllm_model **out);
+int cli_device_flag(const char *opt, const char *v);
+int cli_main_gpu_flag(const char *opt, const char *v);
 
 #endif

@@ -90,7 +90,7 @@ int cli_model_load(const char *path, struct kvllm_model_params *mp, struct kvllm
             mp->n_threads = n > 0 ? (int)n : 1;
         }
     }
-    int rc = kvllm_model_load(path, mp, out);
+    int rc = cli_model_open(path, mp, out);
     if (g_rank == 0) return rc;
     /* a rank > 0 follows rank 0 until it ends the job, then ends this process */
     int wrc = rc ? rc : kvllm_tp_worker(*out);

@@ -207,7 +207,7 @@ int cli_spec_setup(struct kvllm_engine_params *p, int n_threads) {
     if (p->spec != KVLLM_SPEC_DRAFT || p->draft_model) return 0;
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.n_threads = n_threads;
-    return kvllm_model_load(g_draft_path, &mp, &p->draft_model) ? 1 : 0;
+    return cli_model_open(g_draft_path, &mp, &p->draft_model) ? 1 : 0;
 }
 
 void cli_spec_report(struct kvllm_engine *e, const struct kvllm_engine_params *p) {
@@ -355,13 +355,16 @@ enum {
 
 static const struct cli_opt k_gpu_opts[] = {
     { G_NGL, "-ngl, --n-gpu-layers, --gpu-layers", "N", CLI_VALUE, "layers placed on the GPU (llama.cpp)" },
-    { G_MAIN_GPU, "-mg, --main-gpu", "N", CLI_VALUE, "the GPU for the whole model (llama.cpp)" },
+    { G_MAIN_GPU, "-mg, --main-gpu", "N", CLI_VALUE,
+      "the GPU for the whole model (llama.cpp): CUDA device N\n(KVLLM_CUDA_DEVICE; with -dev cuda or KVLLM_BACKEND=cuda)" },
     { G_SPLIT_MODE, "-sm, --split-mode", "MODE", CLI_VALUE, "how layers split across GPUs (llama.cpp)" },
     { G_TENSOR_SPLIT, "-ts, --tensor-split", "LIST", CLI_VALUE, "each GPU's share (llama.cpp)" },
     { G_FLASH_ATTN, "-fa, --flash-attn", "[on|off|auto|1|0]", CLI_OPTIONAL,
       "flash attention (llama.cpp; llama-bench's lists such as 0,1 too):\nattention is always fused here" },
     { G_NO_KV_OFFLOAD, "--no-kv-offload, -nkvo", NULL, CLI_FLAG, "keep the KV cache off the GPU (llama.cpp)" },
-    { G_DEVICE, "-dev, --device", "DEV", CLI_VALUE, "the devices to use (llama.cpp)" },
+    { G_DEVICE, "-dev, --device", "DEV", CLI_VALUE,
+      "the device the model runs on (llama.cpp's CUDA0, none; vLLM's cuda, cpu):\n"
+      "none or cpu, cuda, CUDA<N> or cuda:<N>; one device (KVLLM_BACKEND=cuda\nand KVLLM_CUDA_DEVICE)" },
     { G_GPU_MEM, "--gpu-memory-utilization", "F", CLI_VALUE,
       "share of GPU memory to take (vLLM); the KV pool is sized by --kv-mem / --kv-tokens" },
     { G_TP, "-tp, --tensor-parallel-size", "N", CLI_VALUE, "GPUs to split the model over (vLLM)" },
@@ -371,16 +374,16 @@ static const struct cli_opt k_gpu_opts[] = {
 };
 
 const struct cli_opt_group cli_gpu_group = CLI_GROUP(
-    "accepted for llama.cpp / vLLM habits, with a one-line note (they change nothing; the backend is chosen\n"
-    "by KVLLM_BACKEND=cpu|cuda, the CUDA one only in a -DKVLLM_CUDA=ON build; kvllm --version says which)",
+    "accepted for llama.cpp / vLLM habits: -dev and -mg choose the device (the CUDA backend only in a\n"
+    "-DKVLLM_CUDA=ON build; kvllm --version says which); the others change nothing and say so in a one-line note",
     k_gpu_opts);
 
 /* Why a GPU placement option changes nothing, for this build. */
 static const char *gpu_why(void) {
     struct kvllm_build_info b;
     kvllm_build_info(&b);
-    return b.cuda_built ? "this build has the CUDA backend, which KVLLM_BACKEND=cuda selects for the whole model "
-                          "(no per-layer or multi-device placement)"
+    return b.cuda_built ? "this build has the CUDA backend, which -dev cuda (KVLLM_BACKEND=cuda) selects for the whole "
+                          "model (no per-layer or multi-device placement)"
                         : "this build has no GPU backend (CPU only; configure with -DKVLLM_CUDA=ON for CUDA)";
 }
 
@@ -402,6 +405,11 @@ int cli_gpu_opt(int argc, char **argv, int *i) {
         (!strcmp(argv[*i + 1], "on") || !strcmp(argv[*i + 1], "off") || !strcmp(argv[*i + 1], "auto") ||
          (argv[*i + 1][0] && strspn(argv[*i + 1], "01,") == strlen(argv[*i + 1]))))
         v = argv[++*i];
+    if (o->id == G_DEVICE || o->id == G_MAIN_GPU) {
+        char opt[64];
+        snprintf(opt, sizeof opt, "%.*s", n, a);
+        return (o->id == G_DEVICE ? cli_device_flag(opt, v) : cli_main_gpu_flag(opt, v)) ? -1 : 1;
+    }
     const char *why = o->id == G_MLOCK || o->id == G_NO_MMAP ? "the CPU backend always maps the weights"
                     : o->id == G_FLASH_ATTN ? "attention is always fused (paged, online softmax)"
                     : gpu_why();
@@ -425,7 +433,7 @@ void cli_print_version(FILE *f) {
     fprintf(f, "kvllm %s (commit %s)\n", KVLLM_VERSION, KVLLM_COMMIT);
     fprintf(f, "kernels: %s (this CPU: %s; default %s)\n", b.cpu_kernels_built, b.cpu_kernels_here,
             b.cpu_kernels_default);
-    fprintf(f, "GPU: %s\n", b.cuda_built ? "CUDA backend built (KVLLM_BACKEND=cuda)"
+    fprintf(f, "GPU: %s\n", b.cuda_built ? "CUDA backend built (-dev cuda or KVLLM_BACKEND=cuda)"
                                          : "none (CPU-only build; -DKVLLM_CUDA=ON adds the CUDA backend)");
     fprintf(f, "tensor parallelism: %s\n", kvllm_tp_mpi_built() ? "MPI (mpirun -np N kvllm ...; docs/TP.md)"
                                                                 : "none (built without MPI: apt-get install libopenmpi-dev)");

@@ -505,7 +505,7 @@ static int chat_main(struct chat_opts o) {
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     mp.n_threads = (int)o.n_threads;
-    if (kvllm_model_load(o.model, &mp, &c.model)) { free(tmpl); free(file_text); return 1; }
+    if (cli_model_open(o.model, &mp, &c.model)) { free(tmpl); free(file_text); return 1; }
     c.d = kvllm_model_describe(c.model);
 
     /* no template at all is a usage problem: say so before reading input */

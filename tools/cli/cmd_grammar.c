@@ -107,7 +107,7 @@ static void report(const char *what, double *t, int n) {
 static int bench_mask(const struct kvllm_grammar *g, const char *model_path, const char *text, long reps) {
     struct kvllm_model *model = NULL;
     struct kvllm_model_params mp = { 0 };
-    if (kvllm_model_load(model_path, &mp, &model)) return 2;
+    if (cli_model_open(model_path, &mp, &model)) return 2;
     const struct kvllm_model_desc *d = kvllm_model_describe(model);
     int n = d->n_vocab, rc = 2;
     char **tb = calloc((size_t)n, sizeof *tb);

@@ -150,7 +150,7 @@ int cmd_info(int argc, char **argv) {
     mp.tokenizer_path = tok;
     mp.n_threads = 1;
     struct kvllm_model *m;
-    if (kvllm_model_load(path, &mp, &m)) return 1;
+    if (cli_model_open(path, &mp, &m)) return 1;
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
 
     /* what only the file's metadata says */

@@ -195,7 +195,7 @@ int cmd_template(int argc, char **argv) {
         kvllm_log_set_level(KVLLM_LOG_WARN);
         struct kvllm_model_params mp = kvllm_model_default_params();
         struct kvllm_model *m = NULL;
-        rc = kvllm_model_load(o.model, &mp, &m);
+        rc = cli_model_open(o.model, &mp, &m);
         struct kvllm_chat_opts co = { .add_generation_prompt = o.add_gen, .tools = tools };
         if (!rc) rc = kvllm_chat_render_ex(m, tmpl, msgs, n, &co, &out);
         if (!rc) out_len = strlen(out);

@@ -26,8 +26,11 @@ static void usage(FILE *f) {
         fprintf(f, "  %-9s %s\n", k_cmds[i].name, k_cmds[i].help);
     fprintf(f, "  help      this list; help --markdown: the options reference of docs/CLI.md\n");
     fprintf(f, "  --version print the version, commit and compiled kernel sets\n");
-    fprintf(f, "\nenvironment: KVLLM_CPU=scalar|avx2|avx512 forces a kernel set; KVLLM_ACT=q8|int integer "
-               "activations;\n  KVLLM_BACKEND=cpu|cuda chooses the backend (cuda in a -DKVLLM_CUDA=ON build)\n");
+    fprintf(f, "\nenvironment (read by this CLI, which passes them to the library as model parameters):\n"
+               "  KVLLM_BACKEND=cpu|strict|cuda  the backend (cuda in a -DKVLLM_CUDA=ON build; -dev too)\n"
+               "  KVLLM_CUDA_DEVICE=N            its GPU (-mg too)\n"
+               "  KVLLM_CPU=scalar|avx2|avx512|amx  forces a CPU kernel set (default: the best here)\n"
+               "  KVLLM_ACT=q8|f32|int           the matmul's activations on quantized weights (default q8)\n");
 }
 
 /* Every command's options reference in docs/CLI.md, the most used first. */

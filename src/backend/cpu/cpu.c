@@ -4,7 +4,6 @@
  * and execution contexts (a thread pool and scratch each, sized at
  * creation: nothing is allocated while a step runs). */
 #include "backend/backend.h"
-#include "backend/backend_list.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/qmm.h"
@@ -126,8 +125,24 @@ static int cpu_download(struct backend_ctx *c, void *dst, const void *src, size_
 }
 static int cpu_sync(struct backend_ctx *c) { return 0; }
 
+static void cpu_free(struct backend *be);
+
+/* The kernel table answers: the optional ops are those it has, and the
+ * matmul dequantizes every type kvllm reads. */
+static bool cpu_supports_op(const struct backend *be, enum backend_op op, uint32_t type) {
+    const struct backend_ops *k = &((const struct cpu_backend *)(const void *)be)->kernels;
+    switch (op) {
+    case BACKEND_OP_MATMUL: case BACKEND_OP_GET_ROWS: return dtype_supported(type);
+    case BACKEND_OP_MOE: return k->moe && k->moe_route && dtype_supported(type);
+    case BACKEND_OP_KV_SHIFT: return k->kv_shift != NULL;
+    default: return false;
+    }
+}
+
 static const struct backend_ops k_scalar_ops = {
     .name = "scalar",
+    .free = cpu_free,
+    .supports_op = cpu_supports_op,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
     .place_weights = cpu_place_weights,
@@ -188,7 +203,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     cpu_features_get(&f);
     const bool avx2 = has_avx2(&f);
     /* the default: the best set here, avx512 > avx2 > scalar.  amx (the avx512 set with the
-     * integer matmul on tiles, bit-identical to avx512's: qmm.h) is opt-in, KVLLM_CPU=amx, until
+     * integer matmul on tiles, bit-identical to avx512's: qmm.h) is opt-in, cpu_kernels=amx, until
      * its real-tile code has run on an AMX machine: so far only its logic is tested, on
      * emulated tiles (test_backend_amx.c; docs/ARCHITECTURE.md) */
     if (!kind || !*kind) kind = has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
@@ -197,11 +212,11 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     if (strcmp(kind, "scalar") == 0) return 0;
     if (strcmp(kind, "avx2") == 0) {
         if (!cpu_avx2_built()) {
-            LOG_ERR("KVLLM_CPU=avx2: the AVX2 kernels are not built into this binary (not x86-64; available: scalar)");
+            LOG_ERR("cpu_kernels=avx2: the AVX2 kernels are not built into this binary (not x86-64; available: scalar)");
             return KVLLM_ECPU;
         }
         if (!avx2) {
-            LOG_ERR("KVLLM_CPU=avx2: this CPU lacks%s%s%s (available here: scalar)",
+            LOG_ERR("cpu_kernels=avx2: this CPU lacks%s%s%s (available here: scalar)",
                     f.avx2 ? "" : " AVX2", f.fma ? "" : " FMA", f.f16c ? "" : " F16C");
             return KVLLM_ECPU;
         }
@@ -216,10 +231,10 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     if (strcmp(kind, "avx512") == 0) {
         if (!has_avx512(&f)) {
             if (!cpu_q8_avx512_built() || !cpu_avx2_built())
-                LOG_ERR("KVLLM_CPU=avx512: the AVX-512 kernels are not built into this binary (available here: %s)",
+                LOG_ERR("cpu_kernels=avx512: the AVX-512 kernels are not built into this binary (available here: %s)",
                         kinds_here(&f));
             else
-                LOG_ERR("KVLLM_CPU=avx512: this CPU lacks%s%s%s%s%s (available here: %s)", avx2 ? "" : " AVX2/FMA/F16C",
+                LOG_ERR("cpu_kernels=avx512: this CPU lacks%s%s%s%s%s (available here: %s)", avx2 ? "" : " AVX2/FMA/F16C",
                         f.avx512f ? "" : " AVX-512F", f.avx512bw ? "" : " AVX-512BW", f.avx512vl ? "" : " AVX-512VL",
                         f.avx512vnni ? "" : " AVX-512-VNNI", kinds_here(&f));
             return KVLLM_ECPU;
@@ -237,7 +252,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     if (strcmp(kind, "amx") == 0) {
         /* the avx512 set with the integer matmul on AMX-INT8 tiles (matmul_q8_amx.c) */
         if (!has_avx512(&f) || !cpu_q8_amx_built()) {
-            LOG_ERR("KVLLM_CPU=amx: %s (available here: %s)",
+            LOG_ERR("cpu_kernels=amx: %s (available here: %s)",
                     !cpu_q8_amx_built() ? "the AMX kernels are not built into this binary (its compiler lacked "
                                           "-mamx-tile -mamx-int8, or not x86-64)"
                                         : "it needs the avx512 set too, which this CPU or build lacks",
@@ -245,7 +260,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
             return KVLLM_ECPU;
         }
         if (!has_amx(&f)) {
-            LOG_ERR("KVLLM_CPU=amx: %s (available here: %s)",
+            LOG_ERR("cpu_kernels=amx: %s (available here: %s)",
                     !f.amx_tile || !f.amx_int8 ? (!f.amx_tile ? "this CPU lacks AMX-TILE and AMX-INT8"
                                                               : "this CPU lacks AMX-INT8")
                     : "the OS does not enable AMX tile state (XCR0 bits 17-18; Linux 5.16 or later does)",
@@ -254,7 +269,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         }
         const int e = cpu_amx_permit();
         if (e) {
-            LOG_ERR("KVLLM_CPU=amx: Linux refused this process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: %s; "
+            LOG_ERR("cpu_kernels=amx: Linux refused this process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: %s; "
                     "available here: %s)", strerror(e), kinds_here(&f));
             return KVLLM_ECPU;
         }
@@ -264,11 +279,18 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         *qrows = qmm_group_amx;
         return 0;
     }
-    LOG_ERR("KVLLM_CPU=%s: unknown kernel set (valid: %s; available here: %s)", kind, k_kinds, kinds_here(&f));
+    LOG_ERR("cpu_kernels=%s: unknown kernel set (valid: %s; available here: %s)", kind, k_kinds, kinds_here(&f));
     return KVLLM_ECPU;
 }
 
-int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
+/* The activation arithmetic of a kernel set: the scalar set, the oracle,
+ * stays f32 whatever is asked. */
+static enum act_mode cpu_act_of(enum backend_act act, bool has_qrows) {
+    if (!has_qrows) return ACT_F32;
+    return act == BACKEND_ACT_F32 ? ACT_F32 : act == BACKEND_ACT_INT ? ACT_INT : ACT_Q8;
+}
+
+int backend_cpu_new(const char *kind, bool strict, enum backend_act act, struct backend **out) {
     *out = NULL;
     struct backend_ops ops;
     qmm_group_fn *qrows;
@@ -284,16 +306,10 @@ int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
      * kernels (qmm.h; f32 for the rest and for the logits' matrix), the
      * arithmetic llama.cpp uses, held by test_kld.py to llama.cpp's own KL
      * divergence and top-1 agreement against the scalar f32 path on every
-     * SmolLM2 file (docs/PERF.md).  KVLLM_ACT=f32 keeps every weight in f32
+     * SmolLM2 file (docs/PERF.md).  f32 keeps every weight in f32
      * arithmetic (the tests whose goldens come from an f32 reference pin
-     * it).  The scalar set, the oracle, stays f32 whatever KVLLM_ACT says. */
-    const char *act = getenv("KVLLM_ACT");
-    b->act = ACT_Q8;
-    if (act && strcmp(act, "int") == 0) b->act = ACT_INT;
-    else if (act && strcmp(act, "f32") == 0) b->act = ACT_F32;
-    else if (act && *act && strcmp(act, "q8") != 0)
-        LOG_WARN("KVLLM_ACT=%s: unknown (valid: q8, f32, int); using q8", act);
-    if (!qrows) b->act = ACT_F32;
+     * it). */
+    b->act = cpu_act_of(act, qrows != NULL);
     if (b->act == ACT_Q8) {   /* weights repacked for the integer kernels, which get_rows then reads too */
         b->kernels.place_weights = b->ops.place_weights = cpu_place_weights_q8;
         b->kernels.get_rows = b->ops.get_rows = cpu_get_rows_simd;
@@ -307,9 +323,8 @@ int backend_cpu_new(const char *kind, bool strict, struct backend **out) {
     return 0;
 }
 
-/* backend_new_from_env and backend_free, which dispatches here, are in backend.c. */
-void backend_cpu_free(struct backend *be) {
-    if (!be) return;
+/* backend_free dispatches here (ops->free). */
+static void cpu_free(struct backend *be) {
     struct cpu_backend *b = cpu_backend_of(be);
     if (b->strict) cpu_wall_remove(b, NULL);   /* the placed weights */
     free(b->regions);

@@ -1,4 +1,4 @@
-/* qmm.h — the 8-bit integer matmul (KVLLM_ACT=q8): y (n, M) = x (n, K) · Wᵀ
+/* qmm.h — the 8-bit integer matmul (activations q8, the default): y (n, M) = x (n, K) · Wᵀ
  * for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 weights (K-quants and
  * IQ4_XS: qmm_k.c), the activations quantized per row.
  *

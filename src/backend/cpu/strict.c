@@ -3,7 +3,7 @@
  * PROT_NONE except while an op, upload or download runs.  Engine or model
  * code that reads or writes backend memory directly — as it could not on a
  * GPU — therefore crashes at once, which is how the suite proves the
- * interface device-clean without a device (KVLLM_BACKEND=strict).
+ * interface device-clean without a device (backend "strict"; the CLI's KVLLM_BACKEND=strict).
  *
  * One mutex holds the wall open for one op at a time across every context
  * of the backend (several engines may share it), so ops of different

@@ -6,7 +6,7 @@
  * in the fast mode (8-bit activations) of gemm.cu (cuBLAS) and
  * attention_prefill.cu (tensor cores): cuda_plan.h says which.
  *
- * Model of the world.  One device (KVLLM_CUDA_DEVICE, default 0).  Buffers
+ * Model of the world.  One device (backend_params.device, default 0).  Buffers
  * and weights are cudaMalloc'd (zeroed once with cudaMemset on the legacy
  * stream, which the contexts' blocking streams wait for) and freed by
  * buf_free / backend_free.  Every op, upload and download is issued on the
@@ -38,9 +38,9 @@ struct cuda_backend {
     struct backend be;
     int device;
     size_t smem_attn;             /* dynamic shared memory the attention kernel may use */
-    bool act_q8;                  /* 8-bit activations for the types matmul_q8.cu takes (KVLLM_ACT) */
+    bool act_q8;                  /* 8-bit activations for the types matmul_q8.cu takes (backend_params.act) */
     pthread_mutex_t mu;           /* guards the weight allocations */
-    void **weights;               /* cudaMalloc'd by place_weights, freed by backend_cuda_free */
+    void **weights;               /* cudaMalloc'd by place_weights, freed by cuda_free */
     int n_weights, cap_weights;
 };
 
@@ -521,8 +521,24 @@ static uint64_t cuda_mem_available(struct backend *be) {
     return (uint64_t)free_b;
 }
 
+static void cuda_free(struct backend *be);
+
+/* Every weight type kvllm reads has a matmul (dequantizing where
+ * matmul_q8.cu lacks the type) and get_rows; the optional ops are not
+ * written yet. */
+static bool cuda_supports_op(const struct backend *be, enum backend_op op, uint32_t type) {
+    switch (op) {
+    case BACKEND_OP_MATMUL: case BACKEND_OP_GET_ROWS: return dtype_supported(type);
+    case BACKEND_OP_MOE: return k_cuda_ops.moe && k_cuda_ops.moe_route;
+    case BACKEND_OP_KV_SHIFT: return k_cuda_ops.kv_shift != NULL;
+    default: return false;
+    }
+}
+
 static const struct backend_ops k_cuda_ops = {
     .name = "cuda",
+    .free = cuda_free,
+    .supports_op = cuda_supports_op,
     .mem_available = cuda_mem_available,
     .buf_alloc = cuda_buf_alloc,
     .buf_free = cuda_buf_free,
@@ -568,26 +584,24 @@ int backend_cuda_probe(char *why, size_t why_size) {
     return n > 0 ? n : 0;
 }
 
-int backend_cuda_new(struct backend **out) {
+int backend_cuda_new(int device, enum backend_act act, struct backend **out) {
     *out = NULL;
     char why[256];
     const int n_dev = backend_cuda_probe(why, sizeof why);
     if (n_dev == 0) {
-        LOG_ERR("KVLLM_BACKEND=cuda: %s", why);
+        LOG_ERR("backend=cuda: %s", why);
         return KVLLM_EUNSUPPORTED;
     }
-    const char *env = getenv("KVLLM_CUDA_DEVICE");
-    char *end = NULL;
-    const long dev = env && *env ? strtol(env, &end, 10) : 0;
-    if ((env && *env && *end) || dev < 0 || dev >= n_dev) {
-        LOG_ERR("KVLLM_CUDA_DEVICE=%s: not a device of this machine (0 .. %d)", env, n_dev - 1);
+    const long dev = device;
+    if (dev < 0 || dev >= n_dev) {
+        LOG_ERR("device=%ld: not a CUDA device of this machine (valid: 0 .. %d)", dev, n_dev - 1);
         return KVLLM_EINVAL;
     }
     CU(cudaSetDevice((int)dev));
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, (int)dev));
     if (prop.major < 8) {
-        LOG_ERR("KVLLM_BACKEND=cuda: device %ld (%s) has compute capability %d.%d; this build targets 8.0 and newer",
+        LOG_ERR("backend=cuda: device %ld (%s) has compute capability %d.%d; this build targets 8.0 and newer",
                 dev, prop.name, prop.major, prop.minor);
         return KVLLM_EUNSUPPORTED;
     }
@@ -600,11 +614,9 @@ int backend_cuda_new(struct backend **out) {
     b->be.ops = &k_cuda_ops;
     b->device = (int)dev;
     b->smem_attn = (size_t)smem;
-    /* the CPU's default and switch (backend_cpu_new): 8-bit activations unless KVLLM_ACT=f32 */
-    const char *act = getenv("KVLLM_ACT");
-    b->act_q8 = !(act && strcmp(act, "f32") == 0);
-    if (act && *act && strcmp(act, "f32") != 0 && strcmp(act, "q8") != 0)
-        LOG_WARN("KVLLM_ACT=%s: the CUDA backend has q8 and f32; using q8", act);
+    /* the CPU's default and choice (backend_cpu_new); this backend has no 13-bit codes, so int is q8 */
+    b->act_q8 = act != BACKEND_ACT_F32;
+    if (act == BACKEND_ACT_INT) LOG_WARN("activations=int: the CUDA backend has q8 and f32; using q8");
     pthread_mutex_init(&b->mu, NULL);
     LOG_INFO("cuda: device %ld: %s, compute capability %d.%d, %.1f GiB, %d SMs (CUDA backend not yet verified on "
              "hardware: docs/GPU.md)", dev, prop.name, prop.major, prop.minor,
@@ -613,10 +625,8 @@ int backend_cuda_new(struct backend **out) {
     return 0;
 }
 
-bool backend_is_cuda(const struct backend *be) { return be && be->ops == &k_cuda_ops; }
-
-void backend_cuda_free(struct backend *be) {
-    if (!be) return;
+/* backend_free dispatches here (ops->free). */
+static void cuda_free(struct backend *be) {
     struct cuda_backend *b = cb_of(be);
     if (cu_ok(cudaSetDevice(b->device)))
         for (int i = 0; i < b->n_weights; i++) cudaFree(b->weights[i]);

@@ -241,6 +241,7 @@ enum backend_op {
     BACKEND_OP_GET_ROWS,          /* get_rows from weights of the given type */
     BACKEND_OP_MOE,               /* moe_route and moe over experts of the given type */
     BACKEND_OP_KV_SHIFT,          /* kv_shift (type unused: 0) */
+    BACKEND_OP_SAMPLE,            /* sample (type unused: 0) */
     BACKEND_OP_COUNT_
 };
 
@@ -367,8 +368,8 @@ struct backend_ops {
      * its id leaves the backend; -1 for a row of only NaN and -inf.  The CPU
      * runs the host's own code (exactly its token); a GPU may differ where
      * float sums in another order move a near-tie (struct sample_args).
-     * Optional: NULL where the backend lacks it (those rows are sampled on
-     * the host). */
+     * Optional: NULL where the backend lacks it, as supports_op
+     * (BACKEND_OP_SAMPLE) says (those rows are sampled on the host). */
     int (*sample)(struct backend_ctx *c, const struct sample_args *a);
 };
 

@@ -190,7 +190,7 @@ static int inputs_init(struct kvllm_engine *e) {
     in->h_win_slot = n_win ? in->h_ids + nl : NULL;
     in->h_smp = (struct sample_chain *)(in->h + n_h);
     /* the sample op's scratch: one row's candidates at a time */
-    if (be->ops->sample &&
+    if (backend_supports(be, BACKEND_OP_SAMPLE, 0) &&
         (rc = be->ops->buf_alloc(be, SAMPLE_CHAIN_SCRATCH(e->km->m->hp.n_vocab), &in->smp_scratch)))
         return rc;
     /* the step message (engine_run_step): 6 counts, 5 (6) arrays of a token each, the logits rows, the
@@ -670,7 +670,8 @@ static enum row_route route_of(const struct kvllm_engine *e, const struct seq *q
     const struct request *r = ((const struct seq_ctx *)q->owner)->req;
     if (r->eval) return ROUTE_HOST;
     if (r->backend_greedy) return ROUTE_ARGMAX;
-    return r->backend_sample && !q->n_spec && e->ctx->ops->sample ? ROUTE_SAMPLE : ROUTE_HOST;
+    return r->backend_sample && !q->n_spec && backend_supports(e->ctx->be, BACKEND_OP_SAMPLE, 0) ? ROUTE_SAMPLE
+                                                                                                : ROUTE_HOST;
 }
 
 /* The rows of sequence q's chunk that need logits, appended to the logit

@@ -851,7 +851,7 @@ static void test_sample(int nc) {
         for (int b = 0; b < g_nbe; b++) {
             struct tbe *t = &g_be[b];
             outs[b] = NULL;
-            if (!t->c->ops->sample) continue;   /* optional: such a backend samples on the host */
+            if (!backend_supports(t->be, BACKEND_OP_SAMPLE, 0)) continue;   /* optional: sampled on the host */
             int32_t *ids = tu_xnew((size_t)n * sizeof *ids);
             outs[b] = tu_xnew((size_t)n * sizeof(float));
             struct backend_buf bx = buf_up(t, x, (size_t)n * dim * 4), bi = buf_up(t, NULL, (size_t)n * 4),
@@ -2063,6 +2063,8 @@ static void check_supports_op(const struct tbe *t) {
               "%s: supports_op(moe) disagrees with its table", t->name);
     CHECK_MSG(backend_supports(t->be, BACKEND_OP_KV_SHIFT, 0) == (o->kv_shift != NULL),
               "%s: supports_op(kv_shift) disagrees with its table", t->name);
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_SAMPLE, 0) == (o->sample != NULL),
+              "%s: supports_op(sample) disagrees with its table", t->name);
     for (uint32_t ty = 0; ty < DTYPE_COUNT_; ty++) {
         CHECK_MSG(backend_supports(t->be, BACKEND_OP_MATMUL, ty) == dtype_supported(ty), "%s: matmul on %s",
                   t->name, dtype_name(ty));

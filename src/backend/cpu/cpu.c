@@ -135,6 +135,7 @@ static bool cpu_supports_op(const struct backend *be, enum backend_op op, uint32
     case BACKEND_OP_MATMUL: case BACKEND_OP_GET_ROWS: return dtype_supported(type);
     case BACKEND_OP_MOE: return k->moe && k->moe_route && dtype_supported(type);
     case BACKEND_OP_KV_SHIFT: return k->kv_shift != NULL;
+    case BACKEND_OP_SAMPLE: return k->sample != NULL;
     default: return false;
     }
 }

@@ -524,13 +524,14 @@ static uint64_t cuda_mem_available(struct backend *be) {
 static void cuda_free(struct backend *be);
 
 /* Every weight type kvllm reads has a matmul (dequantizing where
- * matmul_q8.cu lacks the type) and get_rows; the optional ops are not
- * written yet. */
+ * matmul_q8.cu lacks the type) and get_rows; the table says which optional
+ * ops are written (moe and kv_shift are not yet). */
 static bool cuda_supports_op(const struct backend *be, enum backend_op op, uint32_t type) {
     switch (op) {
     case BACKEND_OP_MATMUL: case BACKEND_OP_GET_ROWS: return dtype_supported(type);
     case BACKEND_OP_MOE: return k_cuda_ops.moe && k_cuda_ops.moe_route;
     case BACKEND_OP_KV_SHIFT: return k_cuda_ops.kv_shift != NULL;
+    case BACKEND_OP_SAMPLE: return k_cuda_ops.sample != NULL;
     default: return false;
     }
 }

@@ -231,6 +231,7 @@ static inline void place_copied_tell(const struct place_copied *pc, const void *
 
 struct backend;
 struct backend_ctx;
+struct graph;
 
 /* What a model may need that a backend may lack (backend_ops.supports_op):
  * the optional ops, and the weight types an op reads.  The loader asks
@@ -371,6 +372,20 @@ struct backend_ops {
      * Optional: NULL where the backend lacks it, as supports_op
      * (BACKEND_OP_SAMPLE) says (those rows are sampled on the host). */
     int (*sample)(struct backend_ctx *c, const struct sample_args *a);
+
+    /* ---- a step as one transaction (optional; graph.h) ---- */
+    /* Host memory for staging a step's inputs and receiving its outputs:
+     * at least bytes, 64-byte aligned, read and written by host code (pinned
+     * on a GPU, so a transfer from or to it is one DMA).  NULL: the engine
+     * takes aligned host memory of its own.  host_free is NULL-safe. */
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *p);
+    /* Run the recorded op list g on c, as graph_replay would (each record in
+     * order, every paged attention with ctx_hi), but the backend's way: a
+     * GPU captures the list once and launches the capture (a CUDA graph);
+     * the backend may keep what it made in g's exec.  NULL: the engine
+     * replays the records one by one (graph_replay). */
+    int (*graph_compute)(struct backend_ctx *c, struct graph *g, int ctx_hi);
 };
 
 struct backend {

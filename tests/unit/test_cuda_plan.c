@@ -8,6 +8,7 @@
 #include "check.h"
 
 #include "backend/cuda/cuda_plan.h"
+#include "backend/step_layout.h"
 #include "backend/cuda/q8_codes.h"
 #include "core/core.h"
 #include "tensor/dtype.h"
@@ -52,33 +53,23 @@ static void test_graph_sizes(void) {
 }
 
 static void test_step_layout(void) {
-    struct cuda_step_layout l;
-    CHECK(cuda_step_layout(3, 2, 5, 2, &l) == 0);
-    /* 256-aligned arrays in order, each after the previous one's end */
-    CHECK(l.ids == 0 && l.pos == 256 && l.slots == 512 && l.seq == 768 && l.block_table == 1024 &&
-          l.logit_rows == 1280 && l.bytes == 1288);
-    int32_t ids[3] = { 7, 8, 9 }, pos[3] = { 0, 1, 0 }, slots[3] = { 16, 17, -1 }, seq[3] = { 0, 0, 1 };
-    int32_t table[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, rows[2] = { 1, 2 };
-    uint8_t *buf = malloc(l.bytes);
-    memset(buf, 0xab, l.bytes);
-    cuda_step_pack(&l, buf, ids, pos, slots, seq, table, rows);
-    CHECK(memcmp(buf + l.ids, ids, sizeof ids) == 0 && memcmp(buf + l.pos, pos, sizeof pos) == 0);
-    CHECK(memcmp(buf + l.slots, slots, sizeof slots) == 0 && memcmp(buf + l.seq, seq, sizeof seq) == 0);
-    CHECK(memcmp(buf + l.block_table, table, sizeof table) == 0 && memcmp(buf + l.logit_rows, rows, sizeof rows) == 0);
-    int pad_dirty = 0;   /* the gaps are zeroed */
-    for (size_t i = 12; i < 256; i++) pad_dirty += buf[i] != 0;
-    for (size_t i = l.block_table + sizeof table; i < l.logit_rows; i++) pad_dirty += buf[i] != 0;
-    CHECK(pad_dirty == 0);
-    free(buf);
-
-    CHECK(cuda_step_layout(0, 0, 0, 0, &l) == 0 && l.bytes == 0);
-    CHECK(cuda_step_layout(1, 0, 0, 0, &l) == 0 && l.bytes == 1024 && l.pos == 256 && l.logit_rows == 1024);
-    CHECK(cuda_step_layout(-1, 1, 1, 1, &l) == KVLLM_EINVAL);
-    CHECK(cuda_step_layout(1, 1, 1, -1, &l) == KVLLM_EINVAL);
+    struct step_layout l;
+    CHECK(step_layout(3, 2, 2, 5, false, &l) == 0);
+    /* aligned arrays in order, each after the previous one's end; no window arrays */
+    CHECK(l.tok == 0 && l.pos == 64 && l.slot == 128 && l.seq == 192 && l.rows == 256 && l.table == 320 &&
+          l.bytes == 360 && l.win_slot == 0 && l.win_table == 0);
+    CHECK(step_layout_used(&l, 1) == 340 && step_layout_used(&l, 2) == 360 && step_layout_used(&l, 0) == 264);
+    CHECK(step_layout(3, 2, 2, 5, true, &l) == 0);
+    CHECK(l.win_slot == 256 && l.rows == 320 && l.table == 384 && l.win_table == 448 && l.bytes == 488);
+    CHECK(step_layout_used(&l, 1) == 468);
+    CHECK(step_layout(0, 0, 0, 0, false, &l) == 0 && l.bytes == 0);
+    CHECK(step_layout(1, 0, 0, 0, false, &l) == 0 && l.pos == 64 && l.rows == 256 && l.bytes == 256);
+    CHECK(step_layout(-1, 1, 1, 1, false, &l) == KVLLM_EINVAL);
+    CHECK(step_layout(1, 1, 1, -1, false, &l) == KVLLM_EINVAL);
     /* 2^31 x 2^31 int32 of block table: overflows size_t arithmetic only on 32-bit; the offsets stay exact */
-    int rc = cuda_step_layout(INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, &l);
+    int rc = step_layout(INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, true, &l);
     CHECK(rc == 0 || rc == KVLLM_ERANGE);
-    if (rc == 0) CHECK(l.block_table % CUDA_STEP_ALIGN == 0 && l.bytes > (size_t)INT32_MAX * INT32_MAX);
+    if (rc == 0) CHECK(l.win_table % STEP_ALIGN == 0 && l.bytes > (size_t)INT32_MAX * INT32_MAX);
 }
 
 static void test_attn(void) {

@@ -140,6 +140,12 @@ static bool cpu_supports_op(const struct backend *be, enum backend_op op, uint32
     }
 }
 
+/* Staging is plain host memory here (no transfer to speed up); aligned as the packed step wants. */
+static void *cpu_host_alloc(struct backend *be, size_t bytes) {
+    return aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+}
+static void cpu_host_free(struct backend *be, void *p) { free(p); }
+
 static const struct backend_ops k_scalar_ops = {
     .name = "scalar",
     .free = cpu_free,
@@ -173,6 +179,8 @@ static const struct backend_ops k_scalar_ops = {
     .argmax = cpu_argmax,
     .sample = cpu_sample,
     .kv_shift = cpu_kv_shift,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
 };
 
 /* ---- kernel sets ---- */

@@ -1,6 +1,7 @@
 /* cuda_plan.c — see cuda_plan.h.  Pure arithmetic: built into every build,
  * tested on the CPU. */
 #include "backend/cuda/cuda_plan.h"
+#include "backend/step_layout.h"
 #include "core/core.h"
 
 #include <string.h>
@@ -24,49 +25,6 @@ int cuda_graph_batch(int n, int max_batch) {
     int s = 1;
     while (s < n && s <= INT32_MAX / 2) s *= 2;
     return s >= n && s < max_batch ? s : max_batch;
-}
-
-/* ---- step inputs ---- */
-
-/* *off = its old value rounded up to CUDA_STEP_ALIGN, then advanced by n int32; false on overflow. */
-static bool take(uint64_t *off, uint64_t n, size_t *at) {
-    uint64_t a = (*off + CUDA_STEP_ALIGN - 1) / CUDA_STEP_ALIGN * CUDA_STEP_ALIGN, bytes;
-    if (a < *off || !ckd_mul_u64(&bytes, n, 4) || !ckd_add_u64(off, a, bytes) || a > SIZE_MAX) return false;
-    *at = (size_t)a;
-    return true;
-}
-
-int cuda_step_layout(int n_tokens, int n_seqs, int max_blocks, int n_logits, struct cuda_step_layout *l) {
-    memset(l, 0, sizeof *l);
-    if (n_tokens < 0 || n_seqs < 0 || max_blocks < 0 || n_logits < 0) return KVLLM_EINVAL;
-    l->n_tokens = n_tokens;
-    l->n_seqs = n_seqs;
-    l->max_blocks = max_blocks;
-    l->n_logits = n_logits;
-    uint64_t off = 0, nt = (uint64_t)n_tokens;
-    if (!take(&off, nt, &l->ids) || !take(&off, nt, &l->pos) || !take(&off, nt, &l->slots) ||
-        !take(&off, nt, &l->seq) || !take(&off, (uint64_t)n_seqs * (uint64_t)max_blocks, &l->block_table) ||
-        !take(&off, (uint64_t)n_logits, &l->logit_rows) || off > SIZE_MAX)
-        return KVLLM_ERANGE;
-    l->bytes = (size_t)off;
-    return 0;
-}
-
-void cuda_step_pack(const struct cuda_step_layout *l, void *dst, const int32_t *ids, const int32_t *pos,
-                    const int32_t *slots, const int32_t *seq, const int32_t *block_table,
-                    const int32_t *logit_rows) {
-    uint8_t *d = dst;
-    memset(d, 0, l->bytes);
-    const size_t nt = (size_t)l->n_tokens * 4;
-    if (nt) {
-        memcpy(d + l->ids, ids, nt);
-        memcpy(d + l->pos, pos, nt);
-        memcpy(d + l->slots, slots, nt);
-        memcpy(d + l->seq, seq, nt);
-    }
-    if (l->n_seqs && l->max_blocks)
-        memcpy(d + l->block_table, block_table, (size_t)l->n_seqs * (size_t)l->max_blocks * 4);
-    if (l->n_logits) memcpy(d + l->logit_rows, logit_rows, (size_t)l->n_logits * 4);
 }
 
 /* ---- attention ---- */
@@ -165,9 +123,9 @@ int cuda_mem_plan(const struct cuda_mem_in *in, struct cuda_mem_plan *p) {
     if (!ckd_mul_u64(&t1, mt, per_act) || !ckd_mul_u64(&t2, (uint64_t)in->max_seqs, 4 * (uint64_t)in->n_vocab) ||
         !ckd_mul_u64(&t3, parts, 4) || !ckd_add_u64(&act, t1, t2) || !ckd_add_u64(&act, act, t3))
         return KVLLM_ERANGE;
-    struct cuda_step_layout sl;
+    struct step_layout sl;   /* the engine's staging, with a window pool's arrays: the most it takes */
     if (max_blocks > INT32_MAX || (uint64_t)in->max_seqs * max_blocks > INT32_MAX ||
-        cuda_step_layout(in->max_tokens, in->max_seqs, (int)max_blocks, in->max_seqs, &sl) ||
+        step_layout(in->max_tokens, in->max_seqs, in->max_seqs, (int)max_blocks, true, &sl) ||
         !ckd_add_u64(&act, act, (uint64_t)sl.bytes))
         return KVLLM_ERANGE;
     p->activations = act;

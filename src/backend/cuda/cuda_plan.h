@@ -1,7 +1,7 @@
 /* cuda_plan.h — the CUDA backend's host-side arithmetic, in plain C so that
  * the CPU-only build compiles it and tests/unit/test_cuda_plan.c checks it
  * without a GPU: the batch sizes decode steps are padded to (one CUDA graph
- * each), the layout of one step's inputs in a single upload, the attention
+ * each; the step's inputs are packed as backend/step_layout.h says), the attention
  * split plan and its scratch, and the device memory plan.
  *
  * Nothing here allocates or touches a device; every function is pure.  Sizes
@@ -27,27 +27,6 @@
 int cuda_graph_sizes(int max_batch, int *out, int cap);
 /* The padded size for n (1 <= n <= max_batch); KVLLM_EINVAL otherwise. */
 int cuda_graph_batch(int n, int max_batch);
-
-/* ---- one step's inputs, packed for a single upload ---- */
-
-/* Offsets (bytes from the start of the packed buffer, each a multiple of
- * CUDA_STEP_ALIGN) of the arrays model_forward reads: token ids, positions,
- * KV slots and the sequence index (n_tokens int32 each), the dense block
- * table (n_seqs * max_blocks int32) and the rows whose logits are wanted
- * (n_logits int32). */
-#define CUDA_STEP_ALIGN 256
-struct cuda_step_layout {
-    int n_tokens, n_seqs, max_blocks, n_logits;
-    size_t ids, pos, slots, seq, block_table, logit_rows;
-    size_t bytes;                 /* the whole buffer */
-};
-/* KVLLM_EINVAL for negative counts, KVLLM_ERANGE when the sizes overflow. */
-int cuda_step_layout(int n_tokens, int n_seqs, int max_blocks, int n_logits, struct cuda_step_layout *l);
-/* Copy the arrays into dst (l->bytes; the padding between them zeroed).
- * block_table is (n_seqs, max_blocks) row-major. */
-void cuda_step_pack(const struct cuda_step_layout *l, void *dst, const int32_t *ids, const int32_t *pos,
-                    const int32_t *slots, const int32_t *seq, const int32_t *block_table,
-                    const int32_t *logit_rows);
 
 /* ---- paged attention: splits and scratch ---- */
 

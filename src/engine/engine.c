@@ -75,6 +75,12 @@ void engine_kv_groups(const struct model *m, int *n_win, int *window) {
     if (*n_win == m->hp.n_layer) *n_win = *window = 0;   /* one kind of layer: one pool, as ever */
 }
 
+/* Logits rows' worth of floats the picked ids take after the last row (n_logits_max int32). */
+static int ids_rows(const struct kvllm_engine *e) {
+    const int V = e->km->m->hp.n_vocab;
+    return (e->n_logits_max + V - 1) / V;
+}
+
 /* The KV pools: the global layers' (every layer's, for a model of one
  * kind) holds whole contexts, sized by --kv-mem, --kv-tokens or max_seqs
  * full contexts; a hybrid model's sliding layers get a pool of their own,
@@ -126,7 +132,7 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback, int 
     if (rc) return rc;
     for (int il = 0, ig = 0, iw = 0; il < hp->n_layer; il++)
         e->kv_layers[il] = n_win && m->layers[il].window > 0 ? e->kv_win.layers[iw++] : e->kv.layers[ig++];
-    uint64_t act = forward_buf_bytes(hp, e->p.max_batch_tokens, e->n_logits_max);
+    uint64_t act = forward_buf_bytes(hp, e->p.max_batch_tokens, e->n_logits_max + ids_rows(e));
     char tp[80] = "";
     if (m->tp_size > 1)
         snprintf(tp, sizeof tp, ", tensor-parallel rank %d of %d (its %d of the KV heads)", m->tp_rank, m->tp_size,
@@ -153,51 +159,6 @@ static int plan_pool(struct kvllm_engine *e, enum kv_type kt, int rollback, int 
                  (unsigned long long)win_bpt, e->n_ctx, (double)per_seq / 1048576.0,
                  (double)full_seq / (double)per_seq, (double)full_seq / 1048576.0);
     }
-    return 0;
-}
-
-/* Backend buffers and host staging for the step inputs. */
-static int inputs_init(struct kvllm_engine *e) {
-    struct step_inputs *in = &e->in;
-    struct backend *be = e->km->m->be;
-    const size_t nb = (size_t)e->p.max_batch_tokens;
-    in->max_blocks = (e->n_ctx + e->p.block_size - 1) / e->p.block_size;
-    const size_t n_table = (size_t)e->p.max_seqs * (size_t)in->max_blocks;
-    const size_t nl = (size_t)e->n_logits_max, n_win = e->win_pool.n_blocks ? 1 : 0;
-    const size_t n_words = (5 + n_win) * nb + (1 + n_win) * n_table + nl;   /* then the sampled rows' chains */
-    int rc = be->ops->buf_alloc(be, n_words * sizeof(int32_t) + nl * sizeof(struct sample_chain), &in->buf);
-    if (rc) return rc;
-    in->d_tok = in->buf.data;   /* backend addresses: passed to ops, never dereferenced */
-    in->d_pos = in->d_tok + nb;
-    in->d_slot = in->d_pos + nb;
-    in->d_seq = in->d_slot + nb;
-    in->d_rows = in->d_seq + nb;
-    in->d_table = in->d_rows + nb;
-    in->d_ids = in->d_table + n_table;
-    if (n_win) {
-        in->d_win_slot = in->d_ids + nl;
-        in->d_win_table = in->d_win_slot + nb;
-    }
-    in->d_smp = (struct sample_chain *)(in->d_tok + n_words);
-    const size_t n_h = (5 + n_win) * nb + nl;
-    if (!(in->h = xmalloc(n_h * sizeof *in->h + nl * sizeof *in->h_smp))) return KVLLM_ENOMEM;
-    in->h_tok = in->h;
-    in->h_pos = in->h_tok + nb;
-    in->h_slot = in->h_pos + nb;
-    in->h_seq = in->h_slot + nb;
-    in->h_rows = in->h_seq + nb;
-    in->h_ids = in->h_rows + nb;
-    in->h_win_slot = n_win ? in->h_ids + nl : NULL;
-    in->h_smp = (struct sample_chain *)(in->h + n_h);
-    /* the sample op's scratch: one row's candidates at a time */
-    if (backend_supports(be, BACKEND_OP_SAMPLE, 0) &&
-        (rc = be->ops->buf_alloc(be, SAMPLE_CHAIN_SCRATCH(e->km->m->hp.n_vocab), &in->smp_scratch)))
-        return rc;
-    /* the step message (engine_run_step): 6 counts, 5 (6) arrays of a token each, the logits rows, the
-     * block copies of both pools, and per sequence its block count and table row(s) */
-    e->cap_msg = 6 + (5 + n_win) * nb + nl + 4 * (size_t)e->p.max_seqs +
-                 (size_t)e->p.max_seqs * (1 + (1 + n_win) * (size_t)in->max_blocks);
-    if (!(e->step_msg = xmalloc(e->cap_msg * sizeof *e->step_msg))) return KVLLM_ENOMEM;
     return 0;
 }
 
@@ -297,12 +258,13 @@ int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params 
     if (!rc) rc = sched_batch_init(&e->sb, p.max_seqs);
     if (!rc) rc = sched_batch_init(&e->sb_next, p.max_seqs);
     if (!rc) rc = backend_ctx_new(km->m->be, &cp, &e->ctx);
-    if (!rc) rc = forward_buf_init(&e->fb, km->m->be, hp, p.max_batch_tokens, e->n_logits_max);
-    if (!rc) rc = inputs_init(e);
+    /* past the logits rows, room for the picked ids (one download takes both) */
+    if (!rc) rc = forward_buf_init(&e->fb, km->m->be, hp, p.max_batch_tokens, e->n_logits_max + ids_rows(e));
+    if (!rc) rc = step_init(e);
     if (!rc) {
         e->logit_seqs = xmalloc(nl * sizeof *e->logit_seqs);
         e->logit_dst = xmalloc(nl * sizeof *e->logit_dst);
-        e->logits = xmalloc(nl * V * sizeof *e->logits);
+        e->logits = engine_host_alloc(km->m->be, (nl * V + nl) * sizeof *e->logits);
         e->cap_text = 4096;
         e->text = xmalloc(e->cap_text);
         e->cap_aborts = 64;
@@ -329,16 +291,13 @@ void kvllm_engine_free(struct kvllm_engine *e) {
     for (struct request *r = e->inbox, *n; r; r = n) { n = r->next; engine_request_free(r); }
     spec_deinit(e);   /* after the requests: their draft shadows leave the draft engine first */
     tp_engine_retire(e);
-    free(e->step_msg);
     struct backend *be = e->km->m->be;
     free(e->aborts);
     free(e->logit_seqs);
     free(e->logit_dst);
-    free(e->logits);
+    engine_host_free(be, e->logits);
     free(e->text);
-    free(e->in.h);
-    be->ops->buf_free(be, &e->in.buf);
-    be->ops->buf_free(be, &e->in.smp_scratch);
+    step_deinit(e);
     forward_buf_deinit(&e->fb);
     backend_ctx_free(e->ctx);
     sched_batch_deinit(&e->sb);
@@ -733,60 +692,16 @@ static int pack_step(struct kvllm_engine *e, int k, int nl) {
     return (int)(w - e->step_msg);
 }
 
-int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
-    struct step_inputs *in = &e->in;
-    struct backend_ctx *c = e->ctx;
-    const struct backend_ops *ops = c->ops;
-    const int32_t *w = msg;
-    const int k = w[0], nl = w[1], ns = w[2], nc = w[3], nwc = w[4], has_win = w[5];
-    KV_ASSERT(k >= 1 && k <= e->p.max_batch_tokens && nl >= 0 && nl <= e->n_logits_max && ns <= e->p.max_seqs &&
-              nc <= e->p.max_seqs && nwc <= e->p.max_seqs && has_win == (in->d_win_table != NULL));
-    w += 6;
-    const int32_t *tok = w, *pos = tok + k, *slot = pos + k, *seq = slot + k;
-    const int32_t *win_slot = has_win ? seq + k : NULL, *rows = seq + k + (has_win ? k : 0);
-    const int32_t *copies = rows + nl, *win_copies = copies + 2 * nc;
-    w = win_copies + 2 * nwc;
-    int rc = 0;
-    if (nc) rc = BE_OP(c, copy_blocks, e->kv.layers, e->kv.n_layer, (const int32_t(*)[2])copies, nc);
-    if (!rc && nwc) rc = BE_OP(c, copy_blocks, e->kv_win.layers, e->kv_win.n_layer, (const int32_t(*)[2])win_copies, nwc);
-    for (int i = 0; i < ns; i++) {
-        const int nb = *w++;
-        KV_ASSERT(nb >= 0 && nb <= in->max_blocks);
-        if (!rc) rc = ops->upload(c, in->d_table + (size_t)i * in->max_blocks, w, (size_t)nb * sizeof *w);
-        w += nb;
-        if (!has_win) continue;
-        if (!rc) rc = ops->upload(c, in->d_win_table + (size_t)i * in->max_blocks, w, (size_t)nb * sizeof *w);
-        w += nb;
-    }
-    KV_ASSERT(w - msg == n_words);
-    const size_t nk = (size_t)k * sizeof(int32_t);
-    if (!rc) rc = ops->upload(c, in->d_tok, tok, nk);
-    if (!rc) rc = ops->upload(c, in->d_pos, pos, nk);
-    if (!rc) rc = ops->upload(c, in->d_slot, slot, nk);
-    if (!rc) rc = ops->upload(c, in->d_seq, seq, nk);
-    if (!rc) rc = ops->upload(c, in->d_rows, rows, (size_t)nl * sizeof(int32_t));
-    if (!rc && has_win) rc = ops->upload(c, in->d_win_slot, win_slot, nk);
-    int ctx_hi = 0;
-    for (int i = 0; i < k; i++) ctx_hi = pos[i] + 1 > ctx_hi ? pos[i] + 1 : ctx_hi;
-    struct batch bt = { .n_tokens = k, .tokens = in->d_tok, .pos = in->d_pos, .slots = in->d_slot,
-                        .seq = in->d_seq, .block_table = in->d_table, .max_blocks = in->max_blocks,
-                        .win_slots = in->d_win_slot, .win_block_table = in->d_win_table,
-                        .n_logits = nl, .logit_rows = in->d_rows, .ctx_hi = ctx_hi };
-    if (!rc) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
-    /* a rank that leaves the step early leaves the others waiting in a collective: the job is over */
-    if (rc && e->km->m->comm) comm_fail(e->km->m->comm, "a step's ops failed");
-    return rc;
-}
-
 /* The sampling stage in the backend: argmax rows [0, ng), sampled rows
- * [ng, ns) (their chains and draws uploaded first), and one download of
- * their token ids. */
-static int sample_in_backend(struct kvllm_engine *e, int ng, int ns) {
+ * [ng, ns) (their chains and draws uploaded first); their ids are written
+ * right after the step's last logits row (ids, n_logits rows in), where
+ * issue_batch's one download takes them with the host's rows. */
+static int sample_in_backend(struct kvllm_engine *e, int32_t *ids, int ng, int ns) {
     struct step_inputs *in = &e->in;
     struct backend_ctx *c = e->ctx;
     const int V = e->km->m->hp.n_vocab;
     int rc = 0;
-    if (ng) rc = BE_OP(c, argmax, in->d_ids, e->fb.logits, ng, V);
+    if (ng) rc = BE_OP(c, argmax, ids, e->fb.logits, ng, V);
     if (!rc && ns > ng) {
         for (int i = ng; i < ns; i++) {
             const struct seq_ctx *sc = e->logit_seqs[i]->owner;
@@ -794,18 +709,17 @@ static int sample_in_backend(struct kvllm_engine *e, int ng, int ns) {
         }
         rc = c->ops->upload(c, in->d_smp, in->h_smp, (size_t)(ns - ng) * sizeof *in->h_smp);
         const struct sample_args a = { .n = ns - ng, .dim = V, .logits = e->fb.logits + (size_t)ng * V,
-                                       .rows = in->d_smp, .ids = in->d_ids + ng, .scratch = in->smp_scratch.data };
+                                       .rows = in->d_smp, .ids = ids + ng, .scratch = in->smp_scratch.data };
         if (!rc) rc = BE_OP(c, sample, &a);
     }
-    if (!rc && ns) rc = c->ops->download(c, in->h_ids, in->d_ids, (size_t)ns * sizeof(int32_t));
     return rc;
 }
 
 /* Build the step's inputs, send them to the other ranks (tensor
- * parallelism) and issue its ops; the downloads of the tokens the backend
- * picks (argmax rows 0 .. n_greedy, sampled rows n_greedy .. n_sampled)
- * and of the other logits rows (n_sampled .. n_logits) are issued too.
- * Returns the first error. */
+ * parallelism) and issue its ops, then its one download: the logits rows
+ * the host samples (n_sampled .. n_logits) and, right after them in backend
+ * memory as in e->logits, the ids the backend picked (argmax rows 0 ..
+ * n_greedy, sampled rows n_greedy .. n_sampled).  Returns the first error. */
 static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy, int *n_sampled) {
     const struct sched_batch *b = &e->sb;
     struct step_inputs *in = &e->in;
@@ -841,9 +755,11 @@ static int issue_batch(struct kvllm_engine *e, int *n_logits, int *n_greedy, int
     /* the sampling stage: greedy and plainly sampled rows are picked in the
      * backend and only their token ids leave it; the other rows go to the
      * host sampler */
-    if (!rc) rc = sample_in_backend(e, ng, ns);
-    for (int i = ns; !rc && i < nl; i++)
-        rc = ops->download(c, e->logit_dst[i], e->fb.logits + (size_t)i * V, (size_t)V * sizeof(float));
+    const size_t vr = (size_t)V;
+    in->h_ids = (int32_t *)(e->logits + (size_t)nl * vr);
+    if (!rc) rc = sample_in_backend(e, (int32_t *)(e->fb.logits + (size_t)nl * vr), ng, ns);
+    const size_t bytes = (size_t)(nl - ns) * vr * sizeof(float) + (size_t)ns * sizeof(int32_t);
+    if (!rc) rc = ops->download(c, e->logits + (size_t)ns * vr, e->fb.logits + (size_t)ns * vr, bytes);
     *n_logits = nl;
     *n_greedy = ng;
     *n_sampled = ns;
@@ -860,6 +776,14 @@ static void fail_batch(struct kvllm_engine *e, int rc) {
         for (int k = 0; k < r->n; k++) output_finish_seq(e, r->seqs[k], -1, "", 0, KVLLM_FINISH_ERROR);
     }
     e->st.failed_steps++;
+}
+
+/* Rows downloaded into e->logits whose destination is elsewhere (a session's) go there. */
+static void place_rows(struct kvllm_engine *e, int n_picked, int nl) {
+    const size_t V = (size_t)e->km->m->hp.n_vocab;
+    for (int i = n_picked; i < nl; i++)
+        if (e->logit_dst[i] != e->logits + (size_t)i * V)
+            memcpy(e->logit_dst[i], e->logits + (size_t)i * V, V * sizeof(float));
 }
 
 /* Statistics sampled at every step that ran. */
@@ -956,6 +880,7 @@ static void run_batch(struct kvllm_engine *e) {
     for (int i = 0; ahead && i < e->sb.n_seqs; i++) sched_drop_placeholder(e->sb.seqs[i]);
     if (rc || rs) fail_batch(e, rc ? rc : rs);
     else {
+        place_rows(e, ns, nl);
         if (ahead) sched_publish(&e->sched, &e->sb);
         else sched_commit(&e->sched, &e->sb);
         note_step(e, &e->sb);

@@ -9,6 +9,7 @@
 #include "kv/block_pool.h"
 #include "kv/paged_kv.h"
 #include "model/model.h"
+#include "backend/graph.h"
 #include "sched/scheduler.h"
 #include "sample/sampler.h"
 #include "tok/tokenizer.h"
@@ -80,22 +81,38 @@ struct request {
     struct kvllm_engine *shadow_of; /* a draft shadow: the draft engine whose scheduler holds it (NULL: not queued) */
 };
 
-/* Step inputs: backend memory (d_*) sized for the largest step, and host
- * staging arrays (h_*) they are uploaded from. */
+/* A recorded forward and the step shape it was recorded for (step.c). */
+struct step_graph {
+    struct graph g;
+    int n_tokens, n_logits, stride, ctx_key;  /* ctx_key: the rounded ctx_hi a capturing backend baked in */
+    uint64_t tick;                            /* last use (least recently used is recorded over) */
+    bool valid;
+};
+#define STEP_GRAPHS 8
+
+/* Step inputs (step.c): the packed layout (backend/step_layout.h) in host
+ * staging memory the backend gave (stage) and in backend memory (buf),
+ * both sized for the largest step; issue_batch's arrays (h_*) from which
+ * the step message is built; the recorded forwards. */
 struct step_inputs {
     struct backend_buf buf;
-    int32_t *d_tok, *d_pos, *d_slot, *d_seq, *d_rows;   /* (max_batch_tokens) */
-    int32_t *d_table;                                    /* (max_seqs, max_blocks) */
-    int32_t *d_ids;                                      /* (n_logits_max) tokens the backend picked */
-    int32_t *d_win_slot, *d_win_table;                   /* the sliding-window pool's (NULL without one) */
-    int32_t *h;                                          /* host slab: the five arrays above, h_ids, h_win_slot */
-    int32_t *h_tok, *h_pos, *h_slot, *h_seq, *h_rows;
-    int32_t *h_ids;                                      /* (n_logits_max) */
-    int32_t *h_win_slot;                                 /* (max_batch_tokens) */
+    void *stage;                                         /* (cap bytes) engine_host_alloc */
+    size_t cap;
+    int32_t *h;                                          /* host slab: the arrays below */
+    int32_t *h_tok, *h_pos, *h_slot, *h_seq, *h_rows;   /* (max_batch_tokens) */
+    int32_t *h_win_slot;                                 /* (max_batch_tokens); NULL without a window pool */
+    int32_t *h_ids;                                      /* this step's picked ids: in e->logits, after its rows */
     struct sample_chain *d_smp, *h_smp;                  /* (n_logits_max) the rows the backend samples: each
-                                                            one's truncations and draw (in buf, and in h) */
+                                                            one's truncations and draw (after the packed
+                                                            inputs in buf, and in stage) */
     struct backend_buf smp_scratch;                      /* the sample op's scratch (empty without the op) */
     int max_blocks;
+    bool has_win;
+    bool use_graphs;                                     /* forwards recorded and replayed (not enforce_eager, not TP) */
+    bool pad;                                            /* the backend captures (graph_compute): small steps padded */
+    struct graph_recorder rec;
+    struct step_graph graphs[STEP_GRAPHS];
+    uint64_t tick, n_recorded, n_replayed;               /* n_*: forwards recorded and replayed (tests) */
 };
 
 struct kvllm_engine {
@@ -125,7 +142,8 @@ struct kvllm_engine {
     int n_logits_max;
     struct seq **logit_seqs;                   /* (n_logits_max) the sequence sampling from each row; NULL: a session's */
     float **logit_dst;                         /* (n_logits_max) host row each logits row is downloaded to */
-    float *logits;                             /* host (n_logits_max, n_vocab): rows downloaded for sampling */
+    float *logits;                             /* host (n_logits_max, n_vocab) + n_logits_max int32 (engine_host_alloc):
+                                                  rows downloaded for sampling, then the picked ids */
     char *text;                                /* event text scratch */
     const float *cur_logits;                   /* row being sampled, for events */
     uint64_t n_backend_picked;                 /* tokens the backend's argmax picked (tests) */
@@ -167,9 +185,7 @@ int engine_new(struct kvllm_model *km, const struct kvllm_engine_params *params,
  * rank's mirror of rank 0's engine (tp.c); 0: planned from the parameters and the memory. */
 int engine_new_planned(struct kvllm_model *km, const struct kvllm_engine_params *params, int n_logits_max,
                        int rollback, int n_blocks, struct kvllm_engine **out);
-/* Run a step message (issue_batch builds it on rank 0; other ranks receive it): block copies, the
- * inputs uploaded, the forward issued.  The first error; results after backend_sync. */
-int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words);
+
 /* How an engine keeps m's K/V: a model with both sliding-window and global layers keeps its *n_win
  * sliding layers' K/V for their window (*window positions, the longest) in a pool of their own; 0, 0
  * when every layer is of one kind (one pool, whole contexts). */
@@ -184,6 +200,20 @@ void engine_test_fail_op(struct kvllm_engine *e, long fail_after, int code);
 /* Test hook: fn(user, what) at each point of the step loop: 'S' a step
  * scheduled, 'I' its ops issued, 'W' the wait for them done (NULL: off). */
 void engine_test_trace(struct kvllm_engine *e, void (*fn)(void *user, char what), void *user);
+
+/* step.c: the step as one transaction with the backend */
+/* Staging, the backend's input buffer, the step message and the recorded forwards, sized for the
+ * largest step; after the KV pools, the context and the forward buffers.  KVLLM_ENOMEM or the
+ * backend's allocation error (step_deinit frees what was made). */
+int step_init(struct kvllm_engine *e);
+void step_deinit(struct kvllm_engine *e);
+/* Run a step message (issue_batch builds it on rank 0; other ranks receive it): block copies, the
+ * inputs packed and uploaded in one copy, the forward issued (recorded and replayed, or eagerly).
+ * The first error; results after backend_sync. */
+int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words);
+/* Host memory from the backend (pinned on a GPU), or aligned host memory; engine_host_free is NULL-safe. */
+void *engine_host_alloc(struct backend *be, size_t bytes);
+void engine_host_free(struct backend *be, void *p);
 
 /* tp.c: tensor parallelism, rank 0's side (nothing is sent for a model of one rank) */
 int tp_engine_announce(struct kvllm_engine *e);   /* after creation: the ranks > 0 make its mirror */

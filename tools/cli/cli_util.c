@@ -114,7 +114,7 @@ int cli_int_list(const char *opt, const char *s, long lo, long hi, long *out, in
 
 enum {
     E_KV_MEM = 1, E_KV_TOKENS, E_KV_TYPE, E_BLOCK_SIZE, E_MAX_SEQS, E_MAX_BATCH_TOKENS, E_NO_PREFIX_CACHE, E_KV_FULL, E_ASYNC, E_NO_ASYNC,
-    E_SPEC_NGRAM, E_DRAFT_MODEL, E_SPEC_TOKENS, E_SPEC_NGRAM_MAX,
+    E_ENFORCE_EAGER, E_SPEC_NGRAM, E_DRAFT_MODEL, E_SPEC_TOKENS, E_SPEC_NGRAM_MAX,
 };
 
 static const struct cli_opt k_engine_opts[] = {
@@ -131,6 +131,8 @@ static const struct cli_opt k_engine_opts[] = {
     { E_ASYNC, "--async-scheduling", NULL, CLI_FLAG,
       "plan each step while the previous one runs (same tokens; default: on CUDA only)" },
     { E_NO_ASYNC, "--no-async-scheduling", NULL, CLI_FLAG, "plan each step after the previous one finished" },
+    { E_ENFORCE_EAGER, "--enforce-eager", NULL, CLI_FLAG,
+      "issue every op of a step directly instead of replaying the step's recorded\nop list (a CUDA graph on the GPU); same output (vLLM's flag)" },
 };
 
 static const struct cli_opt k_spec_opts[] = {
@@ -186,6 +188,7 @@ int cli_engine_opt(int argc, char **argv, int *i, struct kvllm_engine_params *p)
     case E_KV_FULL: p->kv_full = true; break;
     case E_ASYNC: p->async_scheduling = KVLLM_ASYNC_ON; break;
     case E_NO_ASYNC: p->async_scheduling = KVLLM_ASYNC_OFF; break;
+    case E_ENFORCE_EAGER: p->enforce_eager = true; break;
     case E_SPEC_NGRAM: p->spec = KVLLM_SPEC_NGRAM; break;
     case E_DRAFT_MODEL: g_draft_path = v; p->spec = KVLLM_SPEC_DRAFT; break;
     case E_SPEC_TOKENS: if (!cli_int("--spec-tokens", v, 1, 64, &l)) return -1; p->spec_tokens = (int)l; break;

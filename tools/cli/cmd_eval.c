@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { EV_HELP = 1, EV_MODEL, EV_TOKENS, EV_OUT, EV_TOKENIZER, EV_KV_TYPE, EV_BATCH, EV_PREFILL, EV_THREADS, EV_NO_KV };
+enum { EV_HELP = 1, EV_MODEL, EV_TOKENS, EV_OUT, EV_TOKENIZER, EV_KV_TYPE, EV_BATCH, EV_PREFILL, EV_THREADS, EV_NO_KV,
+       EV_EAGER };
 
 /* eval's options: the parser, --help and docs/CLI.md's reference read this table */
 static const struct cli_opt k_eval_opts[] = {
@@ -25,6 +26,7 @@ static const struct cli_opt k_eval_opts[] = {
     { EV_KV_TYPE, "--kv-type", "f32|f16|bf16|int8|fp8", CLI_VALUE,
       "KV storage; defaults to f32 here: eval exists to compare against references" },
     { EV_BATCH, "--batch", "N", CLI_VALUE, "caps the tokens per forward pass (prefill chunk size, default 512)" },
+    { EV_EAGER, "--enforce-eager", NULL, CLI_FLAG, "issue every op directly instead of replaying recorded op lists" },
     { EV_HELP, "-h, --help", NULL, CLI_FLAG, "print this help" },
 };
 
@@ -34,7 +36,7 @@ static const struct cli_opt_group *const k_eval_groups[] = { &k_eval_group, &cli
 static const struct cli_cmd k_eval_cmd = {
     .name = "eval",
     .synopsis = "-m MODEL --tokens \"ID ID ...\" -o OUT.bin [--prefill K] [--no-kv-cache] [-t N]\n"
-                "                  [--kv-type f32|f16|bf16|int8|fp8] [--batch N]",
+                "                  [--kv-type f32|f16|bf16|int8|fp8] [--batch N] [--enforce-eager]",
     .groups = CLI_GROUPS(k_eval_groups),
     .n_own = 1,
     .notes = "  writes n_tokens x n_vocab float32 logits; row i follows tokens[0..i]\n",
@@ -67,7 +69,7 @@ static int parse_ids(const char *s, int32_t **out) {
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *toks = NULL, *outp = NULL, *tokz = NULL, *kv_type = "f32";
     long prefill = -1, threads = 0, batch = 0;
-    bool no_kv = false;
+    bool no_kv = false, eager = false;
     for (int i = 1; i < argc; i++) {
         if (!cli_opt_split(argv, i)) return 2;
         const struct cli_opt *op;
@@ -76,6 +78,7 @@ int cmd_eval(int argc, char **argv) {
         switch (op->id) {
         case EV_HELP: cli_cmd_usage(&k_eval_cmd, stdout); return 0;
         case EV_NO_KV: no_kv = true; break;
+        case EV_EAGER: eager = true; break;
         case EV_MODEL: model = v; break;
         case EV_TOKENS: toks = v; break;
         case EV_OUT: outp = v; break;
@@ -104,8 +107,10 @@ int cmd_eval(int argc, char **argv) {
     FILE *f = NULL;
     int rc = cli_model_load(model, &mp, &m);
     if (!rc) {
+        struct kvllm_engine_params ep = kvllm_engine_default_params();   /* the session's defaults */
+        ep.enforce_eager = eager;
         struct kvllm_session_params sp = { .n_ctx = n, .no_kv_cache = no_kv, .kv_type = kv_type,
-                                           .max_batch = (int)batch };
+                                           .max_batch = (int)batch, .engine = &ep };
         rc = kvllm_session_new(m, &sp, &s);
     }
     const size_t V = m ? (size_t)kvllm_model_describe(m)->n_vocab : 0;

@@ -11,9 +11,19 @@
  * stream, which the contexts' blocking streams wait for) and freed by
  * buf_free / backend_free.  Every op, upload and download is issued on the
  * context's stream and returns at once; backend_sync waits for the stream.
- * Host memory handed to upload / download is used as is (pageable: the
- * driver stages it), so the contract of backend.h holds: it must stay
- * valid until sync.
+ * Host memory handed to upload / download is used as is, so the contract
+ * of backend.h holds: it must stay valid until sync.  The engine stages a
+ * step's inputs and receives its outputs in pinned memory (host_alloc), so
+ * those two copies are one DMA each; other host memory is pageable (the
+ * driver stages it).
+ *
+ * CUDA graphs.  graph_compute captures a recorded op list (graph.h) on the
+ * context's stream once, instantiates it, and launches it at every replay:
+ * one launch instead of hundreds.  The capture bakes in every argument,
+ * ctx_hi included (the engine keys its lists on a rounded ctx_hi for that
+ * reason), and the context's scratch (attention partials, 8-bit
+ * activations): a graph is launched only on the context that captured it.
+ * A list that cannot be captured runs op by op, logged once per list.
  *
  * Errors.  Every CUDA call is checked: a failure is logged once with the
  * call, the function and CUDA's message, and returned as KVLLM_ENOMEM (out
@@ -24,6 +34,7 @@
  * call then fails with KVLLM_EBACKEND. */
 #include "backend/backend.h"
 #include "backend/backend_list.h"
+#include "backend/graph.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_plan.h"
 #include "core/core.h"
@@ -513,6 +524,71 @@ static int cuda_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *l
     return 0;
 }
 
+/* ---- the step as a transaction: pinned staging, CUDA graphs ---- */
+
+static void *cuda_host_alloc(struct backend *be, size_t bytes) {
+    if (!cu_ok(cudaSetDevice(cb_of(be)->device))) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cu_fail(e, "cudaMallocHost (staging)", __func__);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct backend *be, void *p) {
+    if (p && cu_ok(cudaSetDevice(cb_of(be)->device))) (void)cu_ok(cudaFreeHost(p));
+}
+
+static void cuda_graph_exec_free(void *exec) {
+    if (exec) (void)cu_ok(cudaGraphExecDestroy((cudaGraphExec_t)exec));
+}
+
+/* Capture g's ops, as graph_replay issues them, into an instantiated CUDA
+ * graph.  On failure the capture is ended and dropped, and the error
+ * returned (logged); the stream is usable again. */
+static int capture(struct backend_ctx *c, struct graph *g, int ctx_hi, cudaGraphExec_t *out) {
+    struct cuda_ctx *cc = cc_of(c);
+    *out = NULL;
+    /* thread-local: another engine's thread may allocate meanwhile */
+    CU(cudaStreamBeginCapture(cc->stream, cudaStreamCaptureModeThreadLocal));
+    int rc = graph_replay(c, g, ctx_hi);
+    cudaGraph_t cg = NULL;
+    cudaError_t e = cudaStreamEndCapture(cc->stream, &cg);
+    if (!rc && e != cudaSuccess) rc = cu_fail(e, "cudaStreamEndCapture", __func__);
+    if (!rc) {
+        e = cudaGraphInstantiateWithFlags(out, cg, 0);
+        if (e != cudaSuccess) rc = cu_fail(e, "cudaGraphInstantiateWithFlags", __func__);
+    }
+    if (cg) (void)cu_ok(cudaGraphDestroy(cg));
+    if (rc) (void)cudaGetLastError();   /* a refused call inside the capture: not the next op's error */
+    return rc;
+}
+
+static int cuda_graph_compute(struct backend_ctx *c, struct graph *g, int ctx_hi) {
+    struct cuda_ctx *cc = cc_of(c);
+    CU_ENTER(c->be);
+    if (g->exec && g->exec_ctx_hi != ctx_hi) graph_exec_drop(g);
+    if (!g->exec && !g->no_exec) {
+        cudaGraphExec_t ex = NULL;
+        const int rc = capture(c, g, ctx_hi, &ex);
+        if (rc) {
+            LOG_WARN("cuda: a step's %d ops could not be captured as a CUDA graph (%s): they run one by one",
+                     g->n, kvllm_strerror(rc));
+            c->status = 0;   /* the capture's failure; a real one shows again below */
+            g->no_exec = true;
+        } else {
+            g->exec = ex;
+            g->exec_free = cuda_graph_exec_free;
+            g->exec_ctx_hi = ctx_hi;
+        }
+    }
+    if (g->no_exec) return graph_replay(c, g, ctx_hi);
+    CU(cudaGraphLaunch((cudaGraphExec_t)g->exec, cc->stream));
+    return 0;
+}
+
 /* Free device memory: the engine's memory plan sizes the KV pool from it.
  * 0 (unknown) when the device cannot be asked. */
 static uint64_t cuda_mem_available(struct backend *be) {
@@ -567,6 +643,9 @@ static const struct backend_ops k_cuda_ops = {
     .copy_blocks = cuda_copy_blocks,
     .argmax = cuda_argmax,
     .sample = cuda_sample,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .graph_compute = cuda_graph_compute,
 };
 
 /* ---- the backend ---- */

@@ -424,7 +424,8 @@ struct kvllm_engine_params {
     struct kvllm_model *draft_model;     /* KVLLM_SPEC_DRAFT: the drafter (borrowed: outlives the engine) */
     enum kvllm_async async_scheduling;   /* KVLLM_ASYNC_AUTO (default), _ON or _OFF (see above) */
     /* false (default): a step's forward is recorded once per step shape and replayed (a CUDA graph on
-       the GPU); true: every op issued directly, step by step (vLLM's --enforce-eager).  Same outputs. */
+       the GPU); true: every op issued directly, step by step (vLLM's --enforce-eager).  Same outputs.
+       Tensor parallelism always runs eagerly (its all-reduce is a host collective between ops). */
     bool enforce_eager;
 };
 struct kvllm_engine_params kvllm_engine_default_params(void);

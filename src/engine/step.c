@@ -14,8 +14,9 @@
  * list itself (graph_compute) bakes ctx_hi into what it makes, so for it
  * ctx_hi is rounded up to a power of two and made part of the key (ctx_hi
  * sizes a GPU's grid, never a token's arithmetic), and small batches are
- * padded to its captured sizes (cuda_plan.h: padded tokens have slot -1,
- * so they store nothing, and ask no logits); larger steps run eagerly.
+ * padded to its captured sizes (cuda_plan.h: a padded token copies the
+ * step's first token but has slot -1, so it stores nothing and reads only
+ * what that token reads, and asks no logits); larger steps run eagerly.
  *
  * Eager: with enforce_eager, or under tensor parallelism (the forward's
  * all-reduce is a host collective between ops, which no recording holds),
@@ -210,12 +211,13 @@ int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
     if (rc) return rc;
     KV_ASSERT(l.bytes <= in->cap);
 
-    /* pack: padded tokens read position 0 of the first sequence and store nothing (slot -1) */
+    /* pack: a padded token is a copy of the first, storing nothing (slot -1): it reads only what the
+     * first token reads (never a block a window already released) */
     char *h = in->stage;
-    put((int32_t *)(h + l.tok), tok, k, kp - k, 0);
-    put((int32_t *)(h + l.pos), pos, k, kp - k, 0);
+    put((int32_t *)(h + l.tok), tok, k, kp - k, tok[0]);
+    put((int32_t *)(h + l.pos), pos, k, kp - k, pos[0]);
     put((int32_t *)(h + l.slot), slot, k, kp - k, -1);
-    put((int32_t *)(h + l.seq), seq, k, kp - k, 0);
+    put((int32_t *)(h + l.seq), seq, k, kp - k, seq[0]);
     if (has_win) put((int32_t *)(h + l.win_slot), win_slot, k, kp - k, -1);
     put((int32_t *)(h + l.rows), rows, nl, 0, 0);
     w = tables;

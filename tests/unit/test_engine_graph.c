@@ -5,8 +5,10 @@
  * and replays its forwards (the default) and one with enforce_eager give
  * the same tokens and the same logits bytes; a session's logits (a prefill
  * chunk, then one token per call: rows copied out of the one download)
- * too.  The replaying engine really replays, and keeps few recordings for
- * many steps; the eager one records nothing.  Runs on the strict backend
+ * too; and with the steps padded as for a capturing backend (CUDA: small
+ * steps padded to its graph sizes with copies of the first token that
+ * store nothing, ctx_hi rounded up).  The replaying engine really replays,
+ * and keeps few recordings for many steps; the eager one records nothing.  Runs on the strict backend
  * too (KVLLM_BACKEND=strict). */
 #include "check.h"
 #include "stories_util.h"
@@ -50,9 +52,11 @@ static void add(struct kvllm_engine *e, int k, struct out *o, int V) {
     CHECK(kvllm_engine_add(e, &q, NULL) == 0);
 }
 
-static struct engine_run { struct out o[N_REQ]; uint64_t steps, recorded, replayed; } g_run[2];
+static struct engine_run { struct out o[N_REQ]; uint64_t steps, recorded, replayed; } g_run[3];
 
-static void run_engine(struct kvllm_model *m, bool eager, struct engine_run *r) {
+/* pad: as for a backend that captures its lists (CUDA), small steps padded to the captured sizes and
+ * ctx_hi rounded up: the padded tokens must change nothing */
+static void run_engine(struct kvllm_model *m, bool eager, bool pad, struct engine_run *r) {
     const int V = kvllm_model_describe(m)->n_vocab;
     struct kvllm_engine_params ep = kvllm_engine_default_params();
     ep.kv_tokens = 2048;
@@ -62,6 +66,8 @@ static void run_engine(struct kvllm_model *m, bool eager, struct engine_run *r) 
     struct kvllm_engine *e = NULL;
     CHECK(kvllm_engine_new(m, &ep, &e) == 0);
     if (!e) return;
+    CHECK(e->in.use_graphs == !eager);
+    e->in.pad = pad;
     for (int k = 0; k < N_REQ; k++) {
         add(e, k, &r->o[k], V);
         kvllm_engine_step(e);   /* staggered: later prompts arrive while earlier ones decode */
@@ -95,14 +101,15 @@ int main(void) {
     if (!m) return check_report("test_engine_graph");
     const int V = kvllm_model_describe(m)->n_vocab;
     CHECK(V <= V_MAX);
-    run_engine(m, true, &g_run[0]);
-    run_engine(m, false, &g_run[1]);
-    for (int k = 0; k < N_REQ; k++) {
-        const struct out *a = &g_run[0].o[k], *b = &g_run[1].o[k];
+    run_engine(m, true, false, &g_run[0]);
+    run_engine(m, false, false, &g_run[1]);
+    run_engine(m, false, true, &g_run[2]);
+    for (int k = 0; k < 2 * N_REQ; k++) {
+        const struct out *a = &g_run[0].o[k % N_REQ], *b = &g_run[1 + k / N_REQ].o[k % N_REQ];
         CHECK_MSG(a->n[0] == N_GEN && memcmp(a->n, b->n, sizeof a->n) == 0, "request %d: %d / %d tokens", k,
                   a->n[0], b->n[0]);
         CHECK_MSG(memcmp(a->ids, b->ids, sizeof a->ids) == 0, "request %d: replayed tokens differ from eager", k);
-        CHECK(a->n_logits == b->n_logits && a->n_logits == ((k == 1 || k == 5) ? N_GEN : 0));
+        CHECK(a->n_logits == b->n_logits && a->n_logits == ((k % N_REQ == 1 || k % N_REQ == 5) ? N_GEN : 0));
         CHECK_MSG(memcmp(a->logits, b->logits, sizeof a->logits) == 0, "request %d: logits bytes differ", k);
     }
     printf("  eager: %llu steps; replayed: %llu steps, %llu recordings for %llu replays\n",
@@ -110,6 +117,7 @@ int main(void) {
            (unsigned long long)g_run[1].recorded, (unsigned long long)g_run[1].replayed);
     CHECK(g_run[0].recorded == 0 && g_run[0].replayed == 0);
     CHECK(g_run[1].replayed == g_run[1].steps && g_run[1].recorded < g_run[1].replayed / 2);
+    CHECK(g_run[2].replayed == g_run[2].steps && g_run[2].recorded <= g_run[1].recorded);
 
     float *s0 = calloc(16 * (size_t)V, sizeof *s0), *s1 = calloc(16 * (size_t)V, sizeof *s1);
     CHECK(s0 && s1);

@@ -197,7 +197,8 @@ ops_step() {   # ops_step NAME DIR LARGE BUDGET OPS...
 
 # ---- the per-op harness: CUDA vs the scalar reference, random small shapes ----
 ops_step ops "$RES/ops" 0 100 matmul get_rows gather_rows rmsnorm layernorm rope add_bias add swiglu gelu geglu \
-    scale softcap moe kv_store paged_attention copy_blocks argmax sample errors
+    scale softcap moe kv_store paged_attention copy_blocks argmax sample add_rmsnorm \
+    rope_kv_store errors
 
 # ---- timings against the roofline ----
 t0=$SECONDS
@@ -238,7 +239,7 @@ fi
 WTYPES="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4"
 # shellcheck disable=SC2046
 ops_step large "$RES/large" 1 150 $(for w in $WTYPES; do echo "matmul:$w get_rows:$w"; done) rmsnorm rope \
-    elementwise argmax sample paged_attention
+    elementwise argmax sample add_rmsnorm rope_kv_store paged_attention
 
 echo "total $SECONDS s; not checked here (docs/GPU.md): SmolLM2 KLD, server invariance, Transformers comparison" \
     >>"$RES/summary.txt"

@@ -49,7 +49,8 @@ const char *backend_op_name(enum backend_op op) {
     static const char *const names[BACKEND_OP_COUNT_] = {
         [BACKEND_OP_MATMUL] = "matmul", [BACKEND_OP_GET_ROWS] = "get_rows",
         [BACKEND_OP_MOE] = "moe (mixture of experts)", [BACKEND_OP_KV_SHIFT] = "kv_shift",
-        [BACKEND_OP_SAMPLE] = "sample",
+        [BACKEND_OP_SAMPLE] = "sample", [BACKEND_OP_ADD_RMSNORM] = "add_rmsnorm",
+        [BACKEND_OP_ROPE_KV_STORE] = "rope_kv_store",
     };
     return (unsigned)op < BACKEND_OP_COUNT_ ? names[op] : "?";
 }

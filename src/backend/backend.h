@@ -203,6 +203,19 @@ static inline ROPE_HD_ double rope_pair_scale(const struct rope_params *p, int i
     return fs * y + (1 - y);   /* mix = 1 - y */
 }
 
+/* The arguments of backend_ops.rope_kv_store: a layer's queries and keys
+ * rotated, then its K and V rows stored (values, not pointers, so a
+ * recorded op list holds its own copy). */
+struct rope_kv_args {
+    int n, n_head, n_head_kv, head_dim;
+    float *q;                     /* (n, n_head * head_dim), rotated in place */
+    float *k;                     /* (n, n_head_kv * head_dim), rotated in place, then stored */
+    const float *v;               /* (n, n_head_kv * head_dim) */
+    const int32_t *pos, *slots;   /* (n) each, as rope's and kv_store's */
+    struct rope_params rope;
+    struct kv_layer_view kv;
+};
+
 /* The largest step a context must run without allocating. */
 struct backend_ctx_params {
     int n_threads;                /* >= 1 */
@@ -243,6 +256,8 @@ enum backend_op {
     BACKEND_OP_MOE,               /* moe_route and moe over experts of the given type */
     BACKEND_OP_KV_SHIFT,          /* kv_shift (type unused: 0) */
     BACKEND_OP_SAMPLE,            /* sample (type unused: 0) */
+    BACKEND_OP_ADD_RMSNORM,       /* the fused add_rmsnorm (type unused: 0) */
+    BACKEND_OP_ROPE_KV_STORE,     /* the fused rope_kv_store (type unused: 0) */
     BACKEND_OP_COUNT_
 };
 
@@ -337,6 +352,14 @@ struct backend_ops {
     int (*kv_store)(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
                     const float *k, const float *v, int n);
     int (*paged_attention)(struct backend_ctx *c, const struct paged_attn_args *a);
+    /* Fused ops, each exactly the ops it stands for in their order, bit for
+     * bit, as one launch where launches cost (a GPU).  Optional (NULL;
+     * supports_op says): the model issues the separate ops without them. */
+    /* x (n, dim) += h, then y = rmsnorm(x) * w as rmsnorm; y may be h */
+    int (*add_rmsnorm)(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n,
+                       int dim, float eps);
+    /* rope(q), rope(k) with a->rope, then kv_store(&a->kv, slots, k, v) */
+    int (*rope_kv_store)(struct backend_ctx *c, const struct rope_kv_args *a);
     /* copy-on-write: for each of n pairs (dst, src) (host memory), block src
      * to block dst in every one of the n_layer layers */
     int (*copy_blocks)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,

@@ -100,6 +100,15 @@ static int r_paged_attention(struct backend_ctx *c, const struct paged_attn_args
 static int r_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim) {
     REC(GOP_ARGMAX, argmax, ids, x, n, dim);
 }
+static int r_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n,
+                         int dim, float eps) {
+    REC(GOP_ADD_RMSNORM, add_rmsnorm, y, x, h, w, n, dim, eps);
+}
+static int r_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) {
+    struct graph_rec *r = next(c, GOP_ROPE_KV_STORE);
+    if (r) r->u.rope_kv = *a;
+    return 0;
+}
 
 /* What a recording cannot hold: host transfers, waits and host-array ops mark it unusable. */
 static int r_refuse(struct graph_recorder *r) {
@@ -155,6 +164,8 @@ void graph_recorder_init(struct graph_recorder *r, const struct backend_ctx *rea
     TWIN(moe, r_moe);
     TWIN(kv_store, r_kv_store);
     TWIN(paged_attention, r_paged_attention);
+    TWIN(add_rmsnorm, r_add_rmsnorm);
+    TWIN(rope_kv_store, r_rope_kv_store);
     TWIN(copy_blocks, r_copy_blocks);
     TWIN(kv_shift, r_kv_shift);
     TWIN(argmax, r_argmax);
@@ -217,6 +228,10 @@ static int replay_one(struct backend_ctx *c, const struct graph_rec *r, int ctx_
         return BE_OP(c, paged_attention, &a);
     }
     case GOP_ARGMAX: return BE_OP(c, argmax, r->u.argmax.ids, r->u.argmax.x, r->u.argmax.n, r->u.argmax.dim);
+    case GOP_ADD_RMSNORM:
+        return BE_OP(c, add_rmsnorm, r->u.add_rmsnorm.y, r->u.add_rmsnorm.x, r->u.add_rmsnorm.h, r->u.add_rmsnorm.w,
+                     r->u.add_rmsnorm.n, r->u.add_rmsnorm.dim, r->u.add_rmsnorm.eps);
+    case GOP_ROPE_KV_STORE: return BE_OP(c, rope_kv_store, &r->u.rope_kv);
     }
     KV_ASSERT(!"unknown graph op");
     return KVLLM_EINVAL;

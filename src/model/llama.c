@@ -122,13 +122,21 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
         OP(rmsnorm, b->q, b->q, &l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->norm_eps);
         OP(rmsnorm, b->k, b->k, &l->attn_k_norm, n * hp->n_head_kv, hp->head_dim, hp->norm_eps);
     }
-    if (l->rope.n_rot) {   /* 0: learned positions, or a layer without them */
-        OP(rope, b->q, n, hp->n_head, hp->head_dim, bt->pos, &l->rope);
-        OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &l->rope);
-    }
-    /* store this batch's K/V first: a prefill chunk attends to itself */
+    /* then store this batch's K/V: a prefill chunk attends to itself */
     const bool own_pool = l->window > 0 && bt->win_slots;
-    OP(kv_store, &kv[il], own_pool ? bt->win_slots : bt->slots, b->k, b->v, n);
+    const int32_t *slots = own_pool ? bt->win_slots : bt->slots;
+    if (l->rope.n_rot && backend_supports(m->be, BACKEND_OP_ROPE_KV_STORE, 0)) {
+        const struct rope_kv_args ra = { .n = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+                                         .head_dim = hp->head_dim, .q = b->q, .k = b->k, .v = b->v, .pos = bt->pos,
+                                         .slots = slots, .rope = l->rope, .kv = kv[il] };
+        OP(rope_kv_store, &ra);
+    } else {
+        if (l->rope.n_rot) {   /* 0: learned positions, or a layer without them */
+            OP(rope, b->q, n, hp->n_head, hp->head_dim, bt->pos, &l->rope);
+            OP(rope, b->k, n, hp->n_head_kv, hp->head_dim, bt->pos, &l->rope);
+        }
+        OP(kv_store, &kv[il], slots, b->k, b->v, n);
+    }
     struct paged_attn_args a = {
         .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .q = b->q,
         .pos = bt->pos, .seq = bt->seq, .block_table = own_pool ? bt->win_block_table : bt->block_table,
@@ -192,14 +200,18 @@ static int ffn(const struct model *m, struct backend_ctx *c, const struct forwar
     return bias(c, b->xn, &l->ffn_down_b, n);
 }
 
-/* x += [post_norm](h): the residual add of a sub-layer's output h (n, n_embd). */
-static int residual(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, float *h,
-                    const struct tensor *post_norm, int n) {
-    if (m->desc->post_norms) {
-        int rc = norm(m, c, h, h, post_norm, &(struct tensor){ 0 }, n);
-        if (rc) return rc;
-    }
-    return BE_OP(c, add, b->x, h, (long)n * m->hp.n_embd);
+/* x += [post_norm](h), the residual add of a sub-layer's output h (n,
+ * n_embd); then, when w is given, b->xn = norm(x) with (w, wb): the next
+ * sub-layer's input, one op where the backend fuses the two. */
+static int residual_norm(const struct model *m, struct backend_ctx *c, const struct forward_buf *b, float *h,
+                         const struct tensor *post_norm, const struct tensor *w, const struct tensor *wb, int n) {
+    const int E = m->hp.n_embd;
+    int rc;
+    if (m->desc->post_norms && (rc = norm(m, c, h, h, post_norm, &(struct tensor){ 0 }, n))) return rc;
+    if (w && m->desc->norm == NORM_RMS && backend_supports(m->be, BACKEND_OP_ADD_RMSNORM, 0))
+        return BE_OP(c, add_rmsnorm, b->xn, b->x, h, w, n, E, m->hp.norm_eps);
+    if ((rc = BE_OP(c, add, b->x, h, (long)n * E))) return rc;
+    return w ? norm(m, c, b->xn, b->x, w, wb, n) : 0;
 }
 
 int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
@@ -214,21 +226,22 @@ int model_forward(const struct model *m, struct backend_ctx *c, const struct kv_
         OP(get_rows, b->xn, &m->pos_embd, bt->pos, n);
         OP(add, b->x, b->xn, (long)n * E);
     }
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct llama_layer *l = &m->layers[il];
+    /* each sub-layer's input norm is issued with the residual add before it (residual_norm) */
+    int rc = norm(m, c, b->xn, b->x, &m->layers[0].attn_norm, &m->layers[0].attn_norm_b, n);
+    for (int il = 0; !rc && il < hp->n_layer; il++) {
+        const struct llama_layer *l = &m->layers[il], *next = il + 1 < hp->n_layer ? l + 1 : NULL;
         float *h = b->xn;
-        int rc;
-        if ((rc = norm(m, c, b->xn, b->x, &l->attn_norm, &l->attn_norm_b, n)) ||
-            (rc = attention(m, c, kv, b, bt, il)) || (rc = residual(m, c, b, b->xn, &l->attn_post_norm, n)) ||
-            (rc = norm(m, c, b->xn, b->x, &l->ffn_norm, &l->ffn_norm_b, n)) || (rc = ffn(m, c, b, il, n, &h)) ||
-            (rc = residual(m, c, b, h, &l->ffn_post_norm, n)))
-            return rc;
+        if ((rc = attention(m, c, kv, b, bt, il)) ||
+            (rc = residual_norm(m, c, b, b->xn, &l->attn_post_norm, &l->ffn_norm, &l->ffn_norm_b, n)) ||
+            (rc = ffn(m, c, b, il, n, &h)))
+            break;
+        rc = residual_norm(m, c, b, h, &l->ffn_post_norm, next ? &next->attn_norm : NULL,
+                           next ? &next->attn_norm_b : NULL, n);
     }
-    if (!bt->n_logits) return 0;
+    if (rc || !bt->n_logits) return rc;
     /* gather the rows that need logits, then norm and head only for them */
     OP(gather_rows, b->q, b->x, bt->logit_rows, bt->n_logits, E);
-    int rc = norm(m, c, b->xn, b->q, &m->output_norm, &m->output_norm_b, bt->n_logits);
-    if (rc) return rc;
+    if ((rc = norm(m, c, b->xn, b->q, &m->output_norm, &m->output_norm_b, bt->n_logits))) return rc;
     OP(matmul, b->logits, &m->output, b->xn, bt->n_logits);   /* this rank's slice of the vocabulary */
     if (hp->final_softcap > 0) OP(softcap, b->logits, (long)bt->n_logits * m->output.ne1, hp->final_softcap);
     return comm_gather_cols(m->comm, c, b->logits, bt->n_logits, hp->n_vocab);

@@ -118,7 +118,7 @@
 
 enum op {
     OP_MATMUL, OP_GET_ROWS, OP_GATHER_ROWS, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ADD_BIAS, OP_ADD, OP_SWIGLU,
-    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_MOE_ROUTE, OP_MOE, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_SAMPLE, OP_COUNT
+    OP_GELU, OP_GEGLU, OP_SCALE, OP_SOFTCAP, OP_MOE_ROUTE, OP_MOE, OP_KV_STORE, OP_PAGED_ATTN, OP_COPY_BLOCKS, OP_ARGMAX, OP_SAMPLE, OP_FUSED, OP_COUNT
 };
 
 static const struct {
@@ -146,6 +146,7 @@ static const struct {
     [OP_COPY_BLOCKS] = { "copy_blocks", 0, 0 },
     [OP_ARGMAX] = { "argmax", 0, 0 },
     [OP_SAMPLE] = { "sample", 0, 0 },
+    [OP_FUSED] = { "fused", 0, 0 },                /* vs the same backend's separate ops: exact */
 };
 /* sample on a device: how close to its threshold a decision must be for another token to pass
  * (the table) */
@@ -1526,6 +1527,134 @@ static void test_kv_store(int nc) {
     }
 }
 
+/* ---- fused ops: the same backend's separate ops, byte for byte ---- */
+
+/* A fused op's outcome against its parts' on backend b: counted, and a
+ * difference is a failure (the contract is exact, not a tolerance). */
+static void fused_judge(int b, bool same, const char *desc) {
+    struct stat_ *s = &g_st[b][OP_FUSED];
+    s->cases++;
+    s->vs_ref = dmax(s->vs_ref, same ? 0 : INFINITY);
+    CHECK_MSG(same, "%s %s: the fused op's bytes differ from its separate ops'", g_be[b].name, desc);
+}
+
+/* add_rmsnorm (y apart from h, or y = h) against add then rmsnorm. */
+static void test_add_rmsnorm(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const int n = draw_tokens(), dim = g_large ? PICK(k_large_dims) : rnd(6) ? rnd_in(1, 300) : rnd_in(1, 8);
+        const bool alias = rnd(2);
+        const size_t len = (size_t)n * dim;
+        float *x = tu_xnew(len * 4), *h = tu_xnew(len * 4), *w = tu_xnew((size_t)dim * 4);
+        for (size_t e = 0; e < len; e++) { x[e] = gauss(); h[e] = gauss() * 0.5f; }
+        for (int e = 0; e < dim; e++) w[e] = 1 + 0.2f * gauss();
+        const struct tensor host = vec_tensor(w, dim);
+        char desc[96];
+        snprintf(desc, sizeof desc, "add_rmsnorm n=%d dim=%d%s", n, dim, alias ? " y=h" : "");
+        float *got[2][2];   /* [parts, fused][x, y] */
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            if (!backend_supports(t->be, BACKEND_OP_ADD_RMSNORM, 0)) continue;
+            struct tensor *pw = place(t, &host, 1);
+            for (int f = 0; f < 2; f++) {
+                struct backend_buf bx = buf_up(t, x, len * 4), bh = buf_up(t, h, len * 4), by = { 0 };
+                if (!alias) by = buf_up(t, NULL, len * 4);
+                float *y = alias ? bh.data : by.data;
+                int rc = f ? BE_OP(t->c, add_rmsnorm, y, bx.data, bh.data, pw, n, dim, 1e-6f)
+                           : BE_OP(t->c, add, bx.data, bh.data, (long)len);
+                if (!f && !rc) rc = BE_OP(t->c, rmsnorm, y, bx.data, pw, n, dim, 1e-6f);
+                got[f][0] = tu_xnew(len * 4);
+                got[f][1] = tu_xnew(len * 4);
+                buf_down(t, got[f][0], &bx, len * 4);
+                buf_down(t, got[f][1], alias ? &bh : &by, len * 4);
+                sync_ok(t, rc, desc);
+                buf_drop(t, &bx);
+                buf_drop(t, &bh);
+                if (!alias) buf_drop(t, &by);
+            }
+            fused_judge(b, !memcmp(got[0][0], got[1][0], len * 4) && !memcmp(got[0][1], got[1][1], len * 4), desc);
+            for (int f = 0; f < 2; f++) { free(got[f][0]); free(got[f][1]); }
+            free(pw);
+        }
+        free(x);
+        free(h);
+        free(w);
+    }
+}
+
+/* rope_kv_store against rope(q), rope(k), kv_store: the rotated q and k and
+ * the pool's bytes, every KV type, slots skipped now and then. */
+static void test_rope_kv_store(int nc) {
+    for (int i = 0; i < nc; i++) {
+        const enum kv_type type = (enum kv_type)(i % KV_TYPE_COUNT_);
+        const int nkv = rnd_in(1, 4), g = rnd_in(1, 4), hd = g_large ? 128 : 2 * rnd_in(1, 64);
+        const int nh = nkv * g, bs = k_block_sizes[rnd(4)], n = draw_tokens();
+        const int n_blocks = (n + bs - 1) / bs + rnd_in(0, 2), n_slots = n_blocks * bs;
+        const size_t lq = (size_t)n * nh * hd, lk = (size_t)n * nkv * hd;
+        float *q = tu_xnew(lq * 4), *k = tu_xnew(lk * 4), *v = tu_xnew(lk * 4);
+        int32_t *pos = tu_xnew((size_t)n * 4), *slots = tu_xnew((size_t)n * 4), *perm = tu_xnew((size_t)n_slots * 4);
+        for (size_t e = 0; e < lq; e++) q[e] = gauss();
+        for (size_t e = 0; e < lk; e++) { k[e] = gauss(); v[e] = gauss(); }
+        for (int s = 0; s < n_slots; s++) perm[s] = s;
+        for (int s = n_slots - 1; s > 0; s--) { int j = rnd(s + 1), x = perm[s]; perm[s] = perm[j]; perm[j] = x; }
+        for (int t = 0; t < n; t++) {
+            pos[t] = rnd(8192);
+            slots[t] = rnd(8) ? perm[t] : -1;
+        }
+        free(perm);
+        const struct rope_params rp = { .n_rot = rnd(3) ? hd : 2 * rnd_in(1, hd / 2), .theta = 10000.0f,
+                                        .neox = rnd(2), .attn_factor = rnd(3) ? 0.0f : 1.25f };
+        struct pool_img img0, got[2];
+        pool_init(&img0, type, n_blocks, bs, nkv, hd);
+        pool_fill(&img0, 0xff);
+        char desc[128];
+        snprintf(desc, sizeof desc, "rope_kv_store %s heads=%d/%d head_dim=%d n_rot=%d block_size=%d n=%d",
+                 k_kv_names[type], nh, nkv, hd, rp.n_rot, bs, n);
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            if (!backend_supports(t->be, BACKEND_OP_ROPE_KV_STORE, 0)) continue;
+            float *qk[2][2];
+            for (int f = 0; f < 2; f++) {
+                struct pool_dev d;
+                pool_init(&got[f], type, n_blocks, bs, nkv, hd);
+                pool_up(t, &img0, &d);
+                struct backend_buf bq = buf_up(t, q, lq * 4), bk = buf_up(t, k, lk * 4), bv = buf_up(t, v, lk * 4),
+                                   bp = buf_up(t, pos, (size_t)n * 4), bsl = buf_up(t, slots, (size_t)n * 4);
+                const struct rope_kv_args a = { .n = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .q = bq.data,
+                                                .k = bk.data, .v = bv.data, .pos = bp.data, .slots = bsl.data,
+                                                .rope = rp, .kv = d.view };
+                int rc = 0;
+                if (f) rc = BE_OP(t->c, rope_kv_store, &a);
+                else {
+                    rc = BE_OP(t->c, rope, a.q, n, nh, hd, a.pos, &rp);
+                    if (!rc) rc = BE_OP(t->c, rope, a.k, n, nkv, hd, a.pos, &rp);
+                    if (!rc) rc = BE_OP(t->c, kv_store, &d.view, a.slots, a.k, a.v, n);
+                }
+                qk[f][0] = tu_xnew(lq * 4);
+                qk[f][1] = tu_xnew(lk * 4);
+                buf_down(t, qk[f][0], &bq, lq * 4);
+                buf_down(t, qk[f][1], &bk, lk * 4);
+                pool_down(t, &d, &got[f]);
+                sync_ok(t, rc, desc);
+                pool_drop(t, &d);
+                buf_drop(t, &bq);
+                buf_drop(t, &bk);
+                buf_drop(t, &bv);
+                buf_drop(t, &bp);
+                buf_drop(t, &bsl);
+            }
+            fused_judge(b, !memcmp(qk[0][0], qk[1][0], lq * 4) && !memcmp(qk[0][1], qk[1][1], lk * 4) &&
+                               pool_equal(&got[0], &got[1]), desc);
+            for (int f = 0; f < 2; f++) { free(qk[f][0]); free(qk[f][1]); pool_deinit(&got[f]); }
+        }
+        pool_deinit(&img0);
+        free(q);
+        free(k);
+        free(v);
+        free(pos);
+        free(slots);
+    }
+}
+
 /* Plain softmax attention in double of token query qrow (n_head * hd) at
  * position pos over K/V rows (positions, nkv * hd) of its sequence, with
  * positions before lo masked (sliding window), scores soft-capped when
@@ -2065,6 +2194,10 @@ static void check_supports_op(const struct tbe *t) {
               "%s: supports_op(kv_shift) disagrees with its table", t->name);
     CHECK_MSG(backend_supports(t->be, BACKEND_OP_SAMPLE, 0) == (o->sample != NULL),
               "%s: supports_op(sample) disagrees with its table", t->name);
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_ADD_RMSNORM, 0) == (o->add_rmsnorm != NULL),
+              "%s: supports_op(add_rmsnorm) disagrees with its table", t->name);
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_ROPE_KV_STORE, 0) == (o->rope_kv_store != NULL),
+              "%s: supports_op(rope_kv_store) disagrees with its table", t->name);
     for (uint32_t ty = 0; ty < DTYPE_COUNT_; ty++) {
         CHECK_MSG(backend_supports(t->be, BACKEND_OP_MATMUL, ty) == dtype_supported(ty), "%s: matmul on %s",
                   t->name, dtype_name(ty));
@@ -2214,6 +2347,8 @@ int main(void) {
     if (!g_large && listed("KVLLM_TEST_OPS", "copy_blocks")) test_copy_blocks(CASES(60));
     if (listed("KVLLM_TEST_OPS", "argmax")) test_argmax(g_large ? big : CASES(60));
     if (listed("KVLLM_TEST_OPS", "sample")) test_sample(g_large ? big : CASES(60));
+    if (listed("KVLLM_TEST_OPS", "add_rmsnorm")) test_add_rmsnorm(g_large ? big : CASES(40));
+    if (listed("KVLLM_TEST_OPS", "rope_kv_store")) test_rope_kv_store(g_large ? big : CASES(40));
     if (!g_large && listed("KVLLM_TEST_OPS", "errors")) {
         fprintf(stderr, "(the next paged attention errors are expected)\n");
         for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);
@@ -2235,6 +2370,7 @@ int main(void) {
             else if (op == OP_KV_STORE) snprintf(tr, sizeof tr, "%.3g (per type)", s->vs_ref);
             else if (op == OP_PAGED_ATTN) snprintf(tr, sizeof tr, "%.3g (%.2g)", s->vs_ref, k_pa_stored[0]);
             else if (op == OP_COPY_BLOCKS) snprintf(tr, sizeof tr, "%.3g (exact)", s->vs_ref);
+            else if (op == OP_FUSED) snprintf(tr, sizeof tr, "%.3g (own ops, exact)", s->vs_ref);
             else if (op == OP_LAYERNORM) snprintf(tr, sizeof tr, "%.3g (cond.)", s->vs_ref);
             else if (op == OP_SAMPLE) snprintf(tr, sizeof tr, "%.3g rows (%s)", s->vs_ref,
                                                g_be[b].device ? "near-ties" : "exact");

@@ -136,6 +136,8 @@ static bool cpu_supports_op(const struct backend *be, enum backend_op op, uint32
     case BACKEND_OP_MOE: return k->moe && k->moe_route && dtype_supported(type);
     case BACKEND_OP_KV_SHIFT: return k->kv_shift != NULL;
     case BACKEND_OP_SAMPLE: return k->sample != NULL;
+    case BACKEND_OP_ADD_RMSNORM: return k->add_rmsnorm != NULL;
+    case BACKEND_OP_ROPE_KV_STORE: return k->rope_kv_store != NULL;
     default: return false;
     }
 }
@@ -175,6 +177,8 @@ static const struct backend_ops k_scalar_ops = {
     .moe = cpu_moe,
     .kv_store = cpu_kv_store,
     .paged_attention = cpu_paged_attention,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .rope_kv_store = cpu_rope_kv_store,
     .copy_blocks = cpu_copy_blocks,
     .argmax = cpu_argmax,
     .sample = cpu_sample,

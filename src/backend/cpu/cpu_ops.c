@@ -204,6 +204,24 @@ int cpu_add(struct backend_ctx *c, float *y, const float *x, long n) {
     return 0;
 }
 
+/* ---- fused ops: one launch on a device; here the parts in turn, through
+ * the kernel set's table (so a set's own kernels, inside the strict wall
+ * when the strict backend wraps it) ---- */
+
+int cpu_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n, int dim,
+                    float eps) {
+    const struct backend_ops *k = &cpu_backend_of(c->be)->kernels;
+    int rc = k->add(c, x, h, (long)n * dim);
+    return rc ? rc : k->rmsnorm(c, y, x, w, n, dim, eps);
+}
+
+int cpu_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) {
+    const struct backend_ops *k = &cpu_backend_of(c->be)->kernels;
+    int rc = k->rope(c, a->q, a->n, a->n_head, a->head_dim, a->pos, &a->rope);
+    if (!rc) rc = k->rope(c, a->k, a->n, a->n_head_kv, a->head_dim, a->pos, &a->rope);
+    return rc ? rc : k->kv_store(c, &a->kv, a->slots, a->k, a->v, a->n);
+}
+
 int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                     const int32_t (*pairs)[2], int n) {
     for (int i = 0; i < n; i++) {

@@ -12,6 +12,10 @@ int cpu_gather_rows(struct backend_ctx *c, float *y, const float *x, const int32
 int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim);
 int cpu_sample(struct backend_ctx *c, const struct sample_args *a);   /* sample.c */
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, int n, int dim, float eps);
+/* The fused ops: the set's own add and rmsnorm (rope and kv_store) in turn. */
+int cpu_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n, int dim,
+                    float eps);
+int cpu_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a);
 int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w, const struct tensor *b,
                   int n, int dim, float eps);
 int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,

@@ -403,6 +403,17 @@ static int cuda_rmsnorm(struct backend_ctx *c, float *y, const float *x, const s
     return launched(cuk_rmsnorm(cc_of(c)->stream, y, x, w->data, n, dim, eps), "rmsnorm");
 }
 
+static int cuda_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n,
+                            int dim, float eps) {
+    CU_ENTER(c->be);
+    return launched(cuk_add_rmsnorm(cc_of(c)->stream, y, x, h, w->data, n, dim, eps), "add_rmsnorm");
+}
+
+static int cuda_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) {
+    CU_ENTER(c->be);
+    return launched(cuk_rope_kv_store(cc_of(c)->stream, a), "rope_kv_store");
+}
+
 static int cuda_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *w,
                           const struct tensor *b, int n, int dim, float eps) {
     CU_ENTER(c->be);
@@ -608,6 +619,7 @@ static bool cuda_supports_op(const struct backend *be, enum backend_op op, uint3
     case BACKEND_OP_MOE: return k_cuda_ops.moe && k_cuda_ops.moe_route;
     case BACKEND_OP_KV_SHIFT: return k_cuda_ops.kv_shift != NULL;
     case BACKEND_OP_SAMPLE: return k_cuda_ops.sample != NULL;
+    case BACKEND_OP_ADD_RMSNORM: case BACKEND_OP_ROPE_KV_STORE: return true;
     default: return false;
     }
 }
@@ -640,6 +652,8 @@ static const struct backend_ops k_cuda_ops = {
     .softcap = cuda_softcap,
     .kv_store = cuda_kv_store,
     .paged_attention = cuda_paged_attention,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .rope_kv_store = cuda_rope_kv_store,
     .copy_blocks = cuda_copy_blocks,
     .argmax = cuda_argmax,
     .sample = cuda_sample,

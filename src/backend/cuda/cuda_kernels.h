@@ -44,6 +44,9 @@ cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, int n, int 
 cudaError_t cuk_sample(cudaStream_t s, int32_t *ids, const float *x, const struct sample_chain *rows, int n,
                        int dim);
 cudaError_t cuk_rmsnorm(cudaStream_t s, float *y, const float *x, const float *w, int n, int dim, float eps);
+cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *y, float *x, const float *h, const float *w, int n, int dim,
+                            float eps);
+cudaError_t cuk_rope_kv_store(cudaStream_t s, const struct rope_kv_args *a);
 cudaError_t cuk_layernorm(cudaStream_t s, float *y, const float *x, const float *w, const float *b, int n, int dim,
                           float eps);
 cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_head, int head_dim, const int32_t *pos,

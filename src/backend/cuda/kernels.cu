@@ -98,15 +98,35 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int32_t *ids, const float *x, 
 
 /* ---- norms: a block per row ---- */
 
-__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps) {
+/* One row of rmsnorm, the block's threads striding over it (rmsnorm and
+ * the fused add_rmsnorm share it, so both give the same bits). */
+__device__ void rmsnorm_row(float *yt, const float *xt, const float *w, int dim, float eps) {
     __shared__ float red[32];
-    const float *xt = x + (size_t)blockIdx.x * dim;
-    float *yt = y + (size_t)blockIdx.x * dim;
     float ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xt[i] * xt[i];
     ss = cu_block_sum(ss, red);
     const float sc = 1.0f / sqrtf(ss / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yt[i] = xt[i] * sc * w[i];
+}
+
+__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps) {
+    rmsnorm_row(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, dim, eps);
+}
+
+/* x += h, then y = rmsnorm(x), a block per row: each thread adds the
+ * elements it later reads (same stride), and reads its h before the
+ * norm's reduction, so y may be h. */
+__global__ void k_add_rmsnorm(float *y, float *x, const float *h, const float *w, int dim, float eps) {
+    const size_t r = (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) x[r + i] = __fadd_rn(x[r + i], h[r + i]);
+    rmsnorm_row(y + r, x + r, w, dim, eps);
+}
+
+extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *y, float *x, const float *h, const float *w, int n,
+                                       int dim, float eps) {
+    if (n <= 0 || dim <= 0) return cudaSuccess;
+    k_add_rmsnorm<<<n, ROW_THREADS, 0, s>>>(y, x, h, w, dim, eps);
+    return CU_LAUNCH_CHECK();
 }
 
 extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *y, const float *x, const float *w, int n, int dim,
@@ -139,14 +159,16 @@ extern "C" cudaError_t cuk_layernorm(cudaStream_t s, float *y, const float *x, c
 
 /* ---- rope: a block per token; angles in double, as cpu_rope ---- */
 
-__global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos, struct rope_params p,
-                       const float *ff) {   /* p.freq_factors is host memory: ff is its data */
-    const int t = blockIdx.x, n_rot = p.n_rot, half = n_rot / 2;
+/* Token t's heads of x (n_head * head_dim) rotated, the block's threads
+ * striding over (head, pair) (rope and the fused rope_kv_store share it). */
+__device__ void rope_token(float *x, int t, int n_head, int head_dim, int32_t pos, const struct rope_params &p,
+                           const float *ff) {
+    const int n_rot = p.n_rot, half = n_rot / 2;
     const int step = p.neox ? 1 : 2, other = p.neox ? half : 1;
     float *xt = x + (size_t)t * n_head * head_dim;
     for (int k = threadIdx.x; k < half * n_head; k += blockDim.x) {
         const int i = k % half, h = k / half;
-        double ang = (double)pos[t] * pow((double)p.theta, -2.0 * i / (double)n_rot) * rope_pair_scale(&p, i);
+        double ang = (double)pos * pow((double)p.theta, -2.0 * i / (double)n_rot) * rope_pair_scale(&p, i);
         if (ff) ang /= (double)ff[i];
         const double ms = p.attn_factor != 0 ? (double)p.attn_factor : 1.0;
         const float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
@@ -155,6 +177,11 @@ __global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos, s
         q[0] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
         q[other] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
     }
+}
+
+__global__ void k_rope(float *x, int n_head, int head_dim, const int32_t *pos, struct rope_params p,
+                       const float *ff) {   /* p.freq_factors is host memory: ff is its data */
+    rope_token(x, blockIdx.x, n_head, head_dim, pos[blockIdx.x], p, ff);
 }
 
 extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_head, int head_dim, const int32_t *pos,
@@ -288,8 +315,11 @@ __device__ void store_row(const struct kv_layer_view &kv, void *dst, float *scal
     }
 }
 
-__global__ void k_kv_store(struct kv_layer_view kv, const int32_t *slots, const float *k, const float *v) {
-    const int i = blockIdx.x, nkv = kv.n_head_kv, hd = kv.head_dim;
+/* Token i's K and V rows into the cache at its slot (none when negative),
+ * a warp per kv head (kv_store and the fused rope_kv_store share it). */
+__device__ void store_token(const struct kv_layer_view &kv, const int32_t *slots, const float *k, const float *v,
+                            int i) {
+    const int nkv = kv.n_head_kv, hd = kv.head_dim;
     const int32_t slot = slots[i];
     if (slot < 0) return;
     for (int h = threadIdx.x / 32; h < nkv; h += blockDim.x / 32) {
@@ -298,6 +328,28 @@ __global__ void k_kv_store(struct kv_layer_view kv, const int32_t *slots, const 
         store_row(kv, kv.k, kv.k_scale, row, k + src);
         store_row(kv, kv.v, kv.v_scale, row, v + src);
     }
+}
+
+__global__ void k_kv_store(struct kv_layer_view kv, const int32_t *slots, const float *k, const float *v) {
+    store_token(kv, slots, k, v, blockIdx.x);
+}
+
+/* rope of token blockIdx.x's q and k, then its K/V stored: the stores read
+ * k rows other threads rotated, hence the barrier. */
+__global__ void k_rope_kv_store(struct rope_kv_args a, const float *ff) {
+    const int t = blockIdx.x;
+    const int32_t pos = a.pos[t];
+    rope_token(a.q, t, a.n_head, a.head_dim, pos, a.rope, ff);
+    rope_token(a.k, t, a.n_head_kv, a.head_dim, pos, a.rope, ff);
+    __syncthreads();
+    store_token(a.kv, a.slots, a.k, a.v, t);
+}
+
+extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, const struct rope_kv_args *a) {
+    if (a->n <= 0) return cudaSuccess;
+    const float *ff = a->rope.freq_factors ? (const float *)a->rope.freq_factors->data : NULL;
+    k_rope_kv_store<<<a->n, ROW_THREADS, 0, s>>>(*a, ff);
+    return CU_LAUNCH_CHECK();
 }
 
 extern "C" cudaError_t cuk_kv_store(cudaStream_t s, const struct kv_layer_view *kv, const int32_t *slots,

@@ -99,10 +99,19 @@ class Result:
         return self
 
 
+# the subcommands that run an engine: KVLLM_TEST_ENGINE_ARGS (whitespace-separated) follows each of them, so a
+# whole suite runs again with an engine setting, e.g. --enforce-eager (tests/CMakeLists.txt)
+ENGINE_COMMANDS = ("run", "batch", "eval", "chat")
+
+
 def run_cli(binary: str | Path, *args, timeout: float = DEFAULT_TIMEOUT, stdin: bytes | None = None,
             env: dict[str, str] | None = None) -> Result:
     """Run `binary args...`, capturing stdout and stderr as bytes (no shell)."""
-    argv = [str(binary)] + [str(a) for a in args]
+    args = [str(a) for a in args]
+    extra = os.environ.get("KVLLM_TEST_ENGINE_ARGS", "").split()
+    if extra and args and args[0] in ENGINE_COMMANDS:
+        args = [args[0], *extra, *args[1:]]
+    argv = [str(binary)] + args
     e = dict(os.environ)
     # ASan/UBSan: use exit codes that cannot be confused with kvllm's own 1 / 2.
     e["ASAN_OPTIONS"] = "exitcode=86:abort_on_error=0:" + e.get("ASAN_OPTIONS", "")

@@ -151,9 +151,16 @@ for f in $E2E_MODELS; do
     KVLLM_BACKEND=cpu timeout "$T" "$GEN" "$f" - 64 65 "$b.cpu.margins" >"$b.cpu" 2>"$b.log"
     KVLLM_BACKEND=cuda timeout "$T" "$GEN" "$f" - 64 65 "$b.gpu.margins" >"$b.gpu" 2>>"$b.log"
     rc=$?
+    # the same on the GPU with every op issued directly: a difference here is the CUDA graph's
+    KVLLM_BACKEND=cuda KVLLM_ENFORCE_EAGER=1 timeout "$T" "$GEN" "$f" - 64 65 >"$b.gpu-eager" 2>>"$b.log"
+    j=$(first_diff "$b.gpu" "$b.gpu-eager")
+    if [ -s "$b.gpu-eager" ] && [ -z "$j" ]; then echo "PASS $f: CUDA graphs = eager, 64 ids" >>"$RES/e2e.txt"
+    else echo "FAIL $f: CUDA graphs vs eager: first difference at ${j:-?} (eager's log: $b.log)" >>"$RES/e2e.txt"; fi
     i=$(first_diff "$b.cpu" "$b.gpu")
     n=$((n + 1))
-    if [ "$rc" -eq 0 ] && [ -s "$b.gpu" ] && [ -z "$i" ]; then echo "PASS $f: 64 ids after 65 prefilled = CPU's" >>"$RES/e2e.txt"
+    if [ "$rc" -eq 0 ] && [ -s "$b.gpu" ] && [ -z "$i" ]; then
+        echo "PASS $f: 64 ids after 65 prefilled = CPU's" >>"$RES/e2e.txt"
+        [ -s "$b.gpu-eager" ] && [ -z "$j" ] || bad=$((bad + 1))
     else
         bad=$((bad + 1))
         echo "FAIL $f: rc $rc, first difference at ${i:-?}; CPU $(margin "$b.cpu.margins" "${i:-0}"), GPU" \

@@ -11,8 +11,9 @@
  * and the logit margin between them (where two backends part ways, the
  * margin says whether it was a near-tie).  The backend is the one
  * KVLLM_BACKEND names (cpu, strict, cuda; read here, as the CLI does) on
- * device KVLLM_CUDA_DEVICE (default 0).  Exit 0, or 1 with the error
- * logged. */
+ * device KVLLM_CUDA_DEVICE (default 0); KVLLM_ENFORCE_EAGER=1 issues every
+ * op directly instead of replaying recorded forwards (CUDA graphs), as
+ * --enforce-eager does.  Exit 0, or 1 with the error logged. */
 #include "kvllm.h"
 
 #include <stdio.h>
@@ -40,7 +41,10 @@ int main(int argc, char **argv) {
     const struct kvllm_model_desc *d = kvllm_model_describe(m);
     fprintf(stderr, "gpu_generate: backend %s, %d layers, vocab %d\n", kvllm_model_backend(m), d->n_layer,
             d->n_vocab);
-    struct kvllm_session_params sp = { .n_ctx = n + n_pre + 1 };
+    struct kvllm_engine_params ep = kvllm_engine_default_params();
+    const char *eager = getenv("KVLLM_ENFORCE_EAGER");
+    ep.enforce_eager = eager && *eager && strcmp(eager, "0") != 0;
+    struct kvllm_session_params sp = { .n_ctx = n + n_pre + 1, .engine = &ep };
     struct kvllm_session *s = NULL;
     float *logits = malloc((size_t)d->n_vocab * sizeof *logits);
     int32_t *prompt = malloc((size_t)(n_pre + 1) * sizeof *prompt);

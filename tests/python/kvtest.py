@@ -224,6 +224,20 @@ def eval_logits(binary: str | Path, model: str | Path, tokens: Sequence[int], ou
     return read_logits(out, len(tokens))
 
 
+def shared_prefix_prompts(rng: np.random.Generator, n: int, n_vocab: int, n_shared: int, head_min: int,
+                          phrase_max: int) -> list[list[int]]:
+    """n prompts of token ids: BOS, a prefix of one shared run of n_shared ids (head_min ids or more: prefix-cache
+    hits of several lengths, some cut back), then a phrase of 2 .. phrase_max ids repeated 1 to 3 times (what
+    prompt-lookup drafting finds)."""
+    shared = rng.integers(3, n_vocab, size=n_shared).tolist()
+    prompts = []
+    for _ in range(n):
+        head = shared[:int(rng.integers(head_min, n_shared + 1))]
+        phrase = rng.integers(3, n_vocab, size=int(rng.integers(2, phrase_max + 1))).tolist()
+        prompts.append([1] + head + phrase * int(rng.integers(1, 4)))
+    return prompts
+
+
 def run_batch(binary: str | Path, d: Path, model: str | Path, prompts: Sequence[Sequence[int]], name: str, *extra,
               n_vocab: int, max_tokens: int, logits: bool = True, timeout: float = 900
               ) -> tuple[list[list[int]], np.ndarray | None, dict]:

@@ -19,7 +19,7 @@ import pytest
 
 from gen_model import ModelConfig, write_model
 from kvtest import run_batch as _run_batch
-from kvtest import run_cli
+from kvtest import run_cli, shared_prefix_prompts
 from server_util import Server, ok, stories_args
 
 N_VOCAB = 300
@@ -43,13 +43,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("graph")
     models = {"gemma3": write_model(d / "gemma3.gguf", gemma3(), seed=31),
               "moe": write_model(d / "moe.gguf", qwen3moe(), seed=32)}
-    rng = np.random.default_rng(7)
-    shared = rng.integers(3, N_VOCAB, size=30).tolist()
-    prompts = []
-    for i in range(10):
-        head = shared[:int(rng.integers(4, 31))]
-        phrase = rng.integers(3, N_VOCAB, size=int(rng.integers(2, 5))).tolist()
-        prompts.append([1] + head + phrase * int(rng.integers(1, 4)))
+    prompts = shared_prefix_prompts(np.random.default_rng(7), 10, N_VOCAB, n_shared=30, head_min=4, phrase_max=4)
     return d, models, prompts
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from gen_model import ModelConfig, write_model
 from kvtest import run_batch as _run_batch
-from kvtest import run_cli
+from kvtest import run_cli, shared_prefix_prompts
 
 import json
 N_VOCAB = 300
@@ -44,14 +44,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("kvwin")
     target = write_model(d / "target.gguf", gemma3(7, 64, 128), seed=21)
     draft = write_model(d / "draft.gguf", gemma3(2, 32, 64), seed=22)
-    rng = np.random.default_rng(5)
-    shared = rng.integers(3, N_VOCAB, size=40).tolist()
-    prompts = []
-    for i in range(16):
-        # shared prefixes of several lengths (prefix hits, some cut back), a repeated phrase (prompt lookup)
-        head = shared[:int(rng.integers(8, 41))]
-        phrase = rng.integers(3, N_VOCAB, size=int(rng.integers(2, 6))).tolist()
-        prompts.append([1] + head + phrase * int(rng.integers(1, 4)))
+    prompts = shared_prefix_prompts(np.random.default_rng(5), 16, N_VOCAB, n_shared=40, head_min=8, phrase_max=5)
     return d, target, draft, prompts
 
 

@@ -8,26 +8,35 @@
 #include <stdio.h>
 #include <string.h>
 
+/* name's index in names[0 .. n) (NULL or "": 0, the default), or
+ * KVLLM_EINVAL logged with the field, what it chooses and the choices. */
+static int parse_choice(const char *field, const char *what, const char *name, const char *const *names, int n,
+                        int *out) {
+    for (int i = 0; i < n; i++)
+        if (!name || !*name ? i == 0 : strcmp(name, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    char valid[64] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(valid + strlen(valid), sizeof valid - strlen(valid), i ? ", %s" : "%s", names[i]);
+    LOG_ERR("%s=%s: unknown %s (valid: %s)", field, name, what, valid);
+    return KVLLM_EINVAL;
+}
+
 int backend_kind_parse(const char *name, enum backend_kind *out) {
-    if (!name || !*name || strcmp(name, "cpu") == 0) *out = BACKEND_CPU;
-    else if (strcmp(name, "strict") == 0) *out = BACKEND_STRICT;
-    else if (strcmp(name, "cuda") == 0) *out = BACKEND_CUDA;
-    else {
-        LOG_ERR("backend=%s: unknown backend (valid: cpu, strict, cuda)", name);
-        return KVLLM_EINVAL;
-    }
-    return 0;
+    static const char *const names[] = { [BACKEND_CPU] = "cpu", [BACKEND_STRICT] = "strict", [BACKEND_CUDA] = "cuda" };
+    int i, rc = parse_choice("backend", "backend", name, names, 3, &i);
+    if (!rc) *out = (enum backend_kind)i;
+    return rc;
 }
 
 int backend_act_parse(const char *name, enum backend_act *out) {
-    if (!name || !*name || strcmp(name, "q8") == 0) *out = BACKEND_ACT_Q8;
-    else if (strcmp(name, "f32") == 0) *out = BACKEND_ACT_F32;
-    else if (strcmp(name, "int") == 0) *out = BACKEND_ACT_INT;
-    else {
-        LOG_ERR("activations=%s: unknown activation arithmetic (valid: q8, f32, int)", name);
-        return KVLLM_EINVAL;
-    }
-    return 0;
+    static const char *const names[] = { [BACKEND_ACT_Q8] = "q8", [BACKEND_ACT_F32] = "f32",
+                                         [BACKEND_ACT_INT] = "int" };
+    int i, rc = parse_choice("activations", "activation arithmetic", name, names, 3, &i);
+    if (!rc) *out = (enum backend_act)i;
+    return rc;
 }
 
 int backend_new(const struct backend_params *p, struct backend **out) {

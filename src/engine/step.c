@@ -42,18 +42,22 @@ void engine_host_free(struct backend *be, void *p) {
     else free(p);
 }
 
+/* A batch of n tokens and nl logits rows whose arrays lie in backend buffer d as l places them. */
+static struct batch batch_at(const char *d, const struct step_layout *l, int n, int nl, int ctx_hi) {
+    return (struct batch){ .n_tokens = n, .tokens = (const int32_t *)(d + l->tok), .pos = (const int32_t *)(d + l->pos),
+                           .slots = (const int32_t *)(d + l->slot), .seq = (const int32_t *)(d + l->seq),
+                           .block_table = (const int32_t *)(d + l->table), .max_blocks = l->stride,
+                           .win_slots = l->win ? (const int32_t *)(d + l->win_slot) : NULL,
+                           .win_block_table = l->win ? (const int32_t *)(d + l->win_table) : NULL,
+                           .n_logits = nl, .logit_rows = (const int32_t *)(d + l->rows), .ctx_hi = ctx_hi };
+}
+
 /* Record a forward of one token and one logits row to count the records a forward takes. */
 static int count_records(struct kvllm_engine *e, const struct step_layout *l) {
     struct step_inputs *in = &e->in;
     struct graph probe;
     graph_init(&probe, 0);
-    const char *d = in->buf.data;
-    const struct batch bt = { .n_tokens = 1, .tokens = (const int32_t *)(d + l->tok),
-                              .pos = (const int32_t *)(d + l->pos), .slots = (const int32_t *)(d + l->slot),
-                              .seq = (const int32_t *)(d + l->seq), .block_table = (const int32_t *)(d + l->table),
-                              .max_blocks = l->stride, .win_slots = l->win ? (const int32_t *)(d + l->win_slot) : NULL,
-                              .win_block_table = l->win ? (const int32_t *)(d + l->win_table) : NULL,
-                              .n_logits = 1, .logit_rows = (const int32_t *)(d + l->rows) };
+    const struct batch bt = batch_at(in->buf.data, l, 1, 1, 0);
     graph_record_begin(&in->rec, &probe);
     int rc = graph_record_end(&in->rec, model_forward(e->km->m, &in->rec.base, e->kv_layers, &e->fb, &bt));
     const int n = probe.n;
@@ -233,13 +237,7 @@ int engine_run_step(struct kvllm_engine *e, const int32_t *msg, int n_words) {
 
     int ctx_hi = 0;
     for (int i = 0; i < k; i++) ctx_hi = pos[i] + 1 > ctx_hi ? pos[i] + 1 : ctx_hi;
-    const char *d = in->buf.data;
-    const struct batch bt = { .n_tokens = kp, .tokens = (const int32_t *)(d + l.tok),
-                              .pos = (const int32_t *)(d + l.pos), .slots = (const int32_t *)(d + l.slot),
-                              .seq = (const int32_t *)(d + l.seq), .block_table = (const int32_t *)(d + l.table),
-                              .max_blocks = stride, .win_slots = has_win ? (const int32_t *)(d + l.win_slot) : NULL,
-                              .win_block_table = has_win ? (const int32_t *)(d + l.win_table) : NULL,
-                              .n_logits = nl, .logit_rows = (const int32_t *)(d + l.rows), .ctx_hi = ctx_hi };
+    const struct batch bt = batch_at(in->buf.data, &l, kp, nl, ctx_hi);
     if (!rc && !graph) rc = model_forward(e->km->m, c, e->kv_layers, &e->fb, &bt);
     if (!rc && graph) {
         /* what the backend bakes into its capture is part of the key; a replay takes the exact value */

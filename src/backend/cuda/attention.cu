@@ -382,7 +382,7 @@ static const attn_hd_fn k_attn_hd_fns[3][KV_TYPE_COUNT_] = { HD_ROW(64), HD_ROW(
 #undef HD_ROW
 
 static attn_hd_fn attn_hd_fn_for(int head_dim, int type) {
-    const int i = head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+    const int i = cu_head_size_row(head_dim);
     return i < 0 || type < 0 || type >= KV_TYPE_COUNT_ ? NULL : k_attn_hd_fns[i][type];
 }
 

@@ -317,7 +317,7 @@ static const pf_fn k_pf_fns[3][KV_TYPE_COUNT_] = { PF_ROW(64), PF_ROW(128), PF_R
 #undef PF_ROW
 
 static pf_fn pf_fn_for(int head_dim, int type) {
-    const int i = head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+    const int i = cu_head_size_row(head_dim);
     return i < 0 || type < 0 || type >= KV_TYPE_COUNT_ ? NULL : k_pf_fns[i][type];
 }
 

@@ -13,6 +13,12 @@
 
 /* ---- bits ---- */
 
+/* The head sizes compiled into the templated attention kernels (64, 128, 256) as a row of their
+ * instance tables (0, 1, 2); -1 for any other size. */
+static inline int cu_head_size_row(int head_dim) {
+    return head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+}
+
 __device__ __forceinline__ uint32_t cu_f32_bits(float f) { return __float_as_uint(f); }
 __device__ __forceinline__ float cu_bits_f32(uint32_t u) { return __uint_as_float(u); }
 __device__ __forceinline__ uint16_t cu_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

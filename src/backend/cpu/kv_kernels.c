@@ -196,6 +196,8 @@ struct pa_job {
     const long *item_off;     /* (n_tokens + 1): first item of each token */
     const int *merge_tok;     /* the tokens with more than one split, in order */
     float *partials;          /* the context's scratch */
+    float *local;             /* per thread: local_floats, the running partials of its item */
+    size_t local_floats;
 };
 
 /* Partial (m, l, acc[head_dim]) of token t, query head h, split s. */
@@ -343,7 +345,7 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
 }
 
 /* One work item: token t, kv head hk, split s of ns. */
-static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
+static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns, int ith) {
     const struct paged_attn_args *a = j->a;
     const struct kv_layer_view *kv = &a->kv;
     const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv;
@@ -355,8 +357,10 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
     const int32_t *table = a->block_table + (size_t)a->seq[t] * (size_t)a->max_blocks;
     const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)hk * (size_t)g) * (size_t)hd; /* (g, hd) */
-    const size_t pstride = (size_t)j->s_max * ((size_t)hd + 2);   /* next head's partial */
-    float *part0 = pa_partial(j, t, hk * g, s);                     /* (g) x [m, l, acc[hd]] */
+    const size_t out_stride = (size_t)j->s_max * ((size_t)hd + 2);  /* next head's partial */
+    float *const out0 = pa_partial(j, t, hk * g, s);                /* (g) x [m, l, acc[hd]] */
+    const size_t pstride = pa_local_stride(hd);                     /* the same, while the item runs */
+    float *const part0 = j->local + (size_t)ith * j->local_floats + PA_LOCAL_LEAD;
     float sc[PA_SCORES];                                            /* (g, cap): scores, then weights */
     _Alignas(64) int8_t q8[PA_Q8_MAX_BYTES];                        /* int8 K: the queries' codes */
     float q8s[PA_Q8_MAX_G];
@@ -387,6 +391,8 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
         c0 = c1;
         n = nn;
     }
+    for (int i = 0; i < g; i++)
+        memcpy(out0 + (size_t)i * out_stride, part0 + (size_t)i * pstride, ((size_t)hd + 2) * sizeof *part0);
     if (ns == 1)
         for (int i = 0; i < g; i++) pa_merge(j, t, hk * g + i, 1);
 }
@@ -394,7 +400,6 @@ static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns) {
 /* Chunk c of the item list (t, hk, s) in that order: item_off[t] is the
  * index of token t's first item (nkv * its splits each). */
 static void pa_items_chunk(void *arg, long c, int ith) {
-    (void)ith;
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
     int lo = 0, hi = a->n_tokens - 1;            /* the token whose items contain c */
@@ -404,7 +409,7 @@ static void pa_items_chunk(void *arg, long c, int ith) {
     }
     const int t = lo, ns = pa_n_split(a, a->pos[t] + 1);
     const long k = c - j->item_off[t];
-    pa_item(j, t, (int)(k / ns), (int)(k % ns), ns);
+    pa_item(j, t, (int)(k / ns), (int)(k % ns), ns, ith);
 }
 
 /* Merge chunk c: the heads of the c-th token with more than one split. */
@@ -426,7 +431,10 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
         LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
         return KVLLM_ERANGE;
     }
-    struct pa_job j = { a, 1, chunk, quant ? quant : pa_quant_q8, NULL, NULL, cc->partials };
+    struct pa_job j = { a, 1, chunk, quant ? quant : pa_quant_q8, NULL, NULL, cc->partials, cc->pa_local,
+                        cc->pa_local_floats };
+    KV_ASSERT((size_t)(a->n_head / a->n_head_kv) * pa_local_stride(a->head_dim) + PA_LOCAL_LEAD <=
+              cc->pa_local_floats);
     long *off = cc->pa_off;
     int *merge = cc->pa_merge;
     long n_merge = 0;

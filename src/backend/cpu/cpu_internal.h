@@ -67,12 +67,13 @@ static inline struct cpu_backend *cpu_backend_of(struct backend *be) { return (s
 /* Paged attention's running partials: an item keeps its heads' [m, l,
  * acc[head_dim]] in its thread's own lines (cpu_ctx.pa_local), this many
  * floats apart, and writes them to the shared partials once, at its end.
- * Rescaled and accumulated in the shared buffer instead, every step began
- * by taking lines that the other thread had written in an earlier call
- * (splits go to whichever thread claims them) or read in the merge:
- * measured on Gemma 3's shape at depth 8k, int8, two threads, that cost the
- * step ~35 % more per position than one thread spent alone.  Each head
- * starts PA_LOCAL_LEAD floats into a 64-byte line, so acc is aligned. */
+ * Rescaled and accumulated in the shared buffer every step instead, they
+ * cost the step ~35 % more per position with two threads on one call than
+ * one thread spent alone (Gemma 3's shape at depth 8k, int8; perf put it on
+ * the partials' loads): a split's lines go to whichever thread claims it,
+ * and the merge reads them all.  Padding the shared partials to whole lines
+ * did not help; this did.  Each head starts PA_LOCAL_LEAD floats into a
+ * 64-byte line, so acc is aligned. */
 #define PA_LOCAL_LEAD 14
 static inline size_t pa_local_stride(int head_dim) { return ((size_t)head_dim + 2 + 15) / 16 * 16; }
 

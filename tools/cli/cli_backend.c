@@ -113,8 +113,11 @@ int cli_model_open(const char *path, const struct kvllm_model_params *mp, struct
     char origin[256];
     if (backend_choice(&p, origin, sizeof origin)) return KVLLM_EINVAL;
     const int rc = kvllm_model_load(path, &p, out);
-    /* the library names its fields (cpu_kernels=...); say which variable or flag set them */
-    if (origin[0] && (rc == KVLLM_EINVAL || rc == KVLLM_ECPU || rc == KVLLM_EUNSUPPORTED))
+    /* the library names its fields (cpu_kernels=...); say which variable or flag set them, when the
+     * choice can be what failed: a bad value, a CPU without the kernels, an op the GPU backend lacks (a
+     * feature of the file the CPU backends do not run is the file's fault, whichever one was chosen) */
+    const bool cuda = p.backend && !strcmp(p.backend, "cuda");
+    if (origin[0] && (rc == KVLLM_EINVAL || rc == KVLLM_ECPU || (rc == KVLLM_EUNSUPPORTED && cuda)))
         fprintf(stderr, "kvllm: note: the backend was chosen by %s\n", origin);
     return rc;
 }

@@ -280,11 +280,13 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
     if (n <= 4) for (int t = 0; t < n; t++) quant_chunk(&q, t, 0);   /* cheaper than waking the threads */
     else threadpool_run_chunks(cc->pool, n, quant_chunk, &q);
     /* chunks of about QMM_CHUNK_W bytes of weights, but at least 4 per thread
-     * (load balance) and 2 groups each when n is small (decode: the work per
-     * group is short, the hand-out per chunk is not) */
+     * (load balance); when n is small (decode) just those 4 per thread.  A
+     * chunk is claimed by an atomic on a line every thread writes, a trip
+     * between cores each time: decode claiming 2 groups at a time ran 10-20 %
+     * slower at two threads (Gemma 3 270M, SmolLM2, TinyLlama; docs/PERF.md) */
     q.groups = (w->ne1 + QMM_IL - 1) / QMM_IL;
     const int64_t grp = (int64_t)qmm_group_bytes(w->type, w->ne0), nth = threadpool_size(cc->pool);
-    int64_t gpc = n <= QMM_TB / 4 ? 2 : QMM_CHUNK_W / grp;
+    int64_t gpc = n <= QMM_TB / 4 ? q.groups : QMM_CHUNK_W / grp;
     if (gpc > q.groups / (4 * nth)) gpc = q.groups / (4 * nth);
     q.gpc = gpc < 1 ? 1 : gpc;
     threadpool_run_chunks(cc->pool, (long)((q.groups + q.gpc - 1) / q.gpc), group_chunk, &q);

@@ -148,17 +148,20 @@ def test_kv_and_weights_per_rank(mpi, models):
 
 def test_bench_counts_the_collectives(mpi, models):
     """`bench model` under mpirun reports what the collectives cost per token: at decode, two all-reduces of
-    n_embd floats per layer, each bringing (N - 1) * n_embd * 4 bytes to rank 0 (no logits are asked for), and
-    the time spent in them; one table, printed by rank 0 alone."""
-    n_embd, n_layer = 128, 2
+    n_embd floats per layer, each bringing (N - 1) * n_embd * 4 bytes to rank 0, plus the last token's logits
+    of each evaluation, which the other ranks' vocabulary slices bring (as llama-bench, every timed
+    evaluation computes them), and the time spent in them; one table, printed by rank 0 alone."""
+    n_embd, n_layer, n_vocab = 128, 2, 320
     for n in (2, 4):
         res = mpirun(mpi, n, "bench", "model", "-m", models["q8"], "-p", "8", "-n", "4", "-r", "2", "-o", "jsonl")
         assert res.returncode == 0, res.describe()
         rows = [json.loads(line) for line in res.out.splitlines() if line.startswith("{")]
         assert [r["test"] for r in rows] == ["pp8", "tg4"], res.out
-        for r in rows:
+        logits = (n - 1) * (n_vocab // n) * 4          # bytes per evaluation: one row, its other slices
+        for r, tokens_per_eval in zip(rows, (8, 1)):
             assert r["tp_ranks"] == n, r
-            assert r["comm_kib_per_token"] == pytest.approx(2 * n_layer * (n - 1) * n_embd * 4 / 1024), r
+            per_token = 2 * n_layer * (n - 1) * n_embd * 4 + logits / tokens_per_eval
+            assert r["comm_kib_per_token"] == pytest.approx(per_token / 1024, abs=1e-3), r
             assert r["all_reduce_ms_per_token"] > 0 and r["all_reduce_us_per_layer"] > 0, r
     md = mpirun(mpi, 2, "bench", "model", "-m", models["q8"], "-p", "8", "-n", "4", "-r", "1")
     assert md.returncode == 0, md.describe()

@@ -184,8 +184,8 @@ static double run_once(struct kvllm_model *m, const struct bench_opts *o, long u
     long total = depth + n;
     int32_t *ids = malloc((size_t)(total > 0 ? total : 1) * sizeof *ids);
     /* every timed evaluation computes its last token's logits, as llama-bench's decode does and as a
-     * generating user needs: the output matrix is part of a token's cost (on Gemma 3 270M, 262,144 rows
-     * of its 268 M parameters) */
+     * generating user needs: the output matrix is part of a token's cost (Gemma 3 270M's is 168 M of its
+     * 268 M parameters) */
     float *logits = malloc((size_t)d->n_vocab * sizeof *logits);
     if (!ids || !logits) { free(ids); free(logits); kvllm_session_free(s); return -1; }
     for (long i = 0; i < total; i++) {

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* How far past the vocabulary's entries an id may lie (holes, added tokens). */
 #define MAX_ADDED_GAP (1 << 16)
 
 /* ---- the byte-level pre-tokenizers kvllm knows, in tokenizer.json's spelling ---- */
@@ -157,6 +158,15 @@ static int read_vocab(struct reader *r, json_object *model, json_object *added) 
         snprintf(where, sizeof where, "model.vocab[\"%.40s\"]", key);
         if ((rc = check_id(r, where, val, &id))) return rc;
         if (id > max_vocab) max_vocab = id;
+    }
+    /* The tables below are sized by the largest id: a few entries with ids in
+     * the millions would cost gigabytes for nothing.  Real vocabularies number
+     * their pieces 0..n-1, at most with a few holes. */
+    const int64_t n_vocab = json_object_object_length(vocab);
+    if (max_vocab > n_vocab + MAX_ADDED_GAP) {
+        LOG_ERR("%s: model.vocab: id %lld lies far past the vocabulary's %lld entries", r->path,
+                (long long)max_vocab, (long long)n_vocab);
+        return KVLLM_EFORMAT;
     }
     max_id = max_vocab;
     size_t n_added = added ? json_object_array_length(added) : 0;

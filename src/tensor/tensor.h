@@ -23,7 +23,8 @@ struct tensor {
  * path: the logits' (the output head, or the token embedding when the head
  * is tied to it), whose activation rounding decided near-ties of the top
  * token (SmolLM2: 95.9 % top-1 agreement with the exact path with it,
- * 97.5 % without; docs/PERF.md). */
+ * 97.5 % without; docs/PERF.md).  Where the kernel set has it, a Q8_0 one
+ * takes 16-bit activation codes instead (qmm.h), as near as f32 there. */
 #define TENSOR_F_F32_ACT 1u
 /* A matrix whose input needs activation scales no coarser than per 32 on
  * the 8-bit path: where that path would scale them per 256 (the K-quants'

@@ -93,8 +93,9 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     cc->scratch_cols = (int64_t)CPU_MM_ROWS * p->max_cols;
     cc->scratch = xmalloc((size_t)nth * (size_t)cc->scratch_cols * sizeof(float));
     cc->act = b->act;
+    const size_t q8_row = qmm_act_row_bytes(p->max_cols), q16_row = b->q16 ? qmm16_act_row_bytes(p->max_cols) : 0;
     cc->act_buf_bytes = b->act == ACT_INT ? (size_t)max_tokens * cpu_matmul_int_row_bytes(p->max_cols)
-                      : b->act == ACT_Q8 ? (size_t)max_tokens * qmm_act_row_bytes(p->max_cols) : 0;
+                      : b->act == ACT_Q8 ? (size_t)max_tokens * (q8_row > q16_row ? q8_row : q16_row) : 0;
     cc->act_buf = cc->act_buf_bytes ? aligned_alloc(64, (cc->act_buf_bytes + 63) & ~(size_t)63) : NULL;
     /* a 16-row group of the widest 8-bit type (Q8_0: 34 bytes per 32) per thread */
     cc->qpack_bytes = b->act == ACT_Q8 ? ((size_t)QMM_IL * (size_t)((p->max_cols + 31) / 32) * 34 + 63) & ~(size_t)63 : 0;
@@ -320,13 +321,15 @@ int backend_cpu_new(const char *kind, bool strict, enum backend_act act, struct 
     b->be.ops = &b->ops;
     b->qrows = qrows;
     /* The default is q8: 8-bit activations for the weight types with integer
-     * kernels (qmm.h; f32 for the rest and for the logits' matrix), the
+     * kernels (qmm.h; f32 for the rest and for the logits' matrix, which the
+     * avx512 and amx sets take with 16-bit codes when it is Q8_0), the
      * arithmetic llama.cpp uses, held by test_kld.py to llama.cpp's own KL
      * divergence and top-1 agreement against the scalar f32 path on every
      * SmolLM2 file (docs/PERF.md).  f32 keeps every weight in f32
      * arithmetic (the tests whose goldens come from an f32 reference pin
      * it). */
     b->act = cpu_act_of(act, qrows != NULL);
+    b->q16 = b->act == ACT_Q8 && b->kernels.matmul == cpu_matmul_avx512 && cpu_q16_avx512_built();
     if (b->act == ACT_Q8) {   /* weights repacked for the integer kernels, which get_rows then reads too */
         b->kernels.place_weights = b->ops.place_weights = cpu_place_weights_q8;
         b->kernels.get_rows = b->ops.get_rows = cpu_get_rows_simd;

@@ -33,6 +33,7 @@ struct cpu_backend {
     /* the integer matmul's group kernel for this set (qmm_group_fn), or NULL */
     void (*qrows)(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr);
     void *packed;                 /* weights repacked by place_weights (qmm.h), or NULL */
+    bool q16;                     /* the logits' Q8_0 matrix takes the 16-bit path (qmm16_matmul) */
     bool strict;
     char name[24];                /* "strict/avx2" */
     /* strict: every buffer and the placed weights, PROT_NONE outside ops */

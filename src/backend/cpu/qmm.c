@@ -118,6 +118,45 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
     return acc;
 }
 
+/* ---- 16-bit activations (qmm.h: the logits' matrix) ---- */
+
+size_t qmm16_act_row_bytes(int64_t K) {
+    return ((size_t)K * 2 + (size_t)(K / QMM_BLK) * 4 + 63) & ~(size_t)63;
+}
+
+void qmm16_quantize_row(const float *x, int64_t K, uint8_t *row) {
+    int16_t *q = (int16_t *)(void *)row;
+    float *d = (float *)(void *)(row + 2 * K);
+    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+        const float *xb = x + b * QMM_BLK;
+        float amax = 0;
+        for (int i = 0; i < QMM_BLK; i++) {
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float id = amax > 0 ? QMM16_MAX / amax : 0.0f;
+        d[b] = amax / QMM16_MAX;
+        for (int i = 0; i < QMM_BLK; i++) q[b * QMM_BLK + i] = (int16_t)rne(xb[i] * id);
+    }
+}
+
+float qmm16_ref_dot(const uint8_t *w, const uint8_t *row, int64_t K) {
+    const int16_t *q = (const int16_t *)(const void *)row;
+    const float *d = (const float *)(const void *)(row + 2 * K);
+    float acc = 0;
+    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+        const struct block_q8_0 *blk = (const struct block_q8_0 *)(const void *)(w + (size_t)b * sizeof *blk);
+        int32_t p = 0;
+        for (int i = 0; i < QMM_BLK; i++) p += blk->qs[i] * q[b * QMM_BLK + i];
+        acc = fmaf((float)p, f16_to_f32(blk->d) * d[b], acc);
+    }
+    return acc;
+}
+
+bool qmm16_takes(const struct tensor *t) {
+    return t->type == DTYPE_Q8_0 && (t->flags & TENSOR_F_F32_ACT) && t->ne0 % QMM_BLK == 0;
+}
+
 /* ---- the interleaved layout ---- */
 
 /* Bytes of one block of a 16-row group: the scales, then the codes (the
@@ -220,13 +259,16 @@ struct qmm_run {
     qmm_group_fn *fn;
     struct cpu_ctx *cc;
     int64_t groups, gpc;      /* groups of 16 rows; groups per chunk of work */
+    bool q16;                 /* 16-bit activation rows (qmm16_matmul) */
 };
 
 static void quant_chunk(void *arg, long t, int ith) {
     (void)ith;
     const struct qmm_run *q = arg;
     const int64_t K = q->j.K;
-    qmm_quantize_act(q->j.type, q->x + (size_t)t * (size_t)K, K, (uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride);
+    uint8_t *row = (uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride;
+    if (q->q16) qmm16_quantize_row(q->x + (size_t)t * (size_t)K, K, row);
+    else qmm_quantize_act(q->j.type, q->x + (size_t)t * (size_t)K, K, row);
 }
 
 /* Cache blocking of the placed (TENSOR_Q8X16) case: a thread's chunk is
@@ -269,14 +311,15 @@ static void group_chunk(void *arg, long u, int ith) {
     }
 }
 
-int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
+static int run(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn,
+               bool q16) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
-    const size_t astride = qmm_act_row_bytes(w->ne0);
+    const size_t astride = q16 ? qmm16_act_row_bytes(w->ne0) : qmm_act_row_bytes(w->ne0);
     if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || qmm_group_bytes(w->type, w->ne0) > cc->qpack_bytes) {
         LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)w->ne0);
         return KVLLM_ERANGE;
     }
-    struct qmm_run q = { { y, (size_t)w->ne1, w->type, w->ne0, cc->act_buf, astride, n }, w, x, fn, cc, 0, 0 };
+    struct qmm_run q = { { y, (size_t)w->ne1, w->type, w->ne0, cc->act_buf, astride, n }, w, x, fn, cc, 0, 0, q16 };
     if (n <= 4) for (int t = 0; t < n; t++) quant_chunk(&q, t, 0);   /* cheaper than waking the threads */
     else threadpool_run_chunks(cc->pool, n, quant_chunk, &q);
     /* chunks of about QMM_CHUNK_W bytes of weights, but at least 4 per thread
@@ -293,9 +336,19 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
     return 0;
 }
 
+int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
+    return run(c, y, w, x, n, fn, false);
+}
+
+int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
+    KV_ASSERT(qmm16_takes(w));
+    return run(c, y, w, x, n, fn, true);
+}
+
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const struct cpu_backend *b = cpu_backend_of(c->be);
+    if (cc->act == ACT_Q8 && b->q16 && qmm16_takes(w)) return qmm16_matmul(c, y, w, x, n, qmm16_group_avx512);
     if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && q8_takes(w))) {
         KV_ASSERT(b->qrows);
         return qmm_matmul(c, y, w, x, n, b->qrows);
@@ -334,6 +387,12 @@ static void pack_chunk(void *arg, long u, int ith) {
                    (int)(t->ne1 - r0 < QMM_IL ? t->ne1 - r0 : QMM_IL), pr->dst + (size_t)(r0 / QMM_IL) * grp);
 }
 
+/* Whether placement repacks t: the integer path's matrices, and the logits'
+ * Q8_0 one where the set has the 16-bit path. */
+static bool packs(const struct cpu_backend *b, const struct tensor *t) {
+    return t->layout == TENSOR_ROWS && (q8_takes(t) || (b->q16 && qmm16_takes(t)));
+}
+
 int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, const struct place_copied *copied,
                          uint64_t *placed) {
     struct cpu_backend *b = cpu_backend_of(be);
@@ -341,14 +400,13 @@ int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, co
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         if (!ts[i]->data) continue;
-        if (ts[i]->layout == TENSOR_ROWS && q8_takes(ts[i]))
-            total += (qmm_packed_bytes(ts[i]) + 63) & ~(size_t)63;
+        if (packs(b, ts[i])) total += (qmm_packed_bytes(ts[i]) + 63) & ~(size_t)63;
         else *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
     }
     if (b->packed) total = 0;   /* placed once per backend: later tensors stay in rows (packed on the fly) */
     if (!total) {
         for (int i = 0; i < n; i++)
-            if (ts[i]->data && ts[i]->layout == TENSOR_ROWS && q8_takes(ts[i]))
+            if (ts[i]->data && packs(b, ts[i]))
                 *placed += (uint64_t)ts[i]->ne1 * ts[i]->row_bytes;
         return 0;
     }
@@ -362,7 +420,7 @@ int cpu_place_weights_q8(struct backend *be, struct tensor *const *ts, int n, co
     struct threadpool *pool = nth > 1 ? threadpool_new(nth) : NULL;   /* NULL: packed by this thread alone */
     for (int i = 0; i < n; i++) {
         struct tensor *t = ts[i];
-        if (!t->data || t->layout != TENSOR_ROWS || !q8_takes(t)) continue;
+        if (!t->data || !packs(b, t)) continue;
         struct pack_run pr = { t, at };
         const long chunks = (long)((t->ne1 + PACK_GROUPS * QMM_IL - 1) / (PACK_GROUPS * QMM_IL));
         if (pool) threadpool_run_chunks(pool, chunks, pack_chunk, &pr);

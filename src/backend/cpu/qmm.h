@@ -183,6 +183,30 @@ qmm_group_fn qmm_group_amx_emu;  /* matmul_q8_amx_emu.c: the same kernel on amx_
  * sized for fewer), then groups of rows over the thread pool. */
 int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn);
 
+/* The logits' matrix (TENSOR_F_F32_ACT: 8-bit activation codes decide
+ * near-ties of the top token) in Q8_0 on the avx512 and amx sets: the same
+ * model as above with 16-bit codes.  Per block of 32, dx = amax / 32767,
+ * code = round-half-even(x * (32767 / amax)) (all-zero block: dx = 0, codes
+ * 0); per (row, token) acc = 0 and in block order P = Σ w · code exactly in
+ * int32 (|P| <= 32 * 128 * 32767 < 2^31), acc = fma((float)P, dw * dx, acc).
+ * A code's rounding is half a step of amax / 32767: the logits come out as
+ * near the f32 path's as the f32 activations left them, while the weights
+ * are read in the interleaved layout at the integer path's pace (the f32
+ * path turns each weight into a float, 4x the work: a decode step of Gemma 3
+ * 270M spent 60 % of its time there).  qmm16_ref_dot is the definition;
+ * the kernel equals it bit for bit.  An activation row: K int16 codes, then
+ * K / 32 f32 dx (qmm16_act_row_bytes). */
+#define QMM16_MAX 32767.0f
+size_t qmm16_act_row_bytes(int64_t K);
+void qmm16_quantize_row(const float *x, int64_t K, uint8_t *row);
+float qmm16_ref_dot(const uint8_t *w, const uint8_t *row, int64_t K);   /* w: one Q8_0 row in rows layout */
+/* Whether the 16-bit path is the one for t (Q8_0 marked TENSOR_F_F32_ACT). */
+bool qmm16_takes(const struct tensor *t);
+qmm_group_fn qmm16_group_avx512;   /* matmul_q16_avx512.c: AVX-512 VNNI (512-bit vpdpwssd) */
+bool cpu_q16_avx512_built(void);
+/* qmm_matmul with the 16-bit activation rows (fn: a qmm16 group kernel). */
+int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn);
+
 /* backend_ops.matmul of the SIMD kernel sets: the integer path, with the
  * backend's group kernel (struct cpu_backend.qrows, chosen at creation), for
  * the types it takes (not the logits' matrix, tensor.h) when the context's act is ACT_Q8 (and always for a

@@ -3,5 +3,5 @@
 set -e
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/../.." && pwd); b=${1:?BUILD_DIR}; shift
 cc -O2 -std=gnu11 -D_GNU_SOURCE -I"$root/src" -I"$root/include" "$here/mmbench.c" -o "$b/mmbench" \
-   "$b/libkvllm_backend.a" "$b/libkvllm_tensor.a" "$b/libkvllm_core.a" -lpthread -lm
+   "$b/libkvllm_backend.a" "$b/libkvllm_samplechain.a" "$b/libkvllm_tensor.a" "$b/libkvllm_core.a" -lpthread -lm
 exec "$b/mmbench" "$@"

@@ -7,8 +7,9 @@
  * f32 activations: |ref - exact| <= Σ_b (Σ|w|) dx_b / 2 (the codes'
  * rounding, half a step each) + gamma Σ|w x|, gamma = (K / 32 + 2) * 2^-23.
  * Also that a matrix not marked as the logits' stays on the 8-bit path
- * (differs), and that the avx2 set keeps f32 activations for it.  SKIP
- * where the CPU or build lacks the avx512 set (AVX-512 F/BW/VL/VNNI). */
+ * (differs), that the avx2 set keeps f32 activations for it, and that the
+ * AVX-512 activation quantizers (act_avx512.c) give the scalar ones' bytes.
+ * SKIP where the CPU or build lacks the avx512 set (AVX-512 F/BW/VL/VNNI). */
 #include "check.h"
 
 #include "backend/backend.h"
@@ -132,6 +133,40 @@ static void check_routes(struct backend_ctx *be) {
     free(x);
 }
 
+/* qmm_quantize_row / qmm16_quantize_row against their AVX-512 versions on
+ * rows with zero blocks, ties (x * id exactly half-way), wide ranges and
+ * subnormals: identical bytes. */
+static void check_quantizers(void) {
+    enum { K = 1024 };
+    static float x[K];
+    static uint8_t a[2 * K + K / 8 + 64], b[sizeof a];
+    int bad = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        for (int i = 0; i < K; i++) {
+            const int kind = (i / 32 + rep) % 5;
+            const float u = tu_urand(&g_rng);
+            /* kind 4: quarters under a block maximum of 63.5, so x * id = x * 2 is often half-way */
+            x[i] = kind == 0 ? 0.0f : kind == 1 ? u * 1e-3f : kind == 2 ? u * 3e4f : kind == 3 ? u * 1e-40f
+                 : i % 32 == 0 ? 63.5f : (float)((int)(u * 254) - 127) / 4.0f;
+        }
+        for (int w = 0; w < 2; w++) {
+            memset(a, 0x55, sizeof a);
+            memset(b, 0xaa, sizeof b);
+            if (w) {
+                qmm16_quantize_row(x, K, a);
+                qmm16_quantize_row_avx512(x, K, b);
+                bad += memcmp(a, b, 2 * K + K / 8) != 0;
+            } else {
+                qmm_quantize_row(x, K, (int8_t *)a, (float *)(void *)(a + K), (int32_t *)(void *)(a + K + K / 8));
+                qmm_quantize_row_avx512(x, K, (int8_t *)b, (float *)(void *)(b + K), (int32_t *)(void *)(b + K + K / 8));
+                bad += memcmp(a, b, K + K / 4) != 0;
+            }
+        }
+    }
+    if (bad) printf("activation quantizers: %d rows differ from the scalar ones\n", bad);
+    CHECK(bad == 0);
+}
+
 int main(void) {
     rng_seed(&g_rng, 20261204);
     struct cpu_features f;
@@ -156,6 +191,7 @@ int main(void) {
             check_case(be, Ks[ki], Ms[mi], some_n, (int)(sizeof some_n / sizeof *some_n));
     check_case(be, 96, 37, all_n, MAX_N);
     check_routes(be[0]);
+    check_quantizers();
     tb_free(be[0]);
     tb_free(be[1]);
     return check_report("test_backend_qmm16");

@@ -330,6 +330,7 @@ int backend_cpu_new(const char *kind, bool strict, enum backend_act act, struct 
      * it). */
     b->act = cpu_act_of(act, qrows != NULL);
     b->q16 = b->act == ACT_Q8 && b->kernels.matmul == cpu_matmul_avx512 && cpu_q16_avx512_built();
+    b->act512 = b->act == ACT_Q8 && b->kernels.matmul == cpu_matmul_avx512 && cpu_act_avx512_built();
     if (b->act == ACT_Q8) {   /* weights repacked for the integer kernels, which get_rows then reads too */
         b->kernels.place_weights = b->ops.place_weights = cpu_place_weights_q8;
         b->kernels.get_rows = b->ops.get_rows = cpu_get_rows_simd;

@@ -34,6 +34,7 @@ struct cpu_backend {
     void (*qrows)(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr);
     void *packed;                 /* weights repacked by place_weights (qmm.h), or NULL */
     bool q16;                     /* the logits' Q8_0 matrix takes the 16-bit path (qmm16_matmul) */
+    bool act512;                  /* activation rows quantized by act_avx512.c */
     bool strict;
     char name[24];                /* "strict/avx2" */
     /* strict: every buffer and the placed weights, PROT_NONE outside ops */

@@ -266,9 +266,18 @@ static void quant_chunk(void *arg, long t, int ith) {
     (void)ith;
     const struct qmm_run *q = arg;
     const int64_t K = q->j.K;
+    const float *x = q->x + (size_t)t * (size_t)K;
     uint8_t *row = (uint8_t *)(uintptr_t)q->j.act + (size_t)t * q->j.astride;
-    if (q->q16) qmm16_quantize_row(q->x + (size_t)t * (size_t)K, K, row);
-    else qmm_quantize_act(q->j.type, q->x + (size_t)t * (size_t)K, K, row);
+    const bool simd = cpu_backend_of(q->cc->base.be)->act512;
+    if (q->q16) {
+        if (simd) qmm16_quantize_row_avx512(x, K, row);
+        else qmm16_quantize_row(x, K, row);
+    } else if (simd && !qmm_act_k(q->j.type)) {
+        const struct act_row a = act_row_at(q->j.type, row, K);
+        qmm_quantize_row_avx512(x, K, a.q, a.d, a.xs);
+    } else {
+        qmm_quantize_act(q->j.type, x, K, row);
+    }
 }
 
 /* Cache blocking of the placed (TENSOR_Q8X16) case: a thread's chunk is

@@ -200,6 +200,11 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 size_t qmm16_act_row_bytes(int64_t K);
 void qmm16_quantize_row(const float *x, int64_t K, uint8_t *row);
 float qmm16_ref_dot(const uint8_t *w, const uint8_t *row, int64_t K);   /* w: one Q8_0 row in rows layout */
+/* qmm_quantize_row and qmm16_quantize_row with AVX-512 (act_avx512.c): the
+ * same bits for finite x, used by the avx512 and amx sets. */
+void qmm_quantize_row_avx512(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs);
+void qmm16_quantize_row_avx512(const float *x, int64_t K, uint8_t *row);
+bool cpu_act_avx512_built(void);
 /* Whether the 16-bit path is the one for t (Q8_0 marked TENSOR_F_F32_ACT). */
 bool qmm16_takes(const struct tensor *t);
 qmm_group_fn qmm16_group_avx512;   /* matmul_q16_avx512.c: AVX-512 VNNI (512-bit vpdpwssd) */

@@ -275,18 +275,18 @@ static void test_kinds(bool have_avx2, bool have_avx512, bool have_amx) {
     CHECK(backend_cpu_new("", false, BACKEND_ACT_Q8, &be) == 0 && be);
     if (be) CHECK(strcmp(be->ops->name, best) == 0);
     backend_free(be);
-    /* the avx2 table overrides matmul and attention and inherits the rest;
-     * with 8-bit activations (the default) also get_rows, which reads the
-     * weights repacked for the integer kernels */
+    /* the avx2 table overrides matmul, attention, the GLU activations and
+     * kv_store and inherits the rest; with 8-bit activations (the default)
+     * also get_rows, which reads the weights repacked for the integer kernels */
     for (int q8 = 0; q8 < 2 && have_avx2; q8++) {
         const int rc = backend_cpu_new("avx2", false, q8 ? BACKEND_ACT_Q8 : BACKEND_ACT_F32, &be);
         CHECK(rc == 0);
         if (rc) break;
         struct backend *sc = NULL;
         CHECK(backend_cpu_new("scalar", false, BACKEND_ACT_Q8, &sc) == 0);
-        CHECK(be->ops->matmul != sc->ops->matmul && be->ops->paged_attention != sc->ops->paged_attention);
-        CHECK(be->ops->rope == sc->ops->rope && be->ops->kv_store == sc->ops->kv_store &&
-              be->ops->swiglu == sc->ops->swiglu);
+        CHECK(be->ops->matmul != sc->ops->matmul && be->ops->paged_attention != sc->ops->paged_attention &&
+              be->ops->swiglu != sc->ops->swiglu && be->ops->kv_store != sc->ops->kv_store);
+        CHECK(be->ops->rope == sc->ops->rope);
         CHECK((be->ops->get_rows == sc->ops->get_rows) == !q8);
         backend_free(sc);
         backend_free(be);

@@ -243,6 +243,8 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         ops->paged_attention = cpu_paged_attention_avx2;
         ops->gelu = cpu_gelu_avx2;
         ops->geglu = cpu_geglu_avx2;
+        ops->swiglu = cpu_swiglu_avx2;
+        ops->kv_store = cpu_kv_store_avx2;
         *qrows = f.avxvnni && cpu_q8_avxvnni_built() ? qmm_group_avxvnni : qmm_group_avx2;
         return 0;
     }
@@ -264,6 +266,8 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         ops->paged_attention = cpu_paged_attention_avx512;
         ops->gelu = cpu_gelu_avx2;
         ops->geglu = cpu_geglu_avx2;
+        ops->swiglu = cpu_swiglu_avx2;
+        ops->kv_store = cpu_kv_store_avx2;
         *qrows = qmm_group_avx512;
         return 0;
     }

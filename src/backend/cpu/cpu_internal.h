@@ -99,6 +99,11 @@ void cpu_wall_remove(struct cpu_backend *b, void *p);
  * an all-zero row gets scale 0 and codes 0. */
 int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
                  const float *k, const float *v, int n);
+/* cpu_kv_store with f16 rows converted by to_f16 (n values; the same bits as
+ * f32_to_f16 for every non-NaN input): the SIMD sets pass F16C's. */
+typedef void kv_f16_row_fn(const float *x, uint16_t *d, int n);
+int cpu_kv_store_with(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
+                      const float *v, int n, kv_f16_row_fn *to_f16);
 /* backend_ops.kv_shift (backend.h): moves rows layer by layer (a thread a
  * layer), K through f32 rotated by delta positions and stored again as
  * kv_store stores it.  KVLLM_EINVAL (logged) for a negative slot or an

@@ -33,10 +33,13 @@ int cpu_swiglu(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_add(struct backend_ctx *c, float *y, const float *x, long n);
 int cpu_copy_blocks(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
                     const int32_t (*pairs)[2], int n);
-/* act_avx2.c: gelu and geglu of the avx2 and avx512 sets (AVX2 + FMA, over
- * the thread pool; their own rounding, stated there); call only when
- * cpu_features_get() reports avx2, fma and f16c. */
+/* act_avx2.c: gelu, geglu, swiglu and kv_store of the avx2 and avx512 sets (AVX2 +
+ * FMA, over the thread pool; their own rounding, stated there); call only
+ * when cpu_features_get() reports avx2, fma and f16c. */
 int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n);
 int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n);
+int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n);
+int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
+                      const float *v, int n);
 
 #endif

@@ -34,19 +34,21 @@ struct store_job {
     const int32_t *slots;
     const float *k, *v;
     int n;
+    kv_f16_row_fn *to_f16;
 };
 
+static void f16_row(const float *x, uint16_t *d, int n) {
+    for (int i = 0; i < n; i++) d[i] = f32_to_f16(x[i]);
+}
+
 /* Quantize one head row x (head_dim) into element `row` of dst (and scales). */
-static void store_row(const struct kv_layer_view *kv, void *dst, float *scales, size_t row, const float *x) {
+static void store_row(const struct kv_layer_view *kv, void *dst, float *scales, size_t row, const float *x,
+                      kv_f16_row_fn *to_f16) {
     const int hd = kv->head_dim;
     const size_t e0 = row * (size_t)hd;
     switch (kv->type) {
     case KV_F32: memcpy((float *)dst + e0, x, (size_t)hd * sizeof *x); break;
-    case KV_F16: {
-        uint16_t *d = (uint16_t *)dst + e0;
-        for (int i = 0; i < hd; i++) d[i] = f32_to_f16(x[i]);
-        break;
-    }
+    case KV_F16: to_f16(x, (uint16_t *)dst + e0, hd); break;
     case KV_BF16: {
         uint16_t *d = (uint16_t *)dst + e0;
         for (int i = 0; i < hd; i++) d[i] = f32_to_bf16(x[i]);
@@ -85,17 +87,22 @@ static void store_chunk(void *arg, long i, int ith) {
     for (int h = 0; h < nkv; h++) {
         size_t row = kv_row(kv, (size_t)j->slots[i], h);
         size_t src = (size_t)i * (size_t)nkv * (size_t)hd + (size_t)h * (size_t)hd;
-        store_row(kv, kv->k, kv->k_scale, row, j->k + src);
-        store_row(kv, kv->v, kv->v_scale, row, j->v + src);
+        store_row(kv, kv->k, kv->k_scale, row, j->k + src, j->to_f16);
+        store_row(kv, kv->v, kv->v_scale, row, j->v + src, j->to_f16);
     }
+}
+
+int cpu_kv_store_with(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
+                      const float *v, int n, kv_f16_row_fn *to_f16) {
+    if (n <= 0) return 0;
+    struct store_job j = { kv, slots, k, v, n, to_f16 };
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, n, store_chunk, &j);
+    return 0;
 }
 
 int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots,
                  const float *k, const float *v, int n) {
-    if (n <= 0) return 0;
-    struct store_job j = { kv, slots, k, v, n };
-    threadpool_run_chunks(cpu_ctx_of(c)->pool, n, store_chunk, &j);
-    return 0;
+    return cpu_kv_store_with(c, kv, slots, k, v, n, f16_row);
 }
 
 /* ---- paged attention ---- */
@@ -505,7 +512,7 @@ static void shift_layer(void *arg, long il, int ith) {
                 q[0] = a * cs[i] - b * sn[i];
                 q[other] = a * sn[i] + b * cs[i];
             }
-            store_row(kv, kv->k, kv->k_scale, rd, buf);
+            store_row(kv, kv->k, kv->k_scale, rd, buf, f16_row);
             if (rd == rs) continue;
             memcpy((uint8_t *)kv->v + rd * row_bytes, (const uint8_t *)kv->v + rs * row_bytes, row_bytes);
             if (kv->v_scale) kv->v_scale[rd] = kv->v_scale[rs];

@@ -1,7 +1,8 @@
-/* act_avx2.c — the GELU activations (backend_ops.gelu and geglu, tanh form)
- * and SwiGLU (backend_ops.swiglu) with AVX2 + FMA, over the thread pool, for
- * the avx2 and avx512 sets; and their kv_store, whose f16 rows F16C
- * converts (f32_to_f16 a value at a time was 4 % of a small model's pp512).
+/* act_avx2.c — for the avx2 and avx512 sets, over the thread pool: the GELU
+ * activations (backend_ops.gelu and geglu, tanh form) with AVX2 + FMA,
+ * SwiGLU (backend_ops.swiglu) as the scalar op computes it, and kv_store
+ * with its f16 rows converted by F16C (f32_to_f16 a value at a time was 4 %
+ * of a small model's pp512).
  * Compiled with those -m flags alone; cpu.c installs them only when the CPU
  * has them.
  *

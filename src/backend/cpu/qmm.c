@@ -38,14 +38,20 @@ size_t qmm_act_row_bytes(int64_t K) {
  * and vectorizes, where nearbyintf is a call). */
 static inline float rne(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
+/* The largest |x| of a block of 32 (a NaN is passed over). */
+static float block_amax(const float *xb) {
+    float amax = 0;
+    for (int i = 0; i < QMM_BLK; i++) {
+        const float a = fabsf(xb[i]);
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
 void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs) {
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const float *xb = x + b * QMM_BLK;
-        float amax = 0;
-        for (int i = 0; i < QMM_BLK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
+        const float amax = block_amax(xb);
         const float id = amax > 0 ? 127.0f / amax : 0.0f;
         d[b] = amax / 127.0f;
         int32_t s = 0;
@@ -129,11 +135,7 @@ void qmm16_quantize_row(const float *x, int64_t K, uint8_t *row) {
     float *d = (float *)(void *)(row + 2 * K);
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const float *xb = x + b * QMM_BLK;
-        float amax = 0;
-        for (int i = 0; i < QMM_BLK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
+        const float amax = block_amax(xb);
         const float id = amax > 0 ? QMM16_MAX / amax : 0.0f;
         d[b] = amax / QMM16_MAX;
         for (int i = 0; i < QMM_BLK; i++) q[b * QMM_BLK + i] = (int16_t)rne(xb[i] * id);

@@ -22,7 +22,7 @@ bool cpu_act_avx512_built(void) { return true; }
 static inline void codes32(const float *x, float qmax, float *scale, __m512i *c0, __m512i *c1) {
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-    const __m512 id = _mm512_set1_ps(amax > 0 ? qmax / amax : 0.0f);
+    const __m512 id = _mm512_set1_ps(qmm_inv_scale(qmax, amax));
     *scale = amax / qmax;
     *c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
     *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));

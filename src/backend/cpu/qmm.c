@@ -52,7 +52,7 @@ void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *x
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const float *xb = x + b * QMM_BLK;
         const float amax = block_amax(xb);
-        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        const float id = qmm_inv_scale(127.0f, amax);
         d[b] = amax / 127.0f;
         int32_t s = 0;
         for (int i = 0; i < QMM_BLK; i++) {
@@ -136,7 +136,7 @@ void qmm16_quantize_row(const float *x, int64_t K, uint8_t *row) {
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
         const float *xb = x + b * QMM_BLK;
         const float amax = block_amax(xb);
-        const float id = amax > 0 ? QMM16_MAX / amax : 0.0f;
+        const float id = qmm_inv_scale(QMM16_MAX, amax);
         d[b] = amax / QMM16_MAX;
         for (int i = 0; i < QMM_BLK; i++) q[b * QMM_BLK + i] = (int16_t)rne(xb[i] * id);
     }

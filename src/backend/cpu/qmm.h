@@ -4,7 +4,8 @@
  *
  * Model of the arithmetic.  Each token row x is quantized in blocks of 32
  * (qmm_quantize_row): dx = amax / 127, code = round-half-even(x * (127 /
- * amax)) in -127 .. 127 (an all-zero block: dx = 0, codes 0), and xs = Σ
+ * amax)) in -127 .. 127 (an all-zero block: dx = 0, codes 0; codes 0 too
+ * where 127 / amax overflows: qmm_inv_scale), and xs = Σ
  * codes.  The row's result depends on that row alone, so batching never
  * changes it.
  *
@@ -38,6 +39,7 @@
 #define KVLLM_QMM_H
 
 #include "backend/cpu/cpu_internal.h"
+#include <float.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -117,6 +119,15 @@ bool qmm_supports(uint32_t type, int64_t K);
  * 32 int32 xs; 64-byte multiple).  The context sizes its act_buf with it. */
 size_t qmm_act_row_bytes(int64_t K);
 
+/* The inverse scale of a block whose largest |x| is amax, for codes up to
+ * qmax: 0 for an all-zero block, and for one so small (amax < qmax /
+ * FLT_MAX, subnormal values) that the division overflows — its codes are
+ * then 0, where an infinite inverse would make them undefined. */
+static inline float qmm_inv_scale(float qmax, float amax) {
+    const float id = amax > 0 ? qmax / amax : 0.0f;
+    return id <= FLT_MAX ? id : 0.0f;
+}
+
 /* Quantize x (K, a multiple of 32) into codes q (K), scales d and code sums
  * xs (K / 32 each). */
 void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs);
@@ -186,9 +197,10 @@ int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 /* The logits' matrix (TENSOR_F_F32_ACT: 8-bit activation codes decide
  * near-ties of the top token) in Q8_0 on the avx512 and amx sets: the same
  * model as above with 16-bit codes.  Per block of 32, dx = amax / 32767,
- * code = round-half-even(x * (32767 / amax)) (all-zero block: dx = 0, codes
- * 0); per (row, token) acc = 0 and in block order P = Σ w · code exactly in
- * int32 (|P| <= 32 * 128 * 32767 < 2^31), acc = fma((float)P, dw * dx, acc).
+ * code = round-half-even(x * (32767 / amax)) (all-zero block, or 32767 /
+ * amax overflowing: codes 0, qmm_inv_scale); per (row, token) acc = 0 and
+ * in block order P = Σ w · code exactly in int32 (|P| <= 32 * 128 * 32767 <
+ * 2^31), acc = fma((float)P, dw * dx, acc).
  * A code's rounding is half a step of amax / 32767: the logits come out as
  * near the f32 path's as the f32 activations left them, while the weights
  * are read in the interleaved layout at the integer path's pace (the f32

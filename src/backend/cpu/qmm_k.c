@@ -80,7 +80,7 @@ void qmm_quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t 
             const float a = fabsf(xb[i]);
             amax = a > amax ? a : amax;
         }
-        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        const float id = qmm_inv_scale(127.0f, amax);
         d[b] = amax / 127.0f;
         for (int s = 0; s < QMM_QK / 16; s++) {
             int32_t sum = 0;

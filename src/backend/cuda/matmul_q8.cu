@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(256) k_quant_act(int8_t *q, float *d, const fl
         for (int w = 1; w < 8; w++) amax = fmaxf(amax, wmax[w]);
     }
     /* qmm_quantize_row's arithmetic: IEEE divisions (--prec-div), one rounded product, nearest even */
-    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    float id = amax > 0 ? 127.0f / amax : 0.0f;
+    id = id <= 3.402823466e38f ? id : 0.0f;   /* qmm_inv_scale: an overflowing inverse gives codes 0 */
     q[t * K + e] = (int8_t)__float2int_rn(__fmul_rn(v, id));
     if (QB == 32 ? lane == 0 : threadIdx.x == 0) d[t * (K / 32) + e / QB] = amax / 127.0f;
 }

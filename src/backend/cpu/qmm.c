@@ -359,7 +359,7 @@ int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const 
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
     const struct cpu_backend *b = cpu_backend_of(c->be);
-    if (cc->act == ACT_Q8 && b->q16 && qmm16_takes(w)) return qmm16_matmul(c, y, w, x, n, qmm16_group_avx512);
+    if (b->q16 && qmm16_takes(w)) return qmm16_matmul(c, y, w, x, n, qmm16_group_avx512);   /* q16: ACT_Q8 only */
     if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && q8_takes(w))) {
         KV_ASSERT(b->qrows);
         return qmm_matmul(c, y, w, x, n, b->qrows);

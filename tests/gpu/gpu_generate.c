@@ -11,7 +11,8 @@
  * and the logit margin between them (where two backends part ways, the
  * margin says whether it was a near-tie).  The backend is the one
  * KVLLM_BACKEND names (cpu, strict, cuda; read here, as the CLI does) on
- * device KVLLM_CUDA_DEVICE (default 0); KVLLM_ENFORCE_EAGER=1 issues every
+ * device KVLLM_CUDA_DEVICE (default 0), with the kernel set KVLLM_CPU and
+ * the activations KVLLM_ACT name (as the CLI reads them); KVLLM_ENFORCE_EAGER=1 issues every
  * op directly instead of replaying recorded forwards (CUDA graphs), as
  * --enforce-eager does.  Exit 0, or 1 with the error logged. */
 #include "kvllm.h"
@@ -34,6 +35,8 @@ int main(int argc, char **argv) {
     struct kvllm_model_params mp = kvllm_model_default_params();
     mp.tokenizer_path = strcmp(argv[2], "-") == 0 ? NULL : argv[2];
     mp.backend = getenv("KVLLM_BACKEND");
+    mp.cpu_kernels = getenv("KVLLM_CPU");
+    mp.activations = getenv("KVLLM_ACT");
     const char *dev = getenv("KVLLM_CUDA_DEVICE");
     mp.device = dev && *dev ? atoi(dev) : 0;
     struct kvllm_model *m = NULL;

@@ -11,7 +11,7 @@
  * after a warm-up), the bytes the call must read, and those bytes per second as a share of the
  * roofline (memory clock x bus width x 2, from the device's attributes).
  *
- * Then the prefill paths (NOT VERIFIED ON HARDWARE): a 512-token matmul by cuBLAS (F16 and Q4_0
+ * Then the prefill paths: a 512-token matmul by cuBLAS (F16 and Q4_0
  * 4096 x 14336, gemm.cu) and the tensor-core attention (attention_prefill.cu) over a 512-token
  * prompt and a 512-token chunk ending at 8k, each as TFLOP/s (2 flops per multiply-add; attention
  * counts the positions each query attends, QKᵀ and PV).  Exit 0, 1 on an error. */

@@ -350,8 +350,12 @@ static void judge_dev(enum op op, float *const *outs, size_t n, const double *re
         s->cases++;
         const double td = dev_tol(i);
         if (td >= 0) {   /* a device's tensor-core path: its own bound against everything */
+            /* against the scalar set only where both compute the same thing: with ref_dev the CPU
+             * sets round an input the device takes as it is (the query of int8 K), and the
+             * scalar output carries that rounding (~7e-3), not the device's */
             const double e = rel_err_floor(outs[i], outs[0], n, g_den_floor);
-            CHECK_MSG(e <= td, "%s %s (tensor cores) vs scalar: rel err %.3g > %.3g", g_be[i].name, desc, e, td);
+            CHECK_MSG(ref_dev || e <= td, "%s %s (tensor cores) vs scalar: rel err %.3g > %.3g", g_be[i].name, desc,
+                      e, td);
             s->vs_scalar = dmax(s->vs_scalar, e);
             const double *r = ref_dev ? ref_dev : ref;
             if (r) {

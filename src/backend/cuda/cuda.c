@@ -712,8 +712,7 @@ int backend_cuda_new(int device, enum backend_act act, struct backend **out) {
     b->act_q8 = act != BACKEND_ACT_F32;
     if (act == BACKEND_ACT_INT) LOG_WARN("activations=int: the CUDA backend has q8 and f32; using q8");
     pthread_mutex_init(&b->mu, NULL);
-    LOG_INFO("cuda: device %ld: %s, compute capability %d.%d, %.1f GiB, %d SMs (CUDA backend not yet verified on "
-             "hardware: docs/GPU.md)", dev, prop.name, prop.major, prop.minor,
+    LOG_INFO("cuda: device %ld: %s, compute capability %d.%d, %.1f GiB, %d SMs", dev, prop.name, prop.major, prop.minor,
              (double)prop.totalGlobalMem / (1 << 30), prop.multiProcessorCount);
     *out = &b->be;
     return 0;

@@ -1,4 +1,4 @@
-/* gemm.cu — matmul of many tokens by cuBLAS on tensor cores.  NOT VERIFIED ON HARDWARE.
+/* gemm.cu — matmul of many tokens by cuBLAS on tensor cores.  Checked on an H200 (docs/GPU.md, "First run on hardware").
  *
  * y (n, M) f32 = x (n, K) · wᵀ with cublasGemmEx: 16-bit inputs, f32
  * accumulation (CUBLAS_COMPUTE_32F, never the 16-bit compute types).  Which

@@ -9,24 +9,28 @@
  * tile product gives the integer dot products P of 16 tokens × the group's
  * 16 rows at once:
  *   B (tile TB): K / 4 rows of 64 bytes, row k = bytes 4k .. 4k+3 of each
- *     weight row — TENSOR_Q8X16's runs, so Q8_0 loads its block straight
- *     from the group; the 4- and 5-bit and K-quant codes are unpacked to bytes
+ *     weight row — TENSOR_Q8X16's runs, so Q8_0's block is the group's
+ *     bytes (copied to wbuf: chunk); the 4- and 5-bit and K-quant codes are unpacked to bytes
  *     (AVX-512) into wbuf first, once per group and block, and the tile is
  *     used by every token tile of the chunk;
  *   A (TA; TAT for the last n % 16 tokens): one row per token, loaded
  *     straight from the activation rows (stride astride);
  *   C (TC; TCT) = A · B: tdpbssd for Q8_0 (signed × signed), tdpbsud for
- *     the rest (signed activations × unsigned codes), stored to cbuf.
+ *     the K-quants (signed activations × unsigned codes), stored to cbuf;
+ *     the other 4- and 5-bit types unpack to w - zero and use tdpbssd.
  * Then AVX-512 does exactly what matmul_q8_kern.h does per (token, block)
- * with one lane per weight row: Q4_0's - 8 xs (Q5_0's - 16 xs) and Q6_K's - 32 xs16 added
- * in int32, the K-quants' sc · P summed in int32 (vpmulld) and their mins
- * by vpmaddwd, then the same conversions and FMAs in the same order.  The
+ * with one lane per weight row: Q6_K's - 32 xs16 added in int32, the
+ * K-quants' sc · P summed in int32 (vpmulld) and their mins by vpmaddwd, then the same conversions and FMAs in the same order.  The
  * integer values are the same exact sums (no overflow: qmm.h, qmm_k.c), so
  * the result equals qmm_group_scalar's bit for bit.
  *
  * Accumulators: a chunk of up to QMM_AMX_CH tokens at a time keeps its
  * rows' f32 accumulators in acc (4 KiB on the stack), so the weights'
- * unpacking is shared by 4 token tiles and acc stays in L1.  Fewer than
+ * unpacking is shared by 4 token tiles and acc stays in L1.  The simple
+ * types (chunk) go a span of blocks at a time instead, each token tile
+ * with its accumulators in registers through the span and its products
+ * issued a few blocks ahead of the rescale, in four C tiles (the K-quants,
+ * chunk_k, still use the one TC).  Fewer than
  * QMM_AMX_MIN_N tokens (decode) go to the AVX-512 VNNI kernel instead —
  * same bits, and a tile product would be mostly empty — and so do IQ4_NL,
  * MXFP4, IQ4_XS, Q2_K and Q3_K for now. */
@@ -101,24 +105,87 @@ ALWAYS_INLINE void amx_config(struct amx_cfg *cfg, int kb, int tail) {
         }                                                                      \
     } while (0)
 
-/* Q8_0, Q4_0, Q4_1: tokens [t0, t0 + nt) of the group. */
+/* The simple types' tiles: A and B alternate by block, C cycles through
+ * four, so consecutive products share no tile (a tilezero waits on no
+ * tilestored before it) and QMM_AMX_AHEAD products are in flight while
+ * AVX-512 rescales an earlier one from its own cbuf. */
+#define SA0 0   /* activations: 16 tokens × 32 codes */
+#define SA1 1
+#define SB0 2   /* weights: 8 rows of 64 (32 codes of 16 rows) */
+#define SB1 3
+#define SC0 4   /* 16 tokens × 16 int32, to cbuf[s % QMM_AMX_NCB] */
+#define SC1 5
+#define SC2 6
+#define SC3 7
+#define QMM_AMX_SPAN 8    /* blocks whose B tiles are made at once (dxs: one ymm per token) */
+#define QMM_AMX_NCB 8     /* C buffers */
+#define QMM_AMX_AHEAD 3   /* products issued ahead of the rescale; < QMM_AMX_NCB, <= 4 (C tiles) - 1 */
+
+ALWAYS_INLINE void amx_config_s(struct amx_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->palette = 1;
+    for (int t = SA0; t <= SA1; t++) cfg->rows[t] = 16, cfg->colsb[t] = 32;
+    for (int t = SB0; t <= SB1; t++) cfg->rows[t] = 8, cfg->colsb[t] = 64;
+    for (int t = SC0; t <= SC3; t++) cfg->rows[t] = 16, cfg->colsb[t] = 64;
+}
+
+#define S_PRODUCT(ta, tb, tc, a, astride, w, cb)                              \
+    do {                                                                       \
+        T_LOAD(ta, (a), (astride));                                            \
+        T_LOAD(tb, (w), 64);                                                   \
+        T_ZERO(tc);                                                            \
+        T_DPBSSD(tc, ta, tb);                                                  \
+        T_STORE(tc, (cb), 64);                                                 \
+    } while (0)
+
+/* Block s of the span: 16 token rows of 32 codes at a (astride apart)
+ * times the weights' B tile at w, to cbuf[s % QMM_AMX_NCB]. */
+ALWAYS_INLINE void s_product(T_STATE_PARAM, int s, const uint8_t *a, size_t astride, const uint8_t *w,
+                             int32_t (*cbuf)[16][16]) {
+    (void)ts_;
+    int32_t(*cb)[16] = cbuf[s % QMM_AMX_NCB];
+    switch (s & 3) {
+    case 0: S_PRODUCT(SA0, SB0, SC0, a, astride, w, cb); break;
+    case 1: S_PRODUCT(SA1, SB1, SC1, a, astride, w, cb); break;
+    case 2: S_PRODUCT(SA0, SB0, SC2, a, astride, w, cb); break;
+    default: S_PRODUCT(SA1, SB1, SC3, a, astride, w, cb); break;
+    }
+}
+
+/* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: tokens [t0, t0 + nt) of the group, a span
+ * of QMM_AMX_SPAN blocks at a time.  The span's B tiles are made once into
+ * wbuf: the codes as signed bytes w - zero, so tdpbssd gives qmm.h's p =
+ * Σ (w - zero) x itself (Q4_0, Q5_0 need no - zero · xs); Q8_0's runs are
+ * copied, as every other block's straddle cache lines and a tile load of
+ * them is slow.  Then each token tile runs the span with its 16
+ * accumulators in registers (acc between spans), the products issued
+ * QMM_AMX_AHEAD blocks ahead of the rescale.  The tail tile (nt % 16
+ * tokens) reads its codes from abuf, whose missing rows are 0 (and their
+ * dx 0: those sums are never stored). */
 ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0,
                          int nr, int t0, int nt) {
     const int64_t nb = j->K / QMM_BLK;
     const size_t gb = qmm_gblock_bytes(type), sb = qmm_gcode_off(type);
     const bool has_m = qmm_has_m(type), q5 = qmm_is_q5(type);
+    const char zero = (char)qmm_zero(type);
     _Alignas(64) float acc[QMM_AMX_CH][16];
-    _Alignas(64) int32_t cbuf[16][16];
-    _Alignas(64) uint8_t wbuf[8][64];
-    (void)ts_;
-    memset(acc, 0, (size_t)nt * sizeof acc[0]);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gp = g + (size_t)b * gb, *cp = gp + sb;
-        const vf dv = ldh(gp);
-        const vf mv = has_m ? ldh(gp + 32) : _mm512_setzero_ps();
-        if (type == DTYPE_Q8_0) {
-            T_LOAD(TB, cp, 64);   /* the 8 runs are the B tile */
-        } else {
+    _Alignas(64) int32_t cbuf[QMM_AMX_NCB][16][16];
+    _Alignas(64) uint8_t wbuf[QMM_AMX_SPAN][8][64];
+    _Alignas(64) float dxs[16][QMM_AMX_SPAN], xsf[16][QMM_AMX_SPAN];   /* dx, (float)xs of the tile's tokens */
+    _Alignas(64) uint8_t abuf[16][QMM_AMX_SPAN * QMM_BLK];
+    if (nt % 16) {
+        memset(abuf, 0, sizeof abuf);
+        memset(dxs, 0, sizeof dxs);
+        memset(xsf, 0, sizeof xsf);
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += QMM_AMX_SPAN) {
+        const int ns = nb - b0 < QMM_AMX_SPAN ? (int)(nb - b0) : QMM_AMX_SPAN;
+        for (int s = 0; s < ns; s++) {
+            const uint8_t *gp = g + (size_t)(b0 + s) * gb, *cp = gp + sb;
+            if (type == DTYPE_Q8_0) {
+                for (int r = 0; r < 8; r++) _mm512_store_si512((void *)wbuf[s][r], ldw(cp + 64 * r));
+                continue;
+            }
             /* Q5: the fifth bits from the spread qh (qmm.h), as matmul_q8_kern.h */
             const vi qh = q5 ? ldw(gp + qmm_gqh_off(type)) : _mm512_setzero_si512();
             for (int r = 0; r < 4; r++) {   /* row r: codes 4r.. (low nibbles of run r); row 4 + r: 16 + 4r.. */
@@ -128,27 +195,43 @@ ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, 
                     lo = or_(lo, and_(_mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - r)), m8(0x10)));
                     hi = or_(hi, and_(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(r)), m8(0x10)));
                 }
-                _mm512_store_si512((void *)wbuf[r], lo);
-                _mm512_store_si512((void *)wbuf[4 + r], hi);
+                if (zero) lo = _mm512_sub_epi8(lo, m8(zero)), hi = _mm512_sub_epi8(hi, m8(zero));
+                _mm512_store_si512((void *)wbuf[s][r], lo);
+                _mm512_store_si512((void *)wbuf[s][4 + r], hi);
             }
-            T_LOAD(TB, wbuf, 64);
         }
+        const __mmask8 smask = (__mmask8)((1u << ns) - 1);
         for (int tt = 0; tt < nt; tt += 16) {
             const int m = nt - tt < 16 ? nt - tt : 16;
-            const uint8_t *a = j->act + (size_t)(t0 + tt) * j->astride + (size_t)(QMM_BLK * b);
-            TILE_PRODUCT(m, a, j->astride, cbuf, 0, type == DTYPE_Q8_0);
+            const uint8_t *act = j->act + (size_t)(t0 + tt) * j->astride;
             for (int i = 0; i < m; i++) {
-                const int8_t *xq = (const int8_t *)(const void *)(j->act + (size_t)(t0 + tt + i) * j->astride);
-                const float *xd = (const float *)(const void *)(xq + j->K);
-                const int32_t *xs = (const int32_t *)(const void *)(xd + nb);
-                vi p = ld32x16(cbuf[i]);
-                if (qmm_zero(type)) p = _mm512_add_epi32(p, _mm512_set1_epi32(-qmm_zero(type) * xs[b]));
-                const vf dx = _mm512_set1_ps(xd[b]);
-                vf a_ = _mm512_load_ps(acc[tt + i]);
-                a_ = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, dx), a_);
-                if (has_m) a_ = _mm512_fmadd_ps(_mm512_set1_ps((float)xs[b]), _mm512_mul_ps(mv, dx), a_);
-                _mm512_store_ps(acc[tt + i], a_);
+                const float *xd = (const float *)(const void *)(act + (size_t)i * j->astride + j->K) + b0;
+                _mm256_store_ps(dxs[i], _mm256_maskz_loadu_ps(smask, xd));
+                if (has_m) _mm256_store_ps(xsf[i], _mm256_cvtepi32_ps(_mm256_maskz_loadu_epi32(smask, xd + nb)));
             }
+            const uint8_t *a = act + (size_t)(QMM_BLK * b0);
+            size_t as = j->astride;
+            if (m < 16) {
+                for (int i = 0; i < m; i++) memcpy(abuf[i], a + (size_t)i * j->astride, (size_t)ns * QMM_BLK);
+                a = abuf[0], as = sizeof abuf[0];
+            }
+            vf y[16];
+            for (int i = 0; i < 16; i++) y[i] = b0 ? _mm512_load_ps(acc[tt + i]) : _mm512_setzero_ps();
+            for (int s = 0; s < QMM_AMX_AHEAD && s < ns; s++)
+                s_product(T_STATE_ARG, s, a + QMM_BLK * s, as, wbuf[s][0], cbuf);
+            for (int s = 0; s < ns; s++) {
+                const int sn = s + QMM_AMX_AHEAD;
+                if (sn < ns) s_product(T_STATE_ARG, sn, a + QMM_BLK * sn, as, wbuf[sn][0], cbuf);
+                const uint8_t *gp = g + (size_t)(b0 + s) * gb;
+                const vf dv = ldh(gp), mv = has_m ? ldh(gp + 32) : _mm512_setzero_ps();
+                const int32_t(*cb)[16] = cbuf[s % QMM_AMX_NCB];
+                for (int i = 0; i < 16; i++) {
+                    const vf dx = _mm512_set1_ps(dxs[i][s]);
+                    y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ld32x16(cb[i])), _mm512_mul_ps(dv, dx), y[i]);
+                    if (has_m) y[i] = _mm512_fmadd_ps(_mm512_set1_ps(xsf[i][s]), _mm512_mul_ps(mv, dx), y[i]);
+                }
+            }
+            for (int i = 0; i < 16; i++) _mm512_store_ps(acc[tt + i], y[i]);
         }
     }
     const __mmask16 mask = (__mmask16)((1u << nr) - 1);
@@ -272,7 +355,8 @@ ALWAYS_INLINE void chunk_k(T_STATE_PARAM, uint32_t type, const struct qmm_job *j
 ALWAYS_INLINE void amx_group(uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
     T_STATE_DECL;
     struct amx_cfg cfg;
-    amx_config(&cfg, type == DTYPE_Q6_K ? 16 : 32, j->n % 16);
+    if (qmm_is_k(type)) amx_config(&cfg, type == DTYPE_Q6_K ? 16 : 32, j->n % 16);
+    else amx_config_s(&cfg);
     T_CONFIG(&cfg);
     for (int t0 = 0; t0 < j->n; t0 += QMM_AMX_CH) {
         const int nt = j->n - t0 < QMM_AMX_CH ? j->n - t0 : QMM_AMX_CH;

@@ -116,9 +116,9 @@ struct kvllm_model_params {
     const char *backend;        /* NULL, "" or "cpu": the CPU; "strict": the CPU kernels with backend memory
                                    unreadable outside ops (tests: code that touches device memory from the
                                    host crashes); "cuda": the CUDA backend (a -DKVLLM_CUDA=ON build) */
-    const char *cpu_kernels;    /* the CPU's kernel set: NULL or "": the best this CPU runs (avx512, then avx2,
+    const char *cpu_kernels;    /* the CPU's kernel set: NULL or "": the best this CPU runs (amx, avx512, avx2,
                                    then scalar); "scalar" (the f32 reference), "avx2", "avx512" or "amx"
-                                   (avx512 with the integer matmul on AMX-INT8 tiles; opt-in) */
+                                   (avx512 with the integer matmul on AMX-INT8 tiles, the same bits) */
     const char *activations;    /* the matmul's arithmetic on quantized weights: NULL, "" or "q8": 8-bit
                                    activations with integer dot products, as llama.cpp; "f32": f32 on the
                                    dequantized weights; "int": the older 13-bit codes for Q8_0 / Q4_0 /

@@ -456,10 +456,10 @@ enum backend_act { BACKEND_ACT_Q8 = 0, BACKEND_ACT_F32, BACKEND_ACT_INT };
  * activations. */
 struct backend_params {
     enum backend_kind kind;
-    const char *cpu_kernels;      /* CPU and strict: NULL or "" picks the best the CPU offers (avx512,
-                                     then avx2, then scalar); otherwise "scalar", "avx2", "avx512"
+    const char *cpu_kernels;      /* CPU and strict: NULL or "" picks the best the CPU offers (amx, avx512,
+                                     avx2, then scalar); otherwise "scalar", "avx2", "avx512"
                                      (AVX-512 F/BW/VL + VNNI; its other ops are avx2's) or "amx" (the
-                                     avx512 set with the integer matmul on AMX-INT8 tiles; opt-in) */
+                                     avx512 set with the integer matmul on AMX-INT8 tiles) */
     enum backend_act act;
     int device;                   /* CUDA: the device's index (0 .. count - 1); others ignore it */
 };

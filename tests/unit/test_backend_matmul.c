@@ -263,8 +263,8 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
 }
 
 static void test_kinds(bool have_avx2, bool have_avx512, bool have_amx) {
-    /* amx is opt-in (cpu.c says why) */
-    const char *best = have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
+    /* the default: the best set here (amx where the CPU, build and OS give tiles) */
+    const char *best = have_amx ? "amx" : have_avx512 ? "avx512" : have_avx2 ? "avx2" : "scalar";
     struct backend *be = (struct backend *)1;
     CHECK(backend_cpu_new("scalar", false, BACKEND_ACT_Q8, &be) == 0 && be && strcmp(be->ops->name, "scalar") == 0);
     backend_free(be);

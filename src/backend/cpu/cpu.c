@@ -220,11 +220,12 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
     struct cpu_features f;
     cpu_features_get(&f);
     const bool avx2 = has_avx2(&f);
-    /* the default: the best set here, avx512 > avx2 > scalar.  amx (the avx512 set with the
-     * integer matmul on tiles, bit-identical to avx512's: qmm.h) is opt-in, cpu_kernels=amx, until
-     * its real-tile code has run on an AMX machine: so far only its logic is tested, on
-     * emulated tiles (test_backend_amx.c; docs/ARCHITECTURE.md) */
-    if (!kind || !*kind) kind = has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
+    /* the default: the best set here, amx > avx512 > avx2 > scalar.  amx is the avx512 set with
+     * the integer matmul of 16 tokens or more on AMX-INT8 tiles, bit-identical to avx512's (qmm.h;
+     * test_backend_amx on real tiles), and never slower (docs/PERF.md); where Linux refuses the
+     * tile state the default is avx512, silently (asking for amx by name says why) */
+    if (!kind || !*kind)
+        kind = has_amx(&f) && cpu_amx_permit() == 0 ? "amx" : has_avx512(&f) ? "avx512" : avx2 ? "avx2" : "scalar";
     *ops = k_scalar_ops;
     *qrows = NULL;
     if (strcmp(kind, "scalar") == 0) return 0;

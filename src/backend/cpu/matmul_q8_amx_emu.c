@@ -16,6 +16,7 @@ bool cpu_q8_amx_emu_built(void) { return true; }
 #define QMM_AMX_EMU 1
 #define QMM_AMX_FN qmm_group_amx_emu
 #define QMM_AMX_MIN_N 0   /* every token count through the tiles */
+#define QMM_AMX_TAIL_VNNI 0
 #define T_STATE_PARAM struct amx_emu *ts_
 #define T_STATE_ARG ts_
 #define T_STATE_DECL struct amx_emu ts_regs_, *ts_ = &ts_regs_

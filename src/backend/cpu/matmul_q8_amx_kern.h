@@ -3,7 +3,7 @@
  * matmul_q8_amx.c (the instructions, inline asm) and matmul_q8_amx_emu.c
  * (amx_emu.c's emulator, so the logic is tested on any AVX-512 CPU).
  * Include only from those, after defining QMM_AMX_EMU (0 or 1),
- * QMM_AMX_FN, QMM_AMX_MIN_N and the T_* macros (below).
+ * QMM_AMX_FN, QMM_AMX_MIN_N, QMM_AMX_TAIL_VNNI and the T_* macros (below).
  *
  * Per block of 32 codes (K-quants: per sub-block of 32, Q6_K of 16) one
  * tile product gives the integer dot products P of 16 tokens × the group's
@@ -33,7 +33,9 @@
  * chunk_k, still use the one TC).  Fewer than
  * QMM_AMX_MIN_N tokens (decode) go to the AVX-512 VNNI kernel instead —
  * same bits, and a tile product would be mostly empty — and so do IQ4_NL,
- * MXFP4, IQ4_XS, Q2_K and Q3_K for now. */
+ * MXFP4, IQ4_XS, Q2_K and Q3_K for now; with QMM_AMX_TAIL_VNNI so do the
+ * last n % 16 tokens of a job (the emulated build keeps them on tiles, so
+ * the tail tiles stay tested). */
 #include "backend/cpu/avx2_util.h"
 #include "backend/cpu/qmm.h"
 #include "core/core.h"
@@ -381,6 +383,16 @@ void QMM_AMX_FN(const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
         j->type == DTYPE_Q3_K) {
         qmm_group_avx512(j, g, r0, nr);
         return;
+    }
+    struct qmm_job head = *j;
+    if (QMM_AMX_TAIL_VNNI && j->n % 16) {   /* the last n % 16 tokens: VNNI, the rest on tiles */
+        struct qmm_job tail = *j;
+        head.n = j->n - j->n % 16;
+        tail.n = j->n % 16;
+        tail.act = j->act + (size_t)head.n * j->astride;
+        tail.y = j->y + (size_t)head.n * j->ys;
+        qmm_group_avx512(&tail, g, r0, nr);
+        j = &head;
     }
     switch (j->type) {
     case DTYPE_Q8_0: amx_q8_0(j, g, r0, nr); break;

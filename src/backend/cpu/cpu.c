@@ -64,6 +64,7 @@ static void cpu_ctx_free(struct backend_ctx *c) {
     free(cc->pa_local);
     free(cc->pa_off);
     free(cc->pa_merge);
+    free(cc->pa_unit);
     free(cc);
 }
 
@@ -105,13 +106,15 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     cc->n_partials = (size_t)n_part;
     cc->partials = xmalloc(((size_t)n_part ? (size_t)n_part : 1) * sizeof(float));
     const size_t heads = (size_t)(p->n_head > 0 ? p->n_head : 1), hd = (size_t)(p->head_dim > 0 ? p->head_dim : 1);
-    cc->pa_local_floats = (heads * pa_local_stride((int)hd) + PA_LOCAL_LEAD + 15) / 16 * 16;
+    const size_t rows = heads > PA_GROUP_ROWS ? heads : PA_GROUP_ROWS;   /* a prefill group's partials */
+    cc->pa_local_floats = (rows * pa_local_stride((int)hd) + PA_LOCAL_LEAD + 15) / 16 * 16;
     cc->pa_local = aligned_alloc(64, (size_t)nth * cc->pa_local_floats * sizeof(float));
     cc->pa_off = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_off);
     cc->pa_merge = xmalloc((size_t)max_tokens * sizeof *cc->pa_merge);
+    cc->pa_unit = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_unit);
     if (!cc->pool || !cc->scratch || (cc->act_buf_bytes && !cc->act_buf) || (cc->qpack_bytes && !cc->qpack) ||
         !cc->partials || !cc->pa_local || !cc->pa_off ||
-        !cc->pa_merge) {
+        !cc->pa_merge || !cc->pa_unit) {
         cpu_ctx_free(&cc->base);
         return KVLLM_ENOMEM;
     }

@@ -60,6 +60,7 @@ struct cpu_ctx {
     float *pa_local;              /* per thread: pa_local_floats (an item's running partials, pa_local_stride) */
     size_t pa_local_floats;
     long *pa_off;                 /* (max_tokens + 1) */
+    int *pa_unit;                 /* (max_tokens + 1) */
     int *pa_merge;                /* (max_tokens) */
 };
 
@@ -77,6 +78,9 @@ static inline struct cpu_backend *cpu_backend_of(struct backend *be) { return (s
  * did not help; this did.  Each head starts PA_LOCAL_LEAD floats into a
  * 64-byte line, so acc is aligned. */
 #define PA_LOCAL_LEAD 14
+/* Query rows (tokens x heads of a kv head) of one prefill group of paged
+ * attention (kv_kernels.c): pa_local holds at least this many partials. */
+#define PA_GROUP_ROWS 24
 static inline size_t pa_local_stride(int head_dim) { return ((size_t)head_dim + 2 + 15) / 16 * 16; }
 
 /* Scratch floats paged attention needs for n_tokens tokens whose contexts

@@ -15,6 +15,15 @@
  * row dequantized once for the g heads.  Items leave (m, l, acc) in the context's partials; a merge step combines a
  * token's splits in ascending order (log-sum-exp) and normalizes.
  *
+ * Prefill groups.  Consecutive tokens of one sequence (positions P, P+1, ...,
+ * the same splits) attend the same positions but for the last few, so one
+ * item takes up to PA_GROUP_ROWS / g of them: the chunks every token of the
+ * group attends in full run once for all their g * nt query rows (each K/V
+ * row converted once for them all: the SIMD steps' tiles then span heads of
+ * several tokens), the rest token by token.  A row's arithmetic does not
+ * depend on the rows beside it in a step, and the chunk boundaries are the
+ * single token's, so a grouped token's output is the bits it has alone.
+ *
  * Determinism.  Chunk and split boundaries depend only on L, the window and
  * g; each item and each merge is computed entirely by one thread in a fixed
  * order.  Threads only decide who computes what, so the output is
@@ -109,6 +118,7 @@ int cpu_kv_store(struct backend_ctx *c, const struct kv_layer_view *kv, const in
 
 #define PA_CHUNK CPU_PA_CHUNK
 #define PA_SCORES 4096        /* score floats per item: g * chunk */
+#define PA_GROUP_HD 256       /* a prefill group's head size at most (its queries are gathered on the stack) */
 
 /* Fixed-order dot product: 8 lanes, combined pairwise, then the tail (as cpu.c). */
 static inline float pa_dot(const float *restrict a, const float *restrict b, int n) {
@@ -200,7 +210,9 @@ struct pa_job {
     int s_max;                /* splits of the longest context: partials stride */
     pa_chunk_fn *chunk;       /* one online-softmax step (scalar or SIMD) */
     pa_quant_fn *quant;       /* an item's queries for int8 K (struct pa_q8) */
-    const long *item_off;     /* (n_tokens + 1): first item of each token */
+    const long *item_off;     /* (n_units + 1): first item of each unit */
+    const int *unit_tok;      /* (n_units + 1): first token of each unit (a token or a prefill group) */
+    int n_units;
     const int *merge_tok;     /* the tokens with more than one split, in order */
     float *partials;          /* the context's scratch */
     float *local;             /* per thread: local_floats, the running partials of its item */
@@ -351,72 +363,105 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
     }
 }
 
-/* One work item: token t, kv head hk, split s of ns. */
-static void pa_item(const struct pa_job *j, int t, int hk, int s, int ns, int ith) {
+/* Whether int8 K's scores are integer products (struct pa_q8): the queries quantized per item. */
+static bool pa_uses_q8(const struct paged_attn_args *a) {
+    const int g = a->n_head / a->n_head_kv, hd = a->head_dim;
+    return a->kv.type == KV_INT8 && hd % 32 == 0 && g <= PA_Q8_MAX_G && g * hd <= PA_Q8_MAX_BYTES;
+}
+
+/* The steps of positions [c0, p1) for the rows q (g, hd) and their running
+ * partials part0 (pstride apart): steps end at multiples of cap and at p1,
+ * wherever blocks end, as a single token's walk from its split's start. */
+static void pa_steps(const struct pa_job *j, const int32_t *table, int hk, int c0, int p1, int g, const float *q,
+                     const struct pa_q8 *qq, float *part0, size_t pstride, float *sc, int cap) {
     const struct paged_attn_args *a = j->a;
     const struct kv_layer_view *kv = &a->kv;
-    const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv;
-    const int L = a->pos[t] + 1;
-    /* sliding window: the splits cover only positions > pos - window (pa_split_range); an empty
-     * split stays (m = -inf, l = 0) and weighs nothing in the merge */
-    int p0, p1;
-    pa_split_range(a, L, s, &p0, &p1);
-    const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
-    const int32_t *table = a->block_table + (size_t)a->seq[t] * (size_t)a->max_blocks;
-    const float *q = a->q + ((size_t)t * (size_t)a->n_head + (size_t)hk * (size_t)g) * (size_t)hd; /* (g, hd) */
-    const size_t out_stride = (size_t)j->s_max * ((size_t)hd + 2);  /* next head's partial */
-    float *const out0 = pa_partial(j, t, hk * g, s);                /* (g) x [m, l, acc[hd]] */
-    const size_t pstride = pa_local_stride(hd);                     /* the same, while the item runs */
-    float *const part0 = j->local + (size_t)ith * j->local_floats + PA_LOCAL_LEAD;
-    float sc[PA_SCORES];                                            /* (g, cap): scores, then weights */
-    _Alignas(64) int8_t q8[PA_Q8_MAX_BYTES];                        /* int8 K: the queries' codes */
-    float q8s[PA_Q8_MAX_G];
-    int32_t q8sum[PA_Q8_MAX_G];
-    const struct pa_q8 qq = { q8, q8s, q8sum };
-    const bool use_q8 = kv->type == KV_INT8 && hd % 32 == 0 && g <= PA_Q8_MAX_G && g * hd <= PA_Q8_MAX_BYTES;
-    if (use_q8) j->quant(q, g, hd, q8, q8s, q8sum);
-
-    for (int i = 0; i < g; i++) {
-        float *p = part0 + (size_t)i * pstride;
-        p[0] = -INFINITY;
-        p[1] = 0;
-        memset(p + 2, 0, (size_t)hd * sizeof *p);
-    }
-    /* steps end at multiples of cap (and at p1), wherever blocks end */
     size_t rows[2][PA_CHUNK];
-    int cur = 0, c0 = p0, n = p0 < p1 ? (p0 / cap + 1) * cap - p0 : 0;
-    n = n < p1 - p0 ? n : p1 - p0;
+    int cur = 0, n = c0 < p1 ? (c0 / cap + 1) * cap - c0 : 0;
+    n = n < p1 - c0 ? n : p1 - c0;
     if (n > 0) pa_rows(kv, table, hk, c0, n, rows[cur]);
     while (n > 0) {
         const int c1 = c0 + n, nn = p1 - c1 < cap ? p1 - c1 : cap;
         /* the next step's rows, for the step to prefetch while it computes: blocks lie
          * anywhere in the pool, so the hardware prefetcher cannot guess them */
         if (nn > 0) pa_rows(kv, table, hk, c1, nn, rows[cur ^ 1]);
-        j->chunk(kv, rows[cur], n, g, q, use_q8 ? &qq : NULL, a->scale, a->softcap, part0, pstride, sc, cap,
-                 rows[cur ^ 1], nn > 0 ? nn : 0);
+        j->chunk(kv, rows[cur], n, g, q, qq, a->scale, a->softcap, part0, pstride, sc, cap, rows[cur ^ 1],
+                 nn > 0 ? nn : 0);
         cur ^= 1;
         c0 = c1;
         n = nn;
     }
-    for (int i = 0; i < g; i++)
-        memcpy(out0 + (size_t)i * out_stride, part0 + (size_t)i * pstride, ((size_t)hd + 2) * sizeof *part0);
-    if (ns == 1)
-        for (int i = 0; i < g; i++) pa_merge(j, t, hk * g + i, 1);
 }
 
-/* Chunk c of the item list (t, hk, s) in that order: item_off[t] is the
- * index of token t's first item (nkv * its splits each). */
+/* One work item: tokens t0 .. t0 + nt - 1 (one token, or a prefill group),
+ * kv head hk, split s of ns. */
+static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int ns, int ith) {
+    const struct paged_attn_args *a = j->a;
+    const int hd = a->head_dim, nkv = a->n_head_kv, g = a->n_head / nkv, rows_g = nt * g;
+    /* sliding window: the splits cover only positions > pos - window (pa_split_range); an empty
+     * split stays (m = -inf, l = 0) and weighs nothing in the merge */
+    int p0, p1;
+    pa_split_range(a, a->pos[t0] + 1, s, &p0, &p1);   /* the group's first token ends first */
+    const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
+    const int32_t *table = a->block_table + (size_t)a->seq[t0] * (size_t)a->max_blocks;
+    const size_t tstride = (size_t)a->n_head * (size_t)hd;                  /* next token's queries */
+    const float *q = a->q + (size_t)t0 * tstride + (size_t)hk * (size_t)g * (size_t)hd;   /* (g, hd) */
+    const size_t out_stride = (size_t)j->s_max * ((size_t)hd + 2);  /* next head's partial */
+    const size_t pstride = pa_local_stride(hd);                     /* the same, while the item runs */
+    float *const part0 = j->local + (size_t)ith * j->local_floats + PA_LOCAL_LEAD;   /* (nt * g) partials */
+    float sc[PA_SCORES];                                            /* (nt * g, cap): scores, then weights */
+    _Alignas(64) int8_t q8[PA_Q8_MAX_BYTES];                        /* int8 K: the queries' codes */
+    float q8s[PA_Q8_MAX_G];
+    int32_t q8sum[PA_Q8_MAX_G];
+    const struct pa_q8 qq = { q8, q8s, q8sum };
+    const bool use_q8 = pa_uses_q8(a);   /* never grouped (cpu_paged_attention_with) */
+    if (use_q8) j->quant(q, g, hd, q8, q8s, q8sum);
+    _Alignas(64) float qg[PA_GROUP_ROWS * PA_GROUP_HD];             /* a group's queries, (nt * g, hd) */
+    if (nt > 1) {
+        for (int i = 0; i < nt; i++) memcpy(qg + (size_t)i * g * hd, q + (size_t)i * tstride, (size_t)g * hd * sizeof *q);
+        q = qg;
+    }
+
+    for (int i = 0; i < rows_g; i++) {
+        float *p = part0 + (size_t)i * pstride;
+        p[0] = -INFINITY;
+        p[1] = 0;
+        memset(p + 2, 0, (size_t)hd * sizeof *p);
+    }
+    /* the chunks all of the group's tokens attend in full: once, for all its rows; then each
+     * token's last positions (the split's end, or its own position) alone */
+    const int shared = nt > 1 && p1 / cap * cap > p0 ? p1 / cap * cap : nt > 1 ? p0 : p1;
+    pa_steps(j, table, hk, p0, shared, rows_g, q, use_q8 ? &qq : NULL, part0, pstride, sc, cap);
+    for (int i = 0; nt > 1 && i < nt; i++) {
+        int q0, q1;
+        pa_split_range(a, a->pos[t0 + i] + 1, s, &q0, &q1);
+        pa_steps(j, table, hk, shared, q1, g, q + (size_t)i * g * hd, NULL, part0 + (size_t)i * g * pstride,
+                 pstride, sc, cap);
+    }
+    for (int i = 0; i < nt; i++) {
+        float *const out0 = pa_partial(j, t0 + i, hk * g, s);       /* (g) x [m, l, acc[hd]] */
+        for (int h = 0; h < g; h++)
+            memcpy(out0 + (size_t)h * out_stride, part0 + ((size_t)i * g + (size_t)h) * pstride,
+                   ((size_t)hd + 2) * sizeof *part0);
+        if (ns == 1)
+            for (int h = 0; h < g; h++) pa_merge(j, t0 + i, hk * g + h, 1);
+    }
+}
+
+/* Chunk c of the item list (unit, hk, s) in that order: item_off[u] is the
+ * index of unit u's first item (nkv * its splits each); unit u is tokens
+ * unit_tok[u] .. unit_tok[u + 1] - 1. */
 static void pa_items_chunk(void *arg, long c, int ith) {
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
-    int lo = 0, hi = a->n_tokens - 1;            /* the token whose items contain c */
+    int lo = 0, hi = j->n_units - 1;            /* the unit whose items contain c */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (j->item_off[mid] <= c) lo = mid; else hi = mid - 1;
     }
-    const int t = lo, ns = pa_n_split(a, a->pos[t] + 1);
-    const long k = c - j->item_off[t];
-    pa_item(j, t, (int)(k / ns), (int)(k % ns), ns, ith);
+    const int t = j->unit_tok[lo], ns = pa_n_split(a, a->pos[t] + 1);
+    const long k = c - j->item_off[lo];
+    pa_item(j, t, j->unit_tok[lo + 1] - t, (int)(k / ns), (int)(k % ns), ns, ith);
 }
 
 /* Merge chunk c: the heads of the c-th token with more than one split. */
@@ -425,6 +470,16 @@ static void pa_merge_chunk(void *arg, long c, int ith) {
     const struct pa_job *j = arg;
     const int t = j->merge_tok[c], ns = pa_n_split(j->a, j->a->pos[t] + 1);
     for (int h = 0; h < j->a->n_head; h++) pa_merge(j, t, h, ns);
+}
+
+/* Whether token t can join the prefill group that starts at token t0: the
+ * same sequence, the next position, the same splits over the same ranges
+ * (under a window: one split and no position yet outside the window). */
+static bool pa_joins(const struct paged_attn_args *a, int t0, int t) {
+    const int L = a->pos[t] + 1;
+    return a->seq[t] == a->seq[t0] && a->pos[t] == a->pos[t0] + (t - t0) &&
+           pa_n_split(a, L) == pa_n_split(a, a->pos[t0] + 1) &&
+           (a->window <= 0 || (pa_n_split(a, L) == 1 && L <= a->window));
 }
 
 int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args *a, pa_chunk_fn *chunk,
@@ -438,29 +493,41 @@ int cpu_paged_attention_with(struct backend_ctx *c, const struct paged_attn_args
         LOG_ERR("paged attention over %d tokens: the context was sized for %d", a->n_tokens, cc->max_tokens);
         return KVLLM_ERANGE;
     }
-    struct pa_job j = { a, 1, chunk, quant ? quant : pa_quant_q8, NULL, NULL, cc->partials, cc->pa_local,
-                        cc->pa_local_floats };
-    KV_ASSERT((size_t)(a->n_head / a->n_head_kv) * pa_local_stride(a->head_dim) + PA_LOCAL_LEAD <=
-              cc->pa_local_floats);
+    struct pa_job j = { .a = a, .s_max = 1, .chunk = chunk, .quant = quant ? quant : pa_quant_q8,
+                        .partials = cc->partials, .local = cc->pa_local, .local_floats = cc->pa_local_floats };
+    const int g = a->n_head / a->n_head_kv;
+    /* tokens per prefill group: up to PA_GROUP_ROWS query rows (not with int8 K's integer scores) */
+    const int group = !pa_uses_q8(a) && a->head_dim <= PA_GROUP_HD && g <= PA_GROUP_ROWS ? PA_GROUP_ROWS / g : 1;
+    KV_ASSERT((size_t)(group * g > a->n_head ? group * g : a->n_head) * pa_local_stride(a->head_dim) +
+              PA_LOCAL_LEAD <= cc->pa_local_floats);
     long *off = cc->pa_off;
-    int *merge = cc->pa_merge;
+    int *merge = cc->pa_merge, *unit = cc->pa_unit;
     long n_merge = 0;
-    off[0] = 0;
     for (int t = 0; t < a->n_tokens; t++) {
         if (a->pos[t] < 0 || a->pos[t] >= cc->max_ctx) {
             LOG_ERR("paged attention at position %d: the context was sized for %d", a->pos[t], cc->max_ctx);
             return KVLLM_ERANGE;
         }
-        int ns = pa_n_split(a, a->pos[t] + 1);
+        const int ns = pa_n_split(a, a->pos[t] + 1);
         j.s_max = ns > j.s_max ? ns : j.s_max;
-        off[t + 1] = off[t] + (long)a->n_head_kv * ns;
         if (ns > 1) merge[n_merge++] = t;
     }
+    off[0] = 0;
+    for (int t = 0; t < a->n_tokens;) {
+        int nt = 1;
+        while (nt < group && t + nt < a->n_tokens && pa_joins(a, t, t + nt)) nt++;
+        unit[j.n_units] = t;
+        off[j.n_units + 1] = off[j.n_units] + (long)a->n_head_kv * pa_n_split(a, a->pos[t] + 1);
+        j.n_units++;
+        t += nt;
+    }
+    unit[j.n_units] = a->n_tokens;
     KV_ASSERT(paged_attn_scratch_floats(a->n_tokens, a->n_head, a->head_dim, j.s_max * PAGED_ATTN_SPLIT) <=
               cc->n_partials);
     j.item_off = off;
+    j.unit_tok = unit;
     j.merge_tok = merge;
-    threadpool_run_chunks(cc->pool, off[a->n_tokens], pa_items_chunk, &j);
+    threadpool_run_chunks(cc->pool, off[j.n_units], pa_items_chunk, &j);
     if (n_merge) threadpool_run_chunks(cc->pool, n_merge, pa_merge_chunk, &j);
     return 0;
 }

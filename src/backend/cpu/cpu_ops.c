@@ -133,33 +133,57 @@ int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct 
     return 0;
 }
 
-int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
-             const struct rope_params *p) {
-    const int n_rot = p->n_rot, half = n_rot / 2;
+/* Rope of up to two tensors at the same positions (a step's q and k): each
+ * (token, pair)'s cos and sin are computed once for both, in double, and the
+ * tokens are split over the pool in chunks. */
+enum { ROPE_MAX_PAIRS = 256, ROPE_TOKENS = 8 };
+
+struct rope_job {
+    float *x[2];              /* x[1] may be NULL */
+    int n_head[2], head_dim, n;
+    const int32_t *pos;
+    const struct rope_params *p;
+    double fr[ROPE_MAX_PAIRS];   /* each pair's frequency once per call (pow was a third of a prefill's rope) */
+};
+
+static void rope_chunk(void *arg, long c, int ith) {
+    (void)ith;
+    const struct rope_job *j = arg;
+    const struct rope_params *p = j->p;
+    const int n_rot = p->n_rot, half = n_rot / 2, hd = j->head_dim;
     const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
     const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
-    /* each pair's frequency once per call, not per token (pow was a third of a prefill's rope) */
-    enum { MAX_PAIRS = 256 };
-    double fr[MAX_PAIRS];
-    for (int i = 0; i < half && i < MAX_PAIRS; i++) fr[i] = pow((double)p->theta, -2.0 * i / (double)n_rot);
-    for (int t = 0; t < n; t++) {
-        float *xt = x + (size_t)t * n_head * head_dim;
+    const double ms = p->attn_factor != 0 ? (double)p->attn_factor : 1.0;
+    const int t1 = (int)((c + 1) * ROPE_TOKENS < j->n ? (c + 1) * ROPE_TOKENS : j->n);
+    for (int t = (int)(c * ROPE_TOKENS); t < t1; t++)
         for (int i = 0; i < half; i++) {
             /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            double ang = (double)pos[t] * (i < MAX_PAIRS ? fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
+            double ang = (double)j->pos[t] *
+                         (i < ROPE_MAX_PAIRS ? j->fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
                          rope_pair_scale(p, i);
             if (ff) ang /= (double)ff[i];
-            const double ms = p->attn_factor != 0 ? (double)p->attn_factor : 1.0;
-            float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
-            for (int h = 0; h < n_head; h++) {
-                float *q = xt + (size_t)h * head_dim + (size_t)i * step;
-                float a = q[0], b = q[other];
-                q[0] = a * cs - b * sn;
-                q[other] = a * sn + b * cs;
-            }
+            const float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
+            for (int k = 0; k < 2 && j->x[k]; k++)
+                for (int h = 0; h < j->n_head[k]; h++) {
+                    float *q = j->x[k] + ((size_t)t * j->n_head[k] + (size_t)h) * hd + (size_t)i * step;
+                    const float a = q[0], b = q[other];
+                    q[0] = a * cs - b * sn;
+                    q[other] = a * sn + b * cs;
+                }
         }
-    }
+}
+
+static int rope_run(struct backend_ctx *c, float *x, int n_head, float *x2, int n_head2, int n, int head_dim,
+                    const int32_t *pos, const struct rope_params *p) {
+    struct rope_job j = { { x, x2 }, { n_head, n_head2 }, head_dim, n, pos, p, { 0 } };
+    for (int i = 0; i < p->n_rot / 2 && i < ROPE_MAX_PAIRS; i++) j.fr[i] = pow((double)p->theta, -2.0 * i / (double)p->n_rot);
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, (n + ROPE_TOKENS - 1) / ROPE_TOKENS, rope_chunk, &j);
     return 0;
+}
+
+int cpu_rope(struct backend_ctx *c, float *x, int n, int n_head, int head_dim, const int32_t *pos,
+             const struct rope_params *p) {
+    return rope_run(c, x, n_head, NULL, 0, n, head_dim, pos, p);
 }
 
 int cpu_add_bias(struct backend_ctx *c, float *y, const struct tensor *bt, int n, int dim) {
@@ -217,8 +241,11 @@ int cpu_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, c
 
 int cpu_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) {
     const struct backend_ops *k = &cpu_backend_of(c->be)->kernels;
-    int rc = k->rope(c, a->q, a->n, a->n_head, a->head_dim, a->pos, &a->rope);
-    if (!rc) rc = k->rope(c, a->k, a->n, a->n_head_kv, a->head_dim, a->pos, &a->rope);
+    int rc;
+    if (k->rope == cpu_rope)   /* q and k in one pass: the same bits as two ropes */
+        rc = rope_run(c, a->q, a->n_head, a->k, a->n_head_kv, a->n, a->head_dim, a->pos, &a->rope);
+    else if (!(rc = k->rope(c, a->q, a->n, a->n_head, a->head_dim, a->pos, &a->rope)))
+        rc = k->rope(c, a->k, a->n, a->n_head_kv, a->head_dim, a->pos, &a->rope);
     return rc ? rc : k->kv_store(c, &a->kv, a->slots, a->k, a->v, a->n);
 }
 

@@ -86,10 +86,8 @@ static void store_row(const struct kv_layer_view *kv, void *dst, float *scales, 
     }
 }
 
-/* Chunk: one token's rows, all kv heads. */
-static void store_chunk(void *arg, long i, int ith) {
-    (void)ith;
-    const struct store_job *j = arg;
+/* One token's rows, all kv heads. */
+static void store_token(const struct store_job *j, int i) {
     const struct kv_layer_view *kv = j->kv;
     const int nkv = kv->n_head_kv, hd = kv->head_dim;
     if (j->slots[i] < 0) return;
@@ -101,11 +99,21 @@ static void store_chunk(void *arg, long i, int ith) {
     }
 }
 
+/* Tokens per chunk of work: a token's rows are little work against claiming a chunk */
+#define STORE_TOKENS 8
+
+static void store_chunk(void *arg, long c, int ith) {
+    (void)ith;
+    const struct store_job *j = arg;
+    const int t1 = (int)((c + 1) * STORE_TOKENS < j->n ? (c + 1) * STORE_TOKENS : j->n);
+    for (int i = (int)(c * STORE_TOKENS); i < t1; i++) store_token(j, i);
+}
+
 int cpu_kv_store_with(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                       const float *v, int n, kv_f16_row_fn *to_f16) {
     if (n <= 0) return 0;
     struct store_job j = { kv, slots, k, v, n, to_f16 };
-    threadpool_run_chunks(cpu_ctx_of(c)->pool, n, store_chunk, &j);
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, (n + STORE_TOKENS - 1) / STORE_TOKENS, store_chunk, &j);
     return 0;
 }
 

@@ -385,10 +385,15 @@ def test_lost_rank_fails_the_job(mpi, models, fault):
         assert rc != 0, srv.text()
         assert took < 30, f"the job took {took:.1f} s to end\n{srv.text()}"
         status, events = out["r"]
-        # the running request ends with an error: an SSE error event (the stream had begun), never a clean end
+        # the running request ends with an error: an SSE error event (the stream had begun), never a clean end.
+        # A killed rank makes mpirun SIGTERM rank 0 and SIGKILL it a second later; on a machine too loaded to
+        # write the error event within that second (CI, two suites at once) the stream is cut instead: no
+        # error event, but no final chunk and no [DONE] either, which a client cannot take for an answer
         assert status in (0, 200), srv.text()
         if status == 200:
-            assert any('"error"' in e for e in events), events[-3:]
+            clean = any(e == "[DONE]" or '"finish_reason":"' in e for e in events)
+            cut = fault == "kill" and not clean
+            assert any('"error"' in e for e in events) or cut, events[-3:]
         if fault == "stop":
             assert seen_failed, "/health never answered failed:\n" + srv.text()
             assert "did not complete within 2 s" in srv.text()

@@ -340,8 +340,8 @@ static int run(struct backend_ctx *c, float *y, const struct tensor *w, const fl
         return KVLLM_ERANGE;
     }
     struct qmm_run q = { { y, (size_t)w->ne1, w->type, w->ne0, cc->act_buf, astride, n }, w, x, fn, cc, 0, 0, q16 };
-    if (n <= 4) for (int t = 0; t < n; t++) quant_row(&q, t);   /* cheaper than waking the threads */
-    else threadpool_run_chunks(cc->pool, (n + QMM_QUANT_ROWS - 1) / QMM_QUANT_ROWS, quant_chunk, &q);
+    /* a decode step's rows are one chunk: threadpool_run_chunks runs it inline, waking no thread */
+    threadpool_run_chunks(cc->pool, (n + QMM_QUANT_ROWS - 1) / QMM_QUANT_ROWS, quant_chunk, &q);
     /* chunks of about QMM_CHUNK_W bytes of weights, but at least 4 per thread
      * (load balance); when n is small (decode) just those 4 per thread.  A
      * chunk is claimed by an atomic on a line every thread writes, a trip

@@ -100,6 +100,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/qmm.h"
 #include "backend/backend_list.h"
 #include "backend/cuda/cuda_plan.h"
@@ -1104,6 +1105,7 @@ static void test_elementwise(enum op op, int nc) {
             a[e] = gauss() * amp;
             bv[e] = gauss() * amp;
             if (op != OP_ADD && rnd(50) == 0) a[e] = urand() * 30;
+            if (op == OP_SWIGLU && rnd(200) == 0) a[e] = gauss() * 100;   /* expf's |x| >= 88 lanes */
         }
         for (long e = 0; e < n; e++) {
             const double x = a[e], y = bv[e];
@@ -1142,11 +1144,50 @@ static void test_elementwise(enum op op, int nc) {
         g_den_floor = sqrt(xx);
         judge(op, outs, (size_t)n, ref, k_tol[op].simd, k_tol[op].ref, desc);
         g_den_floor = 0;
+        /* the CPU sets' SwiGLU takes libm's expf bits (avx2_expf): the scalar op's output exactly */
+        for (int b = 1; op == OP_SWIGLU && b < g_nbe; b++)
+            CHECK_MSG(g_be[b].device || memcmp(outs[b], outs[0], (size_t)n * sizeof(float)) == 0,
+                      "%s %s: differs from the scalar op's bits", g_be[b].name, desc);
         for (int b = 0; b < g_nbe; b++) free(outs[b]);
         free(a);
         free(bv);
         free(ref);
     }
+}
+
+/* avx2_expf (cpu_expf_avx2) against libm's expf bit for bit (NaN: any NaN), on every 4099th float bit
+ * pattern from a random start (~1M values: every exponent, both signs, inf, NaN) and 1M random patterns;
+ * KVLLM_TEST_EXPF_ALL=1: all 2^32 (about a minute). */
+static void test_expf(void) {
+    const char *all_env = getenv("KVLLM_TEST_EXPF_ALL");
+    const bool all = all_env && !strcmp(all_env, "1");
+    const uint64_t stride = all ? 1 : 4099, end = (uint64_t)1 << 32;
+    const long cap = 1 << 16;
+    float *x = tu_xnew((size_t)cap * sizeof *x), *y = tu_xnew((size_t)cap * sizeof *y);
+    uint64_t b = all ? 0 : (uint64_t)rnd((int)stride), checked = 0, bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (long round = 0; pass == 0 ? b < end : round < 16; round++) {
+            long m = 0;
+            for (; m < cap && (pass == 1 || b < end); m++) {
+                const uint32_t u = pass == 0 ? (uint32_t)b : (uint32_t)rng_u64(&g_rng);
+                memcpy(&x[m], &u, sizeof u);
+                b += stride;
+            }
+            cpu_expf_avx2(x, y, m);
+            for (long i = 0; i < m; i++) {
+                const float r = expf(x[i]);
+                if (memcmp(&r, &y[i], sizeof r) && !(isnan(r) && isnan(y[i])) && bad++ < 5)
+                    printf("  expf(%a): libm %a, avx2_expf %a\n", (double)x[i], (double)r, (double)y[i]);
+            }
+            checked += (uint64_t)m;
+        }
+    }
+    CHECK_MSG(bad == 0, "avx2_expf: %llu of %llu values differ from libm's expf", (unsigned long long)bad,
+              (unsigned long long)checked);
+    printf("  expf: avx2_expf = libm's expf on %llu values%s\n", (unsigned long long)checked,
+           all ? " (every float)" : "");
+    free(x);
+    free(y);
 }
 
 /* ---- mixture of experts ---- */
@@ -2345,6 +2386,7 @@ int main(void) {
     for (size_t e = 0; e < sizeof k_elementwise / sizeof *k_elementwise; e++)
         if (listed("KVLLM_TEST_OPS", "elementwise") || listed("KVLLM_TEST_OPS", k_tol[k_elementwise[e]].name))
             test_elementwise(k_elementwise[e], g_large ? 2 : CASES(80));
+    if (!g_large && i_avx2 >= 0 && listed("KVLLM_TEST_OPS", "expf")) test_expf();
     if (!g_large && (listed("KVLLM_TEST_OPS", "moe") || listed("KVLLM_TEST_OPS", "moe_route"))) test_moe(CASES(40));
     if (!g_large && listed("KVLLM_TEST_OPS", "kv_store")) test_kv_store(CASES(100));
     if (listed("KVLLM_TEST_OPS", "paged_attention")) test_paged_attention(g_large ? KV_TYPE_COUNT_ : CASES(150));

@@ -20,11 +20,13 @@
  * x below about -3: this form is the more accurate there).  Elsewhere both
  * are within a few ulp of the exact function (test_backend_ops holds this
  * one to the scalar op and to a double-precision reference on fresh random
- * inputs, 1e-6 of the norm).  SwiGLU is the scalar op's expression (libm's
- * expf) over the pool, so its bits are the scalar op's: a vectorized exp,
- * ~1 ulp, moved top-1 near-ties of the KLD suite's Q2_K file below
+ * inputs, 1e-6 of the norm).  SwiGLU is the scalar op's expression with
+ * avx2_expf, libm's expf bit for bit, so its bits are the scalar op's: a
+ * ~1 ulp exp moved top-1 near-ties of the KLD suite's Q2_K file below
  * llama.cpp's.  Each element depends only on its own input, so the result
  * is the same for any thread count, chunking and batch. */
+#include <math.h>
+
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
@@ -59,7 +61,13 @@ static void act_chunk(void *arg, long c, int ith) {
     const struct act_job *j = arg;
     const long i0 = c * ACT_CHUNK, i1 = i0 + ACT_CHUNK < j->n ? i0 + ACT_CHUNK : j->n;
     if (j->silu) {
-        cpu_swiglu(NULL, j->g + i0, j->u + i0, i1 - i0);
+        for (long i = i0; i < i1; i += 8) {
+            const __m256i m = avx2_lanes(i1 - i < 8 ? (int)(i1 - i) : 8);
+            const __m256 g = _mm256_maskload_ps(j->g + i, m);
+            const __m256 e = avx2_expf(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+            const __m256 y = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_maskstore_ps(j->g + i, m, _mm256_mul_ps(y, _mm256_maskload_ps(j->u + i, m)));
+        }
         return;
     }
     for (long i = i0; i < i1; i += 8) {
@@ -80,6 +88,12 @@ int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n) { return act_run(c, x
 int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, false); }
 int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, true); }
 
+void cpu_expf_avx2(const float *x, float *y, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, avx2_expf(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
 /* f16 KV rows by vcvtps2ph, round to nearest even: f32_to_f16's bits for
  * every non-NaN value (a NaN keeps its payload's top bits there). */
 static void f16_row_f16c(const float *x, uint16_t *d, int n) {
@@ -99,6 +113,9 @@ int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, con
 int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n) { return cpu_gelu(c, x, n); }
 int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return cpu_geglu(c, g, u, n); }
 int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return cpu_swiglu(c, g, u, n); }
+void cpu_expf_avx2(const float *x, float *y, long n) {
+    for (long i = 0; i < n; i++) y[i] = expf(x[i]);
+}
 int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                       const float *v, int n) {
     return cpu_kv_store(c, kv, slots, k, v, n);

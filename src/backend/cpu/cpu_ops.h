@@ -41,5 +41,7 @@ int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n);
 int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, const int32_t *slots, const float *k,
                       const float *v, int n);
+/* y = expf(x) over n values, libm's bits by avx2_expf (avx2_util.h): test_backend_ops's check of it. */
+void cpu_expf_avx2(const float *x, float *y, long n);
 
 #endif

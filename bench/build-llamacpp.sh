@@ -6,6 +6,8 @@
 #   bench/build-llamacpp.sh            # venv in /work/cache/llamacpp-venv
 #   LLAMACPP_VENV=/some/dir bench/build-llamacpp.sh
 #   FORCE=1 bench/build-llamacpp.sh    # rebuild even if already installed
+#   LLAMACPP_AMX=1 LLAMACPP_VENV=/work/cache/llamacpp-amx-venv bench/build-llamacpp.sh
+#                                      # AMX kernels in, for a machine with AMX other than this one
 #
 # Idempotent: when the venv already holds the pinned version it does nothing.
 # Flags: clang, -DGGML_NATIVE=ON (tuned for this CPU: -march=native), no
@@ -38,7 +40,13 @@ cmake_args="-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release"
 cmake_args+=" -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF"
 cmake_args+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 cmake_args+=" -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_CURL=OFF"
-if grep -qw amx_int8 /proc/cpuinfo && grep -qw amx_tile /proc/cpuinfo; then
+if [ -n "${LLAMACPP_AMX:-}" ]; then
+    # for another machine that has AMX (a device host): the tile instructions by flag, as -march=native
+    # would give them there; this build then runs only on a CPU with AMX
+    echo "LLAMACPP_AMX set: ggml AMX kernels built in (-mamx-tile -mamx-int8)"
+    cmake_args+=" -DCMAKE_C_FLAGS='-mamx-tile -mamx-int8 -D__AMX_INT8__=1 -D__AMX_TILE__=1'"
+    cmake_args+=" -DCMAKE_CXX_FLAGS='-mamx-tile -mamx-int8 -D__AMX_INT8__=1 -D__AMX_TILE__=1'"
+elif grep -qw amx_int8 /proc/cpuinfo && grep -qw amx_tile /proc/cpuinfo; then
     echo "CPU has AMX: enabling ggml AMX kernels"
     cmake_args+=" -DCMAKE_C_FLAGS='-D__AMX_INT8__=1 -D__AMX_TILE__=1'"
     cmake_args+=" -DCMAKE_CXX_FLAGS='-D__AMX_INT8__=1 -D__AMX_TILE__=1'"

@@ -85,6 +85,8 @@ class ModelConfig:
     longrope: bool = False          # phi3: rope_factors_short / rope_factors_long and rope.scaling.attn_factor
     rope_yarn: tuple[float, int] | None = None   # (factor, original context): rope.scaling.type yarn (gpt-oss)
     mxfp4_experts: bool = False     # gpt-oss: ffn_{gate,up,down}_exps stored MXFP4 (as released), random codes
+    embd_dtype: str | None = None   # token_embd in this QTYPES type rather than dtype (llama-quantize keeps a
+                                    # tied embedding at Q8_0 in a Q4_1 file, as SmolLM2's on PyPI)
 
     @property
     def head_dim(self) -> int:
@@ -231,12 +233,14 @@ class TensorSpec:
 
     def dtype(self, cfg: ModelConfig) -> type:
         """numpy dtype of the values before any quantization."""
-        if self.kind in VECTOR_KINDS or cfg.dtype != "f16":
+        if self.kind in VECTOR_KINDS or cfg.dtype != "f16" or (self.kind == "embd" and cfg.embd_dtype):
             return np.float32
         return np.float16
 
     def qtype(self, cfg: ModelConfig):
         """GGML type the values are quantized to with gguf.quants, or None (stored as dtype())."""
+        if self.kind == "embd" and cfg.embd_dtype:
+            return QTYPES[cfg.embd_dtype]
         return None if self.kind in VECTOR_KINDS else QTYPES.get(cfg.dtype)
 
 
@@ -579,6 +583,7 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
             setattr(cfg, f, v)
     if args.tied:
         cfg.tied = True
+    cfg.embd_dtype = args.embd_dtype
     if args.name:
         cfg.name = args.name
     if args.arch:
@@ -600,6 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--tied", action="store_true", help="no output.weight: the head reuses token_embd")
+    ap.add_argument("--embd-type", dest="embd_dtype", choices=sorted(QTYPES), default=None,
+                    help="token_embd's type (default: --type's)")
     ap.add_argument("--name", default=None, help="general.name")
     ap.add_argument("--arch", choices=ARCHS, default=None, help="general.architecture (default llama)")
     ap.add_argument("--sliding-window", dest="n_swa", type=int, default=None, help="attention.sliding_window")

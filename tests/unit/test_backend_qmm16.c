@@ -135,14 +135,16 @@ static void check_routes(struct backend_ctx *be) {
 
 /* qmm_quantize_row / qmm16_quantize_row against their AVX-512 versions on
  * rows with zero blocks, ties (x * id exactly half-way), wide ranges and
- * subnormals: identical bytes. */
+ * subnormals, of 1024 values (two groups of 16 blocks) or of 1..32 blocks
+ * (a group and a tail, or a tail alone): identical bytes. */
 static void check_quantizers(void) {
     enum { K = 1024 };
     static float x[K];
     static uint8_t a[2 * K + K / 8 + 64], b[sizeof a];
     int bad = 0;
     for (int rep = 0; rep < 200; rep++) {
-        for (int i = 0; i < K; i++) {
+        const int k = rep % 3 ? 32 * tu_rnd_in(&g_rng, 1, 32) : K;
+        for (int i = 0; i < k; i++) {
             const int kind = (i / 32 + rep) % 5;
             const float u = tu_urand(&g_rng);
             /* kind 4: quarters under a block maximum of 63.5, so x * id = x * 2 is often half-way */
@@ -153,13 +155,13 @@ static void check_quantizers(void) {
             memset(a, 0x55, sizeof a);
             memset(b, 0xaa, sizeof b);
             if (w) {
-                qmm16_quantize_row(x, K, a);
-                qmm16_quantize_row_avx512(x, K, b);
-                bad += memcmp(a, b, 2 * K + K / 8) != 0;
+                qmm16_quantize_row(x, k, a);
+                qmm16_quantize_row_avx512(x, k, b);
+                bad += memcmp(a, b, 2 * (size_t)k + k / 8) != 0;
             } else {
-                qmm_quantize_row(x, K, (int8_t *)a, (float *)(void *)(a + K), (int32_t *)(void *)(a + K + K / 8));
-                qmm_quantize_row_avx512(x, K, (int8_t *)b, (float *)(void *)(b + K), (int32_t *)(void *)(b + K + K / 8));
-                bad += memcmp(a, b, K + K / 4) != 0;
+                qmm_quantize_row(x, k, (int8_t *)a, (float *)(void *)(a + k), (int32_t *)(void *)(a + k + k / 8));
+                qmm_quantize_row_avx512(x, k, (int8_t *)b, (float *)(void *)(b + k), (int32_t *)(void *)(b + k + k / 8));
+                bad += memcmp(a, b, (size_t)k + k / 4) != 0;
             }
         }
     }

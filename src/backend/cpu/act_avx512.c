@@ -14,6 +14,7 @@
 #include "core/core.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <float.h>
 #include <immintrin.h>
 
 bool cpu_act_avx512_built(void) { return true; }
@@ -28,8 +29,66 @@ static inline void codes32(const float *x, float qmax, float *scale, __m512i *c0
     *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
 }
 
+/* Lane b of the result: v[b]'s 16 lanes reduced, by 32-bit integer max (add: false) or add (true), in one
+ * transposing tree for all 16 (both reductions are exact, so their order is free).  The tree leaves lane
+ * 4k + j holding v[4j + k]; the last permutation puts v[b] in lane b. */
+static inline __m512i reduce16(const __m512i v[16], bool add) {
+#define OP(a, b) (add ? _mm512_add_epi32((a), (b)) : _mm512_max_epi32((a), (b)))
+    __m512i h[8], f[4], e[2];
+    for (int i = 0; i < 8; i++)   /* halves: v[2i]'s 8 partial lanes, then v[2i+1]'s */
+        h[i] = OP(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++)   /* quarters: 128-bit lane k holds v[4i + k]'s 4 partial lanes */
+        f[i] = OP(_mm512_shuffle_i32x4(h[2 * i], h[2 * i + 1], 0x88), _mm512_shuffle_i32x4(h[2 * i], h[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; i++)   /* lane k: v[8i + k]'s 2 partials, then v[8i + 4 + k]'s */
+        e[i] = OP(_mm512_unpacklo_epi64(f[2 * i], f[2 * i + 1]), _mm512_unpackhi_epi64(f[2 * i], f[2 * i + 1]));
+    const __m512 e0 = _mm512_castsi512_ps(e[0]), e1 = _mm512_castsi512_ps(e[1]);
+    const __m512i r = OP(_mm512_castps_si512(_mm512_shuffle_ps(e0, e1, 0x88)),
+                         _mm512_castps_si512(_mm512_shuffle_ps(e0, e1, 0xdd)));
+#undef OP
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* 16 blocks of 32 at x: d[b] = amax_b / qmax and id[b] = qmm_inv_scale(qmax, amax_b), the divisions 16
+ * lanes at a time (IEEE division: the scalar one's bits).  |x| >= 0, so the largest |x| is the largest
+ * bit pattern: the integer max tree gives it for finite x. */
+static inline void scales16(const float *x, float qmax, float *d, float *id) {
+    __m512i m[16];
+    for (int b = 0; b < 16; b++)
+        m[b] = _mm512_castps_si512(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + b * QMM_BLK)),
+                                                 _mm512_abs_ps(_mm512_loadu_ps(x + b * QMM_BLK + 16))));
+    const __m512 amax = _mm512_castsi512_ps(reduce16(m, false)), q = _mm512_set1_ps(qmax);
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ), q, amax);
+    _mm512_storeu_ps(id, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(inv, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ), inv));
+    _mm512_storeu_ps(d, _mm512_div_ps(amax, q));
+}
+
+/* The 32 values at x times id, as int32 codes. */
+static inline void codes32_at(const float *x, float id, __m512i *c0, __m512i *c1) {
+    const __m512 v = _mm512_set1_ps(id);
+    *c0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), v));
+    *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), v));
+}
+
+/* Rows of 16 blocks or more take them 16 at a time (the per-block horizontal max, sum and two scalar
+ * divisions were most of this function's time); the rest a block at a time. */
 void qmm_quantize_row_avx512(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs) {
-    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+    const int64_t nb = K / QMM_BLK;
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const float *xb = x + b * QMM_BLK;
+        float id[16];
+        scales16(xb, 127.0f, d + b, id);
+        __m512i s[16];
+        for (int i = 0; i < 16; i++) {
+            __m512i c0, c1;
+            codes32_at(xb + i * QMM_BLK, id[i], &c0, &c1);
+            _mm_storeu_si128((__m128i *)(void *)(q + (b + i) * QMM_BLK), _mm512_cvtepi32_epi8(c0));
+            _mm_storeu_si128((__m128i *)(void *)(q + (b + i) * QMM_BLK + 16), _mm512_cvtepi32_epi8(c1));
+            s[i] = _mm512_add_epi32(c0, c1);
+        }
+        _mm512_storeu_si512(xs + b, reduce16(s, true));
+    }
+    for (; b < nb; b++) {
         __m512i c0, c1;
         codes32(x + b * QMM_BLK, 127.0f, &d[b], &c0, &c1);
         _mm_storeu_si128((__m128i *)(void *)(q + b * QMM_BLK), _mm512_cvtepi32_epi8(c0));
@@ -41,7 +100,19 @@ void qmm_quantize_row_avx512(const float *x, int64_t K, int8_t *q, float *d, int
 void qmm16_quantize_row_avx512(const float *x, int64_t K, uint8_t *row) {
     int16_t *q = (int16_t *)(void *)row;
     float *d = (float *)(void *)(row + 2 * K);
-    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+    const int64_t nb = K / QMM_BLK;
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        float id[16];
+        scales16(x + b * QMM_BLK, QMM16_MAX, d + b, id);
+        for (int i = 0; i < 16; i++) {
+            __m512i c0, c1;
+            codes32_at(x + (b + i) * QMM_BLK, id[i], &c0, &c1);
+            _mm256_storeu_si256((__m256i *)(void *)(q + (b + i) * QMM_BLK), _mm512_cvtepi32_epi16(c0));
+            _mm256_storeu_si256((__m256i *)(void *)(q + (b + i) * QMM_BLK + 16), _mm512_cvtepi32_epi16(c1));
+        }
+    }
+    for (; b < nb; b++) {
         __m512i c0, c1;
         codes32(x + b * QMM_BLK, QMM16_MAX, &d[b], &c0, &c1);
         _mm256_storeu_si256((__m256i *)(void *)(q + b * QMM_BLK), _mm512_cvtepi32_epi16(c0));

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run.sh PACK RESULTS — on the other machine, with PACK from pack.sh: the host's CPU (lscpu, flags, the
 # kernel set kvllm picks), random-weight models of the dense shapes PERF.md compares (SmolLM2-135M's in
-# Q4_1, and the families' 160 M shapes in Q8_0; bench/gen-model, written here since the files are larger
-# than what can be carried), then bench/vs-llamacpp over them at 2 threads (pp512, tg128, 3 alternating
-# reps) and, when PACK holds a second kvllm, bench/ab-binaries of kvllm1 (A) against kvllm0 (B).
+# Q4_1 with its embedding in Q8_0, and the families' 160 M shapes in Q8_0; bench/gen-model writes them
+# there, into MODELS (/tmp/remote-cpu-models), since they are larger than what can be carried), then
+# bench/vs-llamacpp over them at 2 threads (pp512, tg128, REPS alternating reps) and, when PACK holds a
+# second kvllm, bench/ab-binaries of kvllm1 (A) against kvllm0 (B) on the SmolLM2 shape's pp512.
 #   PYTHON   the interpreter (python3; needs numpy)      REPS   vs-llamacpp's reps (3)
 set -u
 pack=$(cd "${1:?usage: run.sh PACK RESULTS}" && pwd)
@@ -28,7 +29,7 @@ done
     "$pack/kvllm0" --version
     "$py" -c 'import llama_cpp as L; print("llama-cpp-python", L.__version__); print(L.llama_print_system_info().decode())'
 } >"$res/host.txt" 2>&1
-m=$res/models
+m=${MODELS:-/tmp/remote-cpu-models}
 mkdir -p "$m"
 t0=$SECONDS
 gen() { "$py" "$root/bench/gen-model" --shape tiny --n-ctx 4096 "$@" >>"$res/gen.log" 2>&1; }

@@ -1155,10 +1155,10 @@ static void test_elementwise(enum op op, int nc) {
     }
 }
 
-/* avx2_expf (cpu_expf_avx2) against libm's expf bit for bit (NaN: any NaN), on every 4099th float bit
- * pattern from a random start (~1M values: every exponent, both signs, inf, NaN) and 1M random patterns;
- * KVLLM_TEST_EXPF_ALL=1: all 2^32 (about a minute). */
-static void test_expf(void) {
+/* avx2_expf (cpu_expf_avx2, or its 16-lane form cpu_expf_avx512) against libm's expf bit for bit (NaN:
+ * any NaN), on every 4099th float bit pattern from a random start (~1M values: every exponent, both
+ * signs, inf, NaN) and 1M random patterns; KVLLM_TEST_EXPF_ALL=1: all 2^32 (about a minute). */
+static void test_expf(const char *name, void (*fn)(const float *x, float *y, long n)) {
     const char *all_env = getenv("KVLLM_TEST_EXPF_ALL");
     const bool all = all_env && !strcmp(all_env, "1");
     const uint64_t stride = all ? 1 : 4099, end = (uint64_t)1 << 32;
@@ -1173,18 +1173,18 @@ static void test_expf(void) {
                 memcpy(&x[m], &u, sizeof u);
                 b += stride;
             }
-            cpu_expf_avx2(x, y, m);
+            fn(x, y, m);
             for (long i = 0; i < m; i++) {
                 const float r = expf(x[i]);
                 if (memcmp(&r, &y[i], sizeof r) && !(isnan(r) && isnan(y[i])) && bad++ < 5)
-                    printf("  expf(%a): libm %a, avx2_expf %a\n", (double)x[i], (double)r, (double)y[i]);
+                    printf("  expf(%a): libm %a, %s %a\n", (double)x[i], (double)r, name, (double)y[i]);
             }
             checked += (uint64_t)m;
         }
     }
-    CHECK_MSG(bad == 0, "avx2_expf: %llu of %llu values differ from libm's expf", (unsigned long long)bad,
+    CHECK_MSG(bad == 0, "%s: %llu of %llu values differ from libm's expf", name, (unsigned long long)bad,
               (unsigned long long)checked);
-    printf("  expf: avx2_expf = libm's expf on %llu values%s\n", (unsigned long long)checked,
+    printf("  expf: %s = libm's expf on %llu values%s\n", name, (unsigned long long)checked,
            all ? " (every float)" : "");
     free(x);
     free(y);
@@ -2386,7 +2386,10 @@ int main(void) {
     for (size_t e = 0; e < sizeof k_elementwise / sizeof *k_elementwise; e++)
         if (listed("KVLLM_TEST_OPS", "elementwise") || listed("KVLLM_TEST_OPS", k_tol[k_elementwise[e]].name))
             test_elementwise(k_elementwise[e], g_large ? 2 : CASES(80));
-    if (!g_large && i_avx2 >= 0 && listed("KVLLM_TEST_OPS", "expf")) test_expf();
+    if (!g_large && i_avx2 >= 0 && listed("KVLLM_TEST_OPS", "expf")) {
+        test_expf("cpu_expf_avx2", cpu_expf_avx2);
+        if (avx512 && cpu_act_avx512_built()) test_expf("cpu_expf_avx512", cpu_expf_avx512);
+    }
     if (!g_large && (listed("KVLLM_TEST_OPS", "moe") || listed("KVLLM_TEST_OPS", "moe_route"))) test_moe(CASES(40));
     if (!g_large && listed("KVLLM_TEST_OPS", "kv_store")) test_kv_store(CASES(100));
     if (listed("KVLLM_TEST_OPS", "paged_attention")) test_paged_attention(g_large ? KV_TYPE_COUNT_ : CASES(150));

@@ -53,21 +53,26 @@ struct act_job {
     float *g;           /* (n) in: the activation's input; out: the result */
     const float *u;     /* (n) the GLU's other half, or NULL (plain gelu) */
     long n;
-    bool silu;          /* SwiGLU rather than GELU */
+    void (*silu)(float *g, const float *u, long n);   /* SwiGLU's rows, or NULL: GELU */
 };
+
+/* SwiGLU over n values with avx2_expf. */
+static void swiglu_rows(float *g, const float *u, long n) {
+    for (long i = 0; i < n; i += 8) {
+        const __m256i m = avx2_lanes(n - i < 8 ? (int)(n - i) : 8);
+        const __m256 x = _mm256_maskload_ps(g + i, m);
+        const __m256 e = avx2_expf(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(y, _mm256_maskload_ps(u + i, m)));
+    }
+}
 
 static void act_chunk(void *arg, long c, int ith) {
     (void)ith;
     const struct act_job *j = arg;
     const long i0 = c * ACT_CHUNK, i1 = i0 + ACT_CHUNK < j->n ? i0 + ACT_CHUNK : j->n;
     if (j->silu) {
-        for (long i = i0; i < i1; i += 8) {
-            const __m256i m = avx2_lanes(i1 - i < 8 ? (int)(i1 - i) : 8);
-            const __m256 g = _mm256_maskload_ps(j->g + i, m);
-            const __m256 e = avx2_expf(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-            const __m256 y = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            _mm256_maskstore_ps(j->g + i, m, _mm256_mul_ps(y, _mm256_maskload_ps(j->u + i, m)));
-        }
+        j->silu(j->g + i0, j->u + i0, i1 - i0);
         return;
     }
     for (long i = i0; i < i1; i += 8) {
@@ -78,15 +83,19 @@ static void act_chunk(void *arg, long c, int ith) {
     }
 }
 
-static int act_run(struct backend_ctx *c, float *g, const float *u, long n, bool silu) {
+static int act_run(struct backend_ctx *c, float *g, const float *u, long n,
+                   void (*silu)(float *g, const float *u, long n)) {
     struct act_job j = { g, u, n, silu };
     threadpool_run_chunks(cpu_ctx_of(c)->pool, (n + ACT_CHUNK - 1) / ACT_CHUNK, act_chunk, &j);
     return 0;
 }
 
-int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n) { return act_run(c, x, NULL, n, false); }
-int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, false); }
-int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, true); }
+int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n) { return act_run(c, x, NULL, n, NULL); }
+int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, NULL); }
+int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return act_run(c, g, u, n, swiglu_rows); }
+int cpu_swiglu_avx512(struct backend_ctx *c, float *g, const float *u, long n) {
+    return act_run(c, g, u, n, cpu_swiglu_rows_avx512);
+}
 
 void cpu_expf_avx2(const float *x, float *y, long n) {
     long i = 0;
@@ -113,6 +122,7 @@ int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, con
 int cpu_gelu_avx2(struct backend_ctx *c, float *x, long n) { return cpu_gelu(c, x, n); }
 int cpu_geglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return cpu_geglu(c, g, u, n); }
 int cpu_swiglu_avx2(struct backend_ctx *c, float *g, const float *u, long n) { return cpu_swiglu(c, g, u, n); }
+int cpu_swiglu_avx512(struct backend_ctx *c, float *g, const float *u, long n) { return cpu_swiglu(c, g, u, n); }
 void cpu_expf_avx2(const float *x, float *y, long n) {
     for (long i = 0; i < n; i++) y[i] = expf(x[i]);
 }

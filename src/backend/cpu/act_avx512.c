@@ -7,8 +7,10 @@
  * scales and sums are the scalar functions' bit for bit (test_backend_qmm16
  * checks); the scalar ones stay the definition.  The 8-bit row was 9 % of a
  * small model's prefill (`perf`, qwen3 160 M, pp512) when done a value at a
- * time.  Compiled with the AVX-512 F/BW/VL flags alone; entered only on the
- * avx512 and amx sets. */
+ * time.  And SwiGLU's rows for those sets: avx2_expf's arithmetic (libm's
+ * expf bit for bit) 16 lanes at a time, the table read by permutes rather
+ * than gathers.  Compiled with the AVX2 and AVX-512 F/BW/VL flags;
+ * entered only on the avx512 and amx sets. */
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/qmm.h"
 #include "core/core.h"
@@ -16,6 +18,9 @@
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <float.h>
 #include <immintrin.h>
+#include <math.h>
+
+#include "backend/cpu/avx2_util.h"
 
 bool cpu_act_avx512_built(void) { return true; }
 
@@ -120,8 +125,71 @@ void qmm16_quantize_row_avx512(const float *x, int64_t K, uint8_t *row) {
     }
 }
 
+/* avx2_expf4_core's operations in 8 double lanes; tab: avx2_expf_tab in 4 registers. */
+static inline __m256 expf8_core(__m256 x, const __m512i tab[4]) {
+    const __m512d inv_ln2_n = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
+    const __m512d xd = _mm512_cvtps_pd(x);
+    const __m512d kd_shifted = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
+    const __m512i ki = _mm512_castpd_si512(kd_shifted);
+    const __m512d kd = _mm512_sub_pd(kd_shifted, shift);
+    const __m512d r = _mm512_fmsub_pd(inv_ln2_n, xd, kd);
+    /* entry ki % 32: bits 0-3 pick within a pair of registers, bit 4 the pair */
+    const __m512i lo = _mm512_permutex2var_epi64(tab[0], ki, tab[1]), hi = _mm512_permutex2var_epi64(tab[2], ki, tab[3]);
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-20), r, _mm512_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(0x1.62e42ff0c52d6p-6), _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(z, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+}
+
+/* expf of 16 lanes, avx2_expf's bits: |x| >= 88 anywhere takes libm's expf for the vector. */
+static inline __m512 expf16(__m512 x, const __m512i tab[4]) {
+    const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 20), _mm512_set1_epi32(0x7ff));
+    if (__builtin_expect(_mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a)) != 0, 0)) {
+        float v[16];
+        _mm512_storeu_ps(v, x);
+        for (int i = 0; i < 16; i++) v[i] = expf(v[i]);
+        return _mm512_loadu_ps(v);
+    }
+    const __m256 lo = expf8_core(_mm512_castps512_ps256(x), tab);
+    const __m256 hi = expf8_core(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)), tab);
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+static inline void expf_tab(__m512i tab[4]) {
+    for (int i = 0; i < 4; i++) tab[i] = _mm512_loadu_si512(avx2_expf_tab + 8 * i);
+}
+
+void cpu_swiglu_rows_avx512(float *g, const float *u, long n) {
+    __m512i tab[4];
+    expf_tab(tab);
+    for (long i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 e = expf16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))), tab);
+        const __m512 y = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+void cpu_expf_avx512(const float *x, float *y, long n) {
+    __m512i tab[4];
+    expf_tab(tab);
+    long i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, expf16(_mm512_loadu_ps(x + i), tab));
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
 #else
 bool cpu_act_avx512_built(void) { return false; }
+void cpu_swiglu_rows_avx512(float *g, const float *u, long n) {
+    KV_ASSERT(!"cpu_swiglu_rows_avx512: not built");
+}
+void cpu_expf_avx512(const float *x, float *y, long n) {
+    KV_ASSERT(!"cpu_expf_avx512: not built");
+}
 void qmm_quantize_row_avx512(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs) {
     KV_ASSERT(!"qmm_quantize_row_avx512: not built");
 }

@@ -270,7 +270,7 @@ static int cpu_ops_for(const char *kind, struct backend_ops *ops, qmm_group_fn *
         ops->paged_attention = cpu_paged_attention_avx512;
         ops->gelu = cpu_gelu_avx2;
         ops->geglu = cpu_geglu_avx2;
-        ops->swiglu = cpu_swiglu_avx2;
+        ops->swiglu = cpu_act_avx512_built() ? cpu_swiglu_avx512 : cpu_swiglu_avx2;
         ops->kv_store = cpu_kv_store_avx2;
         *qrows = qmm_group_avx512;
         return 0;

@@ -43,5 +43,10 @@ int cpu_kv_store_avx2(struct backend_ctx *c, const struct kv_layer_view *kv, con
                       const float *v, int n);
 /* y = expf(x) over n values, libm's bits by avx2_expf (avx2_util.h): test_backend_ops's check of it. */
 void cpu_expf_avx2(const float *x, float *y, long n);
+/* act_avx512.c (call only where cpu_act_avx512_built() and the CPU has AVX-512 F/BW/VL): the same 16
+ * lanes at a time; SwiGLU's rows with it, and the avx512 set's swiglu op over the pool (act_avx2.c). */
+void cpu_expf_avx512(const float *x, float *y, long n);
+void cpu_swiglu_rows_avx512(float *g, const float *u, long n);
+int cpu_swiglu_avx512(struct backend_ctx *c, float *g, const float *u, long n);
 
 #endif

@@ -127,7 +127,7 @@ void qmm16_quantize_row_avx512(const float *x, int64_t K, uint8_t *row) {
 
 /* avx2_expf4_core's operations in 8 double lanes; tab: avx2_expf_tab in 4 registers. */
 static inline __m256 expf8_core(__m256 x, const __m512i tab[4]) {
-    const __m512d inv_ln2_n = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
+    const __m512d inv_ln2_n = _mm512_set1_pd(EXPF_INV_LN2_N), shift = _mm512_set1_pd(EXPF_SHIFT);
     const __m512d xd = _mm512_cvtps_pd(x);
     const __m512d kd_shifted = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
     const __m512i ki = _mm512_castpd_si512(kd_shifted);
@@ -137,9 +137,9 @@ static inline __m256 expf8_core(__m256 x, const __m512i tab[4]) {
     const __m512i lo = _mm512_permutex2var_epi64(tab[0], ki, tab[1]), hi = _mm512_permutex2var_epi64(tab[2], ki, tab[3]);
     __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
     t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
-    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-20), r, _mm512_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_C0), r, _mm512_set1_pd(EXPF_C1));
     const __m512d r2 = _mm512_mul_pd(r, r);
-    __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(0x1.62e42ff0c52d6p-6), _mm512_set1_pd(1.0));
+    __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(EXPF_C2), _mm512_set1_pd(1.0));
     y = _mm512_fmadd_pd(z, r2, y);
     return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
 }

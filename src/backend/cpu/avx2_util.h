@@ -95,9 +95,16 @@ static const uint64_t avx2_expf_tab[32] = {
     0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
 };
 
+/* Its constants: 32 / ln 2, the rounding shift 1.5 2^52, the polynomial's coefficients (r^3, r^2, r). */
+#define EXPF_INV_LN2_N 0x1.71547652b82fep+5
+#define EXPF_SHIFT 0x1.8p+52
+#define EXPF_C0 0x1.c6af84b912394p-20
+#define EXPF_C1 0x1.ebfce50fac4f3p-13
+#define EXPF_C2 0x1.62e42ff0c52d6p-6
+
 /* expf of 4 lanes (|x| < 88), in double. */
 ALWAYS_INLINE __m128 avx2_expf4_core(__m128 x) {
-    const __m256d inv_ln2_n = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d inv_ln2_n = _mm256_set1_pd(EXPF_INV_LN2_N), shift = _mm256_set1_pd(EXPF_SHIFT);
     const __m256d xd = _mm256_cvtps_pd(x);
     const __m256d kd_shifted = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
     const __m256i ki = _mm256_castpd_si256(kd_shifted);
@@ -105,9 +112,9 @@ ALWAYS_INLINE __m128 avx2_expf4_core(__m128 x) {
     const __m256d r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
     __m256i t = _mm256_i64gather_epi64((const long long *)avx2_expf_tab, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
     t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
-    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-20), r, _mm256_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(EXPF_C0), r, _mm256_set1_pd(EXPF_C1));
     const __m256d r2 = _mm256_mul_pd(r, r);
-    __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0));
+    __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(EXPF_C2), _mm256_set1_pd(1.0));
     y = _mm256_fmadd_pd(z, r2, y);
     return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
 }

@@ -246,11 +246,15 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                 if (qmm_zero(type)) p = _mm256_sub_epi32(p, bc32(qmm_zero(type) * xs[t][b]));
             }
 #else
-            p = sgn ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
-            for (int r = 0; r < 8; r++) {
-                const int off = type == DTYPE_Q8_0 || r < 4 ? 4 * r : 16 + 4 * (r - 4);
-                p = dot(p, w[r], bc32(ld32(x + off)));
+            /* two chains of 4 dependent products rather than one of 8 (vpdpbusd's latency is 5 cycles,
+             * its rate 1 a cycle): the int32 sums are exact, so their order does not change p */
+            vi pa = sgn ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
+            vi pb = izero();
+            for (int r = 0; r < 4; r++) {
+                pa = dot(pa, w[r], bc32(ld32(x + 4 * r)));
+                pb = dot(pb, w[4 + r], bc32(ld32(x + 16 + 4 * r)));
             }
+            p = add32(pa, pb);
 #endif
             const vf dx = set1f(xd[t][b]);
             acc[t] = fma_(cvt(p), mul(dv, dx), acc[t]);
@@ -371,8 +375,12 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
 #else
                     /* 32-block activation rows (qmm.h): dx and the int32 code sums per 32 */
                     const int32_t *xs = (const int32_t *)(const void *)(xd[t] + j->K / 32);
-                    vi p = bc32(-128 * xs[8 * b + s]);
-                    for (int r = 0; r < 8; r++) p = dot(p, w[r], bc32(ld32(x + (r < 4 ? 4 * r : 16 + 4 * (r - 4)))));
+                    vi pa = bc32(-128 * xs[8 * b + s]), pb = izero();   /* two chains, as tile()'s */
+                    for (int r = 0; r < 4; r++) {
+                        pa = dot(pa, w[r], bc32(ld32(x + 4 * r)));
+                        pb = dot(pb, w[4 + r], bc32(ld32(x + 16 + 4 * r)));
+                    }
+                    const vi p = add32(pa, pb);
 #endif
                     acc[t] = fma_(cvt(p), mul(dsc, set1f(xd[t][8 * b + s])), acc[t]);
                 }

@@ -84,7 +84,10 @@ ALWAYS_INLINE __m256 avx2_exp_neg(__m256 x) {
  * them.  Lanes with |x| >= 88 (overflow, underflow, inf, NaN) take libm's
  * expf itself, a vector at a time (rare in an activation).  Why: SwiGLU
  * needs the scalar op's bits (a ~1 ulp exp moved top-1 near-ties of the
- * KLD suite) at vector speed.  test_backend_ops holds it to libm's expf. */
+ * KLD suite) at vector speed.  test_backend_ops holds it to libm's expf
+ * (checked on all 2^32 inputs against Debian 12's glibc 2.36): a C library
+ * whose expf rounds otherwise fails that check, which is the signal that
+ * the SIMD sets' SwiGLU no longer equals the scalar op's. */
 static const uint64_t avx2_expf_tab[32] = {
     0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
     0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,

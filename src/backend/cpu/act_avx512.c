@@ -24,14 +24,19 @@
 
 bool cpu_act_avx512_built(void) { return true; }
 
+/* The 32 values at x times id, as int32 codes. */
+static inline void codes32_at(const float *x, float id, __m512i *c0, __m512i *c1) {
+    const __m512 v = _mm512_set1_ps(id);
+    *c0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), v));
+    *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), v));
+}
+
 /* The block's 32 values at x times its inverse scale, as int32 codes; *scale = its largest |x| / qmax. */
 static inline void codes32(const float *x, float qmax, float *scale, __m512i *c0, __m512i *c1) {
-    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-    const __m512 id = _mm512_set1_ps(qmm_inv_scale(qmax, amax));
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)),
+                                                          _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
     *scale = amax / qmax;
-    *c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
-    *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+    codes32_at(x, qmm_inv_scale(qmax, amax), c0, c1);
 }
 
 /* Lane b of the result: v[b]'s 16 lanes reduced, by 32-bit integer max (add: false) or add (true), in one
@@ -65,13 +70,6 @@ static inline void scales16(const float *x, float qmax, float *d, float *id) {
     const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ), q, amax);
     _mm512_storeu_ps(id, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(inv, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ), inv));
     _mm512_storeu_ps(d, _mm512_div_ps(amax, q));
-}
-
-/* The 32 values at x times id, as int32 codes. */
-static inline void codes32_at(const float *x, float id, __m512i *c0, __m512i *c1) {
-    const __m512 v = _mm512_set1_ps(id);
-    *c0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), v));
-    *c1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), v));
 }
 
 /* Rows of 16 blocks or more take them 16 at a time (the per-block horizontal max, sum and two scalar

@@ -8,7 +8,9 @@
  * wall time per token is printed beside it: a step that leaves a thread
  * idle shows there).  Other shapes: NH query heads, NKV kv heads, HD head
  * size, WINDOW > 0 a sliding window (Gemma 3 270M: 4 1 256, its sliding
- * layers 512).  BS=N in the environment sets the block size (default 16).
+ * layers 512).  BS=N in the environment sets the block size (default 16);
+ * PREFILL=1 times a prefill instead: L tokens of one sequence at positions
+ * 0 .. L-1 per layer (SmolLM2-135M: 9 3 64).
  *   attnbench [L [THREADS [REPS [KV_TYPE 0..4 [ROUNDS [LAYERS [NH NKV HD [WINDOW]]]]]]]]] */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_features.h"
@@ -66,13 +68,16 @@ int main(int argc, char **argv) {
     }
     int32_t *table = malloc((size_t)nb * sizeof *table);
     for (int i = 0; i < nb; i++) table[i] = (int32_t)(((long)i * 7919) % nb);   /* scattered blocks */
-    float *q = malloc((size_t)nh * hd * sizeof *q), *out = malloc((size_t)nh * hd * sizeof *out);
-    for (int i = 0; i < nh * hd; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
-    const int32_t pos = L - 1, seq = 0;
+    const bool prefill = getenv("PREFILL") && atoi(getenv("PREFILL")) > 0;
+    const int nt = prefill ? L : 1;
+    float *q = malloc((size_t)nt * nh * hd * sizeof *q), *out = malloc((size_t)nt * nh * hd * sizeof *out);
+    int32_t *pos = malloc((size_t)nt * sizeof *pos), *seq = calloc((size_t)nt, sizeof *seq);
+    for (size_t i = 0; i < (size_t)nt * nh * hd; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    for (int t = 0; t < nt; t++) pos[t] = L - nt + t;
 
     struct backend *be = NULL;
     struct backend_ctx *c = NULL;
-    const struct backend_ctx_params p = { .n_threads = nth, .max_tokens = 1, .max_ctx = L, .n_head = nh,
+    const struct backend_ctx_params p = { .n_threads = nth, .max_tokens = nt, .max_ctx = L, .n_head = nh,
                                           .head_dim = hd, .max_cols = 64 };
     if (backend_cpu_new("scalar", false, BACKEND_ACT_F32, &be) || backend_ctx_new(be, &p, &c)) {
         fprintf(stderr, "attnbench: no backend context\n");
@@ -86,8 +91,8 @@ int main(int argc, char **argv) {
             const double t0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), w0 = clock_s(CLOCK_MONOTONIC);
             for (int i = 0; i < reps; i++)
                 for (int l = 0; l < 22; l++) {
-                    const struct paged_attn_args a = { .n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = hd,
-                                                       .q = q, .pos = &pos, .seq = &seq, .block_table = table,
+                    const struct paged_attn_args a = { .n_tokens = nt, .n_head = nh, .n_head_kv = nkv, .head_dim = hd,
+                                                       .q = q, .pos = pos, .seq = seq, .block_table = table,
                                                        .max_blocks = nb, .kv = v[l % NL], .scale = 0.125f,
                                                        .window = window, .out = out };
                     if (fn[k](c, &a)) return 1;
@@ -97,9 +102,9 @@ int main(int argc, char **argv) {
             best[k] = t < best[k] ? t : best[k];
             wall[k] = w < wall[k] ? w : wall[k];
         }
-    printf("L %d, %d thread(s), kv type %d, %d distinct layers, heads %d/%d x %d, window %d: ms per token "
+    printf("L %d, %d thread(s), kv type %d, %d distinct layers, heads %d/%d x %d, window %d: ms per %s "
            "(22 layers), best of %d, CPU (wall): avx2 %.3f (%.3f), avx512 %.3f (%.3f) (%.2fx)\n", L, nth, (int)type,
-           NL, nh, nkv, hd, window, rounds, best[0], wall[0], best[1], wall[1], best[0] / best[1]);
+           NL, nh, nkv, hd, window, prefill ? "prefill" : "token", rounds, best[0], wall[0], best[1], wall[1], best[0] / best[1]);
     backend_ctx_free(c);
     backend_free(be);
     return 0;

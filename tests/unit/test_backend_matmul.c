@@ -197,7 +197,7 @@ static void test_q8_rows(struct backend_ctx *ctx, const struct cpu_features *f) 
     static const uint32_t types[] = { DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_IQ4_NL, DTYPE_MXFP4 };
     static const int64_t Ks[] = { 32, 64, 96, 2048, MAX_K };
     static const int64_t Ms[] = { 1, 2, 3, 9, 17, 40 };
-    static const int ns[] = { 1, 2, 3, 4, 7, 64, 130 };
+    static const int ns[] = { 1, 2, 3, 4, 6, 7, 64, 130 };
     for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
         if (!sets[s].ok) { printf("SKIP: q8 group %s (this CPU or build lacks it)\n", sets[s].name); continue; }
         int cases = 0;

@@ -173,7 +173,7 @@ ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, 
     _Alignas(64) float acc[QMM_AMX_CH][16];
     _Alignas(64) int32_t cbuf[QMM_AMX_NCB][16][16];
     _Alignas(64) uint8_t wbuf[QMM_AMX_SPAN][8][64];
-    _Alignas(64) float dxs[16][QMM_AMX_SPAN], xsf[16][QMM_AMX_SPAN];   /* dx, (float)xs of the tile's tokens */
+    _Alignas(64) float dxs[16][QMM_AMX_SPAN], xsf[16][QMM_AMX_SPAN];   /* dx, xs (f32) of the tile's tokens */
     _Alignas(64) uint8_t abuf[16][QMM_AMX_SPAN * QMM_BLK];
     if (nt % 16) {
         memset(abuf, 0, sizeof abuf);
@@ -209,7 +209,7 @@ ALWAYS_INLINE void chunk(T_STATE_PARAM, uint32_t type, const struct qmm_job *j, 
             for (int i = 0; i < m; i++) {
                 const float *xd = (const float *)(const void *)(act + (size_t)i * j->astride + j->K) + b0;
                 _mm256_store_ps(dxs[i], _mm256_maskz_loadu_ps(smask, xd));
-                if (has_m) _mm256_store_ps(xsf[i], _mm256_cvtepi32_ps(_mm256_maskz_loadu_epi32(smask, xd + nb)));
+                if (has_m) _mm256_store_ps(xsf[i], _mm256_maskz_loadu_ps(smask, xd + nb));
             }
             const uint8_t *a = act + (size_t)(QMM_BLK * b0);
             size_t as = j->astride;

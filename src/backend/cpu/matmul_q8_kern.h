@@ -16,8 +16,9 @@
  *   Q4_x  nibbles q (unsigned) against x: ISA 1 sums the eight vpmaddubsw
  *         results of a block in int16 (each lane <= 2 * 15 * 127, eight of
  *         them <= 30480 < 2^15), then one vpmaddwd; ISA 2, 3 vpdpbusd.
- *         Q4_0's - 8 is - 8 xs (the token's code sum), subtracted (ISA 1)
- *         or the accumulator's start (ISA 2, 3);
+ *         Q4_0's - 8 is - 8 xs (the token's code sum, which the
+ *         activation row holds so: qmm_act_sum_factor), added (ISA 1) or
+ *         the accumulator's start (ISA 2, 3);
  *   Q5_x  as Q4_x with the fifth bit or'ed in from the group's spread qh
  *         (qmm.h); ISA 1 sums only four runs in int16 (<= 4 * 2 * 31 * 127
  *         = 31496); Q5_0's - 16 as Q4_0's - 8;
@@ -40,7 +41,16 @@ typedef __m256i vi;
 typedef __m256 vf;
 #define LANES 8
 #endif
-#define TT 4                /* tokens per tile */
+/* Tokens per tile: each block's weight codes, decoded once, meet TT tokens.
+ * 32 zmm registers hold 8 tokens' accumulators beside the 8 code vectors;
+ * 16 ymm registers hold 4.  The K-quants' tiles keep 4 (two int32 sums per
+ * token besides the accumulator). */
+#if QMM_ISA == 3
+#define TT 8
+#else
+#define TT 4
+#endif
+#define TTK 4
 /* Software prefetch distance into a group's bytes (the first pass over a
  * group, lanes 0.., first token tile: the one that reads it from memory).
  * With few tokens (batched decode) each block's arithmetic is short and the
@@ -173,12 +183,14 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
     const bool sgn = type == DTYPE_Q8_0 || nl;
     const int8_t *xq[TT];
     const float *xd[TT];
-    const int32_t *xs[TT];
+    const int32_t *xs[TT];     /* the code sums as type takes them (qmm_act_sum_factor) */
+    const float *xsf[TT];
     vf acc[TT];
     for (int t = 0; t < T; t++) {
         xq[t] = (const int8_t *)(const void *)(j->act + (size_t)(t0 + t) * j->astride);
         xd[t] = (const float *)(const void *)(xq[t] + j->K);
         xs[t] = (const int32_t *)(const void *)(xd[t] + nb);
+        xsf[t] = xd[t] + nb;
         acc[t] = fzero();
     }
     const bool pf = h == 0 && t0 == 0;
@@ -243,12 +255,12 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
                     }
                     p = _mm256_add_epi32(p, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
                 }
-                if (qmm_zero(type)) p = _mm256_sub_epi32(p, bc32(qmm_zero(type) * xs[t][b]));
+                if (qmm_zero(type)) p = _mm256_add_epi32(p, bc32(xs[t][b]));   /* - zero xs */
             }
 #else
             /* two chains of 4 dependent products rather than one of 8 (vpdpbusd's latency is 5 cycles,
              * its rate 1 a cycle): the int32 sums are exact, so their order does not change p */
-            vi pa = sgn ? bc32(-128 * xs[t][b]) : qmm_zero(type) ? bc32(-qmm_zero(type) * xs[t][b]) : izero();
+            vi pa = sgn || qmm_zero(type) ? bc32(xs[t][b]) : izero();   /* - 128 xs, - zero xs */
             vi pb = izero();
             for (int r = 0; r < 4; r++) {
                 pa = dot(pa, w[r], bc32(ld32(x + 4 * r)));
@@ -258,7 +270,7 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
 #endif
             const vf dx = set1f(xd[t][b]);
             acc[t] = fma_(cvt(p), mul(dv, dx), acc[t]);
-            if (has_m) acc[t] = fma_(set1f((float)xs[t][b]), mul(mv, dx), acc[t]);
+            if (has_m) acc[t] = fma_(set1f(xsf[t][b]), mul(mv, dx), acc[t]);
         }
     }
     const int n_here = nr - LANES * h;
@@ -299,10 +311,10 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
                           int nr, int t0) {
     const int64_t nb = j->K / QMM_QK;
     const size_t gb = qmm_gblock_bytes_k(type);
-    const int8_t *xq[TT];
-    const float *xd[TT];
-    const int16_t *xs16[TT], *xs32[TT];
-    vf acc[TT];
+    const int8_t *xq[TTK];
+    const float *xd[TTK];
+    const int16_t *xs16[TTK], *xs32[TTK];
+    vf acc[TTK];
     for (int t = 0; t < T; t++) {
         xq[t] = (const int8_t *)(const void *)(j->act + (size_t)(t0 + t) * j->astride);
         xd[t] = (const float *)(const void *)(xq[t] + j->K);
@@ -316,7 +328,7 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
         const uint8_t *gp = g + (size_t)b * gb;
         if (pf) prefetch_ahead(gp, gb);
         const vf dv = ldh(gp + 2 * LANES * h);
-        vi isum[TT];
+        vi isum[TTK];
         for (int t = 0; t < T; t++) isum[t] = izero();
         if (type == DTYPE_Q6_K) {
             const uint8_t *scp = gp + 32 + LANES * h, *qhp = gp + 288 + 4 * LANES * h, *qlp = gp + 1312 + 4 * LANES * h;
@@ -373,9 +385,9 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
                                             _mm256_set1_epi16(1)));
                     }
 #else
-                    /* 32-block activation rows (qmm.h): dx and the int32 code sums per 32 */
+                    /* 32-block activation rows (qmm.h): dx and the code sums (as - 128 xs) per 32 */
                     const int32_t *xs = (const int32_t *)(const void *)(xd[t] + j->K / 32);
-                    vi pa = bc32(-128 * xs[8 * b + s]), pb = izero();   /* two chains, as tile()'s */
+                    vi pa = bc32(xs[8 * b + s]), pb = izero();   /* - 128 xs; two chains, as tile()'s */
                     for (int r = 0; r < 4; r++) {
                         pa = dot(pa, w[r], bc32(ld32(x + 4 * r)));
                         pb = dot(pb, w[4 + r], bc32(ld32(x + 16 + 4 * r)));
@@ -432,7 +444,7 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
         const uint8_t *qsp = gp + (type == DTYPE_Q4_K ? 320 : 832) + 4 * LANES * h;
         const vi m10 = set1_i8(0x10);
         for (int c = 0; c < 4; c++) {            /* sub-blocks 2c (low nibbles), 2c + 1 (high) */
-            vi plo[TT], phi[TT];
+            vi plo[TTK], phi[TTK];
             for (int t = 0; t < T; t++) plo[t] = phi[t] = izero();
             for (int q = 0; q < 2; q++) {
                 vi w[8];
@@ -469,7 +481,7 @@ ALWAYS_INLINE void tile_k(const int T, uint32_t type, const struct qmm_job *j, c
 ALWAYS_INLINE void group_k(uint32_t type, const struct qmm_job *j, const uint8_t *g, int64_t r0, int nr) {
     for (int h = 0; h * LANES < nr; h++) {
         int t = 0;
-        for (; t + TT <= j->n; t += TT) tile_k(TT, type, j, g, h, r0, nr, t);
+        for (; t + TTK <= j->n; t += TTK) tile_k(TTK, type, j, g, h, r0, nr, t);
         switch (j->n - t) {
         case 3: tile_k(3, type, j, g, h, r0, nr, t); break;
         case 2: tile_k(2, type, j, g, h, r0, nr, t); break;
@@ -484,6 +496,12 @@ ALWAYS_INLINE void group(uint32_t type, const struct qmm_job *j, const uint8_t *
         int t = 0;
         for (; t + TT <= j->n; t += TT) tile(TT, type, j, g, h, r0, nr, t);
         switch (j->n - t) {
+#if TT > 4
+        case 7: tile(7, type, j, g, h, r0, nr, t); break;
+        case 6: tile(6, type, j, g, h, r0, nr, t); break;
+        case 5: tile(5, type, j, g, h, r0, nr, t); break;
+        case 4: tile(4, type, j, g, h, r0, nr, t); break;
+#endif
         case 3: tile(3, type, j, g, h, r0, nr, t); break;
         case 2: tile(2, type, j, g, h, r0, nr, t); break;
         case 1: tile(1, type, j, g, h, r0, nr, t); break;

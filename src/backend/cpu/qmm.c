@@ -64,8 +64,9 @@ void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *x
     }
 }
 
-/* The pointers into one activation row of K (qmm.h, qmm_k.c). */
-struct act_row { int8_t *q; float *d; int32_t *xs; int16_t *xs16, *xs32; };
+/* The pointers into one activation row of K (qmm.h, qmm_k.c): xs and xsf
+ * are the same K / 32 sums, int32 or (Q4_1, Q5_1) f32 (qmm_act_sum_factor). */
+struct act_row { int8_t *q; float *d; int32_t *xs; float *xsf; int16_t *xs16, *xs32; };
 
 static struct act_row act_row_at(uint32_t type, uint8_t *row, int64_t K) {
     struct act_row a = { .q = (int8_t *)row, .d = (float *)(void *)(row + K) };
@@ -74,21 +75,39 @@ static struct act_row act_row_at(uint32_t type, uint8_t *row, int64_t K) {
         a.xs32 = a.xs16 + K / 16;
     } else {
         a.xs = (int32_t *)(void *)(a.d + K / QMM_BLK);
+        a.xsf = a.d + K / QMM_BLK;
     }
     return a;
 }
 
+/* The code sums a quantizer wrote, in the form type's kernels take them (qmm_act_sum_factor). */
+static void sums_for(uint32_t type, const struct act_row *a, int64_t K) {
+    const int32_t f = qmm_act_sum_factor(type);
+    for (int64_t b = 0; b < K / QMM_BLK; b++) {
+        int32_t s;
+        memcpy(&s, a->xs + b, sizeof s);
+        if (qmm_has_m(type)) a->xsf[b] = (float)s;
+        else a->xs[b] = f * s;
+    }
+}
+
 void qmm_quantize_act(uint32_t type, const float *x, int64_t K, uint8_t *row) {
     const struct act_row a = act_row_at(type, row, K);
-    if (qmm_act_k(type)) qmm_quantize_row_k(x, K, a.q, a.d, a.xs16, a.xs32);
-    else qmm_quantize_row(x, K, a.q, a.d, a.xs);
+    if (qmm_act_k(type)) {
+        qmm_quantize_row_k(x, K, a.q, a.d, a.xs16, a.xs32);
+        return;
+    }
+    qmm_quantize_row(x, K, a.q, a.d, a.xs);
+    sums_for(type, &a, K);
 }
+
+static float ref_dot(uint32_t type, const uint8_t *w, const struct act_row *a, int64_t K);
 
 float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K) {
     const struct act_row a = act_row_at(type, (uint8_t *)(uintptr_t)row, K);
     if (type == DTYPE_IQ4_XS) return qmm_ref_dot_iq4_xs(w, a.q, a.d, K);
     if (qmm_is_k(type)) return qmm_ref_dot_k(type, w, a.q, a.d, a.xs16, a.xs32, K);
-    return qmm_ref_dot(type, w, a.q, a.d, a.xs, K);
+    return ref_dot(type, w, &a, K);
 }
 
 /* ---- the reference ---- */
@@ -105,8 +124,11 @@ static int wcode(uint32_t type, const uint8_t *blk, int i) {
     return q - qmm_zero(type);
 }
 
-float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
-                  int64_t K) {
+/* qmm_ref_dot: one weight row (type, K elements, in rows layout) times one
+ * quantized activation row, with exactly the arithmetic of qmm.h. */
+static float ref_dot(uint32_t type, const uint8_t *w, const struct act_row *a, int64_t K) {
+    const int8_t *xq = a->q;
+    const float *xd = a->d;
     float acc = 0;
     const size_t bb = wblock_bytes(type);
     for (int64_t b = 0; b < K / QMM_BLK; b++) {
@@ -118,7 +140,7 @@ float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float
         acc = fmaf((float)p, (qmm_e8m0(type) ? e8m0_half_to_f32(blk[0]) : f16_to_f32(dh)) * xd[b], acc);
         if (qmm_has_m(type)) {
             memcpy(&mh, blk + 2, 2);
-            acc = fmaf((float)xs[b], f16_to_f32(mh) * xd[b], acc);
+            acc = fmaf(a->xsf[b], f16_to_f32(mh) * xd[b], acc);
         }
     }
     return acc;
@@ -275,6 +297,7 @@ static void quant_row(const struct qmm_run *q, long t) {
     } else if (simd && !qmm_act_k(q->j.type)) {
         const struct act_row a = act_row_at(q->j.type, row, K);
         qmm_quantize_row_avx512(x, K, a.q, a.d, a.xs);
+        sums_for(q->j.type, &a, K);
     } else {
         qmm_quantize_act(q->j.type, x, K, row);
     }

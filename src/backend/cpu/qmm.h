@@ -7,7 +7,9 @@
  * amax)) in -127 .. 127 (an all-zero block: dx = 0, codes 0; codes 0 too
  * where 127 / amax overflows: qmm_inv_scale), and xs = Σ
  * codes.  The row's result depends on that row alone, so batching never
- * changes it.
+ * changes it.  A row made for a weight type holds xs in the form that
+ * type's kernels use it (qmm_act_sum), so each 16-row group loads it where
+ * it converted or multiplied it again.
  *
  * Per (weight row, token), one f32 accumulator acc = 0; in block order,
  * P = Σ_{32} w · x exactly in int32 (w: Q8_0's signed code, Q4_0's nibble
@@ -115,8 +117,18 @@ static inline uint32_t qmm_q5_gather(uint32_t s) {
 /* Whether the integer path takes weights of type with rows of K. */
 bool qmm_supports(uint32_t type, int64_t K);
 
+/* The code sum xs of a block as the 32-block kernels of weights of type t
+ * take it: Q4_1 and Q5_1 add their offset's term with it as an f32 (exact:
+ * |xs| <= 32 * 127); vpdpbusd's products of unsigned weights start from
+ * -128 xs for the signed ones (Q8_0, IQ4_NL, MXFP4, IQ4_XS: w ^ 0x80 = w +
+ * 128) and from -zero xs for Q4_0's and Q5_0's codes (int32). */
+static inline int32_t qmm_act_sum_factor(uint32_t t) {
+    return t == DTYPE_Q8_0 || qmm_is_nl(t) || t == DTYPE_IQ4_XS ? -128 : -qmm_zero(t);
+}
+
 /* Bytes of one quantized activation row of K (K codes, K / 32 f32 dx, K /
- * 32 int32 xs; 64-byte multiple).  The context sizes its act_buf with it. */
+ * 32 xs in the weight type's form, qmm_act_sum_factor; 64-byte multiple).
+ * The context sizes its act_buf with it. */
 size_t qmm_act_row_bytes(int64_t K);
 
 /* The inverse scale of a block whose largest |x| is amax, for codes up to
@@ -131,11 +143,6 @@ static inline float qmm_inv_scale(float qmax, float amax) {
 /* Quantize x (K, a multiple of 32) into codes q (K), scales d and code sums
  * xs (K / 32 each). */
 void qmm_quantize_row(const float *x, int64_t K, int8_t *q, float *d, int32_t *xs);
-
-/* The reference: one weight row (type, K elements, in rows layout) times one
- * quantized activation row, with exactly the arithmetic above. */
-float qmm_ref_dot(uint32_t type, const uint8_t *w, const int8_t *xq, const float *xd, const int32_t *xs,
-                  int64_t K);
 
 /* The K-quant counterparts (qmm_k.c; K a multiple of 256): activations
  * quantized per 256 with the code sums per 16 and per 32, and the reference

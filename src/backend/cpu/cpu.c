@@ -65,6 +65,8 @@ static void cpu_ctx_free(struct backend_ctx *c) {
     free(cc->pa_off);
     free(cc->pa_merge);
     free(cc->pa_unit);
+    free(cc->rope_cs);
+    free(cc->rope_pos);
     free(cc);
 }
 
@@ -112,9 +114,12 @@ static int cpu_ctx_new(struct backend *be, const struct backend_ctx_params *p, s
     cc->pa_off = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_off);
     cc->pa_merge = xmalloc((size_t)max_tokens * sizeof *cc->pa_merge);
     cc->pa_unit = xmalloc(((size_t)max_tokens + 1) * sizeof *cc->pa_unit);
+    cc->rope_cols = (int)hd;     /* n_rot <= head_dim: a token's pairs' cos and sin */
+    cc->rope_cs = xmalloc((size_t)max_tokens * hd * sizeof *cc->rope_cs);
+    cc->rope_pos = xmalloc((size_t)max_tokens * sizeof *cc->rope_pos);
     if (!cc->pool || !cc->scratch || (cc->act_buf_bytes && !cc->act_buf) || (cc->qpack_bytes && !cc->qpack) ||
         !cc->partials || !cc->pa_local || !cc->pa_off ||
-        !cc->pa_merge || !cc->pa_unit) {
+        !cc->pa_merge || !cc->pa_unit || !cc->rope_cs || !cc->rope_pos) {
         cpu_ctx_free(&cc->base);
         return KVLLM_ENOMEM;
     }

@@ -62,6 +62,12 @@ struct cpu_ctx {
     long *pa_off;                 /* (max_tokens + 1) */
     int *pa_unit;                 /* (max_tokens + 1) */
     int *pa_merge;                /* (max_tokens) */
+    /* rope: each token's (cos, sin) per rotated pair for the settings and positions of the last call
+     * (cpu_ops.c), which every layer with the same settings reuses; rope_n 0: none held */
+    float *rope_cs;               /* (max_tokens, rope_cols) */
+    int32_t *rope_pos;            /* (max_tokens) */
+    struct rope_params rope_key;
+    int rope_cols, rope_n;
 };
 
 static inline struct cpu_ctx *cpu_ctx_of(struct backend_ctx *c) { return (struct cpu_ctx *)(void *)c; }

@@ -135,7 +135,10 @@ int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct 
 
 /* Rope of up to two tensors at the same positions (a step's q and k): each
  * (token, pair)'s cos and sin are computed once for both, in double, and the
- * tokens are split over the pool in chunks. */
+ * tokens are split over the pool in chunks.  They are kept in the context
+ * (cpu_ctx.rope_cs) for the next call with the same settings and positions:
+ * a forward's layers all rope the same positions, and libm's sincos of each
+ * layer was 1.2 % of SmolLM2's prefill. */
 enum { ROPE_MAX_PAIRS = 256, ROPE_TOKENS = 8 };
 
 struct rope_job {
@@ -143,8 +146,19 @@ struct rope_job {
     int n_head[2], head_dim, n;
     const int32_t *pos;
     const struct rope_params *p;
+    float *cs;                /* (n, cs_cols): each token's (cos, sin) per pair; NULL: not kept */
+    int cs_cols;
+    bool cs_held;             /* cs holds this call's: read, not computed */
     double fr[ROPE_MAX_PAIRS];   /* each pair's frequency once per call (pow was a third of a prefill's rope) */
 };
+
+/* Whether a and b turn every pair by the same angle and magnitude (neox
+ * only places the pairs). */
+static bool rope_same_angles(const struct rope_params *a, const struct rope_params *b) {
+    return a->n_rot == b->n_rot && a->theta == b->theta && a->freq_scale == b->freq_scale &&
+           a->freq_factors == b->freq_factors && a->attn_factor == b->attn_factor && a->yarn == b->yarn &&
+           (!a->yarn || (a->yarn_lo == b->yarn_lo && a->yarn_hi == b->yarn_hi));
+}
 
 static void rope_chunk(void *arg, long c, int ith) {
     (void)ith;
@@ -158,11 +172,20 @@ static void rope_chunk(void *arg, long c, int ith) {
     for (int t = (int)(c * ROPE_TOKENS); t < t1; t++)
         for (int i = 0; i < half; i++) {
             /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            double ang = (double)j->pos[t] *
-                         (i < ROPE_MAX_PAIRS ? j->fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
-                         rope_pair_scale(p, i);
-            if (ff) ang /= (double)ff[i];
-            const float cs = (float)(cos(ang) * ms), sn = (float)(sin(ang) * ms);
+            float *held = j->cs ? j->cs + (size_t)t * (size_t)j->cs_cols + 2 * (size_t)i : NULL;
+            float cs, sn;
+            if (j->cs_held) {
+                cs = held[0];
+                sn = held[1];
+            } else {
+                double ang = (double)j->pos[t] *
+                             (i < ROPE_MAX_PAIRS ? j->fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
+                             rope_pair_scale(p, i);
+                if (ff) ang /= (double)ff[i];
+                cs = (float)(cos(ang) * ms);
+                sn = (float)(sin(ang) * ms);
+                if (held) held[0] = cs, held[1] = sn;
+            }
             for (int k = 0; k < 2 && j->x[k]; k++)
                 for (int h = 0; h < j->n_head[k]; h++) {
                     float *q = j->x[k] + ((size_t)t * j->n_head[k] + (size_t)h) * hd + (size_t)i * step;
@@ -175,9 +198,22 @@ static void rope_chunk(void *arg, long c, int ith) {
 
 static int rope_run(struct backend_ctx *c, float *x, int n_head, float *x2, int n_head2, int n, int head_dim,
                     const int32_t *pos, const struct rope_params *p) {
-    struct rope_job j = { { x, x2 }, { n_head, n_head2 }, head_dim, n, pos, p, { 0 } };
-    for (int i = 0; i < p->n_rot / 2 && i < ROPE_MAX_PAIRS; i++) j.fr[i] = pow((double)p->theta, -2.0 * i / (double)p->n_rot);
-    threadpool_run_chunks(cpu_ctx_of(c)->pool, (n + ROPE_TOKENS - 1) / ROPE_TOKENS, rope_chunk, &j);
+    struct cpu_ctx *cc = cpu_ctx_of(c);
+    struct rope_job j = { { x, x2 }, { n_head, n_head2 }, head_dim, n, pos, p, NULL, cc->rope_cols, false, { 0 } };
+    if (n <= cc->max_tokens && p->n_rot <= cc->rope_cols) {
+        j.cs = cc->rope_cs;
+        j.cs_held = cc->rope_n == n && rope_same_angles(&cc->rope_key, p) &&
+                    !memcmp(cc->rope_pos, pos, (size_t)n * sizeof *pos);
+    }
+    if (!j.cs_held)
+        for (int i = 0; i < p->n_rot / 2 && i < ROPE_MAX_PAIRS; i++) j.fr[i] = pow((double)p->theta, -2.0 * i / (double)p->n_rot);
+    cc->rope_n = 0;              /* rewritten below: held only once the call has filled it */
+    threadpool_run_chunks(cc->pool, (n + ROPE_TOKENS - 1) / ROPE_TOKENS, rope_chunk, &j);
+    if (j.cs) {
+        if (!j.cs_held) memcpy(cc->rope_pos, pos, (size_t)n * sizeof *pos);
+        cc->rope_key = *p;
+        cc->rope_n = n;
+    }
     return 0;
 }
 

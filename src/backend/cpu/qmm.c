@@ -282,7 +282,7 @@ struct qmm_run {
     const float *x;           /* (n, K) */
     qmm_group_fn *fn;
     struct cpu_ctx *cc;
-    int64_t groups, gpc;      /* groups of 16 rows; groups per chunk of work */
+    int64_t groups, chunks;   /* groups of 16 rows; chunks of work, each about groups / chunks of them */
     bool q16;                 /* 16-bit activation rows (qmm16_matmul) */
 };
 
@@ -329,7 +329,7 @@ static void group_chunk(void *arg, long u, int ith) {
     const struct qmm_run *q = arg;
     const struct tensor *w = q->w;
     const size_t grp = qmm_group_bytes(w->type, w->ne0);
-    const int64_t g0 = (int64_t)u * q->gpc, g1 = g0 + q->gpc < q->groups ? g0 + q->gpc : q->groups;
+    const int64_t g0 = (int64_t)u * q->groups / q->chunks, g1 = ((int64_t)u + 1) * q->groups / q->chunks;
     if (w->layout != TENSOR_Q8X16) {   /* rows: each group packed once into the thread's scratch, all tokens */
         uint8_t *buf = q->cc->qpack + (size_t)ith * q->cc->qpack_bytes;
         KV_ASSERT(grp <= q->cc->qpack_bytes);
@@ -369,13 +369,16 @@ static int run(struct backend_ctx *c, float *y, const struct tensor *w, const fl
      * (load balance); when n is small (decode) just those 4 per thread.  A
      * chunk is claimed by an atomic on a line every thread writes, a trip
      * between cores each time: decode claiming 2 groups at a time ran 10-20 %
-     * slower at two threads (Gemma 3 270M, SmolLM2, TinyLlama; docs/PERF.md) */
+     * slower at two threads (Gemma 3 270M, SmolLM2, TinyLlama; docs/PERF.md).
+     * A whole number of chunks per thread, the groups spread evenly over them:
+     * chunks of a fixed 4 groups left SmolLM2's 36-group matrices in 9, one
+     * thread doing a chunk more than the other. */
     q.groups = (w->ne1 + QMM_IL - 1) / QMM_IL;
     const int64_t grp = (int64_t)qmm_group_bytes(w->type, w->ne0), nth = threadpool_size(cc->pool);
-    int64_t gpc = n <= QMM_TB / 4 ? q.groups : QMM_CHUNK_W / grp;
-    if (gpc > q.groups / (4 * nth)) gpc = q.groups / (4 * nth);
-    q.gpc = gpc < 1 ? 1 : gpc;
-    threadpool_run_chunks(cc->pool, (long)((q.groups + q.gpc - 1) / q.gpc), group_chunk, &q);
+    int64_t per = n <= QMM_TB / 4 ? 4 : (q.groups * grp + nth * QMM_CHUNK_W - 1) / (nth * QMM_CHUNK_W);
+    per = per < 4 ? 4 : per;
+    q.chunks = nth * per < q.groups ? nth * per : q.groups;
+    threadpool_run_chunks(cc->pool, (long)q.chunks, group_chunk, &q);
     return 0;
 }
 

@@ -8,7 +8,7 @@
  * where 127 / amax overflows: qmm_inv_scale), and xs = Σ
  * codes.  The row's result depends on that row alone, so batching never
  * changes it.  A row made for a weight type holds xs in the form that
- * type's kernels use it (qmm_act_sum), so each 16-row group loads it where
+ * type's kernels use it (qmm_act_sum_factor), so each 16-row group loads it where
  * it converted or multiplied it again.
  *
  * Per (weight row, token), one f32 accumulator acc = 0; in block order,

@@ -160,38 +160,58 @@ static bool rope_same_angles(const struct rope_params *a, const struct rope_para
            (!a->yarn || (a->yarn_lo == b->yarn_lo && a->yarn_hi == b->yarn_hi));
 }
 
+/* A token's pairs a block at a time: their cos and sin (kept or made),
+ * then each head's pairs of the block in a row, which vectorizes (a
+ * pair's two products and one difference or sum, as before: the same bits). */
+enum { ROPE_BLOCK = 64 };
+
 static void rope_chunk(void *arg, long c, int ith) {
     (void)ith;
     const struct rope_job *j = arg;
     const struct rope_params *p = j->p;
     const int n_rot = p->n_rot, half = n_rot / 2, hd = j->head_dim;
-    const int step = p->neox ? 1 : 2, other = p->neox ? half : 1;   /* pair i: (x[i*step], x[i*step + other]) */
     const float *ff = p->freq_factors ? p->freq_factors->data : NULL;
     const double ms = p->attn_factor != 0 ? (double)p->attn_factor : 1.0;
     const int t1 = (int)((c + 1) * ROPE_TOKENS < j->n ? (c + 1) * ROPE_TOKENS : j->n);
     for (int t = (int)(c * ROPE_TOKENS); t < t1; t++)
-        for (int i = 0; i < half; i++) {
-            /* angle in double: positions reach 10^5 and f32 would lose the phase */
-            float *held = j->cs ? j->cs + (size_t)t * (size_t)j->cs_cols + 2 * (size_t)i : NULL;
-            float cs, sn;
-            if (j->cs_held) {
-                cs = held[0];
-                sn = held[1];
-            } else {
+        for (int i0 = 0; i0 < half; i0 += ROPE_BLOCK) {
+            const int m = half - i0 < ROPE_BLOCK ? half - i0 : ROPE_BLOCK;
+            float cs[ROPE_BLOCK], sn[ROPE_BLOCK];
+            for (int e = 0; e < m; e++) {
+                const int i = i0 + e;
+                float *held = j->cs ? j->cs + (size_t)t * (size_t)j->cs_cols + 2 * (size_t)i : NULL;
+                if (j->cs_held) {
+                    cs[e] = held[0];
+                    sn[e] = held[1];
+                    continue;
+                }
+                /* angle in double: positions reach 10^5 and f32 would lose the phase */
                 double ang = (double)j->pos[t] *
                              (i < ROPE_MAX_PAIRS ? j->fr[i] : pow((double)p->theta, -2.0 * i / (double)n_rot)) *
                              rope_pair_scale(p, i);
                 if (ff) ang /= (double)ff[i];
-                cs = (float)(cos(ang) * ms);
-                sn = (float)(sin(ang) * ms);
-                if (held) held[0] = cs, held[1] = sn;
+                cs[e] = (float)(cos(ang) * ms);
+                sn[e] = (float)(sin(ang) * ms);
+                if (held) held[0] = cs[e], held[1] = sn[e];
             }
             for (int k = 0; k < 2 && j->x[k]; k++)
                 for (int h = 0; h < j->n_head[k]; h++) {
-                    float *q = j->x[k] + ((size_t)t * j->n_head[k] + (size_t)h) * hd + (size_t)i * step;
-                    const float a = q[0], b = q[other];
-                    q[0] = a * cs - b * sn;
-                    q[other] = a * sn + b * cs;
+                    float *x = j->x[k] + ((size_t)t * j->n_head[k] + (size_t)h) * hd;
+                    if (p->neox) {   /* pair i: (x[i], x[i + half]) */
+                        float *lo = x + i0, *hi = x + half + i0;
+                        for (int e = 0; e < m; e++) {
+                            const float a = lo[e], b = hi[e];
+                            lo[e] = a * cs[e] - b * sn[e];
+                            hi[e] = a * sn[e] + b * cs[e];
+                        }
+                    } else {         /* pair i: (x[2i], x[2i + 1]) */
+                        float *q = x + 2 * (size_t)i0;
+                        for (int e = 0; e < m; e++) {
+                            const float a = q[2 * e], b = q[2 * e + 1];
+                            q[2 * e] = a * cs[e] - b * sn[e];
+                            q[2 * e + 1] = a * sn[e] + b * cs[e];
+                        }
+                    }
                 }
         }
 }

@@ -462,6 +462,8 @@ static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int n
 static void pa_items_chunk(void *arg, long c, int ith) {
     const struct pa_job *j = arg;
     const struct paged_attn_args *a = j->a;
+    c = j->item_off[j->n_units] - 1 - c;       /* the last units first: a prefill's longest contexts, so
+                                                  the short ones even the threads out at the end */
     int lo = 0, hi = j->n_units - 1;            /* the unit whose items contain c */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;

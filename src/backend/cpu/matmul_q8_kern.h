@@ -259,7 +259,8 @@ ALWAYS_INLINE void tile(const int T, uint32_t type, const struct qmm_job *j, con
             }
 #else
             /* two chains of 4 dependent products rather than one of 8 (vpdpbusd's latency is 5 cycles,
-             * its rate 1 a cycle): the int32 sums are exact, so their order does not change p */
+             * its rate 1 or 2 a cycle; one chain was slower even with 8 tokens per tile, measured): the
+             * int32 sums are exact, so their order does not change p */
             vi pa = sgn || qmm_zero(type) ? bc32(xs[t][b]) : izero();   /* - 128 xs, - zero xs */
             vi pb = izero();
             for (int r = 0; r < 4; r++) {

@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
             for (uint32_t t = 0; t < DTYPE_COUNT_; t++)
                 if (dtype_supported(t) && dtype_block_elems(t) > 1 && !strcmp(tok, dtype_name(t))) types[n_types++] = t;
     }
-    static const int ns[] = { 1, 4, 8, 12, 16, 32, 128, 512 };
+    static const int ns[] = { 1, 4, 8, 12, 16, 32, 128 };
     struct cpu_features f;
     cpu_features_get(&f);
     struct rng rg;

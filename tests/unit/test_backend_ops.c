@@ -1046,27 +1046,28 @@ static void test_rope(int nc) {
             for (int e = 0; e < n; e++) pos2[e] = cs[i].pos[e] + 1;
             struct backend_buf bp2 = buf_up(t, pos2, (size_t)n * 4);
             for (int again = 0; again < 2; again++) {
-                struct rope_params pd = pb;
-                switch (i % 5) {
-                case 0: pd.theta *= 2; break;
-                case 1: pd.freq_scale = (pd.freq_scale != 0 ? pd.freq_scale : 1.0f) * 0.5f; break;
-                case 2: pd.attn_factor = (pd.attn_factor != 0 ? pd.attn_factor : 1.0f) * 1.5f; break;
-                case 3:   /* fewer pairs, or more where the head has room */
-                    if (pd.n_rot > 2) pd.n_rot -= 2;
-                    else if (pd.n_rot + 2 <= hd) pd.n_rot += 2;
-                    else pd.theta *= 2;
-                    break;
-                default: pd.yarn = !pd.yarn, pd.yarn_lo = 1, pd.yarn_hi = 4; break;
-                }
                 float *twice = tu_xnew(len * sizeof(float));
                 struct backend_buf bd = buf_up(t, cs[i].x, len * 4);
-                rc = again ? BE_OP(t->c, rope, bd.data, n, nh, hd, bp2.data, &pd) : 0;
-                if (!rc && again) rc = BE_OP(t->c, rope, bd.data, n, nh, hd, bp.data, &pd);
-                if (!rc) {
+                rc = 0;
+                if (again) {
+                    struct rope_params pd = pb;
+                    switch (i % 5) {
+                    case 0: pd.theta *= 2; break;
+                    case 1: pd.freq_scale = (pd.freq_scale != 0 ? pd.freq_scale : 1.0f) * 0.5f; break;
+                    case 2: pd.attn_factor = (pd.attn_factor != 0 ? pd.attn_factor : 1.0f) * 1.5f; break;
+                    case 3:   /* fewer pairs, or more where the head has room */
+                        if (pd.n_rot > 2) pd.n_rot -= 2;
+                        else if (pd.n_rot + 2 <= hd) pd.n_rot += 2;
+                        else pd.theta *= 2;
+                        break;
+                    default: pd.yarn = !pd.yarn, pd.yarn_lo = 1, pd.yarn_hi = 4; break;
+                    }
+                    rc = BE_OP(t->c, rope, bd.data, n, nh, hd, bp2.data, &pd);
+                    if (!rc) rc = BE_OP(t->c, rope, bd.data, n, nh, hd, bp.data, &pd);
                     buf_drop(t, &bd);
                     bd = buf_up(t, cs[i].x, len * 4);
-                    rc = BE_OP(t->c, rope, bd.data, n, nh, hd, bp.data, &pb);
                 }
+                if (!rc) rc = BE_OP(t->c, rope, bd.data, n, nh, hd, bp.data, &pb);
                 buf_down(t, twice, &bd, len * 4);
                 sync_ok(t, rc, desc);
                 CHECK_MSG(!memcmp(twice, outs[b], len * sizeof(float)), "%s: %s differs when run %s", t->name, desc,

@@ -101,15 +101,6 @@ void qmm_quantize_act(uint32_t type, const float *x, int64_t K, uint8_t *row) {
     sums_for(type, &a, K);
 }
 
-static float ref_dot(uint32_t type, const uint8_t *w, const struct act_row *a, int64_t K);
-
-float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K) {
-    const struct act_row a = act_row_at(type, (uint8_t *)(uintptr_t)row, K);
-    if (type == DTYPE_IQ4_XS) return qmm_ref_dot_iq4_xs(w, a.q, a.d, K);
-    if (qmm_is_k(type)) return qmm_ref_dot_k(type, w, a.q, a.d, a.xs16, a.xs32, K);
-    return ref_dot(type, w, &a, K);
-}
-
 /* ---- the reference ---- */
 
 static size_t wblock_bytes(uint32_t type) { return qmm_blk_bytes(type); }
@@ -144,6 +135,13 @@ static float ref_dot(uint32_t type, const uint8_t *w, const struct act_row *a, i
         }
     }
     return acc;
+}
+
+float qmm_ref_dot_act(uint32_t type, const uint8_t *w, const uint8_t *row, int64_t K) {
+    const struct act_row a = act_row_at(type, (uint8_t *)(uintptr_t)row, K);
+    if (type == DTYPE_IQ4_XS) return qmm_ref_dot_iq4_xs(w, a.q, a.d, K);
+    if (qmm_is_k(type)) return qmm_ref_dot_k(type, w, a.q, a.d, a.xs16, a.xs32, K);
+    return ref_dot(type, w, &a, K);
 }
 
 /* ---- 16-bit activations (qmm.h: the logits' matrix) ---- */

@@ -60,6 +60,7 @@ const char *backend_op_name(enum backend_op op) {
         [BACKEND_OP_MOE] = "moe (mixture of experts)", [BACKEND_OP_KV_SHIFT] = "kv_shift",
         [BACKEND_OP_SAMPLE] = "sample", [BACKEND_OP_ADD_RMSNORM] = "add_rmsnorm",
         [BACKEND_OP_ROPE_KV_STORE] = "rope_kv_store",
+        [BACKEND_OP_MATMULS] = "matmuls",
     };
     return (unsigned)op < BACKEND_OP_COUNT_ ? names[op] : "?";
 }

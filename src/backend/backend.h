@@ -216,6 +216,17 @@ struct rope_kv_args {
     struct kv_layer_view kv;
 };
 
+/* The arguments of backend_ops.matmuls: y[i] (n, w[i]->ne1) = x (n, K) ·
+ * w[i]ᵀ for i < k, every w[i] a matrix of rows of K (values, so a recorded
+ * op list holds its own copy). */
+#define BACKEND_MATMULS_MAX 3     /* Q, K and V */
+struct matmuls_args {
+    int k, n;
+    const float *x;
+    float *y[BACKEND_MATMULS_MAX];
+    const struct tensor *w[BACKEND_MATMULS_MAX];
+};
+
 /* The largest step a context must run without allocating. */
 struct backend_ctx_params {
     int n_threads;                /* >= 1 */
@@ -258,6 +269,7 @@ enum backend_op {
     BACKEND_OP_SAMPLE,            /* sample (type unused: 0) */
     BACKEND_OP_ADD_RMSNORM,       /* the fused add_rmsnorm (type unused: 0) */
     BACKEND_OP_ROPE_KV_STORE,     /* the fused rope_kv_store (type unused: 0) */
+    BACKEND_OP_MATMULS,           /* the fused matmuls (type unused: 0) */
     BACKEND_OP_COUNT_
 };
 
@@ -360,6 +372,9 @@ struct backend_ops {
                        int dim, float eps);
     /* rope(q), rope(k) with a->rope, then kv_store(&a->kv, slots, k, v) */
     int (*rope_kv_store)(struct backend_ctx *c, const struct rope_kv_args *a);
+    /* matmul(a->y[i], a->w[i], a->x, a->n) for i < a->k, in one pass where
+     * the matrices can share the work on their input (its quantization) */
+    int (*matmuls)(struct backend_ctx *c, const struct matmuls_args *a);
     /* copy-on-write: for each of n pairs (dst, src) (host memory), block src
      * to block dst in every one of the n_layer layers */
     int (*copy_blocks)(struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,

@@ -109,6 +109,11 @@ static int r_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) 
     if (r) r->u.rope_kv = *a;
     return 0;
 }
+static int r_matmuls(struct backend_ctx *c, const struct matmuls_args *a) {
+    struct graph_rec *r = next(c, GOP_MATMULS);
+    if (r) r->u.matmuls = *a;
+    return 0;
+}
 
 /* What a recording cannot hold: host transfers, waits and host-array ops mark it unusable. */
 static int r_refuse(struct graph_recorder *r) {
@@ -166,6 +171,7 @@ void graph_recorder_init(struct graph_recorder *r, const struct backend_ctx *rea
     TWIN(paged_attention, r_paged_attention);
     TWIN(add_rmsnorm, r_add_rmsnorm);
     TWIN(rope_kv_store, r_rope_kv_store);
+    TWIN(matmuls, r_matmuls);
     TWIN(copy_blocks, r_copy_blocks);
     TWIN(kv_shift, r_kv_shift);
     TWIN(argmax, r_argmax);
@@ -232,6 +238,7 @@ static int replay_one(struct backend_ctx *c, const struct graph_rec *r, int ctx_
         return BE_OP(c, add_rmsnorm, r->u.add_rmsnorm.y, r->u.add_rmsnorm.x, r->u.add_rmsnorm.h, r->u.add_rmsnorm.w,
                      r->u.add_rmsnorm.n, r->u.add_rmsnorm.dim, r->u.add_rmsnorm.eps);
     case GOP_ROPE_KV_STORE: return BE_OP(c, rope_kv_store, &r->u.rope_kv);
+    case GOP_MATMULS: return BE_OP(c, matmuls, &r->u.matmuls);
     }
     KV_ASSERT(!"unknown graph op");
     return KVLLM_EINVAL;

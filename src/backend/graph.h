@@ -32,7 +32,7 @@
 enum graph_op {
     GOP_MATMUL, GOP_GET_ROWS, GOP_GATHER_ROWS, GOP_RMSNORM, GOP_LAYERNORM, GOP_ROPE, GOP_ADD_BIAS, GOP_ADD,
     GOP_SWIGLU, GOP_GELU, GOP_GEGLU, GOP_SCALE, GOP_SOFTCAP, GOP_MOE_ROUTE, GOP_MOE, GOP_KV_STORE,
-    GOP_PAGED_ATTN, GOP_ARGMAX, GOP_ADD_RMSNORM, GOP_ROPE_KV_STORE,
+    GOP_PAGED_ATTN, GOP_ARGMAX, GOP_ADD_RMSNORM, GOP_ROPE_KV_STORE, GOP_MATMULS,
 };
 
 /* One recorded op: its arguments as the op took them (pointers are
@@ -54,6 +54,7 @@ struct graph_rec {
         struct { int32_t *ids; const float *x; int n, dim; } argmax;
         struct { float *y, *x; const float *h; const struct tensor *w; int n, dim; float eps; } add_rmsnorm;
         struct rope_kv_args rope_kv;
+        struct matmuls_args matmuls;
     } u;
 };
 

@@ -106,17 +106,23 @@ static int bias(struct backend_ctx *c, float *y, const struct tensor *b, int n) 
     return b->data ? BE_OP(c, add_bias, y, b, n, (int)b->ne0) : 0;
 }
 
+/* a->y[i] = a->x · a->w[i]ᵀ: one op where the backend shares the work on x. */
+static int matmuls(const struct model *m, struct backend_ctx *c, const struct matmuls_args *a) {
+    if (backend_supports(m->be, BACKEND_OP_MATMULS, 0)) return BE_OP(c, matmuls, a);
+    for (int i = 0; i < a->k; i++) OP(matmul, a->y[i], a->w[i], a->x, a->n);
+    return 0;
+}
+
 /* b->xn = Wo · attention(b->xn) for layer il, this batch's K/V stored first. */
 static int attention(const struct model *m, struct backend_ctx *c, const struct kv_layer_view *kv,
                      const struct forward_buf *b, const struct batch *bt, int il) {
     const struct model_hparams *hp = &m->hp;
     const struct llama_layer *l = &m->layers[il];
     const int n = bt->n_tokens;
+    const struct matmuls_args qkv = { .k = 3, .n = n, .x = b->xn, .y = { b->q, b->k, b->v },
+                                      .w = { &l->wq, &l->wk, &l->wv } };
     int rc;
-    OP(matmul, b->q, &l->wq, b->xn, n);
-    OP(matmul, b->k, &l->wk, b->xn, n);
-    OP(matmul, b->v, &l->wv, b->xn, n);
-    if ((rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) || (rc = bias(c, b->v, &l->bv, n)))
+    if ((rc = matmuls(m, c, &qkv)) || (rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) || (rc = bias(c, b->v, &l->bv, n)))
         return rc;
     if (m->desc->qk_norm) {   /* each head's row of head_dim normed on its own */
         OP(rmsnorm, b->q, b->q, &l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->norm_eps);
@@ -184,13 +190,15 @@ static int ffn(const struct model *m, struct backend_ctx *c, const struct forwar
     const struct llama_layer *l = &m->layers[il];
     if (l->exp_gate) return experts(m, c, b, il, n, h);
     const long nf = (long)n * m->hp.n_ff;
+    const bool glu = m->desc->ffn != FFN_GELU;
+    const struct matmuls_args up = { .k = glu ? 2 : 1, .n = n, .x = b->xn, .y = { b->up, b->gate },
+                                     .w = { &l->ffn_up, &l->ffn_gate } };
     int rc;
-    OP(matmul, b->up, &l->ffn_up, b->xn, n);
-    if ((rc = bias(c, b->up, &l->ffn_up_b, n))) return rc;
+    if ((rc = matmuls(m, c, &up)) || (rc = bias(c, b->up, &l->ffn_up_b, n))) return rc;
     const float *act = b->gate;
     switch (m->desc->ffn) {
-    case FFN_SWIGLU: OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(swiglu, b->gate, b->up, nf); break;
-    case FFN_GEGLU:  OP(matmul, b->gate, &l->ffn_gate, b->xn, n); OP(geglu, b->gate, b->up, nf); break;
+    case FFN_SWIGLU: OP(swiglu, b->gate, b->up, nf); break;
+    case FFN_GEGLU:  OP(geglu, b->gate, b->up, nf); break;
     case FFN_GELU:   OP(gelu, b->up, nf); act = b->up; break;
     case FFN_SWIGLU_OAI: return KVLLM_EUNSUPPORTED;   /* experts only: the loader refuses a dense one */
     }

@@ -1669,6 +1669,73 @@ static void test_add_rmsnorm(int nc) {
     }
 }
 
+/* matmuls against each matrix's matmul: k = 1..3 matrices of one K (a
+ * multiple of 256, so every type takes it), each of the first's type or
+ * another, rows not a multiple of 16; some steps past the driver's token
+ * block of 64. */
+static void test_matmuls(int nc) {
+    uint32_t types[N_WTYPES];
+    const int nt = selected_wtypes(types);
+    if (!nt) return;
+    for (int i = 0; i < nc; i++) {
+        const int k = rnd_in(1, BACKEND_MATMULS_MAX), n = !g_large && !rnd(4) ? rnd_in(65, CTX_TOKENS) : draw_tokens();
+        const int64_t K = 256 * (int64_t)rnd_in(1, 3);
+        const bool pack = rnd(2);
+        struct tensor host[BACKEND_MATMULS_MAX];
+        char desc[160];
+        int at = snprintf(desc, sizeof desc, "matmuls n=%d K=%lld%s:", n, (long long)K, pack ? " packed" : "");
+        for (int m = 0; m < k; m++) {
+            const uint32_t ty = m && rnd(2) ? host[0].type : types[rnd(nt)];
+            host[m] = rand_weight(ty, K, rnd_in(1, 70));
+            at += snprintf(desc + at, sizeof desc - (size_t)at, " %s x %lld", dtype_name(ty), (long long)host[m].ne1);
+        }
+        float *x = tu_xnew((size_t)n * (size_t)K * 4);
+        for (size_t e = 0; e < (size_t)n * (size_t)K; e++) x[e] = gauss();
+        for (int b = 0; b < g_nbe; b++) {
+            struct tbe *t = &g_be[b];
+            if (!backend_supports(t->be, BACKEND_OP_MATMULS, 0)) continue;
+            struct tensor *pw = place(t, host, k);
+            /* half the cases in the interleaved layout: place() packs only a backend's first tensors */
+            void *packed[BACKEND_MATMULS_MAX] = { NULL };
+            for (int m = 0; m < k && pack && !strcmp(t->act, "q8") && !t->device; m++)
+                if (pw[m].layout == TENSOR_ROWS && qmm_supports(pw[m].type, K)) {
+                    packed[m] = tu_xnew(qmm_packed_bytes(&pw[m]) + 64);
+                    uint8_t *p64 = (uint8_t *)(((uintptr_t)packed[m] + 63) & ~(uintptr_t)63);
+                    qmm_pack(&host[m], p64);   /* from the host rows: the strict backend walls its own off */
+                    pw[m].data = p64;
+                    pw[m].layout = TENSOR_Q8X16;
+                }
+            struct backend_buf bx = buf_up(t, x, (size_t)n * (size_t)K * 4), by[2][BACKEND_MATMULS_MAX];
+            struct matmuls_args a = { .k = k, .n = n, .x = bx.data };
+            int rc = 0;
+            for (int f = 0; f < 2; f++) {   /* the separate matmuls, then the fused op */
+                for (int m = 0; m < k; m++) {
+                    by[f][m] = buf_up(t, NULL, (size_t)n * (size_t)host[m].ne1 * 4);
+                    a.y[m] = by[f][m].data;
+                    a.w[m] = &pw[m];
+                    if (!f && !rc) rc = BE_OP(t->c, matmul, a.y[m], a.w[m], a.x, n);
+                }
+                if (f && !rc) rc = BE_OP(t->c, matmuls, &a);
+            }
+            bool same = true;
+            for (int m = 0; m < k; m++) {
+                const size_t bytes = (size_t)n * (size_t)host[m].ne1 * 4;
+                float *got[2] = { tu_xnew(bytes), tu_xnew(bytes) };
+                for (int f = 0; f < 2; f++) buf_down(t, got[f], &by[f][m], bytes);
+                sync_ok(t, rc, desc);
+                same = same && !memcmp(got[0], got[1], bytes);
+                for (int f = 0; f < 2; f++) free(got[f]), buf_drop(t, &by[f][m]);
+            }
+            fused_judge(b, same, desc);
+            buf_drop(t, &bx);
+            for (int m = 0; m < k; m++) free(packed[m]);
+            free(pw);
+        }
+        for (int m = 0; m < k; m++) free((void *)host[m].data);
+        free(x);
+    }
+}
+
 /* rope_kv_store against rope(q), rope(k), kv_store: the rotated q and k and
  * the pool's bytes, every KV type, slots skipped now and then. */
 static void test_rope_kv_store(int nc) {
@@ -2286,6 +2353,8 @@ static void check_supports_op(const struct tbe *t) {
               "%s: supports_op(add_rmsnorm) disagrees with its table", t->name);
     CHECK_MSG(backend_supports(t->be, BACKEND_OP_ROPE_KV_STORE, 0) == (o->rope_kv_store != NULL),
               "%s: supports_op(rope_kv_store) disagrees with its table", t->name);
+    CHECK_MSG(backend_supports(t->be, BACKEND_OP_MATMULS, 0) == (o->matmuls != NULL),
+              "%s: supports_op(matmuls) disagrees with its table", t->name);
     for (uint32_t ty = 0; ty < DTYPE_COUNT_; ty++) {
         CHECK_MSG(backend_supports(t->be, BACKEND_OP_MATMUL, ty) == dtype_supported(ty), "%s: matmul on %s",
                   t->name, dtype_name(ty));
@@ -2441,6 +2510,7 @@ int main(void) {
     if (listed("KVLLM_TEST_OPS", "sample")) test_sample(g_large ? big : CASES(60));
     if (listed("KVLLM_TEST_OPS", "add_rmsnorm")) test_add_rmsnorm(g_large ? big : CASES(40));
     if (listed("KVLLM_TEST_OPS", "rope_kv_store")) test_rope_kv_store(g_large ? big : CASES(40));
+    if (!g_large && listed("KVLLM_TEST_OPS", "matmuls")) test_matmuls(CASES(40));
     if (!g_large && listed("KVLLM_TEST_OPS", "errors")) {
         fprintf(stderr, "(the next paged attention errors are expected)\n");
         for (int b = 0; b < g_nbe; b++) test_errors(&g_be[b]);

@@ -151,6 +151,7 @@ static bool cpu_supports_op(const struct backend *be, enum backend_op op, uint32
     case BACKEND_OP_SAMPLE: return k->sample != NULL;
     case BACKEND_OP_ADD_RMSNORM: return k->add_rmsnorm != NULL;
     case BACKEND_OP_ROPE_KV_STORE: return k->rope_kv_store != NULL;
+    case BACKEND_OP_MATMULS: return k->matmuls != NULL;
     default: return false;
     }
 }
@@ -192,6 +193,7 @@ static const struct backend_ops k_scalar_ops = {
     .paged_attention = cpu_paged_attention,
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope_kv_store = cpu_rope_kv_store,
+    .matmuls = cpu_matmuls,
     .copy_blocks = cpu_copy_blocks,
     .argmax = cpu_argmax,
     .sample = cpu_sample,

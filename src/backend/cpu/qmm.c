@@ -274,13 +274,19 @@ void qmm_group_scalar(const struct qmm_job *j, const uint8_t *g, int64_t r0, int
 
 /* ---- the driver ---- */
 
+/* One call's work: k matrices of one type and K, read by the same n
+ * activation rows; their groups of 16 rows are numbered one after another
+ * (matrix i's end at g_end[i]) and cut into chunks for the pool. */
 struct qmm_run {
-    struct qmm_job j;
-    const struct tensor *w;
+    struct qmm_job j;         /* y and ys: the first matrix's (group_chunk sets each matrix's) */
+    const struct tensor *const *w;
+    float *const *y;
+    int k;
+    int64_t g_end[BACKEND_MATMULS_MAX];
     const float *x;           /* (n, K) */
     qmm_group_fn *fn;
     struct cpu_ctx *cc;
-    int64_t groups, chunks;   /* groups of 16 rows; chunks of work, each about groups / chunks of them */
+    int64_t groups, chunks;   /* groups of 16 rows in all; chunks of work, each about groups / chunks of them */
     bool q16;                 /* 16-bit activation rows (qmm16_matmul) */
 };
 
@@ -323,11 +329,13 @@ static void quant_chunk(void *arg, long c, int ith) {
 #define QMM_CHUNK_W (192u << 10)
 #define QMM_TB 64
 
-static void group_chunk(void *arg, long u, int ith) {
-    const struct qmm_run *q = arg;
-    const struct tensor *w = q->w;
+/* Groups [g0, g1) of matrix i. */
+static void matrix_groups(const struct qmm_run *q, int i, int64_t g0, int64_t g1, int ith) {
+    const struct tensor *w = q->w[i];
     const size_t grp = qmm_group_bytes(w->type, w->ne0);
-    const int64_t g0 = (int64_t)u * q->groups / q->chunks, g1 = ((int64_t)u + 1) * q->groups / q->chunks;
+    struct qmm_job j = q->j;
+    j.y = q->y[i];
+    j.ys = (size_t)w->ne1;
     if (w->layout != TENSOR_Q8X16) {   /* rows: each group packed once into the thread's scratch, all tokens */
         uint8_t *buf = q->cc->qpack + (size_t)ith * q->cc->qpack_bytes;
         KV_ASSERT(grp <= q->cc->qpack_bytes);
@@ -335,13 +343,13 @@ static void group_chunk(void *arg, long u, int ith) {
             const int64_t r0 = gi * QMM_IL;
             const int nr = (int)(w->ne1 - r0 < QMM_IL ? w->ne1 - r0 : QMM_IL);
             pack_group(w->type, tensor_row(w, r0), w->row_bytes, w->ne0, nr, buf);
-            q->fn(&q->j, buf, r0, nr);
+            q->fn(&j, buf, r0, nr);
         }
         return;
     }
-    for (int t0 = 0; t0 < q->j.n; t0 += QMM_TB) {
-        struct qmm_job jb = q->j;
-        jb.n = q->j.n - t0 < QMM_TB ? q->j.n - t0 : QMM_TB;
+    for (int t0 = 0; t0 < j.n; t0 += QMM_TB) {
+        struct qmm_job jb = j;
+        jb.n = j.n - t0 < QMM_TB ? j.n - t0 : QMM_TB;
         jb.act += (size_t)t0 * jb.astride;
         jb.y += (size_t)t0 * jb.ys;
         for (int64_t gi = g0; gi < g1; gi++) {
@@ -352,15 +360,31 @@ static void group_chunk(void *arg, long u, int ith) {
     }
 }
 
-static int run(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn,
-               bool q16) {
+/* Chunk u: its share of the numbered groups, matrix by matrix. */
+static void group_chunk(void *arg, long u, int ith) {
+    const struct qmm_run *q = arg;
+    const int64_t g0 = (int64_t)u * q->groups / q->chunks, g1 = ((int64_t)u + 1) * q->groups / q->chunks;
+    int64_t base = 0;
+    for (int i = 0; i < q->k; base = q->g_end[i++]) {
+        const int64_t lo = g0 > base ? g0 : base, hi = g1 < q->g_end[i] ? g1 : q->g_end[i];
+        if (lo < hi) matrix_groups(q, i, lo - base, hi - base, ith);
+    }
+}
+
+/* y[i] = x · w[i]ᵀ for i < k: matrices of one type and K (qmm_matmuls'
+ * callers see to it), x quantized once. */
+static int run(struct backend_ctx *c, int k, float *const *y, const struct tensor *const *w, const float *x, int n,
+               qmm_group_fn *fn, bool q16) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
-    const size_t astride = q16 ? qmm16_act_row_bytes(w->ne0) : qmm_act_row_bytes(w->ne0);
-    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || qmm_group_bytes(w->type, w->ne0) > cc->qpack_bytes) {
-        LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)w->ne0);
+    const int64_t K = w[0]->ne0;
+    const size_t astride = q16 ? qmm16_act_row_bytes(K) : qmm_act_row_bytes(K);
+    if (n < 0 || (size_t)n * astride > cc->act_buf_bytes || qmm_group_bytes(w[0]->type, K) > cc->qpack_bytes) {
+        LOG_ERR("integer matmul of %d rows of %lld: the context was sized for fewer", n, (long long)K);
         return KVLLM_ERANGE;
     }
-    struct qmm_run q = { { y, (size_t)w->ne1, w->type, w->ne0, cc->act_buf, astride, n }, w, x, fn, cc, 0, 0, q16 };
+    struct qmm_run q = { { y[0], (size_t)w[0]->ne1, w[0]->type, K, cc->act_buf, astride, n }, w, y, k, { 0 }, x, fn,
+                         cc, 0, 0, q16 };
+    for (int i = 0; i < k; i++) q.g_end[i] = (q.groups += (w[i]->ne1 + QMM_IL - 1) / QMM_IL);
     /* a decode step's rows are one chunk: threadpool_run_chunks runs it inline, waking no thread */
     threadpool_run_chunks(cc->pool, (n + QMM_QUANT_ROWS - 1) / QMM_QUANT_ROWS, quant_chunk, &q);
     /* chunks of about QMM_CHUNK_W bytes of weights, but at least 4 per thread
@@ -371,8 +395,7 @@ static int run(struct backend_ctx *c, float *y, const struct tensor *w, const fl
      * A whole number of chunks per thread, the groups spread evenly over them:
      * chunks of a fixed 4 groups left SmolLM2's 36-group matrices in 9, one
      * thread doing a chunk more than the other. */
-    q.groups = (w->ne1 + QMM_IL - 1) / QMM_IL;
-    const int64_t grp = (int64_t)qmm_group_bytes(w->type, w->ne0), nth = threadpool_size(cc->pool);
+    const int64_t grp = (int64_t)qmm_group_bytes(w[0]->type, K), nth = threadpool_size(cc->pool);
     int64_t per = n <= QMM_TB / 4 ? 4 : (q.groups * grp + nth * QMM_CHUNK_W - 1) / (nth * QMM_CHUNK_W);
     per = per < 4 ? 4 : per;
     q.chunks = nth * per < q.groups ? nth * per : q.groups;
@@ -381,23 +404,49 @@ static int run(struct backend_ctx *c, float *y, const struct tensor *w, const fl
 }
 
 int qmm_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
-    return run(c, y, w, x, n, fn, false);
+    return run(c, 1, &y, &w, x, n, fn, false);
 }
 
 int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n, qmm_group_fn *fn) {
     KV_ASSERT(qmm16_takes(w));
-    return run(c, y, w, x, n, fn, true);
+    return run(c, 1, &y, &w, x, n, fn, true);
+}
+
+
+/* Whether cpu_matmul_simd gives matrix w to qmm_matmul (with b->qrows). */
+static bool takes_qrows(struct backend_ctx *c, const struct tensor *w) {
+    const struct cpu_backend *b = cpu_backend_of(c->be);
+    return b->qrows && !(b->q16 && qmm16_takes(w)) &&
+           (w->layout == TENSOR_Q8X16 || (cpu_ctx_of(c)->act == ACT_Q8 && q8_takes(w)));
 }
 
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n) {
-    struct cpu_ctx *cc = cpu_ctx_of(c);
     const struct cpu_backend *b = cpu_backend_of(c->be);
     if (b->q16 && qmm16_takes(w)) return qmm16_matmul(c, y, w, x, n, qmm16_group_avx512);   /* q16: ACT_Q8 only */
-    if (w->layout == TENSOR_Q8X16 || (cc->act == ACT_Q8 && b->qrows && q8_takes(w))) {
-        KV_ASSERT(b->qrows);
-        return qmm_matmul(c, y, w, x, n, b->qrows);
+    KV_ASSERT(w->layout != TENSOR_Q8X16 || b->qrows);
+    return takes_qrows(c, w) ? qmm_matmul(c, y, w, x, n, b->qrows) : cpu_matmul_avx2(c, y, w, x, n);
+}
+
+int cpu_matmuls(struct backend_ctx *c, const struct matmuls_args *a) {
+    const struct cpu_backend *b = cpu_backend_of(c->be);
+    bool done[BACKEND_MATMULS_MAX] = { false };
+    for (int i = 0; i < a->k; i++) {
+        if (done[i]) continue;
+        int rc;
+        if (!takes_qrows(c, a->w[i])) {
+            rc = b->kernels.matmul(c, a->y[i], a->w[i], a->x, a->n);
+        } else {   /* with every later matrix of its type and K */
+            float *y[BACKEND_MATMULS_MAX];
+            const struct tensor *w[BACKEND_MATMULS_MAX];
+            int k = 0;
+            for (int j = i; j < a->k; j++)
+                if (!done[j] && takes_qrows(c, a->w[j]) && a->w[j]->type == a->w[i]->type && a->w[j]->ne0 == a->w[i]->ne0)
+                    y[k] = a->y[j], w[k++] = a->w[j], done[j] = true;
+            rc = run(c, k, y, w, a->x, a->n, b->qrows, false);
+        }
+        if (rc) return rc;
     }
-    return cpu_matmul_avx2(c, y, w, x, n);
+    return 0;
 }
 
 int cpu_get_rows_simd(struct backend_ctx *c, float *y, const struct tensor *w, const int32_t *ids, int n) {

@@ -236,6 +236,12 @@ int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const 
  * the types it takes (not the logits' matrix, tensor.h) when the context's act is ACT_Q8 (and always for a
  * TENSOR_Q8X16 tensor); otherwise the AVX2 f32 matmul. */
 int cpu_matmul_simd(struct backend_ctx *c, float *y, const struct tensor *w, const float *x, int n);
+/* backend_ops.matmuls of every CPU set: the matrices of one type and K that
+ * cpu_matmul_simd gives to qmm_matmul share one quantization of x and one
+ * dispatch of their groups (each output is still one group kernel call's on
+ * the same activation row: the separate matmuls' bits); any other matrix
+ * takes the set's matmul alone. */
+int cpu_matmuls(struct backend_ctx *c, const struct matmuls_args *a);
 /* backend_ops.matmul of the avx512 set (matmul_avx512.c): F32 / F16 / BF16
  * weights in rows layout by its 16-lane f32 kernel (arithmetic stated
  * there; batch-invariant), everything else by cpu_matmul_simd.  Needs

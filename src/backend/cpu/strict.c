@@ -175,6 +175,7 @@ WALLED(paged_attention, (struct backend_ctx *c, const struct paged_attn_args *a)
 WALLED(add_rmsnorm, (struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n, int dim,
                      float eps), (c, y, x, h, w, n, dim, eps))
 WALLED(rope_kv_store, (struct backend_ctx *c, const struct rope_kv_args *a), (c, a))
+WALLED(matmuls, (struct backend_ctx *c, const struct matmuls_args *a), (c, a))
 WALLED(argmax, (struct backend_ctx *c, int32_t *ids, const float *x, int n, int dim), (c, ids, x, n, dim))
 WALLED(sample, (struct backend_ctx *c, const struct sample_args *a), (c, a))
 WALLED(copy_blocks, (struct backend_ctx *c, const struct kv_layer_view *layers, int n_layer,
@@ -211,6 +212,7 @@ void cpu_strict_ops(struct cpu_backend *b) {
     o->paged_attention = strict_paged_attention;
     o->add_rmsnorm = strict_add_rmsnorm;
     o->rope_kv_store = strict_rope_kv_store;
+    o->matmuls = strict_matmuls;
     o->copy_blocks = strict_copy_blocks;
     o->argmax = strict_argmax;
     o->sample = strict_sample;

@@ -2,10 +2,10 @@
  * weights.  They are the reference every faster kernel, and every other
  * backend, is checked against (tests/unit/test_backend_ops.c).
  *
- * Threading splits output rows (matmul) or (token, kv head, split) items
- * (paged attention, kv_kernels.c) into contiguous ranges; no reduction is
- * ever split across threads, so results do not depend on the thread count
- * either. */
+ * Threading splits output rows (matmul), token rows (the norms) or (token,
+ * kv head, split) items (paged attention, kv_kernels.c) into contiguous
+ * ranges; no reduction is ever split across threads, so results do not
+ * depend on the thread count either. */
 #include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 
@@ -103,17 +103,42 @@ int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int d
     return 0;
 }
 
+/* Rows per chunk of the row-wise norms: a prefill's rows (576 floats, SmolLM2)
+ * cost about a microsecond each, so 8 outweigh the claim of a chunk; a decode
+ * step's one row runs inline. */
+#define NORM_ROWS 8
+
+/* rmsnorm, and add_rmsnorm when h is set: rows [t0, t1) of each. */
+struct norm_job {
+    float *y, *x;
+    const float *h, *w;
+    int n, dim;
+    float eps;
+};
+
+static void norm_chunk(void *arg, long c, int ith) {
+    (void)ith;
+    const struct norm_job *j = arg;
+    const int t1 = (int)((c + 1) * NORM_ROWS < j->n ? (c + 1) * NORM_ROWS : j->n);
+    for (int t = (int)c * NORM_ROWS; t < t1; t++) {
+        float *xt = j->x + (size_t)t * j->dim, *yt = j->y + (size_t)t * j->dim;
+        if (j->h)   /* the residual add first: y may be h, whose row is read before it is written */
+            for (int i = 0; i < j->dim; i++) xt[i] += j->h[(size_t)t * j->dim + i];
+        float ss = dot_f32(xt, xt, j->dim);
+        float s = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
+        for (int i = 0; i < j->dim; i++) yt[i] = xt[i] * s * j->w[i];
+    }
+}
+
+static int norm_run(struct backend_ctx *c, struct norm_job *j) {
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, (j->n + NORM_ROWS - 1) / NORM_ROWS, norm_chunk, j);
+    return 0;
+}
+
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt, int n, int dim,
                 float eps) {
-    const float *w = wt->data;
-    for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * dim;
-        float *yt = y + (size_t)t * dim;
-        float ss = dot_f32(xt, xt, dim);
-        float s = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) yt[i] = xt[i] * s * w[i];
-    }
-    return 0;
+    struct norm_job j = { y, (float *)(uintptr_t)x, NULL, wt->data, n, dim, eps };   /* x only read: no h */
+    return norm_run(c, &j);
 }
 
 int cpu_layernorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt,
@@ -284,15 +309,15 @@ int cpu_add(struct backend_ctx *c, float *y, const float *x, long n) {
     return 0;
 }
 
-/* ---- fused ops: one launch on a device; here the parts in turn, through
- * the kernel set's table (so a set's own kernels, inside the strict wall
- * when the strict backend wraps it) ---- */
+/* ---- fused ops: one launch on a device; here add_rmsnorm's parts a row
+ * at a time (norm_chunk: every set's add and rmsnorm are the ops above), and
+ * rope_kv_store's in turn through the kernel set's table (so a set's own
+ * kernels, inside the strict wall when the strict backend wraps it) ---- */
 
 int cpu_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n, int dim,
                     float eps) {
-    const struct backend_ops *k = &cpu_backend_of(c->be)->kernels;
-    int rc = k->add(c, x, h, (long)n * dim);
-    return rc ? rc : k->rmsnorm(c, y, x, w, n, dim, eps);
+    struct norm_job j = { y, x, h, w->data, n, dim, eps };   /* add's and rmsnorm's arithmetic, a row at a time */
+    return norm_run(c, &j);
 }
 
 int cpu_rope_kv_store(struct backend_ctx *c, const struct rope_kv_args *a) {

@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "backend/cpu/avx2_util.h"
+#include "core/core.h"
 #include <math.h>
 #include <string.h>
 
@@ -207,54 +208,71 @@ static void values_q8(const struct kv_layer_view *kv, const size_t *rows, int n,
 /* RH (1..4) heads' accumulators acc[h] (8 RD floats from dim d0, RD 1..2)
  * += Σ_p w[h * cap + p] * vr[p][d0 ..], p ascending, one FMA per element
  * per row.  Per row: RD row loads and RH weight broadcasts feed RH * RD
- * FMAs. */
+ * FMAs.  rn (NULL: n for all): head h's positions end at rn[h], the later
+ * ones' FMAs skipped (a 0 weight times an infinite V would not leave acc). */
+ALWAYS_INLINE void value_pos(const int RH, const int RD, __m256 (*a)[2], int d0, const float *vrow,
+                             const float *w, int cap, int p, const int *rn) {
+    __m256 vv[2];
+    for (int d = 0; d < RD; d++) vv[d] = avx2_reg(_mm256_loadu_ps(vrow + d0 + 8 * d));
+    for (int h = 0; h < RH; h++) {
+        if (rn && p >= rn[h]) continue;
+        const __m256 wv = _mm256_broadcast_ss(&w[(size_t)h * cap + p]);
+        for (int d = 0; d < RD; d++) a[h][d] = _mm256_fmadd_ps(wv, vv[d], a[h][d]);
+    }
+}
+
 ALWAYS_INLINE void value_tile(const int RH, const int RD, float *const *acc, int d0, const float *const *vr,
-                              const float *w, int cap, int n) {
+                              const float *w, int cap, int n, const int *rn) {
     __m256 a[4][2];
+    int lo = n, hi = rn ? 0 : n;   /* every head takes [0, lo); some of them [lo, hi) */
+    for (int h = 0; rn && h < RH; h++) {
+        lo = rn[h] < lo ? rn[h] : lo;
+        hi = rn[h] > hi ? rn[h] : hi;
+    }
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) a[h][d] = _mm256_loadu_ps(acc[h] + d0 + 8 * d);
-    for (int p = 0; p < n; p++) {
-        __m256 vv[2];
-        for (int d = 0; d < RD; d++) vv[d] = avx2_reg(_mm256_loadu_ps(vr[p] + d0 + 8 * d));
-        for (int h = 0; h < RH; h++) {
-            const __m256 wv = _mm256_broadcast_ss(&w[(size_t)h * cap + p]);
-            for (int d = 0; d < RD; d++) a[h][d] = _mm256_fmadd_ps(wv, vv[d], a[h][d]);
-        }
-    }
+    int p = 0;
+    for (; p < lo; p++) value_pos(RH, RD, a, d0, vr[p], w, cap, p, NULL);
+    for (; p < hi; p++) value_pos(RH, RD, a, d0, vr[p], w, cap, p, rn);
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) _mm256_storeu_ps(acc[h] + d0 + 8 * d, a[h][d]);
 }
 
 static void value_tile_any(int rh, int rd, float *const *acc, int d0, const float *const *vr, const float *w,
-                           int cap, int n) {
+                           int cap, int n, const int *rn) {
     switch (rh * 2 + rd) {
-    case 4 * 2 + 2: value_tile(4, 2, acc, d0, vr, w, cap, n); break;
-    case 4 * 2 + 1: value_tile(4, 1, acc, d0, vr, w, cap, n); break;
-    case 3 * 2 + 2: value_tile(3, 2, acc, d0, vr, w, cap, n); break;
-    case 3 * 2 + 1: value_tile(3, 1, acc, d0, vr, w, cap, n); break;
-    case 2 * 2 + 2: value_tile(2, 2, acc, d0, vr, w, cap, n); break;
-    case 2 * 2 + 1: value_tile(2, 1, acc, d0, vr, w, cap, n); break;
-    case 1 * 2 + 2: value_tile(1, 2, acc, d0, vr, w, cap, n); break;
-    default:        value_tile(1, 1, acc, d0, vr, w, cap, n); break;
+    case 4 * 2 + 2: value_tile(4, 2, acc, d0, vr, w, cap, n, rn); break;
+    case 4 * 2 + 1: value_tile(4, 1, acc, d0, vr, w, cap, n, rn); break;
+    case 3 * 2 + 2: value_tile(3, 2, acc, d0, vr, w, cap, n, rn); break;
+    case 3 * 2 + 1: value_tile(3, 1, acc, d0, vr, w, cap, n, rn); break;
+    case 2 * 2 + 2: value_tile(2, 2, acc, d0, vr, w, cap, n, rn); break;
+    case 2 * 2 + 1: value_tile(2, 1, acc, d0, vr, w, cap, n, rn); break;
+    case 1 * 2 + 2: value_tile(1, 2, acc, d0, vr, w, cap, n, rn); break;
+    default:        value_tile(1, 1, acc, d0, vr, w, cap, n, rn); break;
     }
 }
 
 static void values(int g, float *part0, size_t pstride, int hd, const float *const *vr, const float *w, int n,
-                   int cap) {
+                   int cap, const int *row_n) {
     for (int h = 0; h < g; h += 4) {
         const int rh = g - h < 4 ? g - h : 4;
         float *acc[4];
         for (int i = 0; i < rh; i++) acc[i] = part0 + (size_t)(h + i) * pstride + 2;
         for (int d0 = 0; d0 < hd; d0 += 16)
-            value_tile_any(rh, (hd - d0) / 8 < 2 ? 1 : 2, acc, d0, vr, w + (size_t)h * cap, cap, n);
+            value_tile_any(rh, (hd - d0) / 8 < 2 ? 1 : 2, acc, d0, vr, w + (size_t)h * cap, cap, n,
+                           row_n ? row_n + h : NULL);
     }
 }
 
 /* Per head: the step's max, the partial rescaled once if it grew, and the
- * scores turned into weights exp(s - m) (in place), summed into l. */
-static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc, int cap, int n) {
+ * scores turned into weights exp(s - m) (in place), summed into l; each
+ * head over its own row_n[i] positions (NULL: n), the rest weighing 0. */
+static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc, int cap, int n_step,
+                         const int *row_n) {
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride, *si = sc + (size_t)i * cap;
+        const int n = row_n ? row_n[i] : n_step;
+        for (int jj = n; jj < n_step; jj++) si[jj] = 0;
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int jj = 0;
         for (; jj + 8 <= n; jj += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(si + jj));
@@ -295,8 +313,8 @@ ALWAYS_INLINE void prefetch_row(const void *base, size_t row, size_t rb) {
     for (size_t o = 0; o < rb; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
-static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                       const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride, float *sc,
+static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int *row_n,
+                       const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride, float *sc,
                        int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
@@ -318,7 +336,8 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
     else
         scores(g, q, hd, r, rs, n, sc, cap);
     pa_softcap(sc, g, n, cap, softcap);
-    softmax_step(g, part0, pstride, hd, sc, cap, n);
+    KV_ASSERT(!qq || !row_n);
+    softmax_step(g, part0, pstride, hd, sc, cap, n, row_n);
     if (qq) {
         for (int jj = 0; jj < npf; jj++) prefetch_row(kv->v, pf[jj], rb);
         for (int i = 0; i < g; i++)
@@ -337,7 +356,7 @@ static void chunk_avx2(const struct kv_layer_view *kv, const size_t *rows, int n
     if (q8)                      /* 8-bit V: the row's scale joins its weight */
         for (int i = 0; i < g; i++)
             for (int jj = 0; jj < n; jj++) sc[(size_t)i * cap + jj] *= kv->v_scale[rows[jj]];
-    values(g, part0, pstride, hd, r, sc, n, cap);
+    values(g, part0, pstride, hd, r, sc, n, cap, row_n);
 }
 
 int cpu_paged_attention_avx2(struct backend_ctx *c, const struct paged_attn_args *a) {

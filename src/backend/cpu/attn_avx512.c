@@ -58,6 +58,7 @@
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "backend/cpu/avx2_util.h"
+#include "core/core.h"
 #include <math.h>
 #include <string.h>
 #include <pthread.h>
@@ -358,36 +359,51 @@ static void scores(enum kv_type type, const void *kbase, const size_t *rows, int
  * element.  V rows vr[p] of type VT: f32 read as they are, f16, bf16 and
  * int8 (codes) widened here (each element once when the tile spans all
  * heads).  Per position RD row loads and RH weight broadcasts feed RH * RD
- * FMAs. */
+ * FMAs.  rn (NULL: n for all): head h's positions end at rn[h], the later
+ * ones' FMAs masked off (a 0 weight times an infinite V would not leave acc). */
+ALWAYS_INLINE void value_pos(const enum kv_type VT, const int RH, const int RD, __m512 (*a)[4], int d0,
+                             const void *vrow, const float *w, int p, const int *rn) {
+    __m512 vv[4];
+    for (int d = 0; d < RD; d++)
+        vv[d] = VT == KV_F32 ? reg512(_mm512_loadu_ps((const float *)vrow + d0 + 16 * d))
+                             : load16(VT, vrow, (size_t)(d0 + 16 * d));
+    for (int h = 0; h < RH; h++) {
+        const __m512 wv = _mm512_set1_ps(w[h * MAX_N + p]);
+        const __mmask16 k = rn && p >= rn[h] ? 0 : 0xffff;
+        for (int d = 0; d < RD; d++)
+            a[h][d] = rn ? _mm512_mask3_fmadd_ps(wv, vv[d], a[h][d], k) : _mm512_fmadd_ps(wv, vv[d], a[h][d]);
+    }
+}
+
 ALWAYS_INLINE void value_tile(const enum kv_type VT, const int RH, const int RD, float *const *acc, int d0,
-                              const void *const *vr, const float *w, int n, struct pf_cursor *pf) {
+                              const void *const *vr, const float *w, int n, const int *rn, struct pf_cursor *pf) {
     __m512 a[8][4];
+    int lo = n, hi = rn ? 0 : n;   /* every head takes [0, lo); some of them [lo, hi) */
+    for (int h = 0; rn && h < RH; h++) {
+        lo = rn[h] < lo ? rn[h] : lo;
+        hi = rn[h] > hi ? rn[h] : hi;
+    }
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) a[h][d] = _mm512_loadu_ps(acc[h] + d0 + 16 * d);
-    for (int p = 0; p < n; p++) {
-        __m512 vv[4];
-        for (int d = 0; d < RD; d++)
-            vv[d] = VT == KV_F32 ? reg512(_mm512_loadu_ps((const float *)vr[p] + d0 + 16 * d))
-                                 : load16(VT, vr[p], (size_t)(d0 + 16 * d));
-        for (int h = 0; h < RH; h++) {
-            const __m512 wv = _mm512_set1_ps(w[h * MAX_N + p]);
-            for (int d = 0; d < RD; d++) a[h][d] = _mm512_fmadd_ps(wv, vv[d], a[h][d]);
-        }
+    int p = 0;
+    for (; p < lo; p++) {
+        value_pos(VT, RH, RD, a, d0, vr[p], w, p, NULL);
         pf_issue(pf, 1);
     }
+    for (; p < hi; p++) value_pos(VT, RH, RD, a, d0, vr[p], w, p, rn);
     for (int h = 0; h < RH; h++)
         for (int d = 0; d < RD; d++) _mm512_storeu_ps(acc[h] + d0 + 16 * d, a[h][d]);
 }
 
-#define VT(H, D, T) case H * 8 + D: value_tile(T, H, D, acc, d0, vr, w, n, pf); break;
+#define VT(H, D, T) case H * 8 + D: value_tile(T, H, D, acc, d0, vr, w, n, rn, pf); break;
 #define VT_FN(NAME, T)                                                                                            \
     static void NAME(int rh, int rd, float *const *acc, int d0, const void *const *vr, const float *w, int n,   \
-                     struct pf_cursor *pf) {                                                                    \
+                     const int *rn, struct pf_cursor *pf) {                                                     \
         switch (rh * 8 + rd) {                                                                                     \
         VT(8, 2, T) VT(7, 2, T) VT(6, 2, T) VT(5, 2, T) VT(4, 2, T) VT(3, 2, T) VT(2, 2, T) VT(1, 2, T)            \
         VT(8, 1, T) VT(7, 1, T) VT(6, 1, T) VT(5, 1, T) VT(4, 1, T) VT(3, 1, T) VT(2, 1, T)                        \
         VT(4, 4, T) VT(3, 4, T) VT(2, 4, T) VT(1, 4, T) VT(4, 3, T) VT(3, 3, T) VT(2, 3, T) VT(1, 3, T)            \
-        default: value_tile(T, 1, 1, acc, d0, vr, w, n, pf); break;                                                \
+        default: value_tile(T, 1, 1, acc, d0, vr, w, n, rn, pf); break;                                            \
         }                                                                                                          \
     }
 VT_FN(value_tile_f32, KV_F32)
@@ -403,8 +419,9 @@ VT_FN(value_tile_int8, KV_INT8)
  * from xmm spills every position), so a scratch stride cap < MAX_N (g >
  * 64) is copied first. */
 static void values(enum kv_type vt, int g, float *part0, size_t pstride, int hd, const void *const *vr,
-                   const float *w, int n, int cap, struct pf_cursor *pf) {
-    void (*const tile)(int, int, float *const *, int, const void *const *, const float *, int, struct pf_cursor *) =
+                   const float *w, int n, int cap, const int *row_n, struct pf_cursor *pf) {
+    void (*const tile)(int, int, float *const *, int, const void *const *, const float *, int, const int *,
+                       struct pf_cursor *) =
         vt == KV_F16 ? value_tile_f16 : vt == KV_BF16 ? value_tile_bf16 : vt == KV_INT8 ? value_tile_int8
                                                                                          : value_tile_f32;
     _Alignas(64) float w8[8 * MAX_N];
@@ -419,7 +436,7 @@ static void values(enum kv_type vt, int g, float *part0, size_t pstride, int hd,
         }
         for (int d0 = 0; d0 < hd; d0 += 16 * dmax) {
             const int rd = (hd - d0) / 16 < dmax ? (hd - d0) / 16 : dmax;
-            tile(rh, rd, acc, d0, vr, wh, n, pf);
+            tile(rh, rd, acc, d0, vr, wh, n, row_n ? row_n + h : NULL, pf);
         }
         h += rh;
     }
@@ -427,11 +444,14 @@ static void values(enum kv_type vt, int g, float *part0, size_t pstride, int hd,
 
 /* Per head: the step's max, the partial rescaled once if it grew, the
  * scores turned into weights exp(s - m) (in place), summed into l, then
- * (8-bit V) times the rows' V scales vs. */
-static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc, int cap, int n, const float *vs) {
-    const int nb = (n + 15) / 16;
+ * (8-bit V) times the rows' V scales vs; each head over its own row_n[i]
+ * positions (NULL: n), the rest weighing 0. */
+static void softmax_step(int g, float *part0, size_t pstride, int hd, float *sc, int cap, int n_step,
+                         const int *row_n, const float *vs) {
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride, *si = sc + (size_t)i * cap;
+        const int n = row_n ? row_n[i] : n_step, nb = (n + 15) / 16;
+        for (int jj = n; jj < n_step; jj++) si[jj] = 0;
         __m512 x[4];
         __m512 vm = _mm512_set1_ps(-INFINITY);
         for (int b = 0; b < nb; b++) {
@@ -510,8 +530,8 @@ static bool q8_scores_here(void) {
     return g_q8_here;
 }
 
-static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const float *q,
-                         const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride,
+static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int *row_n,
+                         const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride,
                          float *sc, int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
@@ -527,7 +547,8 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
         cpu_pa_scores_q8_avx512((const int8_t *)kv->k, rows, n, g, qq, hd, rs, sc, cap, pf, npf);
         pa_softcap(sc, g, n, cap, softcap);
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
-        softmax_step(g, part0, pstride, hd, sc, cap, n, vs);
+        KV_ASSERT(!row_n);
+        softmax_step(g, part0, pstride, hd, sc, cap, n, NULL, vs);
         cpu_pa_values_q8_avx512((const int8_t *)kv->v, rows, n, g, hd, sc, cap, part0, pstride, pf, npf);
         return;
     }
@@ -536,9 +557,9 @@ static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int
     pa_softcap(sc, g, n, cap, softcap);
     if (q8)
         for (int jj = 0; jj < MAX_N; jj++) vs[jj] = jj < n ? kv->v_scale[rows[jj]] : 0.0f;
-    softmax_step(g, part0, pstride, hd, sc, cap, n, q8 ? vs : NULL);
+    softmax_step(g, part0, pstride, hd, sc, cap, n, row_n, q8 ? vs : NULL);
     const enum kv_type vt = widen_v(kv->type, g, kv->v, rows, n, hd, buf, r);
-    values(vt, g, part0, pstride, hd, r, sc, n, cap, &pfc);
+    values(vt, g, part0, pstride, hd, r, sc, n, cap, row_n, &pfc);
     pf_issue(&pfc, 1 << 30);
 }
 

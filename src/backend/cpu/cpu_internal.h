@@ -198,12 +198,15 @@ static inline void pa_quant_w16(const float *w, int g, int n, int cap, int16_t *
  * before the first step), updated in place: scores q·k * scale (times the
  * row's scale for 8-bit types; qq non-NULL: K is int8 and the scores are
  * struct pa_q8's integer products), new max, acc and l rescaled, weights
- * exp(score - m) added to l and, times V, to acc.  sc: g * cap floats of
+ * exp(score - m) added to l and, times V, to acc.  row_n (NULL: n for
+ * every row; never with qq): row i takes only the first row_n[i] positions,
+ * its partial updated exactly as by a step of those positions alone (0: left
+ * as it is), whatever the others' K and V hold.  sc: g * cap floats of
  * scratch.  pf[0 .. npf): the next step's rows, to prefetch (a hint: a
  * step may ignore it) spread over this step's own reads.  Must depend only
  * on its arguments (no thread or batch state), which keeps attention
  * batch-invariant. */
-typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
+typedef void pa_chunk_fn(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int *row_n,
                          const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part,
                          size_t pstride, float *sc, int cap, const size_t *pf, int npf);
 

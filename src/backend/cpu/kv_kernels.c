@@ -18,11 +18,13 @@
  * Prefill groups.  Consecutive tokens of one sequence (positions P, P+1, ...,
  * the same splits) attend the same positions but for the last few, so one
  * item takes up to PA_GROUP_ROWS / g of them: the chunks every token of the
- * group attends in full run once for all their g * nt query rows (each K/V
- * row converted once for them all: the SIMD steps' tiles then span heads of
- * several tokens), the rest token by token.  A row's arithmetic does not
- * depend on the rows beside it in a step, and the chunk boundaries are the
- * single token's, so a grouped token's output is the bits it has alone.
+ * group attends run once for all their g * nt query rows (each K/V row
+ * converted once for them all: the SIMD steps' tiles then span heads of
+ * several tokens), the last ones with each row's own count of positions
+ * (pa_chunk_fn's row_n: an earlier token's row stops where its context
+ * ends).  A row's arithmetic does not depend on the rows beside it in a
+ * step, and its chunk boundaries are the single token's, so a grouped
+ * token's output is the bits it has alone.
  *
  * Determinism.  Chunk and split boundaries depend only on L, the window and
  * g; each item and each merge is computed entirely by one thread in a fixed
@@ -299,11 +301,12 @@ static void pa_quant_q8(const float *q, int g, int hd, int8_t *code, float *scal
 }
 
 /* pa_chunk_fn, scalar: see cpu_internal.h. */
-static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, int n, int g,
+static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int *row_n,
                             const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0,
                             size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
     (void)pf;
     (void)npf;
+    KV_ASSERT(!qq || !row_n);
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     float kbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM], vbuf[CPU_PAGED_ATTN_MAX_HEAD_DIM];
@@ -325,11 +328,12 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
         for (int i = 0; i < g; i++) sc[i * cap + jj] = pa_dot(q + (size_t)i * hd, kr, hd) * ks;
     }
     pa_softcap(sc, g, n, cap, softcap);
-    /* per head: new max, rescale once, weights */
+    /* per head: new max, rescale once, weights (0 past the row's own positions) */
     for (int i = 0; i < g; i++) {
         float *p = part0 + (size_t)i * pstride, *si = sc + i * cap;
+        const int ni = row_n ? row_n[i] : n;
         float bm = -INFINITY;
-        for (int jj = 0; jj < n; jj++) bm = si[jj] > bm ? si[jj] : bm;
+        for (int jj = 0; jj < ni; jj++) bm = si[jj] > bm ? si[jj] : bm;
         if (bm > p[0]) {
             if (p[0] != -INFINITY) {          /* first chunk: acc and l are 0 */
                 float corr = expf(p[0] - bm);
@@ -339,11 +343,12 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
             p[0] = bm;
         }
         float l = p[1];
-        for (int jj = 0; jj < n; jj++) {
+        for (int jj = 0; jj < ni; jj++) {
             si[jj] = expf(si[jj] - p[0]);
             l += si[jj];
         }
         p[1] = l;
+        for (int jj = ni; jj < n; jj++) si[jj] = 0;
     }
     if (qq) {                            /* integer V: struct pa_q8 */
         int16_t u[PA_Q8_MAX_G * (PA_CHUNK + 1)];
@@ -367,7 +372,8 @@ static void pa_chunk_scalar(const struct kv_layer_view *kv, const size_t *rows, 
         const size_t row = rows[jj];
         const float *vr = pa_row(kv->type, kv->v, row, hd, vbuf);
         const float vs = q8 ? kv->v_scale[row] : 1.0f;
-        for (int i = 0; i < g; i++) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
+        for (int i = 0; i < g; i++)
+            if (!row_n || jj < row_n[i]) pa_axpy(part0 + (size_t)i * pstride + 2, sc[i * cap + jj] * vs, vr, hd);
     }
 }
 
@@ -379,9 +385,11 @@ static bool pa_uses_q8(const struct paged_attn_args *a) {
 
 /* The steps of positions [c0, p1) for the rows q (g, hd) and their running
  * partials part0 (pstride apart): steps end at multiples of cap and at p1,
- * wherever blocks end, as a single token's walk from its split's start. */
-static void pa_steps(const struct pa_job *j, const int32_t *table, int hk, int c0, int p1, int g, const float *q,
-                     const struct pa_q8 *qq, float *part0, size_t pstride, float *sc, int cap) {
+ * wherever blocks end, as a single token's walk from its split's start.
+ * row_end (NULL: p1 for every row): where each row's positions end, <= p1;
+ * a step gives each row those of its positions before that. */
+static void pa_steps(const struct pa_job *j, const int32_t *table, int hk, int c0, int p1, int g, const int *row_end,
+                     const float *q, const struct pa_q8 *qq, float *part0, size_t pstride, float *sc, int cap) {
     const struct paged_attn_args *a = j->a;
     const struct kv_layer_view *kv = &a->kv;
     size_t rows[2][PA_CHUNK];
@@ -393,8 +401,14 @@ static void pa_steps(const struct pa_job *j, const int32_t *table, int hk, int c
         /* the next step's rows, for the step to prefetch while it computes: blocks lie
          * anywhere in the pool, so the hardware prefetcher cannot guess them */
         if (nn > 0) pa_rows(kv, table, hk, c1, nn, rows[cur ^ 1]);
-        j->chunk(kv, rows[cur], n, g, q, qq, a->scale, a->softcap, part0, pstride, sc, cap, rows[cur ^ 1],
-                 nn > 0 ? nn : 0);
+        int row_n[PA_GROUP_ROWS];
+        bool short_rows = false;
+        for (int i = 0; row_end && i < g; i++) {
+            row_n[i] = row_end[i] <= c0 ? 0 : row_end[i] < c1 ? row_end[i] - c0 : n;
+            short_rows = short_rows || row_n[i] < n;
+        }
+        j->chunk(kv, rows[cur], n, g, short_rows ? row_n : NULL, q, qq, a->scale, a->softcap, part0, pstride, sc,
+                 cap, rows[cur ^ 1], nn > 0 ? nn : 0);
         cur ^= 1;
         c0 = c1;
         n = nn;
@@ -409,7 +423,7 @@ static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int n
     /* sliding window: the splits cover only positions > pos - window (pa_split_range); an empty
      * split stays (m = -inf, l = 0) and weighs nothing in the merge */
     int p0, p1;
-    pa_split_range(a, a->pos[t0] + 1, s, &p0, &p1);   /* the group's first token ends first */
+    pa_split_range(a, a->pos[t0] + 1, s, &p0, &p1);   /* a group's tokens start alike; p1: the last one's (below) */
     const int cap = PA_SCORES / g < PA_CHUNK ? PA_SCORES / g : PA_CHUNK;
     const int32_t *table = a->block_table + (size_t)a->seq[t0] * (size_t)a->max_blocks;
     const size_t tstride = (size_t)a->n_head * (size_t)hd;                  /* next token's queries */
@@ -436,16 +450,17 @@ static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int n
         p[1] = 0;
         memset(p + 2, 0, (size_t)hd * sizeof *p);
     }
-    /* the chunks all of the group's tokens attend in full: once, for all its rows; then each
-     * token's last positions (the split's end, or its own position) alone */
-    const int shared = nt > 1 && p1 / cap * cap > p0 ? p1 / cap * cap : nt > 1 ? p0 : p1;
-    pa_steps(j, table, hk, p0, shared, rows_g, q, use_q8 ? &qq : NULL, part0, pstride, sc, cap);
+    /* all the group's rows in each step, a row stopping where its token's positions end (the
+     * group's splits start alike and end alike but for the last: pa_joins) */
+    int row_end[PA_GROUP_ROWS];
     for (int i = 0; nt > 1 && i < nt; i++) {
         int q0, q1;
         pa_split_range(a, a->pos[t0 + i] + 1, s, &q0, &q1);
-        pa_steps(j, table, hk, shared, q1, g, q + (size_t)i * g * hd, NULL, part0 + (size_t)i * g * pstride,
-                 pstride, sc, cap);
+        KV_ASSERT(q0 == p0 && rows_g <= PA_GROUP_ROWS);
+        for (int h = 0; h < g; h++) row_end[i * g + h] = q1;
+        p1 = q1;   /* the last token's */
     }
+    pa_steps(j, table, hk, p0, p1, rows_g, nt > 1 ? row_end : NULL, q, use_q8 ? &qq : NULL, part0, pstride, sc, cap);
     for (int i = 0; i < nt; i++) {
         float *const out0 = pa_partial(j, t0 + i, hk * g, s);       /* (g) x [m, l, acc[hd]] */
         for (int h = 0; h < g; h++)

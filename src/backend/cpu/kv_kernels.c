@@ -236,26 +236,31 @@ static inline float *pa_partial(const struct pa_job *j, int t, int h, int s) {
                          ((size_t)a->head_dim + 2);
 }
 
-/* Combine token t / head h's ns partials in ascending split order into out;
- * a sink is one more partial of (m = sinks[h], l = 1, acc = 0). */
-static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
-    const struct paged_attn_args *a = j->a;
+/* Combine token t / head h's ns partials part(s) = p0 + s * stride in
+ * ascending split order into its output; a sink is one more partial of (m =
+ * sinks[h], l = 1, acc = 0). */
+static void pa_merge_from(const struct paged_attn_args *a, int t, int h, const float *p0, size_t stride, int ns) {
     const int hd = a->head_dim;
     float *out = a->out + ((size_t)t * (size_t)a->n_head + (size_t)h) * (size_t)hd;
     float m = a->sinks ? a->sinks[h] : -INFINITY, l = 0;
     for (int s = 0; s < ns; s++) {
-        float ms = pa_partial(j, t, h, s)[0];
+        float ms = p0[(size_t)s * stride];
         m = ms > m ? ms : m;
     }
     if (a->sinks) l = expf(a->sinks[h] - m);
     memset(out, 0, (size_t)hd * sizeof *out);
     for (int s = 0; s < ns; s++) {
-        const float *p = pa_partial(j, t, h, s);
+        const float *p = p0 + (size_t)s * stride;
         float w = expf(p[0] - m);
         l += p[1] * w;
         pa_axpy(out, w, p + 2, hd);
     }
     pa_scale(out, 1.0f / l, hd);
+}
+
+/* The same from the context's partials (pa_partial). */
+static void pa_merge(const struct pa_job *j, int t, int h, int ns) {
+    pa_merge_from(j->a, t, h, pa_partial(j, t, h, 0), (size_t)j->a->head_dim + 2, ns);
 }
 
 /* Rows of positions c .. c + n - 1 (kv head hk) into rows[]: kv_row of
@@ -428,7 +433,6 @@ static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int n
     const int32_t *table = a->block_table + (size_t)a->seq[t0] * (size_t)a->max_blocks;
     const size_t tstride = (size_t)a->n_head * (size_t)hd;                  /* next token's queries */
     const float *q = a->q + (size_t)t0 * tstride + (size_t)hk * (size_t)g * (size_t)hd;   /* (g, hd) */
-    const size_t out_stride = (size_t)j->s_max * ((size_t)hd + 2);  /* next head's partial */
     const size_t pstride = pa_local_stride(hd);                     /* the same, while the item runs */
     float *const part0 = j->local + (size_t)ith * j->local_floats + PA_LOCAL_LEAD;   /* (nt * g) partials */
     float sc[PA_SCORES];                                            /* (nt * g, cap): scores, then weights */
@@ -461,14 +465,12 @@ static void pa_item(const struct pa_job *j, int t0, int nt, int hk, int s, int n
         p1 = q1;   /* the last token's */
     }
     pa_steps(j, table, hk, p0, p1, rows_g, nt > 1 ? row_end : NULL, q, use_q8 ? &qq : NULL, part0, pstride, sc, cap);
-    for (int i = 0; i < nt; i++) {
-        float *const out0 = pa_partial(j, t0 + i, hk * g, s);       /* (g) x [m, l, acc[hd]] */
-        for (int h = 0; h < g; h++)
-            memcpy(out0 + (size_t)h * out_stride, part0 + ((size_t)i * g + (size_t)h) * pstride,
-                   ((size_t)hd + 2) * sizeof *part0);
-        if (ns == 1)
-            for (int h = 0; h < g; h++) pa_merge(j, t0 + i, hk * g + h, 1);
-    }
+    for (int i = 0; i < nt; i++)   /* one split: the output at once; several: the partials, for the merge */
+        for (int h = 0; h < g; h++) {
+            const float *p = part0 + ((size_t)i * g + (size_t)h) * pstride;
+            if (ns == 1) pa_merge_from(a, t0 + i, hk * g + h, p, 0, 1);
+            else memcpy(pa_partial(j, t0 + i, hk * g + h, s), p, ((size_t)hd + 2) * sizeof *p);
+        }
 }
 
 /* Chunk c of the item list (unit, hk, s) in that order: item_off[u] is the

@@ -122,7 +122,8 @@ static int attention(const struct model *m, struct backend_ctx *c, const struct 
     const struct matmuls_args qkv = { .k = 3, .n = n, .x = b->xn, .y = { b->q, b->k, b->v },
                                       .w = { &l->wq, &l->wk, &l->wv } };
     int rc;
-    if ((rc = matmuls(m, c, &qkv)) || (rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) || (rc = bias(c, b->v, &l->bv, n)))
+    if ((rc = matmuls(m, c, &qkv)) || (rc = bias(c, b->q, &l->bq, n)) || (rc = bias(c, b->k, &l->bk, n)) ||
+        (rc = bias(c, b->v, &l->bv, n)))
         return rc;
     if (m->desc->qk_norm) {   /* each head's row of head_dim normed on its own */
         OP(rmsnorm, b->q, b->q, &l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->norm_eps);

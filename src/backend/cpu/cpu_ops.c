@@ -108,7 +108,8 @@ int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int d
  * step's one row runs inline. */
 #define NORM_ROWS 8
 
-/* rmsnorm, and add_rmsnorm when h is set: rows [t0, t1) of each. */
+/* rmsnorm of n rows of dim, after the residual add x += h when h is set
+ * (add_rmsnorm), NORM_ROWS rows a chunk. */
 struct norm_job {
     float *y, *x;
     const float *h, *w;

@@ -17,12 +17,11 @@
  *
  * Prefill groups.  Consecutive tokens of one sequence (positions P, P+1, ...,
  * the same splits) attend the same positions but for the last few, so one
- * item takes up to PA_GROUP_ROWS / g of them: the chunks every token of the
- * group attends run once for all their g * nt query rows (each K/V row
- * converted once for them all: the SIMD steps' tiles then span heads of
- * several tokens), the last ones with each row's own count of positions
- * (pa_chunk_fn's row_n: an earlier token's row stops where its context
- * ends).  A row's arithmetic does not depend on the rows beside it in a
+ * item takes up to PA_GROUP_ROWS / g of them: each chunk runs once for all
+ * their g * nt query rows (each K/V row converted once for them all: the
+ * SIMD steps' tiles then span heads of several tokens), the last ones with
+ * each row's own count of positions (pa_chunk_fn's row_n: an earlier
+ * token's row stops where its context ends).  A row's arithmetic does not depend on the rows beside it in a
  * step, and its chunk boundaries are the single token's, so a grouped
  * token's output is the bits it has alone.
  *

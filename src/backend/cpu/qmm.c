@@ -371,8 +371,8 @@ static void group_chunk(void *arg, long u, int ith) {
     }
 }
 
-/* y[i] = x · w[i]ᵀ for i < k: matrices of one type and K (qmm_matmuls'
- * callers see to it), x quantized once. */
+/* y[i] = x · w[i]ᵀ for i < k: matrices of one type and K (the callers see
+ * to it), x quantized once. */
 static int run(struct backend_ctx *c, int k, float *const *y, const struct tensor *const *w, const float *x, int n,
                qmm_group_fn *fn, bool q16) {
     struct cpu_ctx *cc = cpu_ctx_of(c);
@@ -411,7 +411,6 @@ int qmm16_matmul(struct backend_ctx *c, float *y, const struct tensor *w, const 
     KV_ASSERT(qmm16_takes(w));
     return run(c, 1, &y, &w, x, n, fn, true);
 }
-
 
 /* Whether cpu_matmul_simd gives matrix w to qmm_matmul (with b->qrows). */
 static bool takes_qrows(struct backend_ctx *c, const struct tensor *w) {

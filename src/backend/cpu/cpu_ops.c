@@ -103,25 +103,26 @@ int cpu_argmax(struct backend_ctx *c, int32_t *ids, const float *x, int n, int d
     return 0;
 }
 
-/* Rows per chunk of the row-wise norms: a prefill's rows (576 floats, SmolLM2)
- * cost about a microsecond each, so 8 outweigh the claim of a chunk; a decode
- * step's one row runs inline. */
-#define NORM_ROWS 8
+/* Floats per chunk of the row-wise norms (whole rows, at least one): about
+ * a microsecond of work, which outweighs the claim of a chunk — 7 of
+ * SmolLM2's 576-float rows, 64 of a q/k norm's 64-float heads; a decode
+ * step's row runs inline. */
+#define NORM_FLOATS 4096
 
 /* rmsnorm of n rows of dim, after the residual add x += h when h is set
- * (add_rmsnorm), NORM_ROWS rows a chunk. */
+ * (add_rmsnorm), rows rows a chunk. */
 struct norm_job {
     float *y, *x;
     const float *h, *w;
-    int n, dim;
+    int n, dim, rows;
     float eps;
 };
 
 static void norm_chunk(void *arg, long c, int ith) {
     (void)ith;
     const struct norm_job *j = arg;
-    const int t1 = (int)((c + 1) * NORM_ROWS < j->n ? (c + 1) * NORM_ROWS : j->n);
-    for (int t = (int)c * NORM_ROWS; t < t1; t++) {
+    const int t1 = (int)((c + 1) * j->rows < j->n ? (c + 1) * j->rows : j->n);
+    for (int t = (int)c * j->rows; t < t1; t++) {
         float *xt = j->x + (size_t)t * j->dim, *yt = j->y + (size_t)t * j->dim;
         if (j->h)   /* the residual add first: y may be h, whose row is read before it is written */
             for (int i = 0; i < j->dim; i++) xt[i] += j->h[(size_t)t * j->dim + i];
@@ -132,13 +133,14 @@ static void norm_chunk(void *arg, long c, int ith) {
 }
 
 static int norm_run(struct backend_ctx *c, struct norm_job *j) {
-    threadpool_run_chunks(cpu_ctx_of(c)->pool, (j->n + NORM_ROWS - 1) / NORM_ROWS, norm_chunk, j);
+    j->rows = j->dim < NORM_FLOATS ? NORM_FLOATS / j->dim : 1;
+    threadpool_run_chunks(cpu_ctx_of(c)->pool, (j->n + j->rows - 1) / j->rows, norm_chunk, j);
     return 0;
 }
 
 int cpu_rmsnorm(struct backend_ctx *c, float *y, const float *x, const struct tensor *wt, int n, int dim,
                 float eps) {
-    struct norm_job j = { y, (float *)(uintptr_t)x, NULL, wt->data, n, dim, eps };   /* x only read: no h */
+    struct norm_job j = { y, (float *)(uintptr_t)x, NULL, wt->data, n, dim, 0, eps };   /* x only read: no h */
     return norm_run(c, &j);
 }
 
@@ -317,7 +319,7 @@ int cpu_add(struct backend_ctx *c, float *y, const float *x, long n) {
 
 int cpu_add_rmsnorm(struct backend_ctx *c, float *y, float *x, const float *h, const struct tensor *w, int n, int dim,
                     float eps) {
-    struct norm_job j = { y, x, h, w->data, n, dim, eps };   /* add's and rmsnorm's arithmetic, a row at a time */
+    struct norm_job j = { y, x, h, w->data, n, dim, 0, eps };   /* add's and rmsnorm's arithmetic, a row at a time */
     return norm_run(c, &j);
 }
 

@@ -531,8 +531,8 @@ static bool q8_scores_here(void) {
 }
 
 static void chunk_avx512(const struct kv_layer_view *kv, const size_t *rows, int n, int g, const int *row_n,
-                         const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0, size_t pstride,
-                         float *sc, int cap, const size_t *pf, int npf) {
+                         const float *q, const struct pa_q8 *qq, float scale, float softcap, float *part0,
+                         size_t pstride, float *sc, int cap, const size_t *pf, int npf) {
     const int hd = kv->head_dim;
     const bool q8 = kv->type == KV_INT8 || kv->type == KV_FP8;
     _Alignas(64) float buf[MAX_N * MAX_HD];       /* 4 K pairs at a time, then the V rows */

@@ -439,7 +439,8 @@ int cpu_matmuls(struct backend_ctx *c, const struct matmuls_args *a) {
             const struct tensor *w[BACKEND_MATMULS_MAX];
             int k = 0;
             for (int j = i; j < a->k; j++)
-                if (!done[j] && takes_qrows(c, a->w[j]) && a->w[j]->type == a->w[i]->type && a->w[j]->ne0 == a->w[i]->ne0)
+                if (!done[j] && takes_qrows(c, a->w[j]) && a->w[j]->type == a->w[i]->type &&
+                    a->w[j]->ne0 == a->w[i]->ne0)
                     y[k] = a->y[j], w[k++] = a->w[j], done[j] = true;
             rc = run(c, k, y, w, a->x, a->n, b->qrows, false);
         }

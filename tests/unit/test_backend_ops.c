@@ -1874,85 +1874,6 @@ static void pa_query_as_kernels(const float *x, int hd, int g, enum kv_type type
 static const int k_pa_fixed_hd[] = { 64, 128, 256 };
 static const int k_pa_fixed_L[] = { 257, 512, 1025, 2100, 256 };
 #define N_PA_FIXED ((int)(sizeof k_pa_fixed_hd / sizeof *k_pa_fixed_hd) * KV_TYPE_COUNT_)
-/* A prefill chunk whose last position's K and V rows are infinite (f16:
- * too large to store; f32: inf itself): the chunk's earlier tokens never
- * attend that position, so each gives alone the batch's bytes and stays
- * finite (a step that groups tokens must not let a row see past its own
- * end, even at weight 0: 0 times inf is NaN).  Every backend, f32 and f16
- * K/V, SmolLM2's heads and two of Gemma 3's shapes. */
-static void test_pa_future_inf(void) {
-    static const struct { int n_head, nkv, hd; } shapes[] = { { 9, 3, 64 }, { 4, 1, 256 }, { 8, 1, 64 } };
-    for (int si = 0; si < 3; si++)
-        for (int ti = 0; ti < 2; ti++) {
-            const enum kv_type type = ti ? KV_F16 : KV_F32;
-            const int n_head = shapes[si].n_head, nkv = shapes[si].nkv, hd = shapes[si].hd, bs = 16;
-            const int L = rnd_in(70, 200), n = 8, w = nkv * hd, nb = (L + bs - 1) / bs;
-            const size_t row = (size_t)n_head * hd;
-            float *kv = tu_xnew((size_t)L * w * sizeof *kv), *vv = tu_xnew((size_t)L * w * sizeof *vv);
-            for (size_t e = 0; e < (size_t)L * w; e++) kv[e] = gauss(), vv[e] = gauss();
-            for (int e = 0; e < w; e++)
-                kv[(size_t)(L - 1) * w + e] = vv[(size_t)(L - 1) * w + e] = type == KV_F32 ? INFINITY : 1e6f;
-            int32_t *slots = tu_xnew((size_t)L * sizeof *slots), table[16], pos[8], seq[8] = { 0 };
-            for (int p = 0; p < L; p++) slots[p] = p;
-            for (int b = 0; b < nb; b++) table[b] = b;
-            for (int t = 0; t < n; t++) pos[t] = L - n + t;
-            float *q = tu_xnew((size_t)n * row * sizeof *q);
-            for (size_t e = 0; e < (size_t)n * row; e++) q[e] = gauss();
-            char desc[96];
-            snprintf(desc, sizeof desc, "paged_attention %s heads=%d/%d head_dim=%d ctx=%d, the last K/V infinite",
-                     k_kv_names[type], n_head, nkv, hd, L);
-            for (int b = 0; b < g_nbe; b++) {
-                struct tbe *t = &g_be[b];
-                struct pool_img img;
-                struct pool_dev d;
-                pool_init(&img, type, nb, bs, nkv, hd);
-                pool_fill(&img, 0);
-                pool_up(t, &img, &d);
-                struct backend_buf bsl = buf_up(t, slots, (size_t)L * 4), bk = buf_up(t, kv, (size_t)L * w * 4),
-                                   bv = buf_up(t, vv, (size_t)L * w * 4), bq = buf_up(t, q, (size_t)n * row * 4),
-                                   bp = buf_up(t, pos, sizeof pos), bs_ = buf_up(t, seq, sizeof seq),
-                                   bt = buf_up(t, table, (size_t)nb * 4), bo = buf_up(t, NULL, (size_t)n * row * 4),
-                                   b1 = buf_up(t, NULL, row * 4);
-                int rc = BE_OP(t->c, kv_store, &d.view, bsl.data, bk.data, bv.data, L);
-                struct paged_attn_args a = { .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd,
-                                             .q = bq.data, .pos = bp.data, .seq = bs_.data, .block_table = bt.data,
-                                             .max_blocks = nb, .kv = d.view, .scale = 0.125f, .out = bo.data,
-                                             .ctx_hi = L };
-                if (!rc) rc = BE_OP(t->c, paged_attention, &a);
-                float *all = tu_xnew((size_t)n * row * sizeof *all), *one = tu_xnew(row * sizeof *one);
-                buf_down(t, all, &bo, (size_t)n * row * 4);
-                sync_ok(t, rc, desc);
-                for (int tk = 0; tk < n - 1 && !fast_device(b); tk++) {
-                    struct paged_attn_args a1 = a;
-                    a1.n_tokens = 1;
-                    a1.q = (const float *)bq.data + (size_t)tk * row;
-                    a1.pos = (const int32_t *)bp.data + tk;
-                    a1.seq = (const int32_t *)bs_.data;
-                    a1.out = b1.data;
-                    a1.ctx_hi = pos[tk] + 1;
-                    rc = BE_OP(t->c, paged_attention, &a1);
-                    buf_down(t, one, &b1, row * 4);
-                    sync_ok(t, rc, desc);
-                    bool finite = true;
-                    for (size_t e = 0; e < row; e++) finite = finite && isfinite(one[e]);
-                    CHECK_MSG(finite && memcmp(one, all + (size_t)tk * row, row * 4) == 0,
-                              "%s %s: token %d (not attending the infinite row) %s", t->name, desc, tk,
-                              finite ? "differs from the batch" : "alone is not finite");
-                }
-                free(all);
-                free(one);
-                struct backend_buf *bufs[] = { &bsl, &bk, &bv, &bq, &bp, &bs_, &bt, &bo, &b1 };
-                for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) buf_drop(t, bufs[k]);
-                pool_drop(t, &d);
-                pool_deinit(&img);
-            }
-            free(kv);
-            free(vv);
-            free(slots);
-            free(q);
-        }
-}
-
 /* Fixed prefill cases for the CUDA tensor-core kernel (attention_prefill.cu: steps of >= 16 tokens,
  * tiles of 64 query rows, K/V tiles of 64 or 32 positions): every KV type at each head size, a
  * 65-token chunk of one sequence at a context of 65 (the whole prompt), 300 or 1,100, every other
@@ -2224,6 +2145,86 @@ static void test_paged_attention(int nc) {
         free(ref_st); free(ref_in); free(ref_dev); free(perm); free(table); free(slots); free(ks); free(vs); free(order);
         free(q); free(pos); free(seq); free(sinks);
     }
+}
+
+/* A prefill chunk whose last position's K and V rows are infinite (f16:
+ * too large to store; f32: inf itself): the chunk's earlier tokens never
+ * attend that position, so each gives alone the batch's bytes and stays
+ * finite (a step that groups tokens must not let a row see past its own
+ * end, even at weight 0: 0 times inf is NaN).  Every backend, f32 and f16
+ * K/V; SmolLM2's heads (9 / 3 x 64), Gemma 3 270M's (4 / 1 x 256: too wide
+ * to group) and 8 query heads on one kv head (groups of 3 tokens). */
+static void test_pa_future_inf(void) {
+    static const struct { int n_head, nkv, hd; } shapes[] = { { 9, 3, 64 }, { 4, 1, 256 }, { 8, 1, 64 } };
+    for (int si = 0; si < 3; si++)
+        for (int ti = 0; ti < 2; ti++) {
+            const enum kv_type type = ti ? KV_F16 : KV_F32;
+            const int n_head = shapes[si].n_head, nkv = shapes[si].nkv, hd = shapes[si].hd, bs = 16;
+            const int L = rnd_in(70, 200), n = 8, w = nkv * hd, nb = (L + bs - 1) / bs;
+            const size_t row = (size_t)n_head * hd;
+            float *kv = tu_xnew((size_t)L * w * sizeof *kv), *vv = tu_xnew((size_t)L * w * sizeof *vv);
+            for (size_t e = 0; e < (size_t)L * w; e++) kv[e] = gauss(), vv[e] = gauss();
+            for (int e = 0; e < w; e++)
+                kv[(size_t)(L - 1) * w + e] = vv[(size_t)(L - 1) * w + e] = type == KV_F32 ? INFINITY : 1e6f;
+            int32_t *slots = tu_xnew((size_t)L * sizeof *slots), table[16], pos[8], seq[8] = { 0 };
+            for (int p = 0; p < L; p++) slots[p] = p;
+            for (int b = 0; b < nb; b++) table[b] = b;
+            for (int t = 0; t < n; t++) pos[t] = L - n + t;
+            float *q = tu_xnew((size_t)n * row * sizeof *q);
+            for (size_t e = 0; e < (size_t)n * row; e++) q[e] = gauss();
+            char desc[96];
+            snprintf(desc, sizeof desc, "paged_attention %s heads=%d/%d head_dim=%d ctx=%d, the last K/V infinite",
+                     k_kv_names[type], n_head, nkv, hd, L);
+            for (int b = 0; b < g_nbe; b++) {
+                struct tbe *t = &g_be[b];
+                struct pool_img img;
+                struct pool_dev d;
+                pool_init(&img, type, nb, bs, nkv, hd);
+                pool_fill(&img, 0);
+                pool_up(t, &img, &d);
+                struct backend_buf bsl = buf_up(t, slots, (size_t)L * 4), bk = buf_up(t, kv, (size_t)L * w * 4),
+                                   bv = buf_up(t, vv, (size_t)L * w * 4), bq = buf_up(t, q, (size_t)n * row * 4),
+                                   bp = buf_up(t, pos, sizeof pos), bs_ = buf_up(t, seq, sizeof seq),
+                                   bt = buf_up(t, table, (size_t)nb * 4), bo = buf_up(t, NULL, (size_t)n * row * 4),
+                                   b1 = buf_up(t, NULL, row * 4);
+                int rc = BE_OP(t->c, kv_store, &d.view, bsl.data, bk.data, bv.data, L);
+                struct paged_attn_args a = { .n_tokens = n, .n_head = n_head, .n_head_kv = nkv, .head_dim = hd,
+                                             .q = bq.data, .pos = bp.data, .seq = bs_.data, .block_table = bt.data,
+                                             .max_blocks = nb, .kv = d.view, .scale = 0.125f, .out = bo.data,
+                                             .ctx_hi = L };
+                if (!rc) rc = BE_OP(t->c, paged_attention, &a);
+                float *all = tu_xnew((size_t)n * row * sizeof *all), *one = tu_xnew(row * sizeof *one);
+                buf_down(t, all, &bo, (size_t)n * row * 4);
+                sync_ok(t, rc, desc);
+                for (int tk = 0; tk < n - 1 && !fast_device(b); tk++) {
+                    struct paged_attn_args a1 = a;
+                    a1.n_tokens = 1;
+                    a1.q = (const float *)bq.data + (size_t)tk * row;
+                    a1.pos = (const int32_t *)bp.data + tk;
+                    a1.seq = (const int32_t *)bs_.data;
+                    a1.out = b1.data;
+                    a1.ctx_hi = pos[tk] + 1;
+                    rc = BE_OP(t->c, paged_attention, &a1);
+                    buf_down(t, one, &b1, row * 4);
+                    sync_ok(t, rc, desc);
+                    bool finite = true;
+                    for (size_t e = 0; e < row; e++) finite = finite && isfinite(one[e]);
+                    CHECK_MSG(finite && memcmp(one, all + (size_t)tk * row, row * 4) == 0,
+                              "%s %s: token %d (not attending the infinite row) %s", t->name, desc, tk,
+                              finite ? "differs from the batch" : "alone is not finite");
+                }
+                free(all);
+                free(one);
+                struct backend_buf *bufs[] = { &bsl, &bk, &bv, &bq, &bp, &bs_, &bt, &bo, &b1 };
+                for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) buf_drop(t, bufs[k]);
+                pool_drop(t, &d);
+                pool_deinit(&img);
+            }
+            free(kv);
+            free(vv);
+            free(slots);
+            free(q);
+        }
 }
 
 /* ---- copy_blocks ---- */

@@ -2152,8 +2152,8 @@ static void test_paged_attention(int nc) {
  * attend that position, so each gives alone the batch's bytes and stays
  * finite (a step that groups tokens must not let a row see past its own
  * end, even at weight 0: 0 times inf is NaN).  Every backend, f32 and f16
- * K/V; SmolLM2's heads (9 / 3 x 64), Gemma 3 270M's (4 / 1 x 256: too wide
- * to group) and 8 query heads on one kv head (groups of 3 tokens). */
+ * K/V; SmolLM2's heads (9 / 3 x 64: groups of 8 tokens), Gemma 3 270M's
+ * (4 / 1 x 256: 6) and 8 query heads on one kv head (64: 3). */
 static void test_pa_future_inf(void) {
     static const struct { int n_head, nkv, hd; } shapes[] = { { 9, 3, 64 }, { 4, 1, 256 }, { 8, 1, 64 } };
     for (int si = 0; si < 3; si++)
